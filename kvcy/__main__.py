@@ -1,0 +1,5 @@
+import sys
+
+from kvcy.cli import main
+
+sys.exit(main())
