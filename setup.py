@@ -157,7 +157,13 @@ def _cmdclass(torch_cmd: dict) -> dict:
 
 
 _torch_exts, _torch_cmd = _torch_extensions()
+_all_exts = _cython_extensions() + _torch_exts
+# KVCY_BUILD_ONLY=name[,name]: build only these extensions (for development:
+# `KVCY_BUILD_ONLY=kvcy._fast._hashing_c python setup.py build_ext --inplace`).
+_only = [n for n in os.environ.get("KVCY_BUILD_ONLY", "").split(",") if n]
+if _only:
+    _all_exts = [e for e in _all_exts if e.name in _only]
 setup(
-    ext_modules=_cython_extensions() + _torch_exts,
+    ext_modules=_all_exts,
     cmdclass=_cmdclass(_torch_cmd),
 )
