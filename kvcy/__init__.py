@@ -5,13 +5,29 @@ block pool, cache-hit search, allocation, hashing) compiled.  ``IMPLEMENTATION``
 says which twin is live: ``"cython"`` or ``"python"`` (see ``kvcy._fast``).
 """
 
+import logging
+
 from kvcy._fast import IMPLEMENTATION
+from kvcy.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvcy.metrics import CachingMetrics, PrefixCacheStats, PrefixCachingMetrics
 from kvcy.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus
 
 __version__ = "0.1.0"
 
+# A library logs; the application decides where that goes.
+logging.getLogger("kvcy").addHandler(logging.NullHandler())
+
 __all__ = [
     "IMPLEMENTATION",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "CachingMetrics",
+    "KVCacheBlocks",
+    "KVCacheManager",
+    "PrefixCacheStats",
+    "PrefixCachingMetrics",
     "LoRARequest",
     "MultiModalFeatureSpec",
     "PlaceholderRange",

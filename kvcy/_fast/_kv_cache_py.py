@@ -1,0 +1,1679 @@
+"""Pure-Python twin of the KV-cache block manager.
+
+Everything that runs per block or per request lives here, twice (see
+``_kv_cache_c.pyx``): blocks and the LRU free queue, the hash-to-block map,
+the block pool, the single-type managers, the coordinators and the
+``KVCacheManager`` engine.  The public modules (``kvcy.block_pool``,
+``kvcy.kv_cache_manager``, ...) re-export the selected twin.
+
+Behaviour follows vLLM 0.33.0 decision for decision; the golden vectors in
+``shared/golden`` are the oracle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvcy.hashing import generate_block_hash_extra_keys
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from kvcy.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    default_use_int_block_hashes,
+    external_block_hash,
+    untag_extra_keys,
+)
+from kvcy.metrics import PrefixCacheStats
+from kvcy.request import Request, RequestStatus
+
+logger = logging.getLogger("kvcy")
+
+IMPLEMENTATION = "python"
+
+_WAITING = RequestStatus.WAITING
+_PREEMPTED = RequestStatus.PREEMPTED
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_count(name: str, value: Any) -> int:
+    """A non-negative int argument, or a clear TypeError / ValueError."""
+    if value.__class__ is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        value = int(value)
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return value
+
+
+# =============================================================================
+# Blocks and the free queue
+# =============================================================================
+class KVCacheBlock:
+    """One KV-cache block: id, reference count, cache key, free-list links."""
+
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "_block_hash",
+        "block_hash_num_tokens",
+        "prev_free_block",
+        "next_free_block",
+        "is_null",
+    )
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self._block_hash: bytes | None = None
+        self.block_hash_num_tokens: int | None = None
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
+        self.is_null = False
+
+    @property
+    def block_hash(self) -> bytes | None:
+        """The cache key (block hash + 4-byte group id), or None."""
+        return self._block_hash
+
+    @block_hash.setter
+    def block_hash(self, block_hash: bytes) -> None:
+        assert self._block_hash is None, "The block already has a hash. This should not happen."
+        self._block_hash = block_hash
+
+    def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None:
+        assert self._block_hash is None, "The block already has a hash. This should not happen."
+        self._block_hash = block_hash
+        self.block_hash_num_tokens = num_tokens
+
+    def reset_hash(self) -> None:
+        """Drop the cache key (the block is evicted from the prefix cache)."""
+        self._block_hash = None
+        self.block_hash_num_tokens = None
+
+    def __repr__(self) -> str:
+        prev_id = self.prev_free_block.block_id if self.prev_free_block is not None else None
+        next_id = self.next_free_block.block_id if self.next_free_block is not None else None
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"_block_hash={self._block_hash!r}, prev_free_block={prev_id}, "
+            f"next_free_block={next_id})"
+        )
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks, threaded through the blocks themselves.
+
+    A fake head and tail (``block_id == -1``) remove the edge cases.  Removal
+    from the middle is O(1), which ``touch`` needs when a cached free block is
+    hit again.  Order: head = next to allocate, tail = most recently freed.
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.num_free_blocks = len(blocks)
+        for i in range(self.num_free_blocks):
+            if i > 0:
+                blocks[i].prev_free_block = blocks[i - 1]
+            if i < self.num_free_blocks - 1:
+                blocks[i].next_free_block = blocks[i + 1]
+        self.fake_free_list_head = KVCacheBlock(block_id=-1)
+        self.fake_free_list_tail = KVCacheBlock(block_id=-1)
+        if self.num_free_blocks > 0:
+            self.fake_free_list_head.next_free_block = blocks[0]
+            blocks[0].prev_free_block = self.fake_free_list_head
+            self.fake_free_list_tail.prev_free_block = blocks[-1]
+            blocks[-1].next_free_block = self.fake_free_list_tail
+        else:
+            self.fake_free_list_head.next_free_block = self.fake_free_list_tail
+            self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
+
+    def popleft(self) -> KVCacheBlock:
+        """Pop the head block.
+
+        Raises:
+            ValueError: the queue is empty.
+        """
+        first = self.fake_free_list_head.next_free_block
+        if first is None or first is self.fake_free_list_tail:
+            raise ValueError("No free blocks available")
+        self.fake_free_list_head.next_free_block = first.next_free_block
+        first.next_free_block.prev_free_block = self.fake_free_list_head
+        first.prev_free_block = first.next_free_block = None
+        self.num_free_blocks -= 1
+        return first
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Pop ``n`` blocks from the head, in order.
+
+        Raises:
+            ValueError: fewer than ``n`` blocks are free, or ``n`` is negative.
+        """
+        if n < 0:
+            raise ValueError(f"n must be non-negative, got {n}")
+        if n == 0:
+            return []
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
+        out = []
+        curr = self.fake_free_list_head.next_free_block
+        for _ in range(n):
+            out.append(curr)
+            last = curr
+            curr = curr.next_free_block
+            last.prev_free_block = last.next_free_block = None
+        self.fake_free_list_head.next_free_block = curr
+        curr.prev_free_block = self.fake_free_list_head
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink ``block`` from the middle of the queue.
+
+        Raises:
+            RuntimeError: the block is not in the queue.
+        """
+        if block.prev_free_block is None or block.next_free_block is None:
+            raise RuntimeError(f"remove() called on an invalid block: {block}")
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def _check_not_queued(self, block: KVCacheBlock) -> None:
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise RuntimeError(f"block {block.block_id} is already in the free queue")
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the tail (freed last, evicted last)."""
+        self._check_not_queued(block)
+        last = self.fake_free_list_tail.prev_free_block
+        last.next_free_block = block
+        block.prev_free_block = last
+        block.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = block
+        self.num_free_blocks += 1
+
+    def append_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the tail, in order (the last one ends up last)."""
+        if not blocks:
+            return
+        for block in blocks:
+            self._check_not_queued(block)
+        last = self.fake_free_list_tail.prev_free_block
+        for block in blocks:
+            block.prev_free_block = last
+            last.next_free_block = block
+            last = block
+        last.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = last
+        self.num_free_blocks += len(blocks)
+
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the head, in order (``blocks[0]`` becomes the head)."""
+        if not blocks:
+            return
+        for block in blocks:
+            self._check_not_queued(block)
+        first = self.fake_free_list_head.next_free_block
+        prev = self.fake_free_list_head
+        for block in blocks:
+            block.prev_free_block = prev
+            prev.next_free_block = block
+            prev = block
+        prev.next_free_block = first
+        first.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """All free blocks from head to tail (for tests and checks)."""
+        out = []
+        curr = self.fake_free_list_head.next_free_block
+        tail = self.fake_free_list_tail
+        while curr is not tail:
+            out.append(curr)
+            curr = curr.next_free_block
+        return out
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+# =============================================================================
+# Hash -> block map and the block pool
+# =============================================================================
+class BlockHashToBlockMap:
+    """Cache key -> block(s).  The first block inserted under a key wins lookups.
+
+    Several blocks may carry the same key (no de-duplication, so block tables
+    stay append-only); the value is then a dict ``{block_id: block}`` in
+    insertion order.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, Any] = {}
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return None
+        if blocks.__class__ is dict:
+            return next(iter(blocks.values()))
+        return blocks
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return False
+        if blocks.__class__ is dict:
+            return block_id in blocks
+        return blocks.block_id == block_id
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            self._cache[key] = block
+        elif blocks.__class__ is dict:
+            blocks[block.block_id] = block
+        else:
+            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        blocks = self._cache.pop(key, None)
+        if blocks is None:
+            return None
+        if blocks.__class__ is dict:
+            block = blocks.pop(block_id, None)
+            if blocks:
+                self._cache[key] = blocks
+            return block
+        if blocks.block_id == block_id:
+            return blocks
+        self._cache[key] = blocks
+        return None
+
+    def keys(self) -> list[bytes]:
+        return list(self._cache)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+def _group_key(block_hash: bytes, group_id: int) -> bytes:
+    return block_hash + group_id.to_bytes(4, "big")
+
+
+class _BlockHashView:
+    """Request block hashes seen at a coarser block size (consecutive hashes joined)."""
+
+    __slots__ = ("_hashes", "_scale")
+
+    def __init__(self, hashes: list[bytes], scale: int) -> None:
+        self._hashes = hashes
+        self._scale = scale
+
+    def __len__(self) -> int:
+        return len(self._hashes) // self._scale
+
+    def __getitem__(self, i: int) -> bytes:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        s = self._scale
+        return b"".join(self._hashes[i * s : (i + 1) * s])
+
+
+def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: int):
+    """The request's hashes at ``block_size`` (a multiple of ``hash_block_size``)."""
+    if block_size == hash_block_size:
+        return hashes
+    return _BlockHashView(hashes, block_size // hash_block_size)
+
+
+class BlockPool:
+    """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
+
+    Args:
+        num_gpu_blocks: blocks in the pool (block 0 becomes the null block).
+        enable_caching: whether prefix caching is on.
+        hash_block_size: the block size request hashes are computed at.
+        enable_kv_cache_events: queue BlockStored / BlockRemoved /
+            AllBlocksCleared events for ``take_events``.
+        use_int_block_hashes: publish hashes in events as 64-bit ints
+            (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: Any = None,
+        use_int_block_hashes: bool | None = None,
+    ) -> None:
+        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+            raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        if num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+        if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
+            raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = bool(enable_caching)
+        self.hash_block_size = hash_block_size
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.use_int_block_hashes = (
+            default_use_int_block_hashes() if use_int_block_hashes is None else bool(use_int_block_hashes)
+        )
+        self.kv_event_queue: list[KVCacheEvent] = []
+        self.metrics_collector = metrics_collector
+        #: Cached blocks evicted so far (their hash dropped on reuse); a kvcy extension.
+        self.num_evictions = 0
+
+    # ------------------------------------------------------------------ lookups
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[KVCacheBlock] | None:
+        """One cached block per group for ``block_hash``, or None if any group misses."""
+        out = []
+        for group_id in kv_cache_group_ids:
+            block = self.cached_block_hash_to_block.get_one_block(_group_key(block_hash, group_id))
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    # ------------------------------------------------------------------ caching
+    def _ext(self, block_hash: bytes):
+        return external_block_hash(block_hash, self.use_int_block_hashes)
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hashes and cache them.
+
+        Null blocks are skipped.  With events on, one ``BlockStored`` is queued.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        if len(block_hashes) < num_full_blocks:
+            raise RuntimeError(
+                f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        events = self.enable_kv_cache_events
+        new_hashes: list = []
+        cache = self.cached_block_hash_to_block
+        for i in range(num_cached_blocks, num_full_blocks):
+            blk = blocks[i]
+            if blk.is_null:
+                continue
+            assert blk._block_hash is None, "The block already has a hash. This should not happen."
+            block_hash = block_hashes[i]
+            key = _group_key(block_hash, kv_cache_group_id)
+            blk._block_hash = key
+            blk.block_hash_num_tokens = (i + 1) * block_size
+            cache.insert(key, blk)
+            if events:
+                new_hashes.append(self._ext(block_hash))
+        if events:
+            parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
+            extra_keys_list = []
+            mm_idx = 0
+            for i in range(num_cached_blocks, num_full_blocks):
+                if blocks[i].is_null:
+                    continue
+                start = i * block_size
+                keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+                extra_keys_list.append(untag_extra_keys(keys))
+            self.kv_event_queue.append(
+                self._block_stored(
+                    request, new_hashes, parent, num_cached_blocks * block_size,
+                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list,
+                )
+            )
+
+    def _block_stored(
+        self, request, hashes, parent, start, end, block_size, group_id, extra_keys_list
+    ) -> BlockStored:
+        lora = request.lora_request
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=request.all_token_ids[start:end],
+            block_size=block_size,
+            lora_id=lora.lora_int_id if lora is not None else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.lora_name if lora is not None else None,
+            extra_keys=extra_keys_list if extra_keys_list else None,
+            group_idx=group_id,
+        )
+
+    def emit_cached_block_events(
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """Queue a ``BlockStored`` for a prefix hit of ``num_cached_blocks`` blocks (no state change)."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        hashes = []
+        extra_keys_list = []
+        mm_idx = 0
+        for i in range(num_cached_blocks):
+            hashes.append(self._ext(block_hashes[i]))
+            start = i * block_size
+            keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+            extra_keys_list.append(untag_extra_keys(keys))
+        self.kv_event_queue.append(
+            self._block_stored(
+                request, hashes, None, 0, num_cached_blocks * block_size, block_size,
+                kv_cache_group_id, extra_keys_list,
+            )
+        )
+
+    # ------------------------------------------------------------------ allocation
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` free blocks, evicting any cached ones, ref_cnt 0 -> 1.
+
+        Raises:
+            ValueError: fewer than ``num_blocks`` blocks are free (nothing changes).
+        """
+        num_blocks = _check_count("num_blocks", num_blocks)
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            for block in ret:
+                if block._block_hash is not None:
+                    self._maybe_evict_cached_block(block)
+                block.ref_cnt += 1
+        else:
+            for block in ret:
+                block.ref_cnt += 1
+        return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        key = block._block_hash
+        if key is None:
+            return False
+        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
+            return False
+        block._block_hash = None
+        block.block_hash_num_tokens = None
+        self.num_evictions += 1
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[self._ext(key[:-4])],
+                    medium=MEDIUM_GPU,
+                    group_idx=int.from_bytes(key[-4:], "big"),
+                )
+            )
+        return True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Drop the cache keys of the given blocks (they stay where they are)."""
+        for block_id in block_ids:
+            if isinstance(block_id, bool) or not isinstance(block_id, int):
+                raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
+            if not 0 <= block_id < self.num_gpu_blocks:
+                raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
+        for block_id in block_ids:
+            self._maybe_evict_cached_block(self.blocks[block_id])
+
+    def touch(self, blocks: Sequence[KVCacheBlock] | Sequence[Sequence[KVCacheBlock]]) -> None:
+        """Take a reference on cache-hit blocks, unlinking free ones from the queue."""
+        if blocks and not isinstance(blocks[0], KVCacheBlock):
+            for group in blocks:
+                self.touch(group)
+            return
+        queue = self.free_block_queue
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block, in eviction order.
+
+        A block reaching 0 goes to the tail of the free queue if it is cached
+        (LRU) and to the head if not (reused first); each batch keeps the
+        given order.
+        """
+        blocks_list = list(ordered_blocks)
+        for block in blocks_list:
+            if not block.is_null and block.ref_cnt <= 0:
+                raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
+        to_tail: list[KVCacheBlock] = []
+        to_head: list[KVCacheBlock] = []
+        caching = self.enable_caching
+        for block in blocks_list:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if caching and block._block_hash is not None:
+                    to_tail.append(block)
+                else:
+                    to_head.append(block)
+        self.free_block_queue.append_n(to_tail)
+        self.free_block_queue.prepend_n(to_head)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cache key; only when no block but the null block is in use."""
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_used_blocks - 1,
+            )
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        for block in self.blocks:
+            block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks in use (the null block does not count)."""
+        total = self.num_gpu_blocks - 1
+        if total <= 0:
+            return 0.0
+        return 1.0 - (self.get_num_free_blocks() / total)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the event queue."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = self.kv_event_queue
+        self.kv_event_queue = []
+        return events
+
+
+# =============================================================================
+# Single-type managers
+# =============================================================================
+class SingleTypeKVCacheManager:
+    """Block bookkeeping for one KV-cache group of one attention type."""
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        self.scheduler_block_size = scheduler_block_size
+        self._max_admission_blocks_per_request = max_admission_blocks_per_request
+        self.use_eagle = False
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+        self._null_block = block_pool.null_block
+
+    # -------------------------------------------------------------- counting
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens before the attention window (their blocks can be freed)."""
+        return 0
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """Blocks this group must take from the free pool to hold ``num_tokens``.
+
+        Evictable cache hits (free, ref_cnt 0) count too: touching them takes
+        them out of the free pool.
+        """
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        cap = self._max_admission_blocks_per_request
+        if apply_admission_cap and cap is not None and cap < num_required_blocks:
+            num_required_blocks = cap
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_req_blocks = 0 if req_blocks is None else len(req_blocks)
+        if request_id in self.num_cached_block:
+            return max(num_required_blocks - num_req_blocks, 0)
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local_computed_blocks = len(new_computed_blocks) + num_req_blocks
+        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
+        skip_new = max(0, num_skipped_blocks - num_req_blocks)
+        num_evictable = 0
+        for i in range(skip_new, len(new_computed_blocks)):
+            blk = new_computed_blocks[i]
+            if blk.ref_cnt == 0 and not blk.is_null:
+                num_evictable += 1
+        return num_new_blocks + num_evictable
+
+    # -------------------------------------------------------------- allocation
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Attach prefix-cache hits to a request that holds no blocks yet."""
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        assert not req_blocks
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
+        if num_skipped_blocks > 0:
+            new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
+        if self.enable_caching:
+            self.block_pool.touch(new_computed_blocks)
+        req_blocks.extend([self._null_block] * num_skipped_blocks)
+        req_blocks.extend(new_computed_blocks)
+        self.num_cached_block[request_id] = len(req_blocks)
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+    ) -> None:
+        """New blocks for tokens a KV connector computed (after every group touched its hits)."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.get_num_skipped_tokens(total)
+        if num_skipped_tokens > 0:
+            num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens <= 0:
+            return
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks.extend(self.block_pool.get_new_blocks(cdiv(total, self.block_size) - len(req_blocks)))
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
+        """Give the request at least ``num_tokens`` slots; return the new blocks."""
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks among its first ``num_tokens`` tokens."""
+        request_id = request.request_id
+        num_cached_blocks = self.num_cached_block.get(request_id, 0)
+        num_full_blocks = num_tokens // self.block_size
+        if num_cached_blocks >= num_full_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request_id],
+            num_cached_blocks,
+            num_full_blocks,
+            self.block_size,
+            self.kv_cache_group_id,
+        )
+        self.num_cached_block[request_id] = num_full_blocks
+
+    # -------------------------------------------------------------- freeing
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        self.num_cached_block.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, [])
+
+    def free(self, request_id: str) -> None:
+        """Return the request's blocks to the pool, tail first."""
+        blocks = self.pop_blocks_for_free(request_id)
+        blocks.reverse()
+        self.block_pool.free_blocks(blocks)
+
+    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None or first_block >= last_block:
+            return
+        last_block = min(last_block, len(blocks))
+        null = self._null_block
+        freed = []
+        for i in range(last_block - 1, first_block - 1, -1):
+            if blocks[i] is null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = null
+        if freed:
+            self.block_pool.free_blocks(freed)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        """Free the blocks before the attention window, replacing them with the null block."""
+        num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        self._remove_blocks_in_range(request_id, 0, num_skipped_tokens // self.block_size)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        raise NotImplementedError
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention: every token's KV is kept until the request finishes."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        n_groups = len(kv_cache_group_ids)
+        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(n_groups))
+        max_blocks = min(max_length // block_size, len(hashes))
+        for i in range(max_blocks):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for g in range(n_groups):
+                computed[g].append(cached[g])
+        if drop_eagle_block and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+        while block_size != alignment_tokens and (len(computed[0]) * block_size) % alignment_tokens != 0:
+            for blocks in computed:
+                blocks.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        blocks = self.req_to_blocks.get(running_request_id, [])
+        num_requests = len(self.req_to_blocks)
+        n = 0
+        for block in blocks:
+            if block.ref_cnt == num_requests:
+                n += 1
+            else:
+                break
+        return n
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
+
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.sliding_window = kv_cache_spec.sliding_window
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
+        if drop_eagle_block:
+            needed += 1
+        max_blocks = min(max_length // block_size, len(hashes))
+        n_groups = len(kv_cache_group_ids)
+        null = block_pool.null_block
+        computed = tuple([null] * max_blocks for _ in range(n_groups))
+        contiguous = 0
+        found = False
+        for i in range(max_blocks - 1, -1, -1):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is not None:
+                if contiguous == 0 and ((i + 1) * block_size) % alignment_tokens != 0:
+                    continue
+                for g in range(n_groups):
+                    computed[g][i] = cached[g]
+                contiguous += 1
+                if contiguous >= needed:
+                    for blocks in computed:
+                        del blocks[i + contiguous :]
+                    found = True
+                    break
+            else:
+                contiguous = 0
+        if not found:
+            for blocks in computed:
+                del blocks[contiguous:]
+        if drop_eagle_block and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention: tokens attend only within their chunk."""
+
+    def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        if drop_eagle_block:
+            raise ValueError("EAGLE is not supported with chunked local attention")
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        chunk = kv_cache_spec.attention_chunk_size
+        start_block = (max_length // chunk * chunk) // block_size
+        max_blocks = max_length // block_size
+        n_groups = len(kv_cache_group_ids)
+        null = block_pool.null_block
+        computed = tuple([null] * start_block for _ in range(n_groups))
+        for i in range(start_block, min(max_blocks, len(hashes))):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for g in range(n_groups):
+                computed[g].append(cached[g])
+        while block_size != alignment_tokens and (len(computed[0]) * block_size) % alignment_tokens != 0:
+            for blocks in computed:
+                blocks.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """Mamba (plain mode): only the state after the last cached block is needed."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        max_blocks = min(max_length // block_size, len(hashes))
+        n_groups = len(kv_cache_group_ids)
+        null = block_pool.null_block
+        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(n_groups))
+        for i in range(max_blocks - 1, -1, -1):
+            if ((i + 1) * block_size) % alignment_tokens != 0:
+                continue
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is not None:
+                for g in range(n_groups):
+                    computed[g].extend([null] * i)
+                    computed[g].append(cached[g])
+                break
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - 1)
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Cross attention: a static allocation for the encoder tokens; never cached."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        raise ValueError("cross attention does not support prefix caching")
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        return None
+
+
+spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def _manager_class(spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
+    for klass in type(spec).__mro__:
+        if klass in spec_manager_map:
+            return spec_manager_map[klass]
+    raise ValueError(f"no KV-cache manager for spec type {type(spec).__name__}")
+
+
+def _admission_cap(spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+    if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+        return spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+    return None
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec,
+    block_pool: BlockPool,
+    enable_caching: bool,
+    kv_cache_group_id: int,
+    scheduler_block_size: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+) -> SingleTypeKVCacheManager:
+    klass = _manager_class(kv_cache_spec)
+    return klass(
+        kv_cache_spec,
+        block_pool,
+        enable_caching,
+        kv_cache_group_id,
+        scheduler_block_size,
+        _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
+    )
+
+
+# =============================================================================
+# Coordinators
+# =============================================================================
+class KVCacheCoordinator:
+    """Drives the single-type managers of all KV-cache groups over one block pool."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        enable_kv_cache_events: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        use_int_block_hashes: bool | None = None,
+    ) -> None:
+        groups = kv_cache_config.kv_cache_groups
+        if scheduler_block_size % hash_block_size != 0 or any(
+            scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
+        ):
+            raise ValueError(
+                f"scheduler_block_size ({scheduler_block_size}) must be a multiple of "
+                f"hash_block_size ({hash_block_size}) and of every group's block size "
+                f"({[g.kv_cache_spec.block_size for g in groups]})"
+            )
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks,
+            enable_caching,
+            hash_block_size,
+            enable_kv_cache_events,
+            use_int_block_hashes=use_int_block_hashes,
+        )
+        eagle_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+        if use_eagle and not eagle_ids:
+            eagle_ids = set(range(len(groups)))
+        self.eagle_group_ids = eagle_ids
+        self.single_type_managers = tuple(
+            get_manager_for_kv_cache_spec(
+                g.kv_cache_spec,
+                self.block_pool,
+                enable_caching,
+                i,
+                scheduler_block_size,
+                max_in_flight_tokens,
+                max_model_len,
+            )
+            for i, g in enumerate(groups)
+        )
+        self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        total = 0
+        for i, manager in enumerate(self.single_type_managers):
+            if self._cross_attention[i]:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0, 0, num_encoder_tokens, apply_admission_cap
+                )
+            else:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    new_computed_blocks[i],
+                    total_computed_tokens,
+                    num_local_computed_tokens,
+                    num_tokens_main_model,
+                    apply_admission_cap,
+                )
+        return total
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        managers = self.single_type_managers
+        for manager in managers:
+            if request_id in manager.num_cached_block:
+                if any(len(blocks) for blocks in new_computed_blocks):
+                    raise RuntimeError(
+                        f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
+                    )
+                return
+        for i, manager in enumerate(managers):
+            manager.add_local_computed_blocks(
+                request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
+            )
+        if num_external_computed_tokens > 0:
+            for manager in managers:
+                manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int = 0
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(
+            manager.allocate_new_blocks(
+                request_id,
+                num_encoder_tokens if self._cross_attention[i] else num_tokens,
+                num_tokens_main_model,
+            )
+            for i, manager in enumerate(self.single_type_managers)
+        )
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager.cache_blocks(request, num_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        for manager in self.single_type_managers:
+            manager.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        out: list[KVCacheBlock] = []
+        for manager in self.single_type_managers:
+            out.extend(manager.pop_blocks_for_free(request_id))
+        return out
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in self.single_type_managers]
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request holds blocks (had a successful allocation since its last free)."""
+        for manager in self.single_type_managers:
+            if request_id in manager.req_to_blocks:
+                return True
+        return False
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        raise NotImplementedError
+
+
+class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    """Coordinator for prefix caching off: any number of groups, never a hit."""
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                 use_int_block_hashes=None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, False,
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                         use_int_block_hashes)
+        self.num_single_type_manager = len(self.single_type_managers)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_single_type_manager
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        return tuple([] for _ in range(self.num_single_type_manager)), 0, 0
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """Coordinator for exactly one KV-cache group with prefix caching on."""
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                 use_int_block_hashes=None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                         enable_caching, enable_kv_cache_events, scheduler_block_size,
+                         hash_block_size, use_int_block_hashes)
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
+        self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.block_size = self.single_type_managers[0].block_size
+        if enable_caching and hash_block_size != self.block_size:
+            raise ValueError(
+                "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
+                f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
+            )
+        self.use_eagle = 0 in self.eagle_group_ids
+        self.single_type_managers[0].use_eagle = self.use_eagle
+        self._manager_cls = type(self.single_type_managers[0])
+        if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
+            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        blocks, length = self._manager_cls.find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, [0], self.block_pool, self.kv_cache_spec,
+            self.use_eagle, self.block_size,
+        )
+        return blocks, length, 0
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Coordinator for several KV-cache groups (e.g. full + sliding window).
+
+    Groups with equal specs are looked up together; full attention goes first
+    (its left-to-right scan bounds the others), and the candidate length is
+    shrunk until every group accepts it.
+    """
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                 use_int_block_hashes=None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                         enable_caching, enable_kv_cache_events, scheduler_block_size,
+                         hash_block_size, use_int_block_hashes)
+        for manager in self.single_type_managers:
+            if manager.block_size % hash_block_size != 0:
+                raise ValueError(
+                    f"every group's block size must be a multiple of hash_block_size "
+                    f"({hash_block_size}); got {manager.block_size}"
+                )
+        if self.eagle_group_ids and any(
+            isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in kv_cache_config.kv_cache_groups
+        ):
+            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
+        self.verify_and_split_kv_cache_groups()
+
+    def verify_and_split_kv_cache_groups(self) -> None:
+        """Batch groups with identical specs; full attention first."""
+        groups: list[list] = []  # [spec, group_ids, manager_cls, use_eagle]
+        for i, g in enumerate(self.kv_cache_config.kv_cache_groups):
+            spec = g.kv_cache_spec
+            if isinstance(spec, CrossAttentionSpec):
+                continue
+            klass = type(self.single_type_managers[i])
+            use_eagle = i in self.eagle_group_ids
+            for entry in groups:
+                if entry[0] == spec:
+                    entry[1].append(i)
+                    entry[3] = entry[3] or use_eagle
+                    break
+            else:
+                groups.append([spec, [i], klass, use_eagle])
+        if not groups:
+            raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
+        groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
+        self.attention_groups = [tuple(e) for e in groups]
+        for spec, ids, klass, use_eagle in self.attention_groups:
+            if use_eagle:
+                for gid in ids:
+                    self.single_type_managers[gid].use_eagle = True
+        self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        for manager in self.single_type_managers:
+            n = aligned
+            if manager.use_eagle and aligned > 0:
+                n = min(num_computed_tokens, aligned + manager.block_size)
+            manager.cache_blocks(request, n)
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        num_groups = len(self.kv_cache_config.kv_cache_groups)
+        hit_length = max_cache_hit_length
+        longest = 0
+        blocks_by_group: list = [None] * num_groups
+        length_by_group = [0] * num_groups
+        alignment = self.scheduler_block_size
+        eagle_verified: set[int] = set()
+        managers = self.single_type_managers
+        while True:
+            curr = hit_length
+            for idx, (spec, group_ids, klass, use_eagle) in enumerate(self.attention_groups):
+                first = group_ids[0]
+                if isinstance(spec, FullAttentionSpec) and blocks_by_group[first] is not None:
+                    curr = min(curr, length_by_group[first])
+                    continue
+                drop = use_eagle and idx not in eagle_verified
+                max_len = curr
+                if drop and not isinstance(spec, MambaSpec):
+                    max_len = min(curr + managers[first].block_size, max_cache_hit_length)
+                hit_blocks, new_len = klass.find_longest_cache_hit(
+                    block_hashes, max_len, group_ids, self.block_pool, spec, drop, alignment
+                )
+                if drop:
+                    eagle_verified.add(idx)
+                elif new_len < curr:
+                    eagle_verified.clear()
+                curr = new_len
+                for gid, blks in zip(group_ids, hit_blocks):
+                    blocks_by_group[gid] = blks
+                    length_by_group[gid] = new_len
+                if curr > longest:
+                    longest = curr
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self._is_simple_hybrid:
+                break
+        for spec, group_ids, klass, use_eagle in self.attention_groups:
+            if not isinstance(spec, FullAttentionSpec):
+                continue
+            n = cdiv(hit_length, managers[group_ids[0]].block_size)
+            for gid in group_ids:
+                blks = blocks_by_group[gid]
+                if blks is not None:
+                    del blks[n:]
+                    length_by_group[gid] = hit_length
+        blocks = tuple(b if b is not None else [] for b in blocks_by_group)
+        return blocks, hit_length, longest - hit_length
+
+
+def get_kv_cache_coordinator(
+    kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    max_in_flight_tokens: int,
+    use_eagle: bool,
+    enable_caching: bool,
+    enable_kv_cache_events: bool,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    use_int_block_hashes: bool | None = None,
+) -> KVCacheCoordinator:
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        )
+    if len(kv_cache_config.kv_cache_groups) == 1:
+        return UnitaryKVCacheCoordinator(
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        )
+    return HybridKVCacheCoordinator(
+        kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+    )
+
+
+# =============================================================================
+# KVCacheBlocks and the manager
+# =============================================================================
+class KVCacheBlocks:
+    """Blocks per KV-cache group: what allocate_slots / get_computed_blocks return.
+
+    ``blocks[i][j]`` is the j-th block of group i.
+    """
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
+        self.blocks = blocks
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KVCacheBlocks):
+            return NotImplemented
+        return self.get_block_ids() == other.get_block_ids()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+        """Block ids per group (``None`` with ``allow_none`` when there are none)."""
+        if allow_none and all(len(g) == 0 for g in self.blocks):
+            return None
+        return tuple([blk.block_id for blk in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        if len(self.blocks) != 1:
+            raise ValueError("get_unhashed_block_ids supports exactly one group")
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+class KVCacheManager:
+    """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
+
+    Args:
+        kv_cache_config: blocks and KV-cache groups.
+        max_model_len: the longest sequence; slot requests are capped at it.
+        scheduler_block_size: scheduling granularity (LCM of the groups' block sizes).
+        hash_block_size: the block size request hashes are computed at.
+        max_in_flight_tokens: tokens scheduled but not yet settled (sizes the
+            sliding-window / chunked admission cap); defaults to max_model_len.
+        enable_caching: prefix caching on or off.
+        use_eagle: drop the last hit block (EAGLE needs its hidden states).
+        log_stats: keep PrefixCacheStats (``make_prefix_cache_stats``).
+        enable_kv_cache_events: queue KV events (``take_events``).
+        watermark: fraction of all blocks kept free when admitting
+            waiting / preempted requests while others are scheduled.
+        use_int_block_hashes: publish event hashes as 64-bit ints (default:
+            ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        use_int_block_hashes: bool | None = None,
+    ) -> None:
+        for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
+                            ("hash_block_size", hash_block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError("decode/prefill context parallelism is not supported (dcp/pcp world size must be 1)")
+        if not 0.0 <= float(watermark) < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        if max_in_flight_tokens is None:
+            max_in_flight_tokens = max_model_len
+        if not kv_cache_config.kv_cache_groups and enable_caching:
+            enable_caching = False
+        self.max_model_len = max_model_len
+        self.enable_caching = bool(enable_caching)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.use_eagle = bool(use_eagle)
+        self.log_stats = bool(log_stats)
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.coordinator = get_kv_cache_coordinator(
+            kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
+            self.enable_caching, self.enable_kv_cache_events, scheduler_block_size,
+            hash_block_size, use_int_block_hashes,
+        )
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.block_pool = self.coordinator.block_pool
+        self.kv_cache_config = kv_cache_config
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.kv_cache_event_metadata = tuple(
+            (get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+            for g in kv_cache_config.kv_cache_groups
+        )
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
+
+    # ------------------------------------------------------------------ info
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks in use."""
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Take the stats gathered since the last call (None unless log_stats)."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    # ------------------------------------------------------------------ lookups
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
+        """The longest prefix-cache hit for a request; changes no reference counts.
+
+        Returns:
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
+            never covers the request's last token.
+        """
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        max_cache_hit_length = request.num_tokens - 1
+        computed_blocks, num_new_computed_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_cache_hit_length
+        )
+        if self.log_stats:
+            self.prefix_cache_stats.record(
+                num_tokens=request.num_tokens,
+                num_hits=num_new_computed_tokens,
+                preempted=request.num_preemptions > 0,
+            )
+        if (
+            num_new_computed_tokens > 0
+            and self.enable_kv_cache_events
+            and request.kv_cache_report_mode == "full"
+        ):
+            for group_idx, group_blocks in enumerate(computed_blocks):
+                if group_blocks:
+                    self.block_pool.emit_cached_block_events(
+                        request, len(group_blocks), self._group_block_sizes[group_idx], group_idx
+                    )
+        boundary = num_new_computed_tokens + num_uncached if num_uncached else 0
+        return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens, boundary
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None:
+        """Add slots for ``num_new_tokens`` (+ lookahead) tokens of a request.
+
+        Returns the newly allocated blocks per group, or ``None`` -- with
+        nothing allocated or touched -- when the pool cannot hold them.
+
+        Raises:
+            ValueError: a negative count; no tokens at all; more tokens than
+                ``max_model_len``; prefix hits handed to a running request.
+            TypeError: a count that is not an int.
+        """
+        num_new_tokens = _check_count("num_new_tokens", num_new_tokens)
+        num_new_computed_tokens = _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        num_lookahead_tokens = _check_count("num_lookahead_tokens", num_lookahead_tokens)
+        num_external_computed_tokens = _check_count("num_external_computed_tokens", num_external_computed_tokens)
+        num_encoder_tokens = _check_count("num_encoder_tokens", num_encoder_tokens)
+        reserved_blocks = _check_count("reserved_blocks", reserved_blocks)
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
+            )
+        request_id = request.request_id
+        num_computed = request.num_computed_tokens
+        num_local_computed_tokens = num_computed + num_new_computed_tokens
+        if num_local_computed_tokens + num_external_computed_tokens + num_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: {num_computed} computed + {num_new_computed_tokens} new computed + "
+                f"{num_external_computed_tokens} external + {num_new_tokens} new tokens exceed "
+                f"max_model_len={self.max_model_len}"
+            )
+        if new_computed_blocks is None or not any(new_computed_blocks.blocks):
+            new_blocks_list = self.empty_kv_cache_blocks.blocks
+            has_new_computed = False
+        else:
+            new_blocks_list = new_computed_blocks.blocks
+            if len(new_blocks_list) != self.num_kv_cache_groups:
+                raise ValueError(
+                    f"new_computed_blocks has {len(new_blocks_list)} groups, the manager has "
+                    f"{self.num_kv_cache_groups}"
+                )
+            has_new_computed = True
+            if self.coordinator.holds(request_id):
+                raise ValueError(
+                    f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
+                    "a request's first allocation"
+                )
+
+        total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
+        watermark_blocks = 0
+        status = request.status
+        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
+            watermark_blocks = self.watermark_blocks
+        coordinator = self.coordinator
+        if full_sequence_must_fit:
+            full_num_tokens = min(request.num_tokens, self.max_model_len)
+            needed = coordinator.get_num_blocks_to_allocate(
+                request_id, full_num_tokens, new_blocks_list, num_encoder_tokens,
+                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True,
+            )
+            if needed + watermark_blocks > self.block_pool.get_num_free_blocks():
+                return None
+
+        num_tokens_main_model = total_computed_tokens + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens))
+        needed = coordinator.get_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
+            num_local_computed_tokens + num_external_computed_tokens, num_local_computed_tokens,
+            num_tokens_main_model,
+        )
+        if needed + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
+            return None
+        if has_new_computed or num_external_computed_tokens > 0:
+            coordinator.allocate_new_computed_blocks(
+                request_id, new_blocks_list, num_local_computed_tokens, num_external_computed_tokens
+            )
+        new_blocks = coordinator.allocate_new_blocks(
+            request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
+        )
+        if self.enable_caching and not delay_cache_blocks:
+            coordinator.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
+        return self.create_kv_cache_blocks(new_blocks)
+
+    def free(self, request: Request) -> None:
+        """Free the request's blocks, tail first, group by group.
+
+        Raises:
+            ValueError: the request holds no blocks (unknown id, or freed already).
+        """
+        request_id = request.request_id
+        if not self.coordinator.holds(request_id):
+            raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+        self.coordinator.free(request_id)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        processed_computed_tokens = _check_count("processed_computed_tokens", processed_computed_tokens)
+        self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        return self.coordinator.pop_blocks_for_free(request.request_id)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached hashes; False (and nothing changes) while blocks are in use."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the KV events, annotated with each group's spec kind and window."""
+        events = self.block_pool.take_events()
+        meta = self.kv_cache_event_metadata
+        for event in events:
+            if event.__class__ is BlockStored and event.group_idx is not None and 0 <= event.group_idx < len(meta):
+                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
+        return events
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's whole block table per group.
+
+        Raises:
+            ValueError: the request holds no blocks.
+        """
+        if not self.coordinator.holds(request_id):
+            raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def new_step_starts(self) -> None:
+        return None

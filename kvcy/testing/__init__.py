@@ -1,0 +1,1 @@
+"""Testing helpers shipped with kvcy (the golden-vector replayer)."""
