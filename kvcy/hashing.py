@@ -223,7 +223,7 @@ def _mm_extra_keys(request: Request, start: int, end: int, start_mm_idx: int) ->
     if not features:
         return keys, start_mm_idx
     last = features[-1]
-    if last.mm_position.offset + last.mm_position.length < start:
+    if last.mm_position.offset + last.mm_position.length <= start:
         return keys, start_mm_idx
     if start_mm_idx < 0:
         start_mm_idx = max(0, len(features) + start_mm_idx)
@@ -233,7 +233,7 @@ def _mm_extra_keys(request: Request, start: int, end: int, start_mm_idx: int) ->
         pos = features[idx].mm_position
         offset, length = pos.offset, pos.length
         if end > offset:
-            if start > offset + length:
+            if start >= offset + length:
                 # This item ended before the block: move on.
                 idx += 1
                 continue
