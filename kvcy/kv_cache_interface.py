@@ -942,6 +942,9 @@ class KVCacheConfig:
     num_blocks: int
     kv_cache_tensors: list[KVCacheTensor]
     kv_cache_groups: list[KVCacheGroupSpec]
+    prefix_cache_retention_interval: int | None = None
+    """Token interval of retained sliding-window / Mamba prefix-cache
+    checkpoints; None retains them densely (the only mode kvcy implements)."""
 
     @property
     def has_mamba_layers(self) -> bool:
