@@ -1,0 +1,103 @@
+"""``--plot``: hit rate against cache size, and per-step manager time per implementation.
+
+matplotlib is optional (``pip install kvcy[plot]``); it is imported only here,
+only when a plot is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["MissingMatplotlib", "plot_replay"]
+
+
+class MissingMatplotlib(RuntimeError):
+    """``--plot`` needs matplotlib, which is not installed."""
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingMatplotlib(
+            "--plot needs matplotlib, which is not installed: pip install 'kvcy[plot]' (or matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_replay(
+    path: str | Path,
+    sweep: Sequence[tuple[int, float]],
+    step_ns: Mapping[str, Sequence[int]],
+    *,
+    block_size: int,
+    chosen_blocks: int | None = None,
+    title: str = "",
+) -> Path:
+    """Write a two-panel PNG.
+
+    Args:
+        path: the output file.
+        sweep: ``(num_blocks, hit_rate)`` points of the cache-size sweep.
+        step_ns: per-step manager CPU time (ns) for each implementation.
+        block_size: tokens per block (for the cache-size axis in tokens).
+        chosen_blocks: the run's own pool size, marked on the sweep.
+        title: figure title.
+    """
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+
+    pts = sorted(sweep)
+    if pts:
+        xs = [n * block_size for n, _ in pts]
+        ys = [100.0 * h for _, h in pts]
+        ax1.plot(xs, ys, "o-", color="tab:blue")
+        for x, y in zip(xs, ys):
+            ax1.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        ax1.set_xscale("log", base=2)
+        if chosen_blocks is not None:
+            ax1.axvline(chosen_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
+            ax1.legend(loc="lower right", fontsize=8)
+        ax1.set_ylim(0, max(5.0, max(ys) * 1.2))
+    ax1.set_xlabel(f"KV-cache size (tokens; block size {block_size})")
+    ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
+    ax1.set_title("hit rate against cache size")
+    ax1.grid(True, alpha=0.3)
+
+    colors = {"cython": "tab:orange", "python": "tab:green"}
+    positive = [v for series in step_ns.values() for v in series if v > 0]
+    if positive:
+        lo, hi = math.log10(min(positive) / 1e3), math.log10(max(positive) / 1e3)
+        if hi - lo < 1e-9:
+            hi = lo + 1.0
+        bins = [10 ** (lo + (hi - lo) * i / 60) for i in range(61)]
+        for name, series in step_ns.items():
+            us = [v / 1e3 for v in series if v > 0]
+            if not us:
+                continue
+            s = sorted(us)
+            p50 = s[len(s) // 2]
+            p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
+            color = colors.get(name, None)
+            ax2.hist(us, bins=bins, histtype="step", lw=1.6, color=color,
+                     label=f"{name}: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs")
+            ax2.axvline(p50, color=color, ls=":", lw=1)
+        ax2.set_xscale("log")
+        ax2.legend(fontsize=8)
+    ax2.set_xlabel("manager CPU time per scheduler step (µs)")
+    ax2.set_ylabel("steps")
+    ax2.set_title("per-step manager time")
+    ax2.grid(True, alpha=0.3)
+
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

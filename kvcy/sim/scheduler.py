@@ -1,0 +1,542 @@
+"""A continuous-batching scheduler loop driving :class:`KVCacheManager`.
+
+It uses the manager the way vLLM's v1 ``Scheduler`` does (FCFS, chunked
+prefill, recompute preemption), synchronously and without a model:
+
+1. **Arrivals.** Trace requests whose arrival time has passed join the back of
+   the waiting queue.  A request's ``kvcy.Request`` (tokens, block hashes) is
+   built the first time the scheduler looks at it.
+2. **Running requests**, in order, while the step's token budget lasts: the
+   rest of the prefill (chunked by the budget) or one decode token;
+   ``allocate_slots(request, n)``.  When it returns ``None`` the *last* running
+   request is preempted (``free``, status ``PREEMPTED``, computed tokens 0, to
+   the front of the waiting queue) and the allocation is retried; if the
+   preempted request is the current one, running-request scheduling stops.
+3. **Waiting requests**, only if nothing was preempted this step, while the
+   budget lasts and fewer than ``max_num_seqs`` run: ``get_computed_blocks``
+   then ``allocate_slots`` with the hit; on ``None`` admission stops.
+4. Every scheduled request's ``num_computed_tokens`` advances; a request whose
+   prefill or decode completed samples one token (the trace's output tokens, or
+   fresh ones); one that reached its output length finishes and is freed.
+5. **Time.** A step takes ``step_ms + token_us * scheduled_tokens / 1000``
+   simulated milliseconds; an idle engine jumps to the next arrival.  Only the
+   interleaving of arrivals and steps depends on this model, and it never reads
+   the wall clock, so a replay is deterministic.
+
+Manager CPU time is ``time.perf_counter_ns()`` around the manager calls only
+(``get_computed_blocks``, ``allocate_slots``, ``free``), summed per step.
+
+Every manager decision (hit blocks, new block ids per request per step, which
+request is preempted, each finished request's block table) is folded into one
+digest per step, so two implementations can be checked for identical decisions.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import time
+from array import array
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcy.request import Request, RequestStatus
+from kvcy.sim.traces import Trace, TraceRequest
+
+__all__ = [
+    "ReplayConfig",
+    "ReplayResult",
+    "Divergence",
+    "build_manager",
+    "decode_decisions",
+    "manager_class",
+    "replay",
+]
+
+# Decision codes folded into the per-step digest.
+_LOOKUP, _ALLOC, _PREEMPT, _FINISH = 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """What a replay runs with.
+
+    Attributes:
+        num_blocks: KV-cache blocks in the pool (block 0 is the null block).
+        block_size: tokens per block (also the hash block size).
+        hash_algo: prefix-cache hash (``kvcy.hashing`` name).
+        max_num_seqs: cap on running requests.
+        max_num_batched_tokens: token budget per step.
+        max_model_len: longest request (prompt + output) accepted; ``None``:
+            the longest in the trace, capped at what the pool holds.  Longer
+            requests are rejected, as an engine rejects them.
+        step_ms: fixed simulated time per step (ms).
+        token_us: simulated time per scheduled token (µs).
+        enable_caching: prefix caching on.
+    """
+
+    num_blocks: int
+    block_size: int = 16
+    hash_algo: str = "sha256"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    step_ms: float = 10.0
+    token_us: float = 12.5
+    enable_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.step_ms < 0 or self.token_us < 0:
+            raise ValueError("step_ms and token_us must be >= 0")
+
+    @property
+    def pool_tokens(self) -> int:
+        """Tokens the pool holds (usable blocks times block size)."""
+        return (self.num_blocks - 1) * self.block_size
+
+    def resolve_max_model_len(self, trace: Trace) -> int:
+        longest = max((r.num_prompt_tokens + r.num_output_tokens for r in trace), default=2)
+        wanted = self.max_model_len if self.max_model_len is not None else longest
+        return max(2, min(wanted, self.pool_tokens))
+
+
+@dataclass
+class ReplayResult:
+    """What one replay did and what the manager cost.
+
+    Token counts are over admitted (not rejected) requests.  ``hit_tokens /
+    query_tokens`` is the prefix-cache hit rate of first admissions;
+    re-admissions after a preemption are counted apart (``recompute_*``).
+    """
+
+    impl: str
+    trace: str
+    config: ReplayConfig
+    max_model_len: int
+    requests: int = 0
+    finished: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    recompute_query_tokens: int = 0
+    recompute_hit_tokens: int = 0
+    preemptions: int = 0
+    evictions: int | None = None
+    steps: int = 0
+    sim_time_s: float = 0.0
+    peak_usage: float = 0.0
+    mean_usage: float = 0.0
+    manager_calls: int = 0
+    manager_ns: int = 0
+    step_ns: array = field(default_factory=lambda: array("q"))
+    wall_s: float = 0.0
+    step_digests: list[bytes] = field(default_factory=list)
+    free_blocks_at_end: int = 0
+    manager_prefix_cache_stats: dict[str, int] | None = None
+    captured: list[str] | None = None
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def decisions_digest(self) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for d in self.step_digests:
+            h.update(d)
+        return h.hexdigest()
+
+    def step_ns_percentile(self, q: float) -> float:
+        """Per-step manager time at percentile ``q`` (0-100), nearest rank, in ns."""
+        if not self.step_ns:
+            return 0.0
+        s = sorted(self.step_ns)
+        k = max(0, min(len(s) - 1, int(round(q / 100.0 * len(s) + 0.5)) - 1))
+        return float(s[k])
+
+
+class Divergence(RuntimeError):
+    """Two implementations made different decisions at ``step``."""
+
+    def __init__(self, step: int, result: ReplayResult) -> None:
+        super().__init__(f"decisions differ at step {step}")
+        self.step = step
+        self.result = result
+
+
+def manager_class(impl: str) -> type:
+    """The ``KVCacheManager`` class of one twin (``"cython"`` or ``"python"``)."""
+    from kvcy import _fast
+
+    if impl not in ("cython", "python"):
+        raise ValueError(f"impl must be 'cython' or 'python', got {impl!r}")
+    if impl == "cython" and "cython" not in _fast.available():
+        raise ValueError("the compiled (cython) twins are not built in this install; use --impl python")
+    return _fast.load(impl)["kv_cache"].KVCacheManager
+
+
+def build_manager(impl: str, config: ReplayConfig, max_model_len: int) -> Any:
+    """A one-group full-attention ``KVCacheManager`` for ``config``."""
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    kv_cfg = KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+    )
+    return manager_class(impl)(
+        kv_cfg,
+        max_model_len=max_model_len,
+        scheduler_block_size=config.block_size,
+        hash_block_size=config.block_size,
+        max_in_flight_tokens=None,
+        enable_caching=config.enable_caching,
+        use_eagle=False,
+        log_stats=True,
+        enable_kv_cache_events=False,
+        watermark=0.0,
+    )
+
+
+class _Live:
+    """Scheduler-side state of one request."""
+
+    __slots__ = ("trace", "req", "outputs")
+
+    def __init__(self, trace: TraceRequest) -> None:
+        self.trace = trace
+        self.req: Request | None = None
+        self.outputs: list[int] = []
+
+
+def _put_ids(dec: list[int], block_ids: Any) -> None:
+    if block_ids is None:
+        dec.append(-1)
+        return
+    dec.append(len(block_ids))
+    for group in block_ids:
+        dec.append(len(group))
+        dec.extend(group)
+
+
+def decode_decisions(dec: list[int], names: Mapping[int, str] | None = None) -> list[str]:
+    """Readable lines for one step's encoded decisions (for divergence reports)."""
+
+    def name(i: int) -> str:
+        return names.get(i, f"#{i}") if names is not None else f"#{i}"
+
+    out: list[str] = []
+    pos = 0
+
+    def take_ids() -> Any:
+        nonlocal pos
+        n = dec[pos]
+        pos += 1
+        if n < 0:
+            return None
+        groups = []
+        for _ in range(n):
+            k = dec[pos]
+            groups.append(dec[pos + 1 : pos + 1 + k])
+            pos += 1 + k
+        return groups
+
+    while pos < len(dec):
+        op, idx = dec[pos], dec[pos + 1]
+        pos += 2
+        if op == _LOOKUP:
+            hit = dec[pos]
+            pos += 1
+            out.append(f"get_computed_blocks({name(idx)}) -> hit {hit} tokens, blocks {take_ids()}")
+        elif op == _ALLOC:
+            n = dec[pos]
+            pos += 1
+            ids = take_ids()
+            out.append(f"allocate_slots({name(idx)}, {n}) -> {'None' if ids is None else ids}")
+        elif op == _PREEMPT:
+            out.append(f"preempt {name(idx)} (free)")
+        elif op == _FINISH:
+            out.append(f"finish {name(idx)}: block table {take_ids()} (free)")
+        else:  # pragma: no cover - corrupt encoding
+            out.append(f"?op {op}")
+            break
+    return out
+
+
+def replay(
+    trace: Trace,
+    config: ReplayConfig,
+    impl: str = "cython",
+    *,
+    manager: Any = None,
+    progress: bool = False,
+    expected_digests: list[bytes] | None = None,
+    capture_step: int | None = None,
+    stop_after_step: int | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` through a fresh manager and report what happened.
+
+    Args:
+        trace: the requests.
+        config: pool and scheduler settings.
+        impl: which twin's manager to build (``"cython"`` / ``"python"``).
+        manager: use this manager instead of building one (tests).
+        progress: show a tqdm bar (one tick per finished request) on stderr.
+        expected_digests: another run's ``step_digests``; the replay raises
+            :class:`Divergence` at the first step whose decisions differ.
+        capture_step: keep that step's decisions, readable, in ``captured``.
+        stop_after_step: stop after this step (with ``capture_step``).
+
+    Raises:
+        Divergence: see ``expected_digests``.
+        RuntimeError: the loop stopped making progress (a manager bug).
+    """
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name(config.hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(config.block_size, hash_fn)
+    max_model_len = config.resolve_max_model_len(trace)
+    mgr = manager if manager is not None else build_manager(impl, config, max_model_len)
+    res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
+
+    accepted: list[TraceRequest] = []
+    for tr in trace:
+        if tr.num_prompt_tokens + tr.num_output_tokens > max_model_len:
+            res.rejected += 1
+        else:
+            accepted.append(tr)
+    res.requests = len(accepted)
+    names = {tr.index: tr.request_id for tr in trace} if capture_step is not None or expected_digests is not None else None
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(accepted), unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
+
+    perf = time.perf_counter_ns
+    get_computed_blocks = mgr.get_computed_blocks
+    allocate_slots = mgr.allocate_slots
+    free = mgr.free
+    RUNNING, PREEMPTED, FINISHED = RequestStatus.RUNNING, RequestStatus.PREEMPTED, RequestStatus.FINISHED_LENGTH_CAPPED
+    budget_per_step = config.max_num_batched_tokens
+    max_seqs = config.max_num_seqs
+    step_ms, token_ms = config.step_ms, config.token_us / 1000.0
+
+    pending = deque(accepted)
+    waiting: deque[_Live] = deque()
+    running: list[_Live] = []
+    step_ns = res.step_ns
+    digests = res.step_digests
+    usage_sum = 0.0
+    clock = 0.0
+    step = 0
+    calls = 0
+
+    gc.collect()
+    wall0 = time.perf_counter()
+    try:
+        while pending or waiting or running:
+            while pending and pending[0].arrival_ms <= clock:
+                waiting.append(_Live(pending.popleft()))
+            if not waiting and not running:
+                clock = pending[0].arrival_ms
+                continue
+
+            dec: list[int] = []
+            ns = 0
+            budget = budget_per_step
+            scheduled: list[tuple[_Live, int]] = []
+            preempted = False
+
+            # Running requests: continue prefills, one decode token each.
+            i = 0
+            while i < len(running) and budget > 0:
+                live = running[i]
+                req = live.req
+                n = req.num_tokens - req.num_computed_tokens
+                if n > budget:
+                    n = budget
+                cap = max_model_len - 1 - req.num_computed_tokens
+                if n > cap:
+                    n = cap
+                if n <= 0:
+                    i += 1
+                    continue
+                while True:
+                    t0 = perf()
+                    new = allocate_slots(req, n)
+                    ns += perf() - t0
+                    calls += 1
+                    if new is not None:
+                        break
+                    victim = running.pop()
+                    vreq = victim.req
+                    t0 = perf()
+                    free(vreq)
+                    ns += perf() - t0
+                    calls += 1
+                    vreq.status = PREEMPTED
+                    vreq.num_computed_tokens = 0
+                    vreq.num_preemptions += 1
+                    waiting.appendleft(victim)
+                    res.preemptions += 1
+                    preempted = True
+                    dec += (_PREEMPT, victim.trace.index)
+                    if victim is live:
+                        break
+                if new is None:
+                    break
+                dec += (_ALLOC, live.trace.index, n)
+                _put_ids(dec, new.get_block_ids())
+                scheduled.append((live, n))
+                budget -= n
+                i += 1
+
+            # Waiting requests: prefix-cache lookup, then allocate.
+            if not preempted:
+                while waiting and budget > 0 and len(running) < max_seqs:
+                    live = waiting[0]
+                    req = live.req
+                    if req is None:
+                        tr = live.trace
+                        req = Request(
+                            tr.request_id,
+                            tr.prompt_token_ids(),
+                            max_tokens=tr.num_output_tokens,
+                            block_hasher=hasher,
+                            arrival_time=tr.arrival_ms / 1000.0,
+                        )
+                        live.req = req
+                        live.outputs = tr.output_token_ids()
+                    t0 = perf()
+                    blocks, hit, _boundary = get_computed_blocks(req)
+                    ns += perf() - t0
+                    calls += 1
+                    n = req.num_tokens - hit
+                    if n > budget:
+                        n = budget
+                    t0 = perf()
+                    new = allocate_slots(
+                        req,
+                        n,
+                        num_new_computed_tokens=hit,
+                        new_computed_blocks=blocks,
+                        num_lookahead_tokens=0,
+                        full_sequence_must_fit=False,
+                        has_scheduled_reqs=bool(running),
+                    )
+                    ns += perf() - t0
+                    calls += 1
+                    dec += (_LOOKUP, live.trace.index, hit)
+                    _put_ids(dec, blocks.get_block_ids())
+                    dec += (_ALLOC, live.trace.index, n)
+                    _put_ids(dec, None if new is None else new.get_block_ids())
+                    if new is None:
+                        break
+                    waiting.popleft()
+                    running.append(live)
+                    req.status = RUNNING
+                    req.num_computed_tokens = hit
+                    if req.num_preemptions:
+                        res.recompute_query_tokens += req.num_tokens
+                        res.recompute_hit_tokens += hit
+                    else:
+                        res.query_tokens += req.num_tokens
+                        res.hit_tokens += hit
+                    scheduled.append((live, n))
+                    budget -= n
+
+            if not scheduled:
+                raise RuntimeError(
+                    f"the scheduler made no progress at step {step} "
+                    f"({len(running)} running, {len(waiting)} waiting)"
+                )
+            usage = mgr.usage
+            usage_sum += usage
+            if usage > res.peak_usage:
+                res.peak_usage = usage
+
+            # Model step: advance computed tokens, sample, finish.
+            num_scheduled = 0
+            done = False
+            for live, n in scheduled:
+                num_scheduled += n
+                live.req.num_computed_tokens += n
+            for live, n in scheduled:
+                req = live.req
+                if req.num_computed_tokens < req.num_tokens:
+                    continue  # a prefill chunk
+                req.append_output_token_ids(live.outputs[req.num_output_tokens])
+                if req.num_output_tokens >= live.trace.num_output_tokens:
+                    req.status = FINISHED
+                    dec += (_FINISH, live.trace.index)
+                    _put_ids(dec, mgr.get_block_ids(req.request_id))
+                    t0 = perf()
+                    free(req)
+                    ns += perf() - t0
+                    calls += 1
+                    res.finished += 1
+                    res.prompt_tokens += req.num_prompt_tokens
+                    res.output_tokens += req.num_output_tokens
+                    live.req = None  # drop the tokens
+                    live.outputs = []
+                    done = True
+                    if bar is not None:
+                        bar.update(1)
+            if done:
+                running = [lv for lv in running if lv.req is not None]
+
+            step_ns.append(ns)
+            digest = hashlib.blake2b(array("q", dec).tobytes(), digest_size=8).digest()
+            digests.append(digest)
+            if capture_step == step:
+                res.captured = decode_decisions(dec, names)
+            if expected_digests is not None and (step >= len(expected_digests) or expected_digests[step] != digest):
+                res.captured = decode_decisions(dec, names)
+                res.steps = step + 1
+                raise Divergence(step, res)
+            step += 1
+            clock += step_ms + token_ms * num_scheduled
+            if stop_after_step is not None and step > stop_after_step:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+
+    res.wall_s = time.perf_counter() - wall0
+    if expected_digests is not None and stop_after_step is None and step != len(expected_digests):
+        res.steps = step
+        raise Divergence(step, res)
+    res.steps = step
+    res.sim_time_s = clock / 1000.0
+    res.mean_usage = usage_sum / step if step else 0.0
+    res.manager_calls = calls
+    res.manager_ns = sum(step_ns)
+    res.free_blocks_at_end = mgr.block_pool.get_num_free_blocks()
+    res.evictions = getattr(mgr.block_pool, "num_evictions", None)
+    stats = mgr.make_prefix_cache_stats() if hasattr(mgr, "make_prefix_cache_stats") else None
+    if stats is not None:
+        res.manager_prefix_cache_stats = {
+            k: int(getattr(stats, k))
+            for k in ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
+            if hasattr(stats, k)
+        }
+    return res
+

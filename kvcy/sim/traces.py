@@ -1,0 +1,248 @@
+"""Request traces: the Mooncake JSON Lines reader and the bundled trace.
+
+A trace is a list of :class:`TraceRequest` in arrival order.  A request's
+prompt is either given explicitly (synthetic traces) or described by Mooncake
+``hash_ids``: one id per 512-token block, where equal ids mean an identical
+prefix up to and including that block.  :func:`mooncake_block_tokens` turns an
+id into 512 concrete token ids, derived deterministically from the id alone, so
+that equal ids give equal tokens and the manager's own hash chain reproduces the
+trace's sharing at any block size (exactly so for block sizes dividing 512; for
+other sizes a shared 512-token block is hit up to the last full block inside it).
+
+Token ids are in ``[0, 65536)``; the last id of a request covers a partial block
+of ``input_length % 512`` tokens and gets the first tokens of that id's block.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import sys
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+__all__ = [
+    "MOONCAKE_BLOCK",
+    "BUNDLED_TRACE",
+    "Trace",
+    "TraceRequest",
+    "bundled_trace_path",
+    "fresh_tokens",
+    "mooncake_block_tokens",
+    "mooncake_prompt",
+    "read_mooncake",
+]
+
+#: Tokens per Mooncake hash id.
+MOONCAKE_BLOCK = 512
+
+#: File name of the trace head shipped in ``kvcy/data/traces``.
+BUNDLED_TRACE = "conversation_trace_head2000.jsonl"
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def fresh_tokens(key: bytes, n: int) -> list[int]:
+    """``n`` token ids in ``[0, 65536)``, a deterministic function of ``key``.
+
+    SHAKE-128 of ``key``, read as little-endian 16-bit words, so the result is
+    the same on every platform and across processes.
+    """
+    if n <= 0:
+        return []
+    words = array("H", hashlib.shake_128(key).digest(2 * n))
+    if _BIG_ENDIAN:
+        words.byteswap()
+    return words.tolist()
+
+
+def mooncake_block_tokens(hash_id: int, n: int = MOONCAKE_BLOCK) -> list[int]:
+    """The first ``n`` tokens of Mooncake block ``hash_id`` (``n <= 512``).
+
+    The tokens depend on the id only (never on the request or the position), so
+    equal ids give equal tokens and a partial block is a prefix of the full one.
+    """
+    return fresh_tokens(b"kvcy-mooncake-block:%d" % hash_id, MOONCAKE_BLOCK)[:n]
+
+
+def mooncake_prompt(hash_ids: tuple[int, ...], input_length: int) -> list[int]:
+    """The prompt token ids of a Mooncake request (``input_length`` tokens)."""
+    out: list[int] = []
+    left = input_length
+    for h in hash_ids:
+        n = MOONCAKE_BLOCK if left >= MOONCAKE_BLOCK else left
+        out += mooncake_block_tokens(h, n)
+        left -= n
+    return out
+
+
+@dataclass(eq=False)
+class TraceRequest:
+    """One request of a trace.
+
+    Attributes:
+        request_id: unique id (``"r<line index>"`` for Mooncake files).
+        arrival_ms: arrival time in milliseconds since the trace start.
+        num_prompt_tokens: prompt length.
+        num_output_tokens: how many tokens the request generates before it
+            finishes (the trace's output length; at least 1).
+        hash_ids: Mooncake block ids describing the prompt (empty when
+            ``prompt`` is given).
+        prompt: explicit prompt token ids (synthetic traces).
+        output: explicit output token ids (synthetic multi-turn traces, so that a
+            follow-up turn can contain them); ``None``: fresh tokens.
+        index: position in the trace.
+    """
+
+    request_id: str
+    arrival_ms: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+    prompt: list[int] | None = None
+    output: list[int] | None = None
+    index: int = 0
+
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt's token ids (built on demand for Mooncake requests)."""
+        if self.prompt is not None:
+            return list(self.prompt)
+        return mooncake_prompt(self.hash_ids, self.num_prompt_tokens)
+
+    def output_token_ids(self) -> list[int]:
+        """The tokens the request generates, in order (fresh unless given)."""
+        if self.output is not None:
+            return list(self.output)
+        return fresh_tokens(b"kvcy-output:%s" % self.request_id.encode(), self.num_output_tokens)
+
+
+@dataclass
+class Trace:
+    """A named list of requests in arrival order.
+
+    Attributes:
+        name: short name for reports.
+        requests: the requests, sorted by arrival (ties keep file order).
+        source: where it came from (a path, ``"bundled"``, or a generator spec).
+        total_in_source: how many requests the source holds (before ``limit``).
+    """
+
+    name: str
+    requests: list[TraceRequest]
+    source: str = ""
+    total_in_source: int = 0
+    info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return iter(self.requests)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(r.num_prompt_tokens for r in self.requests)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(r.num_output_tokens for r in self.requests)
+
+
+def bundled_trace_path() -> Path:
+    """Path of the Mooncake trace head shipped with kvcy (see its PROVENANCE.md)."""
+    ref = resources.files("kvcy") / "data" / "traces" / BUNDLED_TRACE
+    path = Path(str(ref))
+    if not path.is_file():
+        raise FileNotFoundError(f"the bundled trace is missing from this install: {path}")
+    return path
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _int_field(row: dict, key: str, where: str, minimum: int) -> int:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: {key!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{where}: {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def read_mooncake(path: str | Path, limit: int | None = None, name: str | None = None) -> Trace:
+    """Read a Mooncake trace (JSON Lines, optionally gzipped).
+
+    Each line: ``timestamp`` (ms), ``input_length``, ``output_length``,
+    ``hash_ids`` (one per 512-token block, ``ceil(input_length / 512)`` of them).
+    An ``output_length`` of 0 is read as 1 (a request always samples one token).
+
+    Args:
+        path: the ``.jsonl`` or ``.jsonl.gz`` file.
+        limit: read only the first ``limit`` requests.
+        name: report name (default: the file name without extensions).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a malformed line (the message names the line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file not found: {path}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    requests: list[TraceRequest] = []
+    total = 0
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            total += 1
+            if limit is not None and len(requests) >= limit:
+                continue
+            where = f"{path.name} line {lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: expected a JSON object")
+            ts = row.get("timestamp")
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0:
+                raise ValueError(f"{where}: 'timestamp' must be a non-negative number, got {ts!r}")
+            n_in = _int_field(row, "input_length", where, 1)
+            n_out = _int_field(row, "output_length", where, 0)
+            ids = row.get("hash_ids")
+            if not isinstance(ids, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids
+            ):
+                raise ValueError(f"{where}: 'hash_ids' must be a list of non-negative integers")
+            expected = -(-n_in // MOONCAKE_BLOCK)
+            if len(ids) != expected:
+                raise ValueError(
+                    f"{where}: {len(ids)} hash_ids for input_length {n_in} "
+                    f"(expected {expected}, one per {MOONCAKE_BLOCK} tokens)"
+                )
+            index = len(requests)
+            requests.append(
+                TraceRequest(
+                    request_id=f"r{index}",
+                    arrival_ms=float(ts),
+                    num_prompt_tokens=n_in,
+                    num_output_tokens=max(1, n_out),
+                    hash_ids=tuple(ids),
+                    index=index,
+                )
+            )
+    # Arrivals come in buckets; a stable sort keeps file order within a bucket.
+    requests.sort(key=lambda r: r.arrival_ms)
+    if name is None:
+        name = path.name.split(".")[0]
+    return Trace(name=name, requests=requests, source=str(path), total_in_source=total)
