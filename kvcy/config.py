@@ -127,6 +127,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         self._verify_args()
+        # instance attributes (not just class defaults) so metrics_info lists them
+        self.num_gpu_blocks = None
+        self.num_cpu_blocks = None
         self.swap_space_bytes = self.swap_space * GiB_bytes
         self._verify_cache_dtype()
         self._verify_prefix_caching()
