@@ -1,0 +1,626 @@
+"""``kvcy plan``: how many KV-cache blocks, tokens and max-length requests fit in memory.
+
+A model is described by its layers' attention types (full, sliding window,
+chunked local, MLA, Mamba), KV heads, head size, dtype and block size, either
+from a preset kept as data (``kvcy/data/model_presets.json``), from a JSON file
+in the same format, or from flags.  The plan is vLLM's: the same grouping,
+padding, block count and concurrency as :func:`kvcy.kv_cache_sizing.get_kv_cache_config`.
+
+Examples::
+
+    kvcy plan --preset llama-3-8b --memory 20GiB
+    kvcy plan --full-layers 8 --sliding-window-layers 40 --sliding-window 4096 \\
+        --num-kv-heads 8 --head-size 128 --max-model-len 32768 --memory 16GiB --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvcy.config import CACHE_DTYPES, CacheConfig, KVCacheSettings
+from kvcy.kv_cache_interface import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    KVQuantMode,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    canonical_dtype,
+    cdiv,
+    get_kv_cache_spec_kind,
+    get_kv_quant_mode,
+)
+from kvcy.kv_cache_sizing import (
+    get_kv_cache_config,
+    get_max_concurrency_for_kv_cache_config,
+    get_num_tokens_for_kv_cache_config,
+)
+
+__all__ = ["ModelDescription", "build_kv_cache_spec", "load_presets", "main", "make_plan", "parse_size"]
+
+LAYER_KINDS = ("full", "sliding_window", "chunked_local", "mla", "mamba")
+#: Attention block sizes are kept a multiple of this when grown to fit a Mamba state.
+KERNEL_BLOCK_ALIGNMENT = 16
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"20GiB"``, ``"20G"`` (binary), ``"20GB"`` (decimal), ``"1.5TiB"`` or ``"4096"``.
+
+    Raises:
+        ValueError: not a size, or negative.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a memory size: {text!r} (examples: 20GiB, 512MiB, 40GB, 1073741824)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------
+# Model descriptions
+# ---------------------------------------------------------------------------
+
+
+def load_presets() -> dict[str, dict[str, Any]]:
+    """The bundled model presets by name."""
+    text = resources.files("kvcy").joinpath("data/model_presets.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def _positive_int(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where} must be an integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{where} must be positive, got {value}")
+    return value
+
+
+@dataclass
+class ModelDescription:
+    """A model as far as its KV cache is concerned.
+
+    Attributes:
+        name: what to call it in the report.
+        description: one line about it.
+        max_model_len: longest request, in tokens.
+        dtype: the model's dtype (the KV cache's with cache dtype "auto").
+        block_size: tokens per block.
+        attention: layer type name -> ``{"kind": ..., params}``; kinds are
+            ``full``, ``sliding_window`` (``sliding_window``), ``chunked_local``
+            (``attention_chunk_size``), ``mla`` and ``mamba`` (``shapes``,
+            ``dtypes``); attention kinds take ``num_kv_heads`` (1 for MLA)
+            and ``head_size``.
+        layers: the type name of every layer, in order.
+    """
+
+    name: str
+    description: str
+    max_model_len: int
+    dtype: str
+    block_size: int
+    attention: dict[str, dict[str, Any]]
+    layers: list[str]
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any]) -> ModelDescription:
+        """Read and check a description (preset or JSON file).
+
+        The layers are either ``"layers": [type, ...]`` or
+        ``"num_layers": N`` with a ``"layer_pattern"`` repeated to N layers.
+
+        Raises:
+            ValueError: a missing or bad field, named in the message.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"model {name!r}: the description must be a JSON object")
+        where = f"model {name!r}"
+        attention = data.get("attention")
+        if not isinstance(attention, dict) or not attention:
+            raise ValueError(f"{where}: 'attention' must map layer type names to their parameters")
+        for type_name, params in attention.items():
+            _check_layer_type(f"{where}: attention[{type_name!r}]", params)
+        if "layers" in data:
+            layers = data["layers"]
+            if not isinstance(layers, list) or not layers:
+                raise ValueError(f"{where}: 'layers' must be a non-empty list of layer type names")
+        else:
+            num_layers = _positive_int(f"{where}: num_layers", data.get("num_layers"))
+            pattern = data.get("layer_pattern")
+            if not isinstance(pattern, list) or not pattern:
+                raise ValueError(f"{where}: give 'layers' or 'num_layers' with a non-empty 'layer_pattern'")
+            layers = [pattern[i % len(pattern)] for i in range(num_layers)]
+        unknown = sorted({t for t in layers if t not in attention}, key=str)
+        if unknown:
+            raise ValueError(f"{where}: layer types {unknown} are not described under 'attention'")
+        dtype = data.get("dtype", "bfloat16")
+        try:
+            canonical_dtype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: dtype: {exc}") from None
+        return cls(
+            name=name,
+            description=str(data.get("description", "")),
+            max_model_len=_positive_int(f"{where}: max_model_len", data.get("max_model_len")),
+            dtype=dtype,
+            block_size=_positive_int(f"{where}: block_size", data.get("block_size", 16)),
+            attention=dict(attention),
+            layers=list(layers),
+        )
+
+
+def _check_layer_type(where: str, params: Any) -> None:
+    if not isinstance(params, dict):
+        raise ValueError(f"{where} must be an object with a 'kind'")
+    kind = params.get("kind")
+    if kind not in LAYER_KINDS:
+        raise ValueError(f"{where}: kind must be one of {LAYER_KINDS}, got {kind!r}")
+    if kind == "mamba":
+        shapes, dtypes = params.get("shapes"), params.get("dtypes")
+        if not isinstance(shapes, list) or not shapes or not isinstance(dtypes, list) or len(dtypes) != len(shapes):
+            raise ValueError(f"{where}: a mamba layer needs 'shapes' and as many 'dtypes'")
+        for shape in shapes:
+            if not isinstance(shape, list) or not shape:
+                raise ValueError(f"{where}: every shape must be a non-empty list of sizes")
+            for d in shape:
+                _positive_int(f"{where}: shape size", d)
+        return
+    _positive_int(f"{where}: head_size", params.get("head_size"))
+    if kind != "mla":
+        _positive_int(f"{where}: num_kv_heads", params.get("num_kv_heads"))
+    if kind == "sliding_window":
+        _positive_int(f"{where}: sliding_window", params.get("sliding_window"))
+    if kind == "chunked_local":
+        _positive_int(f"{where}: attention_chunk_size", params.get("attention_chunk_size"))
+
+
+def interleave_layers(counts: dict[str, int]) -> list[str]:
+    """Spread layer types evenly over the model (e.g. 8 full and 40 sliding: 1 full every 6)."""
+    slots = []
+    for order, (type_name, count) in enumerate(counts.items()):
+        slots.extend(((k + 1) / count, order, type_name) for k in range(count))
+    return [type_name for _, _, type_name in sorted(slots)]
+
+
+# ---------------------------------------------------------------------------
+# Specs
+# ---------------------------------------------------------------------------
+
+
+def _attention_dtype(model: ModelDescription, cache_dtype: str) -> tuple[str, KVQuantMode]:
+    if cache_dtype == "auto":
+        return model.dtype, KVQuantMode.NONE
+    return cache_dtype, get_kv_quant_mode(cache_dtype)
+
+
+def build_kv_cache_spec(
+    model: ModelDescription, cache_dtype: str = "auto", block_size: int | None = None
+) -> dict[str, KVCacheSpec]:
+    """Each layer's spec, by layer name (``layers.<i>``).
+
+    With Mamba and attention layers together, the attention block size grows
+    (in steps of :data:`KERNEL_BLOCK_ALIGNMENT` tokens) until one attention
+    page holds a Mamba state, and Mamba pages are padded to the attention
+    page, so that all layers share one page size (as vLLM does for hybrid
+    Mamba models without prefix caching).
+    """
+    if cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"Unknown kv cache dtype: {cache_dtype}")
+    bs = model.block_size if block_size is None else _positive_int("block_size", block_size)
+    dtype, quant = _attention_dtype(model, cache_dtype)
+
+    def attention_spec(params: dict[str, Any], block: int) -> AttentionSpec:
+        kind = params["kind"]
+        common = dict(block_size=block, head_size=params["head_size"], dtype=dtype, kv_quant_mode=quant)
+        if kind == "mla":
+            mla_dtype = "uint8" if cache_dtype == "fp8_ds_mla" else dtype
+            return MLAAttentionSpec(
+                **{**common, "dtype": mla_dtype},
+                num_kv_heads=1,
+                cache_dtype_str=cache_dtype if cache_dtype != "auto" else None,
+            )
+        common["num_kv_heads"] = params["num_kv_heads"]
+        if kind == "sliding_window":
+            return SlidingWindowSpec(**common, sliding_window=params["sliding_window"])
+        if kind == "chunked_local":
+            return ChunkedLocalAttentionSpec(**common, attention_chunk_size=params["attention_chunk_size"])
+        return FullAttentionSpec(**common)
+
+    kinds = {params["kind"] for t, params in model.attention.items() if t in model.layers}
+    mamba_states: dict[str, int] = {}
+    for type_name, params in model.attention.items():
+        if params["kind"] == "mamba":
+            probe = MambaSpec(block_size=1, shapes=params["shapes"], dtypes=params["dtypes"])
+            mamba_states[type_name] = probe.page_size_bytes
+    attention_block = bs
+    padded_mamba_page = None
+    if "mamba" in kinds and kinds - {"mamba"}:
+        per_token = max(
+            attention_spec(params, 1).page_size_bytes
+            for t, params in model.attention.items()
+            if params["kind"] != "mamba" and t in model.layers
+        )
+        state = max(mamba_states[t] for t in mamba_states if t in model.layers)
+        needed = KERNEL_BLOCK_ALIGNMENT * cdiv(state, KERNEL_BLOCK_ALIGNMENT * per_token)
+        attention_block = max(bs, needed)
+        padded_mamba_page = attention_block * per_token
+
+    specs: dict[str, KVCacheSpec] = {}
+    by_type: dict[str, KVCacheSpec] = {}
+    for type_name, params in model.attention.items():
+        if params["kind"] == "mamba":
+            page = padded_mamba_page if padded_mamba_page and padded_mamba_page > mamba_states[type_name] else None
+            by_type[type_name] = MambaSpec(
+                block_size=model.max_model_len,
+                shapes=params["shapes"],
+                dtypes=params["dtypes"],
+                page_size_padded=page,
+            )
+        else:
+            by_type[type_name] = attention_spec(params, attention_block)
+    for i, type_name in enumerate(model.layers):
+        specs[f"layers.{i}"] = by_type[type_name]
+    return specs
+
+
+# ---------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------
+
+
+def _blocks_per_request(settings: KVCacheSettings, spec: KVCacheSpec) -> int:
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return max(cdiv(s.max_memory_usage_bytes(settings), s.page_size_bytes) for s in spec.kv_cache_specs.values())
+    return cdiv(spec.max_memory_usage_bytes(settings), spec.page_size_bytes)
+
+
+def make_plan(
+    model: ModelDescription,
+    available_memory: int,
+    *,
+    max_model_len: int | None = None,
+    block_size: int | None = None,
+    cache_dtype: str = "auto",
+    max_num_batched_tokens: int | None = None,
+    disable_hybrid_kv_cache_manager: bool = False,
+    num_gpu_blocks_override: int | None = None,
+) -> dict[str, Any]:
+    """Plan a model's KV cache in ``available_memory`` bytes; a JSON-ready dict.
+
+    Raises:
+        ValueError: bad sizes, or not enough memory for one request of
+            ``max_model_len`` tokens (the message gives the longest that fits).
+    """
+    cache_config = CacheConfig(
+        block_size=model.block_size if block_size is None else block_size,
+        cache_dtype=cache_dtype,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+    )
+    settings = KVCacheSettings(
+        cache_config=cache_config,
+        max_model_len=model.max_model_len if max_model_len is None else max_model_len,
+        disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    model_for_len = model if max_model_len is None else _with_len(model, max_model_len)
+    specs = build_kv_cache_spec(model_for_len, cache_dtype, cache_config.block_size)
+    kinds: dict[str, int] = {}
+    for spec in specs.values():
+        kind = get_kv_cache_spec_kind(spec).value
+        kinds[kind] = kinds.get(kind, 0) + 1
+    config: KVCacheConfig = get_kv_cache_config(settings, dict(specs), available_memory)
+
+    groups = []
+    for gid, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        one = next(iter(spec.kv_cache_specs.values())) if isinstance(spec, UniformTypeKVCacheSpecs) else spec
+        groups.append(
+            {
+                "group_id": gid,
+                "kind": get_kv_cache_spec_kind(spec).value,
+                "num_layers": len(group.layer_names),
+                "block_size": spec.block_size,
+                "page_size_bytes": spec.page_size_bytes,
+                "sliding_window": getattr(one, "sliding_window", None),
+                "attention_chunk_size": getattr(one, "attention_chunk_size", None),
+                "blocks_per_request": _blocks_per_request(settings, spec),
+                "layer_names": list(group.layer_names),
+            }
+        )
+    concurrency = get_max_concurrency_for_kv_cache_config(settings, config) if config.kv_cache_groups else None
+    allocated = sum(t.size for t in config.kv_cache_tensors)
+    attention_token_bytes = sum(
+        s.page_size_bytes // s.block_size for s in specs.values() if not isinstance(s, MambaSpec)
+    )
+    return {
+        "model": model.name,
+        "description": model.description,
+        "available_memory_bytes": available_memory,
+        "allocated_bytes": allocated,
+        "max_model_len": settings.max_model_len,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "cache_dtype": cache_dtype,
+        "kv_dtype": _attention_dtype(model, cache_dtype)[0],
+        "num_layers": len(specs),
+        "layers_by_kind": kinds,
+        "disable_hybrid_kv_cache_manager": disable_hybrid_kv_cache_manager,
+        "num_blocks": config.num_blocks,
+        "usable_blocks": max(config.num_blocks - 1, 0),
+        "num_tokens": get_num_tokens_for_kv_cache_config(config),
+        "max_concurrency": concurrency,
+        "kv_bytes_per_token": attention_token_bytes,
+        "groups": groups,
+        "kv_cache_tensors": [{"size": t.size, "shared_by": t.shared_by} for t in config.kv_cache_tensors],
+    }
+
+
+def _with_len(model: ModelDescription, max_model_len: int) -> ModelDescription:
+    return ModelDescription(
+        name=model.name,
+        description=model.description,
+        max_model_len=_positive_int("max_model_len", max_model_len),
+        dtype=model.dtype,
+        block_size=model.block_size,
+        attention=model.attention,
+        layers=model.layers,
+    )
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The plan as a human-readable table."""
+    lines = [f"kvcy plan: {plan['model']}"]
+    if plan["description"]:
+        lines.append(f"  {plan['description']}")
+    lines.append("")
+
+    def row(label: str, value: str) -> None:
+        lines.append(f"{label:<22}{value}")
+
+    row("KV-cache memory", f"{_human_bytes(plan['available_memory_bytes'])} ({plan['available_memory_bytes']:,} bytes)")
+    row("max model length", f"{plan['max_model_len']:,} tokens ({plan['max_num_batched_tokens']:,} batched per step)")
+    row("KV-cache dtype", plan["kv_dtype"] + ("" if plan["cache_dtype"] == "auto" else f" ({plan['cache_dtype']})"))
+    kinds = ", ".join(f"{n} {k}" for k, n in plan["layers_by_kind"].items())
+    row("layers", f"{plan['num_layers']} ({kinds})")
+    if plan["kv_bytes_per_token"]:
+        row("attention KV / token", f"{_human_bytes(plan['kv_bytes_per_token'])} over all attention layers")
+    if plan["disable_hybrid_kv_cache_manager"]:
+        row("hybrid manager", "disabled: every layer keeps blocks for all tokens")
+    lines.append("")
+    if plan["groups"]:
+        header = f"{'group':<7}{'kind':<25}{'layers':>7}{'block':>8}{'page/layer':>14}{'blocks/request':>16}  window"
+        lines.append(header)
+        for g in plan["groups"]:
+            window = ""
+            if g["sliding_window"]:
+                window = f"sliding {g['sliding_window']:,}"
+            elif g["attention_chunk_size"]:
+                window = f"chunk {g['attention_chunk_size']:,}"
+            lines.append(
+                f"{g['group_id']:<7}{g['kind']:<25}{g['num_layers']:>7}{g['block_size']:>8}"
+                f"{_human_bytes(g['page_size_bytes']):>14}{g['blocks_per_request']:>16,}  {window}".rstrip()
+            )
+        lines.append("")
+    tensors = plan["kv_cache_tensors"]
+    if tensors:
+        sizes = sorted({t["size"] for t in tensors})
+        per = " / ".join(_human_bytes(s) for s in sizes)
+        slots = max(len(slot) for t in tensors for slot in t["shared_by"])
+        sharing = "one layer each" if slots == 1 else f"each shared by up to {slots} layers"
+        row("memory pools", f"{len(tensors)} x {per} ({sharing}), {_human_bytes(plan['allocated_bytes'])} in all")
+    row("blocks", f"{plan['num_blocks']:,} ({plan['usable_blocks']:,} usable; block 0 is the null block)")
+    row("tokens", f"{plan['num_tokens']:,}")
+    if plan["max_concurrency"] is not None:
+        row("max concurrency", f"{plan['max_concurrency']:.2f}x requests of {plan['max_model_len']:,} tokens")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _int_arg(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvcy plan",
+        usage="kvcy plan (--preset NAME | --model FILE | layer flags) (--memory SIZE | --gpu-memory SIZE) [options]",
+        description="How many KV-cache blocks, tokens and concurrent max-length requests fit in a memory budget "
+        "(vLLM 0.33.0's planning).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  kvcy plan --preset llama-3-8b --memory 20GiB\n"
+        "  kvcy plan --preset gemma-3-27b --gpu-memory 80GiB --model-memory 54GiB --json\n"
+        "  kvcy plan --full-layers 8 --sliding-window-layers 40 --sliding-window 4096 \\\n"
+        "      --num-kv-heads 8 --head-size 128 --max-model-len 32768 --memory 16GiB",
+    )
+    src = p.add_argument_group("model")
+    src.add_argument("--preset", help="a bundled model description (see --list-presets)")
+    src.add_argument("--model", type=Path, help="a JSON model description (same format as the presets)")
+    src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    src.add_argument("--full-layers", type=_int_arg(0), default=0, help="number of full-attention layers")
+    src.add_argument("--sliding-window-layers", type=_int_arg(0), default=0, help="number of sliding-window layers")
+    src.add_argument("--sliding-window", type=_int_arg(1), help="sliding window, in tokens")
+    src.add_argument("--chunked-layers", type=_int_arg(0), default=0, help="number of chunked-local layers")
+    src.add_argument("--chunk-size", type=_int_arg(1), help="local attention chunk, in tokens")
+    src.add_argument("--mla-layers", type=_int_arg(0), default=0, help="number of MLA layers (--head-size = latent)")
+    src.add_argument("--num-kv-heads", type=_int_arg(1), help="KV heads per attention layer")
+    src.add_argument("--head-size", type=_int_arg(1), help="head size (MLA: latent size)")
+    src.add_argument("--dtype", default=None, help="model dtype (default bfloat16)")
+    src.add_argument("--name", default="custom", help="name of a model given by flags")
+
+    run = p.add_argument_group("serving")
+    run.add_argument("--memory", type=_size_arg, help="memory for the KV cache, e.g. 20GiB, 40GB, 1073741824")
+    run.add_argument("--gpu-memory", type=_size_arg, help="GPU memory (KV memory = this x utilization - model memory)")
+    run.add_argument("--gpu-memory-utilization", type=_fraction_arg, default=CacheConfig.gpu_memory_utilization,
+                     help="fraction of --gpu-memory this instance may use (default %(default)s)")
+    run.add_argument("--model-memory", type=_size_arg, default=0, help="weights and activations, with --gpu-memory")
+    run.add_argument("--max-model-len", type=_int_arg(1), help="longest request in tokens (default: the model's)")
+    run.add_argument("--block-size", type=_int_arg(1), help="tokens per block (default: the model's, else 16)")
+    run.add_argument("--kv-cache-dtype", default="auto", choices=CACHE_DTYPES, help="KV-cache dtype (default auto)")
+    run.add_argument("--max-num-batched-tokens", type=_int_arg(1), help="tokens scheduled per step (default 2048)")
+    run.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                     help="manage sliding-window and chunked layers as full attention")
+    run.add_argument("--num-gpu-blocks-override", type=_int_arg(1), help="use this many blocks")
+    run.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return p
+
+
+def _model_from_flags(args: argparse.Namespace, p: argparse.ArgumentParser) -> ModelDescription:
+    counts = {
+        "full": args.full_layers,
+        "sliding_window": args.sliding_window_layers,
+        "chunked_local": args.chunked_layers,
+        "mla": args.mla_layers,
+    }
+    counts = {k: v for k, v in counts.items() if v}
+    if not counts:
+        p.error("give --preset, --model, or layer counts (--full-layers, --sliding-window-layers, "
+                "--chunked-layers, --mla-layers)")
+    if "sliding_window" in counts and args.sliding_window is None:
+        p.error("--sliding-window-layers needs --sliding-window")
+    if "chunked_local" in counts and args.chunk_size is None:
+        p.error("--chunked-layers needs --chunk-size")
+    if args.head_size is None:
+        p.error("give --head-size")
+    if set(counts) - {"mla"} and args.num_kv_heads is None:
+        p.error("give --num-kv-heads")
+    attention: dict[str, dict[str, Any]] = {}
+    for kind in counts:
+        params: dict[str, Any] = {"kind": kind, "head_size": args.head_size}
+        if kind != "mla":
+            params["num_kv_heads"] = args.num_kv_heads
+        if kind == "sliding_window":
+            params["sliding_window"] = args.sliding_window
+        if kind == "chunked_local":
+            params["attention_chunk_size"] = args.chunk_size
+        attention[kind] = params
+    if args.max_model_len is None:
+        p.error("give --max-model-len for a model given by flags")
+    described = ", ".join(f"{n} {k}" for k, n in counts.items())
+    return ModelDescription.from_dict(
+        args.name,
+        {
+            "description": f"{described} layers",
+            "max_model_len": args.max_model_len,
+            "dtype": args.dtype or "bfloat16",
+            "block_size": args.block_size or 16,
+            "attention": attention,
+            "layers": interleave_layers(counts),
+        },
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Run ``kvcy plan``; 0 on success, 1 when the model does not fit, 2 on bad arguments."""
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.list_presets:
+        for name, data in load_presets().items():
+            print(f"{name:<18}{data.get('description', '')}")
+        return 0
+    if args.preset and args.model:
+        p.error("give either --preset or --model, not both")
+    try:
+        if args.preset:
+            presets = load_presets()
+            if args.preset not in presets:
+                p.error(f"unknown preset {args.preset!r}; choose from {', '.join(presets)}")
+            model = ModelDescription.from_dict(args.preset, presets[args.preset])
+        elif args.model:
+            try:
+                data = json.loads(args.model.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                p.error(f"cannot read model description {str(args.model)!r}: {exc}")
+            model = ModelDescription.from_dict(args.model.stem, data)
+        else:
+            model = _model_from_flags(args, p)
+        if args.dtype and (args.preset or args.model):
+            model.dtype = canonical_dtype(args.dtype)
+    except ValueError as exc:
+        p.error(str(exc))
+
+    if args.memory is not None and args.gpu_memory is not None:
+        p.error("give either --memory or --gpu-memory, not both")
+    if args.memory is not None:
+        available = args.memory
+    elif args.gpu_memory is not None:
+        available = int(args.gpu_memory * args.gpu_memory_utilization) - args.model_memory
+    else:
+        p.error("give the KV-cache budget with --memory SIZE (or --gpu-memory SIZE [--model-memory SIZE])")
+
+    try:
+        plan = make_plan(
+            model,
+            available,
+            max_model_len=args.max_model_len,
+            block_size=args.block_size,
+            cache_dtype=args.kv_cache_dtype,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+        )
+    except ValueError as exc:
+        if args.json:
+            print(json.dumps({"model": model.name, "error": str(exc)}, indent=2))
+        print(f"kvcy plan: {model.name} does not fit: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
