@@ -200,11 +200,11 @@ def _check_layer_type(where: str, params: Any) -> None:
 
 
 def interleave_layers(counts: dict[str, int]) -> list[str]:
-    """Spread layer types evenly over the model (e.g. 8 full and 40 sliding: 1 full every 6)."""
+    """Spread layer types evenly over the model (e.g. 8 full and 40 sliding: 1 full after every 5 sliding)."""
     slots = []
     for order, (type_name, count) in enumerate(counts.items()):
-        slots.extend(((k + 1) / count, order, type_name) for k in range(count))
-    return [type_name for _, _, type_name in sorted(slots)]
+        slots.extend(((k + 1) / count, -count, order, type_name) for k in range(count))
+    return [slot[-1] for slot in sorted(slots)]
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,319 @@
+"""``kvcy plan`` (kvcy.plan): presets, custom models, the table, JSON and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvcy import plan as plan_mod
+from kvcy.plan import ModelDescription, build_kv_cache_spec, interleave_layers, load_presets, make_plan, parse_size
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = plan_mod.main(list(argv))
+    except SystemExit as exc:  # argparse errors
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_json(capsys, *argv: str) -> dict:
+    rc, out, err = run(capsys, *argv, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+# ---------------------------------------------------------------------------
+# Sizes
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("20GiB", 20 * GiB), ("20G", 20 * GiB), ("20GB", 20 * 10**9), ("512MiB", 512 * MiB), ("1.5TiB", 3 * 2**39),
+     ("4096", 4096), ("64 KiB", 65536), ("2gib", 2 * GiB)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "-1G", "10XB", "", "1e3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_size(text)
+
+
+# ---------------------------------------------------------------------------
+# Presets
+# ---------------------------------------------------------------------------
+
+
+def test_presets_are_data():
+    presets = load_presets()
+    assert {"llama-3-8b", "gemma-3-27b", "llama-4-scout", "deepseek-v3", "mamba-hybrid-8b"} <= set(presets)
+    for name, data in presets.items():
+        model = ModelDescription.from_dict(name, data)
+        assert model.layers and model.description
+
+
+def test_llama_3_8b(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB")
+    # page: 16 tokens x 8 heads x (128 + 128) x 2 bytes = 64 KiB; 20 GiB / 64 KiB / 32 layers
+    assert plan["num_blocks"] == 10240
+    assert plan["usable_blocks"] == 10239
+    assert plan["num_tokens"] == 10240 * 16
+    # 8192 / 16 = 512 blocks per request
+    assert plan["groups"][0]["blocks_per_request"] == 512
+    assert plan["max_concurrency"] == 20.0
+    assert plan["kv_bytes_per_token"] == 32 * 8 * 256 * 2
+
+
+def test_gemma_3_27b(capsys):
+    plan = run_json(capsys, "--preset", "gemma-3-27b", "--memory", "20GiB")
+    # 62 layers, every 6th full: 10 full and 52 sliding-window layers; group size 10,
+    # 52 sliding layers -> cdiv(52, 10) = 6 groups taking every 6th: 9, 9, 9, 9, 8, 8
+    assert [g["num_layers"] for g in plan["groups"]] == [9, 9, 9, 9, 8, 8, 10]
+    assert [g["kind"] for g in plan["groups"]] == ["sliding_window"] * 6 + ["full_attention"]
+    # page: 16 x 16 heads x 256 x 2 = 128 KiB; 20 GiB / 128 KiB / 10 pools
+    assert plan["groups"][0]["page_size_bytes"] == 131072
+    assert plan["num_blocks"] == 16384
+    assert len(plan["kv_cache_tensors"]) == 10
+    # per request: full 131072 / 16 = 8192; sliding cdiv(1023 + 2048, 16) + 1 = 193 each
+    assert plan["groups"][0]["blocks_per_request"] == 193
+    assert plan["max_concurrency"] == pytest.approx(16384 / (8192 + 6 * 193))
+    assert plan["num_tokens"] == 16384 // 7 * 16
+
+
+def test_llama_4_scout(capsys):
+    plan = run_json(capsys, "--preset", "llama-4-scout", "--memory", "20GiB")
+    # 36 chunked + 12 full, group size 12 -> 3 chunked groups + 1 full group
+    assert [g["num_layers"] for g in plan["groups"]] == [12, 12, 12, 12]
+    assert plan["num_blocks"] == 20 * GiB // 65536 // 12 == 27306
+    # chunked: cdiv(min(8192 + 2048, 131072), 16) = 640 blocks; full: 8192
+    assert plan["groups"][0]["blocks_per_request"] == 640
+    assert plan["max_concurrency"] == pytest.approx(27306 / (8192 + 3 * 640))
+
+
+def test_deepseek_v3_mla(capsys):
+    plan = run_json(capsys, "--preset", "deepseek-v3", "--memory", "20GiB")
+    # 64 tokens x 576 x 2 bytes = 72 KiB per layer
+    assert plan["groups"][0]["page_size_bytes"] == 64 * 576 * 2
+    assert plan["groups"][0]["kind"] == "mla_attention"
+    assert plan["num_blocks"] == 20 * GiB // (64 * 576 * 2) // 61 == 4774
+    assert plan["max_concurrency"] == pytest.approx(4774 / (163840 // 64))
+
+
+def test_mamba_hybrid(capsys):
+    plan = run_json(capsys, "--preset", "mamba-hybrid-8b", "--memory", "20GiB")
+    # Mamba state: 3 x 10240 x 2 + 128 x 64 x 128 x 4 = 4,255,744 bytes; attention: 4096 bytes/token
+    # -> attention block 16 x cdiv(4255744, 16 x 4096) = 16 x 65 = 1040 tokens, page 1040 x 4096
+    page = 1040 * 4096
+    assert all(g["page_size_bytes"] == page for g in plan["groups"])
+    assert plan["groups"][-1]["block_size"] == 1040
+    # 24 Mamba + 4 attention layers: group size 4 -> 6 Mamba groups + 1 attention group, 4 pools
+    assert [g["kind"] for g in plan["groups"]] == ["mamba"] * 6 + ["full_attention"]
+    assert len(plan["kv_cache_tensors"]) == 4
+    assert plan["num_blocks"] == 20 * GiB // page // 4 == 1260
+    # per request: cdiv(8192, 1040) = 8 attention blocks + 1 state per Mamba group
+    assert plan["max_concurrency"] == pytest.approx(1260 / (8 + 6))
+
+
+def test_table_output(capsys):
+    rc, out, _ = run(capsys, "--preset", "llama-3-8b", "--memory", "20GiB")
+    assert rc == 0
+    assert "kvcy plan: llama-3-8b" in out
+    assert "10,240 (10,239 usable" in out
+    assert "163,840" in out
+    assert "20.00x requests of 8,192 tokens" in out
+    assert "32 x 640.00 MiB" in out
+
+
+def test_list_presets(capsys):
+    rc, out, _ = run(capsys, "--list-presets")
+    assert rc == 0 and "gemma-3-27b" in out and "mamba-hybrid-8b" in out
+
+
+# ---------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------
+
+
+def test_gpu_memory_budget(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--gpu-memory", "80GiB", "--gpu-memory-utilization", "0.9",
+                    "--model-memory", "16GiB")
+    # 80 GiB x 0.9 - 16 GiB = 56 GiB
+    assert plan["available_memory_bytes"] == 56 * GiB
+    assert plan["num_blocks"] == 56 * GiB // 65536 // 32 == 28672
+
+
+def test_fp8_halves_the_page(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--kv-cache-dtype", "fp8")
+    assert plan["groups"][0]["page_size_bytes"] == 32768
+    assert plan["num_blocks"] == 20480
+
+
+def test_override_and_block_size(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--num-gpu-blocks-override", "100")
+    assert plan["num_blocks"] == 100
+    assert plan["allocated_bytes"] == 100 * 65536 * 32
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--block-size", "32")
+    assert plan["groups"][0]["page_size_bytes"] == 131072
+    assert plan["num_blocks"] == 5120
+
+
+def test_disable_hybrid_manager(capsys):
+    plan = run_json(capsys, "--preset", "gemma-3-27b", "--memory", "20GiB", "--max-model-len", "8192",
+                    "--disable-hybrid-kv-cache-manager")
+    assert [g["num_layers"] for g in plan["groups"]] == [62]
+    assert plan["groups"][0]["sliding_window"] == 1024  # recorded on the full-attention spec
+    assert plan["num_blocks"] == 20 * GiB // 131072 // 62 == 2642
+    assert plan["max_concurrency"] == pytest.approx(2642 / 512)
+
+
+def test_max_num_batched_tokens(capsys):
+    plan = run_json(capsys, "--preset", "gemma-3-27b", "--memory", "20GiB", "--max-num-batched-tokens", "512")
+    # cdiv(1023 + 512, 16) + 1 = 96 + 1
+    assert plan["groups"][0]["blocks_per_request"] == 97
+
+
+# ---------------------------------------------------------------------------
+# Custom models
+# ---------------------------------------------------------------------------
+
+
+def test_custom_model_from_flags(capsys):
+    plan = run_json(
+        capsys, "--full-layers", "8", "--sliding-window-layers", "40", "--sliding-window", "4096",
+        "--num-kv-heads", "8", "--head-size", "128", "--max-model-len", "32768", "--memory", "16GiB",
+    )
+    assert [g["num_layers"] for g in plan["groups"]] == [8, 8, 8, 8, 8, 8]
+    assert plan["num_blocks"] == 16 * GiB // 65536 // 8 == 32768
+    # full 32768 / 16 = 2048; sliding cdiv(4095 + 2048, 16) + 1 = 385, five groups
+    assert plan["max_concurrency"] == pytest.approx(32768 / (2048 + 5 * 385))
+
+
+def test_custom_model_from_file(capsys, tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({
+        "description": "two full layers",
+        "max_model_len": 160,
+        "dtype": "float16",
+        "block_size": 16,
+        "attention": {"full": {"kind": "full", "num_kv_heads": 2, "head_size": 64}},
+        "layers": ["full", "full"],
+    }))
+    plan = run_json(capsys, "--model", str(path), "--memory", str(2 * 4096 * 30))
+    # page 16 tokens x 2 heads x (64 + 64) x 2 bytes = 8192; 245760 bytes / 8192 / 2 layers = 15 blocks
+    assert plan["groups"][0]["page_size_bytes"] == 8192
+    assert plan["model"] == "tiny"
+    assert plan["num_blocks"] == 15
+    assert plan["max_concurrency"] == 1.5  # 160 / 16 = 10 blocks per request
+
+
+def test_interleave_layers():
+    assert interleave_layers({"full": 1, "sw": 5}) == ["sw", "sw", "sw", "sw", "sw", "full"]
+    assert interleave_layers({"full": 2, "sw": 2}) == ["full", "sw", "full", "sw"]
+
+
+def test_build_kv_cache_spec_names_layers():
+    model = ModelDescription.from_dict("m", {
+        "max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
+        "num_layers": 3, "layer_pattern": ["a"],
+    })
+    specs = build_kv_cache_spec(model)
+    assert list(specs) == ["layers.0", "layers.1", "layers.2"]
+    assert specs["layers.0"].page_size_bytes == 16 * 1 * 16 * 2
+
+
+# ---------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------
+
+
+def test_too_little_memory_exits_1_with_the_estimate(capsys):
+    rc, _, err = run(capsys, "--preset", "llama-3-8b", "--memory", "512MiB")
+    assert rc == 1
+    # 32 layers x cdiv(L, 16) x 64 KiB <= 512 MiB  ->  cdiv(L, 16) <= 256  ->  L = 4096
+    assert "estimated maximum model length is 4096" in err
+
+
+def test_make_plan_raises_value_error():
+    model = ModelDescription.from_dict("llama-3-8b", load_presets()["llama-3-8b"])
+    with pytest.raises(ValueError, match="estimated maximum model length is 4096"):
+        make_plan(model, 512 * MiB)
+    with pytest.raises(ValueError, match="No available memory"):
+        make_plan(model, 0)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        make_plan(model, GiB, block_size=0)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "nope", "--memory", "1G"], "unknown preset 'nope'"),
+        (["--preset", "llama-3-8b"], "--memory"),
+        (["--preset", "llama-3-8b", "--memory", "lots"], "not a memory size"),
+        (["--preset", "llama-3-8b", "--memory", "1G", "--block-size", "0"], "must be >= 1"),
+        (["--preset", "llama-3-8b", "--memory", "1G", "--gpu-memory", "2G"], "not both"),
+        (["--sliding-window-layers", "4", "--num-kv-heads", "8", "--head-size", "64", "--max-model-len", "64",
+          "--memory", "1G"], "needs --sliding-window"),
+        (["--full-layers", "4", "--head-size", "64", "--max-model-len", "64", "--memory", "1G"], "--num-kv-heads"),
+        (["--memory", "1G"], "layer counts"),
+        (["--preset", "llama-3-8b", "--memory", "1G", "--gpu-memory-utilization", "1.5"], "must be in"),
+        (["--preset", "llama-3-8b", "--memory", "1G", "--dtype", "float13"], "unknown dtype"),
+    ],
+)
+def test_bad_arguments_exit_2(capsys, argv, message):
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"max_model_len": 64, "attention": {}, "layers": ["a"]}, "'attention'"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
+          "layers": ["b"]}, "not described"),
+        ({"max_model_len": 0, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
+          "layers": ["a"]}, "max_model_len must be positive"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 0, "head_size": 8}},
+          "layers": ["a"]}, "num_kv_heads must be positive"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "sliding_window", "num_kv_heads": 1, "head_size": 8}},
+          "layers": ["a"]}, "sliding_window must be"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "conv", "head_size": 8}}, "layers": ["a"]}, "kind"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "mamba", "shapes": [[4]], "dtypes": []}},
+          "layers": ["a"]}, "dtypes"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
+          "num_layers": 4}, "layer_pattern"),
+    ],
+)
+def test_bad_model_descriptions(data, message):
+    with pytest.raises(ValueError, match=message):
+        ModelDescription.from_dict("bad", data)
+
+
+def test_bad_model_file_exits_2(capsys, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    rc, _, err = run(capsys, "--model", str(path), "--memory", "1G")
+    assert rc == 2 and "cannot read model description" in err
+
+
+def test_cli_dispatch_and_module_entry_point():
+    from kvcy.cli import main as cli_main
+
+    assert cli_main(["plan", "--list-presets"]) == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "kvcy", "plan", "--preset", "llama-3-8b", "--memory", "20GiB", "--json"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["num_blocks"] == 10240
