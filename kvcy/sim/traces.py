@@ -6,11 +6,13 @@ prompt is either given explicitly (synthetic traces) or described by Mooncake
 prefix up to and including that block.  :func:`mooncake_block_tokens` turns an
 id into 512 concrete token ids, derived deterministically from the id alone, so
 that equal ids give equal tokens and the manager's own hash chain reproduces the
-trace's sharing at any block size (exactly so for block sizes dividing 512; for
-other sizes a shared 512-token block is hit up to the last full block inside it).
+trace's sharing at any block size (exactly so for block sizes dividing 512; at
+other sizes a shared prefix is hit up to the last full block inside it).
 
-Token ids are in ``[0, 65536)``; the last id of a request covers a partial block
-of ``input_length % 512`` tokens and gets the first tokens of that id's block.
+A block's first token is its hash id and the rest are pseudo-random in
+``[0, 65536)``; the last id of a request covers a partial block of
+``input_length % 512`` tokens and gets the first tokens of that id's block.
+Output tokens carry no ids in the trace: each request generates fresh ones.
 """
 
 from __future__ import annotations
@@ -66,8 +68,13 @@ def mooncake_block_tokens(hash_id: int, n: int = MOONCAKE_BLOCK) -> list[int]:
 
     The tokens depend on the id only (never on the request or the position), so
     equal ids give equal tokens and a partial block is a prefix of the full one.
+    The first token is the id itself and the other 511 are pseudo-random in
+    ``[0, 65536)``, so blocks with different ids differ from their first token
+    on: no two requests share more than the trace says, at any block size.
     """
-    return fresh_tokens(b"kvcy-mooncake-block:%d" % hash_id, MOONCAKE_BLOCK)[:n]
+    if n <= 0:
+        return []
+    return [hash_id] + fresh_tokens(b"kvcy-mooncake-block:%d" % hash_id, MOONCAKE_BLOCK - 1)[: n - 1]
 
 
 def mooncake_prompt(hash_ids: tuple[int, ...], input_length: int) -> list[int]:
