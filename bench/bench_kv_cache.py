@@ -1,0 +1,117 @@
+"""Block-manager hot paths: Cython vs pure-Python twin, side by side per group.
+
+Run: ``python -m pytest bench/bench_kv_cache.py --benchmark-only``.
+Rows are grouped per hot path; compare the ``cython`` and ``python`` rows of a
+group (the ratio of their means is the speedup).  Per-block costs: divide by
+the block count in the group name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from kvcy.request import Request, RequestStatus
+
+N_BLOCKS = 256
+
+
+def _config(num_blocks: int, block_size: int = 16) -> KVCacheConfig:
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+
+
+@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
+def test_free_queue_popleft_n_append_n(benchmark, impl, pool_size):
+    """popleft_n(256) + append_n(256) on a queue of pool_size blocks."""
+    mod = impl.kv_cache
+    blocks = [mod.KVCacheBlock(i) for i in range(pool_size)]
+    queue = mod.FreeKVCacheBlockQueue(blocks)
+    benchmark.group = f"free queue: popleft_n+append_n, {N_BLOCKS} blocks (pool {pool_size})"
+
+    def run():
+        queue.append_n(queue.popleft_n(N_BLOCKS))
+
+    benchmark(run)
+    assert queue.num_free_blocks == pool_size
+
+
+@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
+def test_block_pool_get_new_free(benchmark, impl, pool_size):
+    """get_new_blocks(256) + free_blocks on a caching pool of pool_size blocks."""
+    pool = impl.kv_cache.BlockPool(pool_size, enable_caching=True, hash_block_size=16)
+    benchmark.group = f"block pool: get_new_blocks+free_blocks, {N_BLOCKS} blocks (pool {pool_size})"
+
+    def run():
+        pool.free_blocks(pool.get_new_blocks(N_BLOCKS))
+
+    benchmark(run)
+    assert pool.get_num_free_blocks() == pool_size - 1
+
+
+@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000])
+def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
+    """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached."""
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    mgr = impl.kv_cache.KVCacheManager(_config(pool_size), max_model_len=4096,
+                                       scheduler_block_size=16, hash_block_size=16)
+    rng = random.Random(0)
+    prefix = [rng.randrange(32000) for _ in range(512)]
+    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    counter = itertools.count()
+    benchmark.group = "request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 cached"
+
+    def setup():
+        i = next(counter)
+        req = Request(f"r{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
+        return (req,), {}
+
+    def run(req):
+        blocks, hit, _ = mgr.get_computed_blocks(req)
+        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        mgr.free(req)
+        return hit
+
+    hit = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
+    assert hit == 512
+
+
+def test_decode_step_256_requests(benchmark, impl):
+    """One decode step: allocate_slots(1 token) for each of 256 running requests."""
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    benchmark.group = "decode step: allocate_slots(1) x 256 running requests"
+    rng = random.Random(1)
+    state = {}
+
+    def setup():
+        mgr = impl.kv_cache.KVCacheManager(_config(20_000), max_model_len=8192,
+                                           scheduler_block_size=16, hash_block_size=16)
+        reqs = []
+        for i in range(256):
+            req = Request(f"d{i}", [rng.randrange(32000) for _ in range(100 + i % 16)], block_hasher=hasher)
+            mgr.allocate_slots(req, req.num_tokens)
+            req.num_computed_tokens = req.num_tokens
+            req.status = RequestStatus.RUNNING
+            req.append_output_token_ids([7])
+            reqs.append(req)
+        state["mgr"] = mgr
+        return (mgr, reqs), {}
+
+    def run(mgr, reqs):
+        n = 0
+        for req in reqs:
+            if mgr.allocate_slots(req, 1) is not None:
+                n += 1
+        return n
+
+    n = benchmark.pedantic(run, setup=setup, rounds=40, warmup_rounds=2)
+    assert n == 256
