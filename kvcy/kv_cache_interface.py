@@ -1088,9 +1088,10 @@ def _layout_byte_strides(
 
     ``cell_bytes`` is the memory of one (layer slot, block) cell, at least
     ``H * N * C``; the difference is padding (page padding or per-token scales).
-    Where a cell is one contiguous run (block-contiguous layouts) the padding
-    sits at the end of each cell; otherwise it sits at the end of each slice of
-    the outermost axis, so the whole cache always spans ``total_bytes``.
+    Where a cell is one contiguous run (``L`` and ``B`` outermost, in either
+    order) the padding sits at the end of each cell, so a block's stride is
+    the page size; otherwise it sits at the end of each slice of the outermost
+    axis.  Either way the whole cache spans ``total_bytes``.
     """
     order = layout.stride_order
     strides = [0] * 5
@@ -1098,9 +1099,9 @@ def _layout_byte_strides(
     for depth, dim in enumerate(reversed(order)):
         strides[dim] = acc
         acc *= shape5[dim]
-        if depth == 2 and layout.is_block_contiguous:
+        if depth == 2 and layout.is_block_compact:
             acc = cell_bytes
-    if not layout.is_block_contiguous:
+    if not layout.is_block_compact:
         outer = order[0]
         if shape5[outer]:
             strides[outer] = total_bytes // shape5[outer]

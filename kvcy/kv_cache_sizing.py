@@ -510,6 +510,28 @@ def get_kv_cache_config(
     return kv_cache_config
 
 
+def _get_kv_cache_config_attention_free() -> KVCacheConfig:
+    """Seed name: the config of a model without KV cache (1 block, the null block)."""
+    return KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=[])
+
+
+def _get_kv_cache_config_uniform_type(
+    config: KVCacheSettings, kv_cache_spec: dict[str, KVCacheSpec], available_memory: int
+) -> KVCacheConfig:
+    """Seed name: plan a model whose layers all share one spec (one group, a pool per layer)."""
+    groups = create_kv_cache_group_specs(kv_cache_spec, [list(kv_cache_spec)])
+    return get_kv_cache_config_from_groups(config, groups, available_memory)
+
+
+def _get_kv_cache_config_uniform_page_size(
+    config: KVCacheSettings, kv_cache_spec: dict[str, KVCacheSpec], available_memory: int
+) -> KVCacheConfig:
+    """Seed name: plan a hybrid model whose layers share one page size (equal groups, padded)."""
+    get_uniform_page_size(kv_cache_spec)
+    groups = create_kv_cache_group_specs(kv_cache_spec, _group_layers_uniform_page_size(kv_cache_spec))
+    return get_kv_cache_config_from_groups(config, groups, available_memory)
+
+
 # ---------------------------------------------------------------------------
 # Reports
 # ---------------------------------------------------------------------------

@@ -541,8 +541,8 @@ def _expected_views(raw, layout, shape5_elems, item_dtype, cell_elems, total_ele
     order = layout.stride_order
     phys_shape = [shape5_elems[d] for d in order]
     h, n, c = shape5_elems[H], shape5_elems[N], shape5_elems[C]
-    if layout.is_block_contiguous:
-        # outer two axes (L/B), then one padded cell of H*N*C elements each
+    if set(order[:2]) == {L, B}:
+        # outer two axes (L and B), then one padded cell of H*N*C elements each
         cells = typed.reshape(phys_shape[0], phys_shape[1], cell_elems)[:, :, : h * n * c]
         phys = cells.reshape(phys_shape)
     else:
@@ -552,6 +552,13 @@ def _expected_views(raw, layout, shape5_elems, item_dtype, cell_elems, total_ele
     inverse = [order.index(d) for d in range(5)]
     logical = phys.permute(*inverse)
     return [logical[i].clone() for i in range(shape5_elems[L])]
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and bytes (NaN bit patterns compare equal too)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def _fill(num_bytes: int) -> torch.Tensor:
@@ -574,7 +581,7 @@ def test_reshape_matches_strided_copy(layout, padded):
     for view, exp in zip(views, expected):
         assert view.shape == (num_blocks, 3, 4, 4)
         assert view.dtype == torch.int16
-        assert torch.equal(view, exp)
+        assert _same_bytes(view, exp)
 
 
 @pytest.mark.parametrize("layout", list(KVCacheLayout), ids=lambda m: m.name)
@@ -599,6 +606,12 @@ def test_reshape_strides_by_hand():
     # BHLNC: C 1, N 256, L 16*256 = 4096, H 2*4096 = 8192, B 8*8192 = 65536
     assert views[0].stride() == (65536, 8192, 256, 1)
     assert views[1].storage_offset() == 4096
+    # a 70000-byte padded page: a block of one layer is 35000 elements apart, a slot 3 x 35000
+    padded = full(page_size_padded=70000)
+    raw = torch.zeros(2 * 3 * 70000, dtype=torch.int8)
+    views = reshape_kv_cache(raw, padded, 3, 2, KVCacheLayout.LBNHC)
+    assert views[0].stride() == (35000, 256, 2048, 1)
+    assert views[1].storage_offset() == 105000
 
 
 def test_reshape_kernel_block_size():
@@ -637,3 +650,34 @@ def test_reshape_bad_input():
 def test_attention_spec_is_base_of_attention_kinds():
     for spec in (full(), swa(), chunked()):
         assert isinstance(spec, AttentionSpec) and isinstance(spec, KVCacheSpec)
+
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(
+    layout=st.sampled_from(list(KVCacheLayout)),
+    block_size=st.sampled_from([1, 2, 4]),
+    heads=st.integers(1, 3),
+    head_size=st.integers(1, 3),
+    num_blocks=st.integers(1, 4),
+    slots=st.integers(1, 3),
+    pad_elems=st.integers(0, 3),
+    dtype=st.sampled_from(["int16", "float32", "int8"]),
+)
+def test_reshape_matches_strided_copy_property(layout, block_size, heads, head_size, num_blocks, slots, pad_elems,
+                                               dtype):
+    item = {"int16": 2, "float32": 4, "int8": 1}[dtype]
+    real = block_size * heads * 2 * head_size * item
+    padded = real + pad_elems * item if pad_elems else None
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype,
+                             page_size_padded=padded)
+    page = spec.page_size_bytes
+    raw = _fill(slots * num_blocks * page)
+    views = reshape_kv_cache(raw, spec, num_blocks, slots, layout)
+    torch_dtype = getattr(torch, dtype)
+    shape5 = (slots, num_blocks, heads, block_size, 2 * head_size)
+    expected = _expected_views(raw, layout, shape5, torch_dtype, page // item, slots * num_blocks * page // item)
+    for view, exp in zip(views, expected):
+        assert _same_bytes(view, exp)

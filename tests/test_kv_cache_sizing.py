@@ -19,6 +19,9 @@ from kvcy.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 from kvcy.kv_cache_sizing import (
+    _get_kv_cache_config_attention_free,
+    _get_kv_cache_config_uniform_page_size,
+    _get_kv_cache_config_uniform_type,
     check_enough_kv_cache_memory,
     create_kv_cache_group_specs,
     estimate_max_model_len,
@@ -358,3 +361,14 @@ def test_unify_kv_cache_configs_takes_the_smallest_block_count():
         unify_kv_cache_configs([a, c])
     with pytest.raises(ValueError, match="no KV cache configs"):
         unify_kv_cache_configs([])
+
+
+def test_seed_private_entry_points():
+    cfg = _get_kv_cache_config_attention_free()
+    assert (cfg.num_blocks, cfg.kv_cache_tensors, cfg.kv_cache_groups) == (1, [], [])
+    cfg = _get_kv_cache_config_uniform_type(settings(), {"a": full(), "b": full()}, 2 * PAGE * 7)
+    assert cfg.num_blocks == 7 and len(cfg.kv_cache_tensors) == 2
+    cfg = _get_kv_cache_config_uniform_page_size(settings(), hybrid_10_full_20_swa(), 10 * PAGE * 5)
+    assert cfg.num_blocks == 5 and [len(g.layer_names) for g in cfg.kv_cache_groups] == [10, 10, 10]
+    with pytest.raises(ValueError, match="not uniform"):
+        _get_kv_cache_config_uniform_page_size(settings(), {"a": full(), "b": swa(64, num_kv_heads=4)}, GiB)
