@@ -433,7 +433,10 @@ def format_plan(plan: dict[str, Any]) -> str:
         sharing = "one layer each" if slots == 1 else f"each shared by up to {slots} layers"
         row("memory pools", f"{len(tensors)} x {per} ({sharing}), {_human_bytes(plan['allocated_bytes'])} in all")
     row("blocks", f"{plan['num_blocks']:,} ({plan['usable_blocks']:,} usable; block 0 is the null block)")
-    row("tokens", f"{plan['num_tokens']:,}")
+    if plan["groups"]:
+        ngroups = len(plan["groups"])
+        how = "" if ngroups == 1 else f" ({plan['num_blocks']:,} blocks // {ngroups} groups x block size, as vLLM logs it)"
+        row("KV cache size", f"{plan['num_tokens']:,} tokens{how}")
     if plan["max_concurrency"] is not None:
         row("max concurrency", f"{plan['max_concurrency']:.2f}x requests of {plan['max_model_len']:,} tokens")
     return "\n".join(lines)

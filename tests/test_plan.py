@@ -130,7 +130,7 @@ def test_table_output(capsys):
     assert rc == 0
     assert "kvcy plan: llama-3-8b" in out
     assert "10,240 (10,239 usable" in out
-    assert "163,840" in out
+    assert "163,840 tokens" in out
     assert "20.00x requests of 8,192 tokens" in out
     assert "32 x 640.00 MiB" in out
 
