@@ -1,0 +1,245 @@
+"""Unit tests for the block manager's behaviour (REFERENCE.md), run against both twins."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvcy.request import Request, RequestStatus
+
+BS = 4
+
+
+@pytest.fixture(autouse=True)
+def _none_hash():
+    init_none_hash(get_hash_fn_by_name("sha256"))
+
+
+def hasher(bs=BS):
+    return get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+
+
+def full_config(num_blocks=16, bs=BS):
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+
+
+def manager(impl, num_blocks=16, **kw):
+    kw.setdefault("max_model_len", 256)
+    return impl.kv_cache.KVCacheManager(full_config(num_blocks), scheduler_block_size=BS, hash_block_size=BS, **kw)
+
+
+def ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+# --------------------------------------------------------------------------- free queue
+def test_free_queue_order_and_errors(impl):
+    m = impl.kv_cache
+    blocks = [m.KVCacheBlock(i) for i in range(6)]
+    q = m.FreeKVCacheBlockQueue(blocks)
+    assert ids(q.get_all_free_blocks()) == [0, 1, 2, 3, 4, 5]
+    assert q.popleft().block_id == 0
+    assert ids(q.popleft_n(2)) == [1, 2]
+    q.remove(blocks[4])
+    assert ids(q.get_all_free_blocks()) == [3, 5]
+    q.append(blocks[0])
+    q.prepend_n([blocks[2], blocks[1]])
+    q.append_n([blocks[4]])
+    assert ids(q.get_all_free_blocks()) == [2, 1, 3, 5, 0, 4]
+    assert q.num_free_blocks == 6
+    with pytest.raises(RuntimeError):
+        q.append(blocks[0])  # already queued: nothing changes
+    assert q.num_free_blocks == 6
+    assert ids(q.popleft_n(6)) == [2, 1, 3, 5, 0, 4]
+    with pytest.raises(ValueError, match="No free blocks available"):
+        q.popleft()
+    with pytest.raises(RuntimeError):
+        q.remove(blocks[0])
+    with pytest.raises(ValueError):
+        q.popleft_n(1)
+
+
+# --------------------------------------------------------------------------- block pool
+def test_pool_null_block_and_usage(impl):
+    pool = impl.kv_cache.BlockPool(11, enable_caching=True, hash_block_size=BS)
+    assert pool.null_block.block_id == 0 and pool.null_block.is_null
+    assert pool.get_num_free_blocks() == 10
+    assert pool.get_usage() == 0.0
+    got = pool.get_new_blocks(4)
+    assert ids(got) == [1, 2, 3, 4] and all(b.ref_cnt == 1 for b in got)
+    assert pool.get_usage() == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="Cannot get 7 free blocks"):
+        pool.get_new_blocks(7)
+    assert pool.get_num_free_blocks() == 6  # nothing taken by the failed call
+    pool.free_blocks(reversed(got))
+    # unhashed blocks go to the front, in the given (tail-first) order
+    assert ids(pool.free_block_queue.get_all_free_blocks())[:4] == [4, 3, 2, 1]
+    with pytest.raises(RuntimeError):
+        pool.free_blocks([got[0]])  # second free of the same block
+
+
+def test_lru_eviction_and_events(impl):
+    mgr = manager(impl, num_blocks=9, enable_kv_cache_events=True)
+    req = Request("a", list(range(16)), block_hasher=hasher())  # 4 full blocks
+    assert mgr.allocate_slots(req, 16).get_block_ids() == ([1, 2, 3, 4],)
+    events = mgr.take_events()
+    assert [type(e) for e in events] == [BlockStored]
+    assert events[0].block_hashes == req.block_hashes and events[0].parent_block_hash is None
+    assert events[0].kv_cache_spec_kind == "full_attention"
+    mgr.free(req)
+    pool = mgr.block_pool
+    # hashed blocks go to the back, tail first: head blocks are evicted last
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [5, 6, 7, 8, 4, 3, 2, 1]
+    other = Request("b", [100 + i for i in range(24)], block_hasher=hasher())
+    assert mgr.allocate_slots(other, 24).get_block_ids() == ([5, 6, 7, 8, 4, 3],)
+    removed = [e for e in mgr.take_events() if isinstance(e, BlockRemoved)]
+    assert [e.block_hashes[0] for e in removed] == [req.block_hashes[3], req.block_hashes[2]]
+    assert pool.num_evictions == 2
+
+
+def test_prefix_hit_touch_and_max_length(impl):
+    mgr = manager(impl)
+    a = Request("a", list(range(12)), block_hasher=hasher())
+    mgr.allocate_slots(a, 12)
+    b = Request("b", list(range(12)), block_hasher=hasher())
+    blocks, n, boundary = mgr.get_computed_blocks(b)
+    # the last token is never a hit: 11 tokens -> 2 full blocks
+    assert blocks.get_block_ids() == ([1, 2],) and n == 8 and boundary == 0
+    assert all(blk.ref_cnt == 1 for blk in blocks.blocks[0])  # lookup changes nothing
+    new = mgr.allocate_slots(b, 4, num_new_computed_tokens=8, new_computed_blocks=blocks)
+    assert new.get_block_ids() == ([4],)
+    assert [blk.ref_cnt for blk in blocks.blocks[0]] == [2, 2]
+    assert mgr.get_block_ids("b") == ([1, 2, 4],)
+
+
+def test_allocate_none_changes_nothing(impl):
+    mgr = manager(impl, num_blocks=5)
+    a = Request("a", list(range(12)), block_hasher=hasher())
+    mgr.allocate_slots(a, 12)
+    free_before = ids(mgr.block_pool.free_block_queue.get_all_free_blocks())
+    b = Request("b", [50 + i for i in range(12)], block_hasher=hasher())
+    assert mgr.allocate_slots(b, 12) is None
+    assert ids(mgr.block_pool.free_block_queue.get_all_free_blocks()) == free_before
+    assert not mgr.coordinator.holds("b")
+
+
+def test_reset_prefix_cache(impl):
+    mgr = manager(impl, enable_kv_cache_events=True)
+    a = Request("a", list(range(8)), block_hasher=hasher())
+    mgr.allocate_slots(a, 8)
+    assert mgr.reset_prefix_cache() is False
+    mgr.free(a)
+    mgr.take_events()
+    assert mgr.reset_prefix_cache() is True
+    assert all(b.block_hash is None for b in mgr.block_pool.blocks)
+    assert [type(e) for e in mgr.take_events()] == [AllBlocksCleared]
+
+
+def test_watermark_applies_to_waiting_only(impl):
+    mgr = manager(impl, num_blocks=11, watermark=0.3)  # 3 blocks kept for running requests
+    a = Request("a", list(range(32)), block_hasher=hasher())
+    assert mgr.allocate_slots(a, 32, has_scheduled_reqs=True) is None  # 8 + 3 > 10 free
+    assert mgr.allocate_slots(a, 32, has_scheduled_reqs=False) is not None  # no one else scheduled
+    a.status = RequestStatus.RUNNING
+    b = Request("b", [99] * 8, block_hasher=hasher())
+    assert mgr.allocate_slots(b, 8, has_scheduled_reqs=True) is None  # 2 + 3 > 2 free
+    b.status = RequestStatus.RUNNING
+    assert mgr.allocate_slots(b, 8, has_scheduled_reqs=True) is not None
+
+
+def test_sliding_window_frees_out_of_window_blocks(impl):
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=6)
+    cfg = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+    req = Request("s", list(range(24)), block_hasher=hasher())
+    mgr.allocate_slots(req, 12)
+    req.num_computed_tokens = 12
+    mgr.allocate_slots(req, 12)
+    # 12 computed: 12 - 6 + 1 = 7 tokens skipped -> block 0 is replaced by the null block
+    assert mgr.get_block_ids("s")[0][0] == 0
+    assert mgr.get_block_ids("s")[0][1:] == [2, 3, 4, 5, 6]
+
+
+def test_chunked_local_hit_is_null_before_the_chunk(impl):
+    spec = ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                     attention_chunk_size=8)
+    cfg = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+    a = Request("a", list(range(16)), block_hasher=hasher())
+    mgr.allocate_slots(a, 16)
+    b = Request("b", list(range(16)), block_hasher=hasher())
+    blocks, n, _ = mgr.get_computed_blocks(b)
+    # max length 15: chunk start 8 -> blocks 0, 1 are null; block 2 (tokens 8..11) hits
+    assert blocks.get_block_ids() == ([0, 0, 3],) and n == 12
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        ({"num_new_tokens": -1}, ValueError),
+        ({"num_new_tokens": 0}, ValueError),
+        ({"num_new_tokens": 1.5}, TypeError),
+        ({"num_new_tokens": "3"}, TypeError),
+        ({"num_new_tokens": 4, "num_lookahead_tokens": -2}, ValueError),
+        ({"num_new_tokens": 4, "reserved_blocks": -1}, ValueError),
+        ({"num_new_tokens": 10_000}, ValueError),  # past max_model_len
+    ],
+)
+def test_allocate_slots_rejects_bad_counts(impl, kwargs, exc):
+    mgr = manager(impl)
+    req = Request("a", list(range(8)), block_hasher=hasher())
+    before = ids(mgr.block_pool.free_block_queue.get_all_free_blocks())
+    with pytest.raises(exc):
+        mgr.allocate_slots(req, **kwargs)
+    assert ids(mgr.block_pool.free_block_queue.get_all_free_blocks()) == before
+    assert not mgr.coordinator.holds("a")
+
+
+def test_free_unknown_and_twice(impl):
+    mgr = manager(impl)
+    req = Request("a", list(range(8)), block_hasher=hasher())
+    with pytest.raises(ValueError, match="holds no blocks"):
+        mgr.free(req)
+    mgr.allocate_slots(req, 8)
+    mgr.free(req)
+    with pytest.raises(ValueError, match="holds no blocks"):
+        mgr.free(req)
+    with pytest.raises(ValueError):
+        mgr.get_block_ids("nope")
+    assert mgr.block_pool.get_num_free_blocks() == 15
+
+
+def test_bad_tokens_rejected_without_change():
+    with pytest.raises(TypeError):
+        Request("a", [1, 2, "x"])
+    with pytest.raises(ValueError):
+        Request("a", [1, 2**64])
+    req = Request("a", [1, 2, 3], block_hasher=hasher())
+    with pytest.raises(TypeError):
+        req.append_output_token_ids([4, None])
+    with pytest.raises(ValueError):
+        req.append_output_token_ids([-(2**70)])
+    assert req.all_token_ids == [1, 2, 3] and req.num_tokens == 3
+
+
+def test_prefix_hits_for_running_request_rejected(impl):
+    mgr = manager(impl)
+    a = Request("a", list(range(12)), block_hasher=hasher())
+    mgr.allocate_slots(a, 12)
+    b = Request("b", list(range(12)), block_hasher=hasher())
+    blocks, n, _ = mgr.get_computed_blocks(b)
+    mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
+    free_before = mgr.block_pool.get_num_free_blocks()
+    with pytest.raises(ValueError, match="already holds blocks"):
+        mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
+    assert mgr.block_pool.get_num_free_blocks() == free_before
