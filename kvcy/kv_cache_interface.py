@@ -19,7 +19,7 @@ compare and hash equal however their dtype was spelt.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum, IntEnum
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -454,7 +454,9 @@ class FullAttentionSpec(AttentionSpec):
         sliding_window = cls.merge_window_sizes(windows)
         attention_chunk_size = cls.merge_window_sizes(chunks)
         if sliding_window is not None and attention_chunk_size is not None:
-            raise ValueError("Model with both sliding window layers and chunked local attention layers is not supported.")
+            raise ValueError(
+                "Model with both sliding window layers and chunked local attention layers is not supported."
+            )
         merged = cls(
             block_size=first.block_size,
             num_kv_heads=first.num_kv_heads,
@@ -818,7 +820,9 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
                 for s in specs
             )
         if isinstance(one, MambaSpec):
-            return all(isinstance(s, MambaSpec) and s.num_speculative_blocks == one.num_speculative_blocks for s in specs)
+            return all(
+                isinstance(s, MambaSpec) and s.num_speculative_blocks == one.num_speculative_blocks for s in specs
+            )
         raise TypeError(f"Unsupported KV cache spec type: {type(one).__name__}")
 
     @classmethod

@@ -435,7 +435,9 @@ def format_plan(plan: dict[str, Any]) -> str:
     row("blocks", f"{plan['num_blocks']:,} ({plan['usable_blocks']:,} usable; block 0 is the null block)")
     if plan["groups"]:
         ngroups = len(plan["groups"])
-        how = "" if ngroups == 1 else f" ({plan['num_blocks']:,} blocks // {ngroups} groups x block size, as vLLM logs it)"
+        how = ""
+        if ngroups > 1:
+            how = f" ({plan['num_blocks']:,} blocks // {ngroups} groups x block size, as vLLM logs it)"
         row("KV cache size", f"{plan['num_tokens']:,} tokens{how}")
     if plan["max_concurrency"] is not None:
         row("max concurrency", f"{plan['max_concurrency']:.2f}x requests of {plan['max_model_len']:,} tokens")
