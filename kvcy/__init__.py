@@ -8,6 +8,20 @@ says which twin is live: ``"cython"`` or ``"python"`` (see ``kvcy._fast``).
 import logging
 
 from kvcy._fast import IMPLEMENTATION
+from kvcy.config import CacheConfig, KVCacheSettings
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheLayout,
+    KVCacheSpec,
+    KVCacheTensor,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 from kvcy.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvcy.metrics import CachingMetrics, PrefixCacheStats, PrefixCachingMetrics
@@ -23,7 +37,20 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "CacheConfig",
     "CachingMetrics",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheLayout",
+    "KVCacheSettings",
+    "KVCacheSpec",
+    "KVCacheTensor",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "SlidingWindowSpec",
     "KVCacheBlocks",
     "KVCacheManager",
     "PrefixCacheStats",
