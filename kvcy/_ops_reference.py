@@ -325,7 +325,13 @@ def copy_blocks(cache: torch.Tensor, block_mapping: torch.Tensor, stride_order: 
     if block_mapping.shape[0] == 0:
         return
     m = block_mapping.to(cache.device)
+    cl = _bytes(cl)
     cl.index_copy_(DIM_B, m[:, 1], cl.index_select(DIM_B, m[:, 0]))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """One-byte dtypes (fp8) as uint8, so index_select / index_copy_ accept them; bits unchanged."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.uint8 else t
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -344,6 +350,7 @@ def swap_blocks(
     _check_block_mapping(block_mapping, ls.shape[DIM_B], ld.shape[DIM_B], _same_storage(src, dst), "swap_blocks")
     if block_mapping.shape[0] == 0:
         return
+    ls, ld = _bytes(ls), _bytes(ld)
     rows = ls.index_select(DIM_B, block_mapping[:, 0].to(src.device))
     ld.index_copy_(DIM_B, block_mapping[:, 1].to(dst.device), rows.to(dst.device))
 
@@ -356,7 +363,7 @@ def gather_blocks(
     _check_block_ids(block_ids, cl.shape[DIM_B], False, "gather_blocks", "block_ids")
     if block_ids.numel() == 0:
         return
-    sl.copy_(cl.index_select(DIM_B, block_ids.to(cache.device)))
+    _bytes(sl).copy_(_bytes(cl).index_select(DIM_B, block_ids.to(cache.device)))
 
 
 def scatter_blocks(
@@ -367,4 +374,4 @@ def scatter_blocks(
     _check_block_ids(block_ids, cl.shape[DIM_B], True, "scatter_blocks", "block_ids")
     if block_ids.numel() == 0:
         return
-    cl.index_copy_(DIM_B, block_ids.to(cache.device), sl.to(cache.device))
+    _bytes(cl).index_copy_(DIM_B, block_ids.to(cache.device), _bytes(sl).to(cache.device))
