@@ -21,9 +21,9 @@ from kvcy.sim.traces import Trace, bundled_trace_path, read_mooncake
 
 __all__ = ["DEFAULT_NUM_BLOCKS", "main", "parse_size"]
 
-#: Pool size when neither --num-blocks nor --gpu-memory is given: 16,384 blocks
-#: of 16 tokens = 256 Ki tokens, a Llama-3-8B-shaped KV cache in 32 GiB.
-DEFAULT_NUM_BLOCKS = 16384
+#: Pool size when neither --num-blocks nor --gpu-memory is given: 32,768 blocks
+#: (512 Ki tokens at block size 16: a Llama-3-8B-shaped KV cache in 64 GiB).
+DEFAULT_NUM_BLOCKS = 32768
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 

@@ -1,0 +1,53 @@
+"""``kvcy replay`` as a benchmark: the scheduler loop over a real and a synthetic trace.
+
+Run: ``python -m pytest bench/bench_replay.py --benchmark-only``.
+Each group has a ``cython`` and a ``python`` row.  The rows time the whole
+replay (scheduler loop, request hashing and the manager); the manager's own CPU
+time, which is what the two twins differ in, is in each row's ``extra_info``
+(``manager_cpu_s``; ``--benchmark-json`` keeps it).  Request hashing runs in
+the live hashing twin in both rows; only the manager differs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcy.sim.scheduler import ReplayConfig, replay
+from kvcy.sim.synthetic import SyntheticConfig, synthetic_trace
+from kvcy.sim.traces import bundled_trace_path, read_mooncake
+
+MOONCAKE_REQUESTS = 200
+
+
+@pytest.fixture(scope="module")
+def mooncake_head():
+    return read_mooncake(bundled_trace_path(), limit=MOONCAKE_REQUESTS)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return synthetic_trace(0, SyntheticConfig(conversations=150, system_len=2048, output_max=128))
+
+
+def _run(benchmark, trace, config, impl_name):
+    result = benchmark.pedantic(lambda: replay(trace, config, impl_name), rounds=3, iterations=1, warmup_rounds=0)
+    benchmark.extra_info["manager_cpu_s"] = result.manager_ns / 1e9
+    benchmark.extra_info["manager_calls"] = result.manager_calls
+    benchmark.extra_info["steps"] = result.steps
+    benchmark.extra_info["hit_rate"] = result.hit_rate
+    benchmark.extra_info["preemptions"] = result.preemptions
+    assert result.finished == result.requests == len(trace)
+    return result
+
+
+@pytest.mark.parametrize("num_blocks", [8192, 32768])
+def test_replay_mooncake_head(benchmark, impl, mooncake_head, num_blocks):
+    """The first 200 requests of Mooncake's conversation trace, block size 16, sha256."""
+    benchmark.group = f"replay: Mooncake conversation, {MOONCAKE_REQUESTS} requests, {num_blocks} blocks"
+    _run(benchmark, mooncake_head, ReplayConfig(num_blocks=num_blocks), impl.name)
+
+
+def test_replay_synthetic(benchmark, impl, synthetic):
+    """Seeded shared-prefix multi-turn trace, a pool small enough to evict and preempt."""
+    benchmark.group = f"replay: synthetic multi-turn, {len(synthetic)} requests, 2048 blocks"
+    _run(benchmark, synthetic, ReplayConfig(num_blocks=2048, max_num_batched_tokens=2048), impl.name)
