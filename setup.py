@@ -45,7 +45,8 @@ def _hashing_build_options() -> dict:
     if os.environ.get("KVCY_NO_LIBXXHASH", "") in ("", "0") and _has_header("xxhash.h"):
         macros.append(("KVCY_HAVE_XXHASH", "1"))
         libraries.append("xxhash")
-    return {"define_macros": macros, "libraries": libraries}
+    headers = ["kvcy/_fast/_hashing_enc.h", "kvcy/_fast/_hashing_digest.h"]
+    return {"define_macros": macros, "libraries": libraries, "depends": headers}
 
 
 # One entry per Cython twin: module name -> extra Extension keyword arguments.

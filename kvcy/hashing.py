@@ -4,25 +4,28 @@ A block hash is ``hash_fn((parent, tuple(block_token_ids), extra_keys))`` where
 ``parent`` is the previous block's hash or ``NONE_HASH`` for the first block.
 ``NONE_HASH`` is ``hash_fn(seed)`` with the seed rules of :func:`init_none_hash`.
 
-The chain over a request's full blocks is computed by the selected twin of
-``kvcy._fast._hashing`` (a compiled serialiser + digest, or the pure-Python
-recipe); :func:`get_request_block_hasher` returns the per-request callable that
-``kvcy.Request`` runs whenever tokens are appended.
+The registered hash functions, the chain over a request's full blocks and the
+extra keys are computed by the selected twin of ``kvcy._fast._hashing``: the
+compiled one serialises straight into a C buffer (the same bytes as pickle /
+canonical CBOR) and digests with OpenSSL / libxxhash; the pure-Python one is
+vLLM's recipe.  :func:`get_request_block_hasher` returns the per-request
+callable that ``kvcy.Request`` runs whenever tokens are appended.
+
+``xxh3_raw`` is kvcy's own algorithm (not in vLLM): XXH3-128 over the parent
+digest, the token ids as int64 little-endian and the canonical CBOR of the extra
+keys; specified in docs/hashing.md so that other languages can recompute it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import pickle
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import cbor2
-import xxhash as _xxhash_mod
-
+# The twin is read at call time (``_fast.hashing``), never at import: the
+# kv_cache twins import this module while ``kvcy._fast`` is still loading.
 from kvcy import _fast
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ __all__ = [
     "sha256",
     "sha256_cbor",
     "sha256_cbor_64bit",
+    "xxh3_raw",
     "xxhash",
     "xxhash_cbor",
 ]
@@ -68,12 +72,12 @@ _EMBEDS_TAG = sys.intern("prompt_embeds")
 # --------------------------------------------------------------------------- hash functions
 def sha256(obj: Any) -> bytes:
     """SHA-256 of ``pickle.dumps(obj, protocol=HIGHEST_PROTOCOL)``, 32 bytes."""
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    return _fast.hashing.digest("sha256", obj)
 
 
 def sha256_cbor(obj: Any) -> bytes:
     """SHA-256 of canonical CBOR (``cbor2.dumps(obj, canonical=True)``), 32 bytes."""
-    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+    return _fast.hashing.digest("sha256_cbor", obj)
 
 
 def sha256_cbor_64bit(obj: Any) -> bytes:
@@ -83,12 +87,27 @@ def sha256_cbor_64bit(obj: Any) -> bytes:
 
 def xxhash(obj: Any) -> bytes:
     """XXH3-128 of the pickle bytes, 16 bytes."""
-    return _xxhash_mod.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    return _fast.hashing.digest("xxhash", obj)
 
 
 def xxhash_cbor(obj: Any) -> bytes:
     """XXH3-128 of canonical CBOR, 16 bytes."""
-    return _xxhash_mod.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+    return _fast.hashing.digest("xxhash_cbor", obj)
+
+
+def xxh3_raw(obj: Any) -> bytes:
+    """kvcy's fixed-width block hash: XXH3-128, 16 bytes (docs/hashing.md).
+
+    ``obj`` is a block ``(parent: bytes, token_ids, extra_keys)``: the digest
+    of ``parent || int64le(token ids) || canonical CBOR of extra_keys`` (nothing
+    when ``None``); a ``str`` (UTF-8) or ``bytes`` is hashed as is (the
+    ``NONE_HASH`` seed).
+
+    Raises:
+        TypeError: another type, a non-bytes parent, a token that is not an int.
+        ValueError: a token id outside the signed 64-bit range.
+    """
+    return _fast.hashing.digest("xxh3_raw", obj)
 
 
 def builtin(obj: Any) -> bytes:
@@ -106,6 +125,7 @@ _HASH_FNS: dict[str, Callable[[Any], bytes]] = {
     "sha256_cbor_64bit": sha256_cbor_64bit,
     "xxhash": xxhash,
     "xxhash_cbor": xxhash_cbor,
+    "xxh3_raw": xxh3_raw,
     "builtin": builtin,
 }
 _FN_NAMES = {fn: name for name, fn in _HASH_FNS.items()}
@@ -217,50 +237,6 @@ def need_extra_keys(request: Request) -> bool:
     )
 
 
-def _mm_extra_keys(request: Request, start: int, end: int, start_mm_idx: int) -> tuple[list, int]:
-    features = request.mm_features
-    keys: list = []
-    if not features:
-        return keys, start_mm_idx
-    last = features[-1]
-    if last.mm_position.offset + last.mm_position.length <= start:
-        return keys, start_mm_idx
-    if start_mm_idx < 0:
-        start_mm_idx = max(0, len(features) + start_mm_idx)
-    idx = start_mm_idx
-    n = len(features)
-    while idx < n:
-        pos = features[idx].mm_position
-        offset, length = pos.offset, pos.length
-        if end > offset:
-            if start >= offset + length:
-                # This item ended before the block: move on.
-                idx += 1
-                continue
-            keys.append((_MM_TAG, features[idx].identifier, offset - start))
-            if end >= offset + length:
-                # The item ends inside this block; the next may start here too.
-                idx += 1
-            else:
-                # The item spills into the next block.
-                break
-        else:
-            break
-    return keys, idx
-
-
-def _prompt_embeds_key(request: Request, start: int, end: int) -> list:
-    embeds = request.prompt_embeds
-    if embeds is None or start >= request.num_prompt_tokens:
-        return []
-    chunk = embeds[start : min(end, request.num_prompt_tokens)]
-    try:
-        raw = chunk.detach().cpu().contiguous().numpy().tobytes()
-    except AttributeError:  # not a tensor: anything with the buffer protocol
-        raw = bytes(memoryview(chunk))
-    return [(_EMBEDS_TAG, hashlib.sha256(raw).digest())]
-
-
 def generate_block_hash_extra_keys(
     request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
@@ -274,17 +250,9 @@ def generate_block_hash_extra_keys(
     Returns:
         ``(extra_keys or None, next_mm_idx)``.
     """
-    keys: list[Any] = []
-    lora = request.lora_request
-    if lora is not None:
-        keys.append((_LORA_TAG, lora.lora_name, lora.lora_path))
-    mm_keys, next_mm_idx = _mm_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx)
-    keys.extend(mm_keys)
-    if start_token_idx == 0 and request.cache_salt:
-        keys.append((_SALT_TAG, request.cache_salt))
-    if request.prompt_embeds is not None:
-        keys.extend(_prompt_embeds_key(request, start_token_idx, end_token_idx))
-    return (tuple(keys) if keys else None), next_mm_idx
+    return _fast.hashing.generate_block_hash_extra_keys(
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
 
 
 # --------------------------------------------------------------------------- the chain
@@ -295,44 +263,18 @@ def get_request_block_hasher(
 
     ``kvcy.Request`` calls it at creation and after every append and extends
     ``request.block_hashes`` with the result.  The registered algorithms run in
-    the selected ``_hashing`` twin; any other function runs the generic recipe.
+    the selected ``_hashing`` twin's ``RequestBlockHasher`` (the whole chain and
+    the extra keys in one call); any other function runs the same chain with
+    ``caching_hash_fn`` called once per block.  The callable has ``block_size``
+    and ``algo`` (``None`` for an unregistered function) attributes.
 
     Raises:
         ValueError: ``block_size`` is not a positive int.
     """
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    algo = hash_fn_name(caching_hash_fn)
     twin = _fast.hashing
-    fast = algo in twin.ALGORITHMS
-
-    def request_block_hasher(request: Request) -> list[bytes]:
-        hashes = request.block_hashes
-        start = len(hashes) * block_size
-        num_tokens = request.num_tokens
-        num_blocks = (num_tokens - start) // block_size
-        if num_blocks <= 0:
-            return []
-        parent = hashes[-1] if hashes else get_none_hash()
-        extra: list[tuple | None] | None = None
-        if need_extra_keys(request):
-            mm_idx = -1 if start > 0 else 0
-            extra = []
-            for i in range(num_blocks):
-                lo = start + i * block_size
-                keys, mm_idx = generate_block_hash_extra_keys(request, lo, lo + block_size, mm_idx)
-                extra.append(keys)
-        tokens = request.all_token_ids
-        if fast:
-            return twin.hash_blocks(algo, parent, tokens, start, num_blocks, block_size, extra)
-        out = []
-        for i in range(num_blocks):
-            lo = start + i * block_size
-            keys = None if extra is None else extra[i]
-            parent = caching_hash_fn((parent, tuple(tokens[lo : lo + block_size]), keys))
-            out.append(parent)
-        return out
-
-    request_block_hasher.block_size = block_size  # type: ignore[attr-defined]
-    request_block_hasher.algo = algo  # type: ignore[attr-defined]
-    return request_block_hasher
+    algo = hash_fn_name(caching_hash_fn)
+    if algo in twin.ALGORITHMS:
+        return twin.RequestBlockHasher(block_size, algo, get_none_hash)
+    return twin.RequestBlockHasher(block_size, None, get_none_hash, caching_hash_fn)
