@@ -10,7 +10,7 @@ from kvcy import _fast
 from kvcy.sim.cli import main, parse_size
 from kvcy.sim.scheduler import Divergence, ReplayConfig, replay
 from kvcy.sim.synthetic import SyntheticConfig, synthetic_trace
-from kvcy.sim.traces import Trace, TraceRequest, fresh_tokens, read_mooncake
+from kvcy.sim.traces import Trace, TraceRequest, fresh_tokens, hit_rate_upper_bound, read_mooncake
 
 BOTH = "cython" in _fast.available() and not _fast.NO_EXTENSIONS
 needs_both = pytest.mark.skipif(not BOTH, reason="compiled twins not built (or KVCY_NO_EXTENSIONS=1)")
@@ -97,6 +97,7 @@ def test_hit_rate_matches_hand_computed(impl):
     cfg = ReplayConfig(num_blocks=256, block_size=16)
     res = replay(trace, cfg, impl.name)
     assert (res.hit_tokens, res.query_tokens) == (0 + 64 + 80 + 80, 84 + 94 + 84 + 128)
+    assert hit_rate_upper_bound(trace, 16) is None  # no hash ids
     assert res.hit_rate == pytest.approx(224 / 390)
     stats = res.manager_prefix_cache_stats
     assert stats is None or (stats["requests"], stats["queries"], stats["hits"]) == (4, 390, 224)
@@ -118,6 +119,7 @@ def test_mooncake_hit_rate_matches_hand_computed(tmp_path, impl):
     res = replay(trace, ReplayConfig(num_blocks=512, block_size=16), impl.name)
     assert res.hit_tokens == 512 + 992
     assert res.query_tokens == 1000 + 600 + 1000 + 300
+    assert hit_rate_upper_bound(trace, 16) == res.hit_rate  # far apart, big pool: the bound is reached
     res8 = replay(trace, ReplayConfig(num_blocks=1024, block_size=8), impl.name)
     assert res8.hit_tokens == 512 + 992  # 999 // 8 * 8 = 992 too
     res64 = replay(trace, ReplayConfig(num_blocks=64, block_size=64), impl.name)

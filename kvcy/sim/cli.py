@@ -122,8 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--plot", metavar="FILE.png", help="plot hit rate against cache size (a sweep) and the "
                      "per-step manager time of each implementation")
-    out.add_argument("--sweep", type=_fractions, default=[0.25, 0.5, 1.0, 2.0, 4.0], metavar="F,F,...",
-                     help="pool sizes of the --plot sweep, as fractions of this run's (default 0.25,0.5,1,2,4)")
+    out.add_argument("--sweep", type=_fractions, default=[0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
+                     metavar="F,F,...", help="pool sizes of the --plot sweep, as multiples of this run's "
+                     "(default 0.25,0.5,1,2,4,8,16)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -198,6 +199,11 @@ def main(argv: list[str]) -> int:
 
     try:
         return _run(args)
+    except BrokenPipeError:  # e.g. piped into head: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, OSError, MissingMatplotlib) as e:
         print(f"kvcy replay: error: {e}", file=sys.stderr)
         return 2
@@ -253,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     rep = build_report(trace, results, identical)
     if plot_path is not None:
         from kvcy.sim.plot import plot_replay
+        from kvcy.sim.traces import hit_rate_upper_bound
 
         sweep = [(config.num_blocks, results[0].hit_rate)]
         rejected = {config.num_blocks: results[0].rejected}
@@ -270,6 +277,7 @@ def _run(args: argparse.Namespace) -> int:
             {r.impl: r.step_ns for r in results},
             block_size=config.block_size,
             chosen_blocks=config.num_blocks,
+            upper_bound=hit_rate_upper_bound(trace, config.block_size),
             title=f"kvcy replay: {trace.name}, {len(trace):,} requests, block size {config.block_size}",
         )
         rep["plot"] = {"path": str(plot_path), "sweep": [

@@ -30,6 +30,20 @@ def _pyplot():
     return plt
 
 
+def _tokens_label(x: float) -> str:
+    for div, unit in ((2**20, "Mi"), (2**10, "Ki")):
+        if x >= div:
+            v = x / div
+            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
+    return f"{x:.0f}"
+
+
+def _token_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: _tokens_label(x))
+
+
 def plot_replay(
     path: str | Path,
     sweep: Sequence[tuple[int, float]],
@@ -37,6 +51,7 @@ def plot_replay(
     *,
     block_size: int,
     chosen_blocks: int | None = None,
+    upper_bound: float | None = None,
     title: str = "",
 ) -> Path:
     """Write a two-panel PNG.
@@ -47,6 +62,7 @@ def plot_replay(
         step_ns: per-step manager CPU time (ns) for each implementation.
         block_size: tokens per block (for the cache-size axis in tokens).
         chosen_blocks: the run's own pool size, marked on the sweep.
+        upper_bound: the hit rate with every earlier block cached, drawn as a line.
         title: figure title.
     """
     plt = _pyplot()
@@ -60,10 +76,18 @@ def plot_replay(
         for x, y in zip(xs, ys):
             ax1.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
         ax1.set_xscale("log", base=2)
+        ax1.set_xticks(xs)
+        ax1.xaxis.set_major_formatter(_token_formatter())
+        ax1.xaxis.set_minor_formatter(plt.NullFormatter())
         if chosen_blocks is not None:
             ax1.axvline(chosen_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
-            ax1.legend(loc="lower right", fontsize=8)
-        ax1.set_ylim(0, max(5.0, max(ys) * 1.2))
+        top = max(ys)
+        if upper_bound is not None:
+            ax1.axhline(100.0 * upper_bound, color="tab:red", ls=":", lw=1.2,
+                        label=f"every earlier block cached: {100.0 * upper_bound:.1f}%")
+            top = max(top, 100.0 * upper_bound)
+        ax1.legend(loc="upper left", fontsize=8)
+        ax1.set_ylim(0, max(5.0, top * 1.2))
     ax1.set_xlabel(f"KV-cache size (tokens; block size {block_size})")
     ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     ax1.set_title("hit rate against cache size")

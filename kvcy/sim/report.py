@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcy.sim.scheduler import ReplayResult
-from kvcy.sim.traces import Trace
+from kvcy.sim.traces import Trace, hit_rate_upper_bound
 
 __all__ = ["build_report", "format_report", "format_duration"]
 
@@ -68,6 +68,7 @@ def build_report(trace: Trace, results: list[ReplayResult], identical: bool | No
         "tokens": {"prompt": r.prompt_tokens, "output": r.output_tokens},
         "prefix_cache": {
             "hit_rate": r.hit_rate,
+            "hit_rate_upper_bound": hit_rate_upper_bound(trace, cfg.block_size),
             "hit_tokens": r.hit_tokens,
             "query_tokens": r.query_tokens,
             "recompute_hit_tokens": r.recompute_hit_tokens,
@@ -121,6 +122,8 @@ def format_report(rep: dict[str, Any]) -> str:
         ("output tokens", f"{rep['tokens']['output']:,}"),
         ("prefix-cache hit rate", f"{_pct(pc['hit_rate'])} of prompt tokens "
          f"({pc['hit_tokens']:,} of {pc['query_tokens']:,})"),
+        *([("  upper bound", f"{_pct(pc['hit_rate_upper_bound'])} if every earlier prompt block stayed cached")]
+          if pc.get("hit_rate_upper_bound") is not None else []),
         ("evictions", "n/a" if rep["evictions"] is None else f"{rep['evictions']:,} cached blocks"),
         ("preemptions", f"{rep['preemptions']:,}"
          + (f" (re-admissions hit {_pct(pc['recompute_hit_tokens'] / pc['recompute_query_tokens'])})"

@@ -35,6 +35,7 @@ __all__ = [
     "TraceRequest",
     "bundled_trace_path",
     "fresh_tokens",
+    "hit_rate_upper_bound",
     "mooncake_block_tokens",
     "mooncake_prompt",
     "read_mooncake",
@@ -158,6 +159,31 @@ class Trace:
     @property
     def num_output_tokens(self) -> int:
         return sum(r.num_output_tokens for r in self.requests)
+
+
+def hit_rate_upper_bound(trace: Trace, block_size: int) -> float | None:
+    """Prefix-cache hit rate if every earlier request's prompt blocks stayed cached.
+
+    Computed from Mooncake ``hash_ids`` alone (``None`` for traces without
+    them): a request hits its longest run of leading ids seen before, never its
+    last token, rounded down to ``block_size``.  An infinite pool reaches it
+    unless a request arrives before the one it shares with has been prefilled.
+    """
+    if not trace.requests or any(not r.hash_ids for r in trace.requests):
+        return None
+    seen: set[int] = set()
+    hits = queries = 0
+    for r in trace.requests:
+        n = r.num_prompt_tokens
+        covered = 0
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            covered += MOONCAKE_BLOCK
+        hits += min(covered, n - 1) // block_size * block_size
+        queries += n
+        seen.update(r.hash_ids)
+    return hits / queries if queries else 0.0
 
 
 def bundled_trace_path() -> Path:
