@@ -244,3 +244,25 @@ def test_parse_size():
     for bad in ("", "GiB", "-1G", "1XB", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_cli_fails_loudly_when_decisions_differ(monkeypatch, capsys):
+    """--impl both: a different decision in the second run is a loud failure naming the step."""
+    import kvcy.sim.cli as cli
+
+    real_replay = cli.replay
+
+    def tampering_replay(trace, config, impl, **kw):
+        expected = kw.get("expected_digests")
+        if expected is not None:
+            kw["expected_digests"] = expected[:3] + [b"\1" * 8] + expected[4:]
+        return real_replay(trace, config, "python", **kw)
+
+    monkeypatch.setattr(cli, "_impls", lambda choice: ["python", "python"])
+    monkeypatch.setattr(cli, "replay", tampering_replay)
+    rc = main(["synthetic:conversations=5,system_len=64,output_min=2,output_max=8,user_max=32",
+               "--num-blocks", "64", "--impl", "both", "--no-progress"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "DECISIONS DIFFER" in err and "step 3" in err
+    assert "allocate_slots(" in err or "get_computed_blocks(" in err

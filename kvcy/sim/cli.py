@@ -176,14 +176,20 @@ def _impls(choice: str | None) -> list[str]:
 
 def _divergence_message(trace: Trace, config: ReplayConfig, ref_impl: str, err: Divergence) -> str:
     ref = replay(trace, config, ref_impl, capture_step=err.step, stop_after_step=err.step)
-    ours = err.result.captured or []
-    theirs = ref.captured or []
+    ours = err.result.captured or ["(no such step)"]
+    theirs = ref.captured or ["(no such step)"]
+    first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+
+    def show(decisions: list[str]) -> list[str]:
+        return [f"  {'>>' if i == first else '  '} {x}" for i, x in enumerate(decisions)]
+
     lines = [
-        f"DECISIONS DIFFER: {ref_impl} and {err.result.impl} disagree at scheduler step {err.step}.",
+        f"DECISIONS DIFFER: {ref_impl} and {err.result.impl} disagree at scheduler step {err.step} "
+        "(first differing decision marked >>).",
         f"  {ref_impl}:",
-        *(f"    {x}" for x in theirs or ["(no step)"]),
+        *show(theirs),
         f"  {err.result.impl}:",
-        *(f"    {x}" for x in ours or ["(no step)"]),
+        *show(ours),
     ]
     return "\n".join(lines)
 
