@@ -85,34 +85,37 @@ def _parser() -> argparse.ArgumentParser:
         "scheduler loop; report prefix-cache hits, evictions, preemptions, usage and manager CPU time.",
         epilog="TRACE is a Mooncake JSONL file (.jsonl or .jsonl.gz), 'synthetic[:key=value,...]' "
         "(keys: conversations, max_turns, system_prompts, system_len, user_min, user_max, output_min, "
-        "output_max, rate, think_ms), or omitted: the bundled head of Mooncake's conversation trace.",
+        "output_max, rate, think_ms), or omitted: the bundled head of Mooncake's conversation trace. "
+        "Requests arrive at the trace's times on a simulated clock; a scheduler step takes "
+        "STEP_MS + TOKEN_US x (tokens scheduled) of simulated time, and an idle engine jumps to the next arrival.",
     )
     p.add_argument("trace", nargs="?", metavar="TRACE", help="trace to replay (default: the bundled trace)")
     p.add_argument("--limit", type=_positive_int, metavar="K", help="replay only the first K requests")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace (default 0)")
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the synthetic trace (default 0)")
 
     pool = p.add_argument_group("KV-cache pool (default: %d blocks)" % DEFAULT_NUM_BLOCKS)
     size = pool.add_mutually_exclusive_group()
     size.add_argument("--num-blocks", type=_positive_int, metavar="N", help="blocks in the pool (block 0 is the null block)")
     size.add_argument("--gpu-memory", metavar="SIZE", help="KV-cache memory (e.g. 32GiB); blocks = SIZE / bytes per block "
                       "of the model shape below")
-    pool.add_argument("--num-layers", type=_positive_int, default=32, help="model layers (default 32, Llama-3-8B)")
-    pool.add_argument("--num-kv-heads", type=_positive_int, default=8, help="KV heads per layer (default 8)")
-    pool.add_argument("--head-size", type=_positive_int, default=128, help="head size (default 128)")
-    pool.add_argument("--dtype", default="bfloat16", help="KV-cache dtype (default bfloat16)")
-    pool.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block (default 16)")
-    pool.add_argument("--hash", default="sha256", choices=sorted(_HASH_FNS), help="prefix-cache hash (default sha256)")
+    pool.add_argument("--num-layers", metavar="N", type=_positive_int, default=32, help="model layers (default 32, Llama-3-8B)")
+    pool.add_argument("--num-kv-heads", metavar="N", type=_positive_int, default=8, help="KV heads per layer (default 8)")
+    pool.add_argument("--head-size", metavar="N", type=_positive_int, default=128, help="head size (default 128)")
+    pool.add_argument("--dtype", metavar="NAME", default="bfloat16", help="KV-cache dtype (default bfloat16)")
+    pool.add_argument("--block-size", metavar="N", type=_positive_int, default=16, help="tokens per block (default 16)")
+    pool.add_argument("--hash", default="sha256", choices=sorted(_HASH_FNS), metavar="NAME",
+                      help=f"prefix-cache hash: {', '.join(sorted(_HASH_FNS))} (default sha256)")
     pool.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
 
     sched = p.add_argument_group("scheduler")
-    sched.add_argument("--max-num-seqs", type=_positive_int, default=256, help="cap on running requests (default 256)")
-    sched.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+    sched.add_argument("--max-num-seqs", metavar="N", type=_positive_int, default=256, help="cap on running requests (default 256)")
+    sched.add_argument("--max-num-batched-tokens", metavar="N", type=_positive_int, default=8192,
                        help="token budget per step (default 8192)")
-    sched.add_argument("--max-model-len", type=_positive_int,
+    sched.add_argument("--max-model-len", metavar="N", type=_positive_int,
                        help="reject longer requests (default: the trace's longest, capped at the pool)")
-    sched.add_argument("--step-ms", type=_non_negative_float, default=10.0,
+    sched.add_argument("--step-ms", metavar="MS", type=_non_negative_float, default=10.0,
                        help="simulated time per step, fixed part (default 10 ms)")
-    sched.add_argument("--token-us", type=_non_negative_float, default=12.5,
+    sched.add_argument("--token-us", metavar="US", type=_non_negative_float, default=12.5,
                        help="simulated time per scheduled token (default 12.5 µs)")
 
     out = p.add_argument_group("implementation and output")
