@@ -16,6 +16,7 @@
 #include "kvcy_ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -148,6 +149,28 @@ const void* device_address(const at::Tensor& t) {
   return nullptr;
 }
 
+// Tell torch's pinned-memory allocator that the current stream uses `t`, so a
+// pinned buffer freed right after an asynchronous op is not handed out again
+// before the op is done (what torch's own non_blocking copies do).
+void record_host_use(const at::Tensor& t) {
+  if (!t.is_cpu()) return;
+  (void)at::getHostAllocator(at::kCUDA)->record_event(const_cast<void*>(t.const_data_ptr()),
+                                                      t.storage().data_ptr().get_context(),
+                                                      c10::cuda::getCurrentCUDAStream().unwrap());
+}
+
+// A host int64 tensor on the device without blocking the host: staged through
+// pinned memory (torch's allocator keeps the staging buffer alive until the
+// stream has read it), so a host mapping does not force a stream sync.
+at::Tensor host_ids_to_device(const at::Tensor& ids, const at::Device& device) {
+  at::Tensor pinned = ids;
+  if (!ids.is_pinned()) {
+    pinned = at::empty(ids.sizes(), ids.options().pinned_memory(true));
+    pinned.copy_(ids);
+  }
+  return pinned.to(at::TensorOptions().device(device), /*non_blocking=*/true);
+}
+
 // A packed [n, L, H, N, C] buffer shaped like `like`'s blocks, and its logical view.
 at::Tensor packed_blocks(const Logical5& like, int64_t n, const at::TensorOptions& opts, Logical5& view) {
   at::Tensor t = at::empty({n, like.size[kL], like.size[kH], like.size[kN], like.size[kC]}, opts);
@@ -176,8 +199,7 @@ void block_copy_cuda(const at::Tensor& src, const Logical5& ls, const at::Tensor
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   auto to_device = [&](const at::Tensor& ids) -> at::Tensor {
-    if (!ids.defined()) return ids;
-    return ids.to(at::TensorOptions().device(device), /*non_blocking=*/ids.is_pinned());
+    return ids.defined() ? host_ids_to_device(ids, device) : ids;
   };
   auto view_of = [](const at::Tensor& ids) -> IdView {
     return ids.defined() ? IdView{ids.const_data_ptr<int64_t>(), 1} : IdView{};
@@ -190,6 +212,8 @@ void block_copy_cuda(const at::Tensor& src, const Logical5& ls, const at::Tensor
     const at::Tensor d_dev = to_device(dst_ids_host);
     dispatch_block_copy(static_cast<const char*>(sp), static_cast<char*>(const_cast<void*>(dp)), plan,
                         view_of(s_dev), view_of(d_dev), n, stream);
+    record_host_use(src);
+    record_host_use(dst);
     return;
   }
   // Pageable host memory on one side: pack on that side, one copy across, unpack.
@@ -233,22 +257,42 @@ struct ReshapeSide {
 
 __device__ __forceinline__ float fp8_saturate(float v) { return v < -448.f ? -448.f : (v > 448.f ? 448.f : v); }
 
+// The side this CTA writes (blockIdx.y: 0 key, 1 value), field by field so it
+// stays in registers (a runtime-selected reference to a kernel parameter
+// would be copied to the stack).
+__device__ __forceinline__ ReshapeSide pick_side(const ReshapeSide& k, const ReshapeSide& v) {
+  const bool second = blockIdx.y != 0;
+  ReshapeSide s;
+  s.src = second ? v.src : k.src;
+  s.cache = second ? v.cache : k.cache;
+  s.s_t = second ? v.s_t : k.s_t;
+  s.s_h = second ? v.s_h : k.s_h;
+  s.s_c = second ? v.s_c : k.s_c;
+  s.c_b = second ? v.c_b : k.c_b;
+  s.c_h = second ? v.c_h : k.c_h;
+  s.c_n = second ? v.c_n : k.c_n;
+  s.c_c = second ? v.c_c : k.c_c;
+  s.scale_ptr = second ? v.scale_ptr : k.scale_ptr;
+  s.scale = second ? v.scale : k.scale;
+  return s;
+}
+
 // One CTA per (token, key|value); element-wise, with the fp8 conversion.
 template <typename in_t, typename out_t, bool kFp8>
-__global__ void reshape_and_cache_kernel(ReshapeSide k, ReshapeSide v, const int64_t* slots, int64_t H, int64_t C,
-                                         int64_t N) {
+__global__ void reshape_and_cache_kernel(ReshapeSide k, ReshapeSide v, const int64_t* slots, uint32_t H, uint32_t C,
+                                         int64_t N, int64_t num_slots) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
-  if (slot < 0) return;
-  const ReshapeSide& s = blockIdx.y == 0 ? k : v;
+  if (slot < 0 || slot >= num_slots) return;  // negative: skipped; too large: rejected on the host already
+  const ReshapeSide s = pick_side(k, v);
   const in_t* src = reinterpret_cast<const in_t*>(s.src) + t * s.s_t;
   out_t* dst = reinterpret_cast<out_t*>(s.cache) + (slot / N) * s.c_b + (slot % N) * s.c_n;
   float scale = 1.f;
   if constexpr (kFp8) scale = s.scale_ptr != nullptr ? *s.scale_ptr : s.scale;
-  const int64_t total = H * C;
-  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+  const uint32_t total = H * C;
+  for (uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
     const int64_t h = i / C;
-    const int64_t c = i - h * C;
+    const int64_t c = i - static_cast<uint32_t>(h) * C;
     const in_t x = src[h * s.s_h + c * s.s_c];
     if constexpr (kFp8) {
       dst[h * s.c_h + c * s.c_c] = out_t(fp8_saturate(static_cast<float>(x) / scale));
@@ -262,11 +306,11 @@ __global__ void reshape_and_cache_kernel(ReshapeSide k, ReshapeSide v, const int
 // in vectors of V.  Strides here are in bytes.
 template <typename V>
 __global__ void reshape_and_cache_copy_kernel(ReshapeSide k, ReshapeSide v, const int64_t* slots, uint32_t H,
-                                              uint32_t run_vecs, int64_t N) {
+                                              uint32_t run_vecs, int64_t N, int64_t num_slots) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
-  if (slot < 0) return;
-  const ReshapeSide& s = blockIdx.y == 0 ? k : v;
+  if (slot < 0 || slot >= num_slots) return;
+  const ReshapeSide s = pick_side(k, v);
   const char* src = s.src + t * s.s_t;
   char* dst = s.cache + (slot / N) * s.c_b + (slot % N) * s.c_n;
   const uint32_t total = H * run_vecs;
@@ -284,24 +328,26 @@ int threads_for(int64_t items) {
 
 template <typename V>
 void launch_reshape_copy(ReshapeSide k, ReshapeSide v, const int64_t* slots, int64_t T, int64_t H, int64_t run_bytes,
-                         int64_t N, cudaStream_t stream) {
+                         int64_t N, int64_t num_slots, cudaStream_t stream) {
   const uint32_t run_vecs = static_cast<uint32_t>(run_bytes / static_cast<int64_t>(sizeof(V)));
   TORCH_CHECK(int64_t{run_vecs} * H < (int64_t{1} << 31), "reshape_and_cache: too many heads x head_size");
   const dim3 grid(static_cast<unsigned>(T), 2);
   reshape_and_cache_copy_kernel<V>
-      <<<grid, threads_for(run_vecs * H), 0, stream>>>(k, v, slots, static_cast<uint32_t>(H), run_vecs, N);
+      <<<grid, threads_for(run_vecs * H), 0, stream>>>(k, v, slots, static_cast<uint32_t>(H), run_vecs, N, num_slots);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename in_t>
 void launch_reshape_elementwise(const ReshapeSide& k, const ReshapeSide& v, bool fp8, const int64_t* slots, int64_t T,
-                                int64_t H, int64_t C, int64_t N, cudaStream_t stream) {
+                                int64_t H, int64_t C, int64_t N, int64_t num_slots, cudaStream_t stream) {
+  TORCH_CHECK(H * C < (int64_t{1} << 31), "reshape_and_cache: too many heads x head_size");
   const dim3 grid(static_cast<unsigned>(T), 2);
   const int threads = threads_for(H * C);
+  const auto h = static_cast<uint32_t>(H), c = static_cast<uint32_t>(C);
   if (fp8) {
-    reshape_and_cache_kernel<in_t, c10::Float8_e4m3fn, true><<<grid, threads, 0, stream>>>(k, v, slots, H, C, N);
+    reshape_and_cache_kernel<in_t, c10::Float8_e4m3fn, true><<<grid, threads, 0, stream>>>(k, v, slots, h, c, N, num_slots);
   } else {
-    reshape_and_cache_kernel<in_t, in_t, false><<<grid, threads, 0, stream>>>(k, v, slots, H, C, N);
+    reshape_and_cache_kernel<in_t, in_t, false><<<grid, threads, 0, stream>>>(k, v, slots, h, c, N, num_slots);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -333,7 +379,7 @@ void reshape_and_cache_cuda(const at::Tensor& key, const at::Tensor& value, at::
     slots = slot_mapping.contiguous();
   } else {
     check_slots(slot_mapping, B, N, op);
-    slots = slot_mapping.contiguous().to(at::TensorOptions().device(device), /*non_blocking=*/slot_mapping.is_pinned());
+    slots = host_ids_to_device(slot_mapping.contiguous(), device);
   }
   const int64_t T = a.num_tokens, H = a.num_heads, C = a.head_size;
   if (T == 0 || H == 0 || C == 0) return;
@@ -389,25 +435,25 @@ void reshape_and_cache_cuda(const at::Tensor& key, const at::Tensor& value, at::
               static_cast<uint64_t>(s.c_h) | static_cast<uint64_t>(s.c_n);
     }
     if (bits % 16 == 0) {
-      launch_reshape_copy<uint4>(side[0], side[1], sp, T, H, C * esz, N, stream);
+      launch_reshape_copy<uint4>(side[0], side[1], sp, T, H, C * esz, N, B * N, stream);
     } else if (bits % 8 == 0) {
-      launch_reshape_copy<uint2>(side[0], side[1], sp, T, H, C * esz, N, stream);
+      launch_reshape_copy<uint2>(side[0], side[1], sp, T, H, C * esz, N, B * N, stream);
     } else if (bits % 4 == 0) {
-      launch_reshape_copy<uint32_t>(side[0], side[1], sp, T, H, C * esz, N, stream);
+      launch_reshape_copy<uint32_t>(side[0], side[1], sp, T, H, C * esz, N, B * N, stream);
     } else {
-      launch_reshape_copy<uint16_t>(side[0], side[1], sp, T, H, C * esz, N, stream);
+      launch_reshape_copy<uint16_t>(side[0], side[1], sp, T, H, C * esz, N, B * N, stream);
     }
     return;
   }
   switch (key.scalar_type()) {
     case at::kHalf:
-      launch_reshape_elementwise<c10::Half>(side[0], side[1], a.fp8, sp, T, H, C, N, stream);
+      launch_reshape_elementwise<c10::Half>(side[0], side[1], a.fp8, sp, T, H, C, N, B * N, stream);
       break;
     case at::kBFloat16:
-      launch_reshape_elementwise<c10::BFloat16>(side[0], side[1], a.fp8, sp, T, H, C, N, stream);
+      launch_reshape_elementwise<c10::BFloat16>(side[0], side[1], a.fp8, sp, T, H, C, N, B * N, stream);
       break;
     default:
-      launch_reshape_elementwise<float>(side[0], side[1], a.fp8, sp, T, H, C, N, stream);
+      launch_reshape_elementwise<float>(side[0], side[1], a.fp8, sp, T, H, C, N, B * N, stream);
       break;
   }
 }
