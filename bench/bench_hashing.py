@@ -1,0 +1,154 @@
+"""Block hashing: the compiled twin vs the pure-Python twin (the reference recipe).
+
+Run: ``python -m pytest bench/bench_hashing.py --benchmark-only``.
+
+One group per (what, algorithm, block size) with a ``cython`` and a ``python``
+row.  What is timed, for a 32,768-token prompt (random ids below 150,000):
+
+* ``request hasher``: ``RequestBlockHasher`` on a fresh request (what
+  ``kvcy.Request`` runs at creation).  The Python row is vLLM 0.33.0's
+  ``request_block_hasher`` recipe: per block ``generate_block_hash_extra_keys``,
+  a slice, ``tuple()``, then ``hash_fn((parent, tokens, extra_keys))``.
+* ``request hasher + extra keys``: the same with a LoRA adapter, a cache salt
+  and a 64-token image every 1,024 tokens.
+* ``chain``: ``hash_blocks`` over the prompt with no extra keys; the Python row
+  is the bare ``tuple()`` + ``pickle.dumps`` / ``cbor2.dumps`` + digest loop.
+* ``one block``: ``digest(algo, (parent, tuple16, None))``, one 16-token block
+  per call (``hash_block_tokens``'s cost; per-call overhead dominates).
+* ``xxh3_raw from an int64 array``: ``hash_blocks`` on ``array('q')``.
+
+At the end of the module a summary prints, per group, ns per block, tokens per
+second and the python/cython time ratio (means of one run).  ``extra_info``
+(``--benchmark-json``) carries ns/block and tokens/s for every row.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from array import array
+from types import SimpleNamespace
+
+import pytest
+
+from kvcy.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
+
+ALGOS = ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "xxh3_raw"]
+PROMPT_TOKENS = 32_768
+
+_rng = random.Random(0)
+TOKENS = [_rng.randrange(0, 150_000) for _ in range(PROMPT_TOKENS)]
+PARENT = {16: os.urandom(16), 32: os.urandom(32)}
+RESULTS: dict[str, dict[str, tuple[float, int, int]]] = {}  # group -> impl -> (mean s, blocks, tokens)
+
+
+def _digest_size(algo: str) -> int:
+    return 32 if algo.startswith("sha256") else 16
+
+
+def _request(extra: bool) -> SimpleNamespace:
+    """What the hasher reads from a kvcy.Request, fresh (no hashes yet)."""
+    mm = None
+    if extra:
+        mm = [
+            MultiModalFeatureSpec(identifier=f"image-{i}", mm_position=PlaceholderRange(offset=i * 1024 + 100, length=64))
+            for i in range(PROMPT_TOKENS // 1024)
+        ]
+    return SimpleNamespace(
+        block_hashes=[],
+        num_tokens=PROMPT_TOKENS,
+        all_token_ids=TOKENS,
+        num_prompt_tokens=PROMPT_TOKENS,
+        lora_request=LoRARequest("adapter", 1, "/adapters/adapter") if extra else None,
+        mm_features=mm,
+        cache_salt="tenant-7" if extra else None,
+        prompt_embeds=None,
+    )
+
+
+def _run(benchmark, impl, group: str, fn, blocks: int, tokens: int) -> None:
+    benchmark.group = group
+    fn()  # warm up
+    benchmark(fn)
+    mean = benchmark.stats.stats.mean
+    benchmark.extra_info["ns_per_block"] = round(mean / blocks * 1e9, 1)
+    benchmark.extra_info["tokens_per_s"] = round(tokens / mean)
+    RESULTS.setdefault(group, {})[impl.name] = (mean, blocks, tokens)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_request_hasher(benchmark, impl, algo, block_size):
+    none_hash = PARENT[_digest_size(algo)]
+    hasher = impl.hashing.RequestBlockHasher(block_size, algo, lambda: none_hash)
+    req = _request(extra=False)
+    blocks = PROMPT_TOKENS // block_size
+    assert len(hasher(req)) == blocks
+    _run(benchmark, impl, f"request hasher {algo}, bs{block_size}", lambda: hasher(req), blocks, blocks * block_size)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_request_hasher_extra_keys(benchmark, impl, algo):
+    none_hash = PARENT[_digest_size(algo)]
+    hasher = impl.hashing.RequestBlockHasher(16, algo, lambda: none_hash)
+    req = _request(extra=True)
+    blocks = PROMPT_TOKENS // 16
+    _run(benchmark, impl, f"request hasher + extra keys {algo}, bs16", lambda: hasher(req), blocks, PROMPT_TOKENS)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_chain(benchmark, impl, algo, block_size):
+    parent = PARENT[_digest_size(algo)]
+    blocks = PROMPT_TOKENS // block_size
+    hash_blocks = impl.hashing.hash_blocks
+
+    def run():
+        return hash_blocks(algo, parent, TOKENS, 0, blocks, block_size)
+
+    _run(benchmark, impl, f"chain {algo}, bs{block_size}", run, blocks, PROMPT_TOKENS)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_one_block(benchmark, impl, algo):
+    obj = (PARENT[_digest_size(algo)], tuple(TOKENS[:16]), None)
+    digest = impl.hashing.digest
+    _run(benchmark, impl, f"one block {algo}, 16 tokens", lambda: digest(algo, obj), 1, 16)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_xxh3_raw_int64_array(benchmark, impl, block_size):
+    tokens = array("q", TOKENS)
+    blocks = PROMPT_TOKENS // block_size
+    hash_blocks = impl.hashing.hash_blocks
+
+    def run():
+        return hash_blocks("xxh3_raw", PARENT[16], tokens, 0, blocks, block_size)
+
+    _run(benchmark, impl, f"xxh3_raw from an int64 array, bs{block_size}", run, blocks, PROMPT_TOKENS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request):
+    yield
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not RESULTS:
+        return
+    lines = ["", "kvcy hashing: ns per block, tokens/s, python/cython time (means of this run)"]
+    for group, rows in RESULTS.items():
+        parts = []
+        for name in ("cython", "python"):
+            if name in rows:
+                mean, blocks, tokens = rows[name]
+                parts.append(f"{name} {mean / blocks * 1e9:9.1f} ns/blk {tokens / mean / 1e6:8.1f} Mtok/s")
+        if "cython" in rows and "python" in rows:
+            parts.append(f"ratio {rows['python'][0] / rows['cython'][0]:6.1f}x")
+        lines.append(f"  {group:<44} " + " | ".join(parts))
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            for line in lines:
+                reporter.write_line(line)
+    else:
+        for line in lines:
+            reporter.write_line(line)
