@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import Union
 
 try:
     import torch
@@ -73,7 +72,7 @@ logger = logging.getLogger(__name__)
 
 #: A layout argument: a member, its name (``"LBHNC"``, ``"NHD"``), a raw stride
 #: order, or None for "the tensor is already a logical view".
-Layout = Union[KVCacheLayout, str, Sequence[int], None]
+Layout = KVCacheLayout | str | Sequence[int] | None
 
 _IDENTITY = [0, 1, 2, 3, 4]
 _OPS = ("reshape_and_cache", "convert_layout", "copy_blocks", "swap_blocks", "gather_blocks", "scatter_blocks")
