@@ -34,6 +34,10 @@ EDGE_INTS = [
     0, 1, 23, 24, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32, -1, -24, -25,
     -128, -129, -256, -257, -(2**31), -(2**31) - 1, -(2**32), 2**40, -(2**40), 2**63 - 1, -(2**63),
 ]
+# Where LONG1 (pickle) and the CBOR head change length.
+EDGE_INTS += [s * 2 ** (8 * k - 1) + d for k in range(4, 9) for s in (1, -1) for d in (-1, 0, 1)
+              if -(2**63) <= s * 2 ** (8 * k - 1) + d < 2**63]
+EDGE_INTS += [2**64 - 1 - 2**63, 2**16 - 1, 2**8 - 1]
 BIG_INTS = [2**63, -(2**63) - 1, 2**64 - 1, 2**64, -(2**64), -(2**64) - 1, 10**30, -(10**30)]
 
 SUPPRESS = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
@@ -234,6 +238,17 @@ def test_edge_ints_every_algo(impl):
                 assert impl.hashing.block_message(algo, parent, tokens) == ref_message(algo, parent, tokens, None)
     for tokens in ([], [0], EDGE_INTS):
         assert impl.hashing.block_message("xxh3_raw", parent, tokens) == ref_message("xxh3_raw", parent, tokens, None)
+
+
+def test_small_objects(impl):
+    """digest() of any object, including pickles too short for a FRAME (< 4 bytes)."""
+    objs = [None, True, False, 0, 5, 300, -1, 2**40, 2**70, "", "x", "vllm-none-hash", b"", b"ab", (), (1,),
+            ("a", "a"), ((),), 1.5, [1, 2], {"a": 1}]
+    for algo in VLLM_ALGOS:
+        for obj in objs:
+            want = outcome(lambda: ref_digest(algo, pickle.dumps(obj, protocol=5) if algo in PICKLE_ALGOS
+                                               else cbor2.dumps(obj, canonical=True)))
+            assert outcome(impl.hashing.digest, algo, obj) == want, (algo, obj)
 
 
 def test_memo_rule_repeated_tag(impl):

@@ -240,22 +240,6 @@ static inline unsigned char *kv_pk_int_at(unsigned char *KV_RESTRICT p, int64_t 
         Py_ssize_t len = 5 - 2 * (Py_ssize_t)small2 - (Py_ssize_t)small1;
         kv_store64(p, op | ((uint64_t)(uint32_t)v << 8));
         return p + len;
-    }
-    if ((uint64_t)v <= 0xffu) {
-        p[0] = OP_BININT1;
-        p[1] = (unsigned char)v;
-        return p + 2;
-    }
-    if ((uint64_t)v <= 0xffffu) {
-        p[0] = OP_BININT2;
-        p[1] = (unsigned char)v;
-        p[2] = (unsigned char)(v >> 8);
-        return p + 3;
-    }
-    if (v >= INT32_MIN && v <= INT32_MAX) {
-        p[0] = OP_BININT;
-        kv_le32(p + 1, (uint32_t)v);
-        return p + 5;
     } else {
         /* LONG1: the shortest little-endian two's complement (5..8 bytes). */
         int n = 5, i;
