@@ -251,6 +251,18 @@ def test_small_objects(impl):
             assert outcome(impl.hashing.digest, algo, obj) == want, (algo, obj)
 
 
+def test_block_shaped_objects(impl):
+    """digest() of (parent, tokens, extra) triples whose parts share objects."""
+    t = (1, 2, 3, 4, 5)
+    objs = [((t,), t, None), (b"x", t, (t,)), (b"x", t, ((t, "a"),)), ("s", t, None), (t, t, None),
+            (b"x" * 300, t, None), (b"x", (1,), None), (b"x", (2**70, 1), None), (b"x", (True, 1), None),
+            (b"x", (), None), (None, t, None), (b"x", t, [1])]
+    for algo in VLLM_ALGOS:
+        for obj in objs:
+            msg = pickle.dumps(obj, protocol=5) if algo in PICKLE_ALGOS else cbor2.dumps(obj, canonical=True)
+            assert impl.hashing.digest(algo, obj) == ref_digest(algo, msg), (algo, obj)
+
+
 def test_memo_rule_repeated_tag(impl):
     """Two "mm" keys in one block: the second tag is a memo reference (BINGET)."""
     mm = sys.intern("mm")

@@ -489,24 +489,13 @@ static inline int kv_pk_end(kv_enc *e)
     return KV_OK;
 }
 
-/* pickle.dumps(o, protocol=5) */
-static int kv_pickle(kv_enc *e, PyObject *o)
-{
-    int r = kv_pk_begin(e);
-    if (r != KV_OK) {
-        return r;
-    }
-    r = kv_pk_obj(e, o, 0);
-    if (r != KV_OK) {
-        return r;
-    }
-    return kv_pk_end(e);
-}
-
 /* pickle.dumps((parent, tuple(tokens), extra), protocol=5); the tokens are
- * items[0:n] (PyObject*) or vals[0:n] (int64) -- exactly one is non-NULL. */
-static int kv_pickle_block(kv_enc *e, PyObject *parent, PyObject *const *items,
-                           const int64_t *vals, Py_ssize_t n, PyObject *extra)
+ * items[0:n] (PyObject*) or vals[0:n] (int64) -- exactly one is non-NULL.
+ * tokens_id / block_id: the tokens tuple and the triple when they are real
+ * objects (for the memo), else NULL. */
+static int kv_pickle_block_ex(kv_enc *e, PyObject *parent, PyObject *const *items,
+                              const int64_t *vals, Py_ssize_t n, PyObject *extra,
+                              PyObject *tokens_id, PyObject *block_id)
 {
     Py_ssize_t w;
     int r;
@@ -544,6 +533,9 @@ static int kv_pickle_block(kv_enc *e, PyObject *parent, PyObject *const *items,
     }
     if (n == 0) {
         e->data[e->len++] = OP_EMPTY_TUPLE;
+    } else if (tokens_id != NULL && kv_memo_find(e, tokens_id) >= 0) {
+        /* the tokens tuple already went out inside the parent: a memo reference */
+        return KV_FALLBACK;
     } else {
         if (n > 3) {
             e->data[e->len++] = OP_MARK;
@@ -554,7 +546,7 @@ static int kv_pickle_block(kv_enc *e, PyObject *parent, PyObject *const *items,
         }
         e->len += w;
         e->data[e->len++] = (n > 3) ? OP_TUPLE : (unsigned char)(OP_TUPLE1 + n - 1);
-        r = kv_memoize(e, NULL);   /* the tokens tuple: a fresh object */
+        r = kv_memoize(e, tokens_id);
         if (r != KV_OK) {
             return r;
         }
@@ -571,7 +563,53 @@ static int kv_pickle_block(kv_enc *e, PyObject *parent, PyObject *const *items,
         }
     }
     e->data[e->len++] = OP_TUPLE3;
-    r = kv_memoize(e, NULL);   /* the block triple */
+    r = kv_memoize(e, block_id);
+    if (r != KV_OK) {
+        return r;
+    }
+    return kv_pk_end(e);
+}
+
+static int kv_pickle_block(kv_enc *e, PyObject *parent, PyObject *const *items,
+                           const int64_t *vals, Py_ssize_t n, PyObject *extra)
+{
+    /* fresh tuples: nothing else can refer to them */
+    return kv_pickle_block_ex(e, parent, items, vals, n, extra, NULL, NULL);
+}
+
+/* A (parent, non-empty tuple, extra) triple whose parent is not the tuple
+ * itself: what hash_block_tokens hashes.  *tokens is set to the tuple. */
+static inline int kv_is_block(PyObject *o, PyObject **tokens)
+{
+    PyObject *t;
+    if (!PyTuple_CheckExact(o) || PyTuple_GET_SIZE(o) != 3) {
+        return 0;
+    }
+    t = PyTuple_GET_ITEM(o, 1);
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) == 0 || PyTuple_GET_ITEM(o, 0) == t) {
+        return 0;
+    }
+    *tokens = t;
+    return 1;
+}
+
+/* pickle.dumps(o, protocol=5) */
+static int kv_pickle(kv_enc *e, PyObject *o)
+{
+    PyObject *t;
+    int r;
+    if (kv_is_block(o, &t)) {
+        r = kv_pickle_block_ex(e, PyTuple_GET_ITEM(o, 0), ((PyTupleObject *)t)->ob_item, NULL,
+                               PyTuple_GET_SIZE(t), PyTuple_GET_ITEM(o, 2), t, o);
+        if (r != KV_FALLBACK) {
+            return r;
+        }
+    }
+    r = kv_pk_begin(e);
+    if (r != KV_OK) {
+        return r;
+    }
+    r = kv_pk_obj(e, o, 0);
     if (r != KV_OK) {
         return r;
     }
@@ -762,13 +800,6 @@ static int kv_cb_obj(kv_enc *e, PyObject *o, int depth)
     return KV_FALLBACK;
 }
 
-/* cbor2.dumps(o, canonical=True) */
-static int kv_cbor(kv_enc *e, PyObject *o)
-{
-    e->len = 0;
-    return kv_cb_obj(e, o, 0);
-}
-
 /* cbor2.dumps((parent, tuple(tokens), extra), canonical=True) */
 static int kv_cbor_block(kv_enc *e, PyObject *parent, PyObject *const *items,
                          const int64_t *vals, Py_ssize_t n, PyObject *extra)
@@ -815,6 +846,22 @@ static int kv_cbor_block(kv_enc *e, PyObject *parent, PyObject *const *items,
         return KV_OK;
     }
     return kv_cb_obj(e, extra, 1);
+}
+
+/* cbor2.dumps(o, canonical=True) */
+static int kv_cbor(kv_enc *e, PyObject *o)
+{
+    PyObject *t;
+    int r;
+    if (kv_is_block(o, &t)) {
+        r = kv_cbor_block(e, PyTuple_GET_ITEM(o, 0), ((PyTupleObject *)t)->ob_item, NULL,
+                          PyTuple_GET_SIZE(t), PyTuple_GET_ITEM(o, 2));
+        if (r != KV_FALLBACK) {
+            return r;
+        }
+    }
+    e->len = 0;
+    return kv_cb_obj(e, o, 0);
 }
 
 /* ------------------------------------------------------------------ xxh3_raw */
