@@ -466,6 +466,22 @@ def test_request_hasher_twins_agree(impl, algo, spec, bs):
     assert got == ref_chain(algo, none_hash, tokens, 0, len(got), bs, keys)
 
 
+def test_request_hasher_unusual_mm_positions(impl):
+    """Offsets that are not plain ints (a float, a huge int) take the block-by-block path."""
+    from types import SimpleNamespace
+
+    from kvcy._fast import load
+
+    py = load("python")["hashing"]
+    for off, length in ((2.0, 5), (3, 4.0), (2**70, 1), (1, True)):
+        mm = [SimpleNamespace(identifier="img", mm_position=SimpleNamespace(offset=off, length=length))]
+        req = SimpleNamespace(block_hashes=[], num_tokens=12, all_token_ids=list(range(12)), num_prompt_tokens=12,
+                              lora_request=None, mm_features=mm, cache_salt=None, prompt_embeds=None)
+        for algo in ("sha256", "xxh3_raw"):
+            want = outcome(py.RequestBlockHasher(4, algo, lambda: b"n" * 16), req)
+            assert outcome(impl.hashing.RequestBlockHasher(4, algo, lambda: b"n" * 16), req) == want
+
+
 def test_request_hasher_generic_function(impl):
     """An unregistered hash function runs the same chain, once per block."""
     calls = []

@@ -458,6 +458,10 @@ def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, star
     return (tuple(keys) if keys else None), next_mm_idx
 
 
+cdef inline bint _small_int(object x):
+    return type(x) is int and -(1 << 60) < x < (1 << 60)
+
+
 cdef tuple _request_extra_keys(object request, Py_ssize_t start, Py_ssize_t num_blocks,
                                Py_ssize_t block_size):
     """Per-block extra keys of num_blocks blocks from start; None when no block has any.
@@ -484,7 +488,7 @@ cdef tuple _request_extra_keys(object request, Py_ssize_t start, Py_ssize_t num_
     cdef tuple base = None
     cdef bint salted = bool(salt)
     if embeds is not None or nmm and not all(
-        type(f.mm_position.offset) is int and type(f.mm_position.length) is int for f in features
+        _small_int(f.mm_position.offset) and _small_int(f.mm_position.length) for f in features
     ):
         # Unusual inputs: the block-by-block recipe.
         mm_obj = -1 if start > 0 else 0
