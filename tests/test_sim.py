@@ -45,8 +45,9 @@ def test_conservation(impl, small_trace):
     assert res.hit_tokens > 0  # shared system prompts and follow-up turns hit
 
 
-def test_conservation_under_preemption(impl, small_trace):
-    cfg = ReplayConfig(num_blocks=72, max_num_batched_tokens=256)
+@pytest.mark.parametrize("reserve_full_isl", [True, False], ids=["full-isl", "first-chunk"])
+def test_conservation_under_preemption(impl, small_trace, reserve_full_isl):
+    cfg = ReplayConfig(num_blocks=72, max_num_batched_tokens=256, reserve_full_isl=reserve_full_isl)
     res = replay(small_trace, cfg, impl.name)
     _check_conservation(small_trace, res, cfg)
     assert res.preemptions > 0  # the pool is small: requests really are preempted ...
@@ -167,7 +168,8 @@ def test_cli_json(capsys):
 
 
 def test_cli_table_on_the_bundled_trace(capsys):
-    assert main(["--limit", "3", "--impl", "python", "--no-progress", "--gpu-memory", "2GiB"]) == 0
+    assert main(["--limit", "3", "--impl", "python", "--no-progress", "--gpu-memory", "2GiB",
+                 "--no-reserve-full-isl"]) == 0
     out = capsys.readouterr().out
     assert "bundled" in out and "first 3 of 2,000" in out
     assert "prefix-cache hit rate" in out and "per step, p99" in out

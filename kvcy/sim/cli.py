@@ -113,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="token budget per step (default 8192)")
     sched.add_argument("--max-model-len", metavar="N", type=_positive_int,
                        help="reject longer requests (default: the trace's longest, capped at the pool)")
+    sched.add_argument("--no-reserve-full-isl", action="store_true",
+                       help="admit a request when its first chunk fits, not its whole prompt "
+                       "(vLLM's scheduler_reserve_full_isl=False)")
     sched.add_argument("--step-ms", metavar="MS", type=_non_negative_float, default=10.0,
                        help="simulated time per step, fixed part (default 10 ms)")
     sched.add_argument("--token-us", metavar="US", type=_non_negative_float, default=12.5,
@@ -247,6 +250,7 @@ def _run(args: argparse.Namespace) -> int:
         step_ms=args.step_ms,
         token_us=args.token_us,
         enable_caching=not args.no_prefix_caching,
+        reserve_full_isl=not args.no_reserve_full_isl,
     )
     progress = not args.no_progress and sys.stderr.isatty()
 

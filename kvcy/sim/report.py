@@ -63,6 +63,7 @@ def build_report(trace: Trace, results: list[ReplayResult], identical: bool | No
             "step_ms": cfg.step_ms,
             "token_us": cfg.token_us,
             "enable_caching": cfg.enable_caching,
+            "reserve_full_isl": cfg.reserve_full_isl,
         },
         "requests": {"admitted": r.requests, "finished": r.finished, "rejected": r.rejected},
         "tokens": {"prompt": r.prompt_tokens, "output": r.output_tokens},

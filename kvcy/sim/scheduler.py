@@ -14,7 +14,9 @@ prefill, recompute preemption), synchronously and without a model:
    preempted request is the current one, running-request scheduling stops.
 3. **Waiting requests**, only if nothing was preempted this step, while the
    budget lasts and fewer than ``max_num_seqs`` run: ``get_computed_blocks``
-   then ``allocate_slots`` with the hit; on ``None`` admission stops.
+   then ``allocate_slots`` with the hit, ``has_scheduled_reqs=bool(running)``
+   and, by default, ``full_sequence_must_fit=True`` (vLLM's
+   ``scheduler_reserve_full_isl``); on ``None`` admission stops.
 4. Every scheduled request's ``num_computed_tokens`` advances; a request whose
    prefill or decode completed samples one token (the trace's output tokens, or
    fresh ones); one that reached its output length finishes and is freed.
@@ -75,6 +77,10 @@ class ReplayConfig:
         step_ms: fixed simulated time per step (ms).
         token_us: simulated time per scheduled token (µs).
         enable_caching: prefix caching on.
+        reserve_full_isl: admit a waiting request only if its whole prompt fits
+            (``allocate_slots(..., full_sequence_must_fit=True)``), vLLM 0.33's
+            default (``scheduler_reserve_full_isl``); off: only the first chunk
+            has to fit.
     """
 
     num_blocks: int
@@ -86,6 +92,7 @@ class ReplayConfig:
     step_ms: float = 10.0
     token_us: float = 12.5
     enable_caching: bool = True
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2:
@@ -338,6 +345,7 @@ def replay(
     budget_per_step = config.max_num_batched_tokens
     max_seqs = config.max_num_seqs
     step_ms, token_ms = config.step_ms, config.token_us / 1000.0
+    reserve_full_isl = config.reserve_full_isl
 
     pending = deque(accepted)
     waiting: deque[_Live] = deque()
@@ -439,7 +447,7 @@ def replay(
                         num_new_computed_tokens=hit,
                         new_computed_blocks=blocks,
                         num_lookahead_tokens=0,
-                        full_sequence_must_fit=False,
+                        full_sequence_must_fit=reserve_full_isl,
                         has_scheduled_reqs=bool(running),
                     )
                     ns += perf() - t0
