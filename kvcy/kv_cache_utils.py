@@ -24,7 +24,4 @@ from kvcy.metrics import CachingMetrics, PrefixCacheStats, PrefixCachingMetrics 
 KVCacheBlock = _impl.KVCacheBlock
 FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
 
-try:  # the sizing layer (seed 002); absent only in a partial checkout
-    from kvcy.kv_cache_sizing import *  # noqa: F401,F403
-except ImportError:  # pragma: no cover
-    pass
+from kvcy.kv_cache_sizing import *  # noqa: E402,F401,F403  (the sizing layer, seed 002)

@@ -12,7 +12,6 @@ off in the build).
 import logging
 
 cimport cython
-from cpython.bytes cimport PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
@@ -381,6 +380,14 @@ cdef class _BlockHashView:
         if not 0 <= i < n:
             raise IndexError(i)
         return b"".join(self._hashes[i * self._scale:(i + 1) * self._scale])
+
+
+cdef inline Py_ssize_t _num_searchable_blocks(object hashes, Py_ssize_t max_length,
+                                              Py_ssize_t block_size) except -1:
+    """Blocks a hit search may look at: within max_length and within the known hashes."""
+    cdef Py_ssize_t n = max_length // block_size
+    cdef Py_ssize_t n_hashes = len(hashes)
+    return n_hashes if n_hashes < n else n
 
 
 def resolve_block_hashes(hashes, Py_ssize_t hash_block_size, Py_ssize_t block_size):
@@ -897,10 +904,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         cdef Py_ssize_t block_size = self.block_size
         hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
-        cdef Py_ssize_t max_blocks = max_length // block_size
-        cdef Py_ssize_t n_hashes = len(hashes)
-        if n_hashes < max_blocks:
-            max_blocks = n_hashes
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t i, g, n
         cdef list blocks0, cached
         cdef object blk
@@ -962,10 +966,7 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         cdef Py_ssize_t needed = _cdiv(self.sliding_window - 1, block_size)
         if drop_eagle_block:
             needed += 1
-        cdef Py_ssize_t max_blocks = max_length // block_size
-        cdef Py_ssize_t n_hashes = len(hashes)
-        if n_hashes < max_blocks:
-            max_blocks = n_hashes
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef KVCacheBlock null = pool.null_block
         cdef tuple computed = tuple([[null] * max_blocks for _ in range(n_groups)])
@@ -1018,10 +1019,7 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t chunk = self.attention_chunk_size
         cdef Py_ssize_t start_block = (max_length // chunk * chunk) // block_size
-        cdef Py_ssize_t max_blocks = max_length // block_size
-        cdef Py_ssize_t n_hashes = len(hashes)
-        if n_hashes < max_blocks:
-            max_blocks = n_hashes
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef KVCacheBlock null = pool.null_block
         cdef tuple computed = tuple([[null] * start_block for _ in range(n_groups)])
@@ -1052,10 +1050,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         cdef BlockPool pool = self.block_pool
         cdef Py_ssize_t block_size = self.block_size
         hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
-        cdef Py_ssize_t max_blocks = max_length // block_size
-        cdef Py_ssize_t n_hashes = len(hashes)
-        if n_hashes < max_blocks:
-            max_blocks = n_hashes
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef KVCacheBlock null = pool.null_block
         cdef tuple computed = tuple([[] for _ in range(n_groups)])
