@@ -226,37 +226,107 @@ static inline void kv_store64(unsigned char *p, uint64_t w)
 #endif
 }
 
-/* save_long() of _pickle.c for an int64 at p (10 bytes free); returns the end.
- * The int32 range is written without branches (token ids are random, so the
- * BININT1 / BININT2 / BININT choice would mispredict): one 8-byte store of
- * opcode + little-endian value, of which 2, 3 or 5 bytes are kept. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define KV_NOINLINE __attribute__((noinline))
+#elif defined(_MSC_VER)
+#  define KV_NOINLINE __declspec(noinline)
+#else
+#  define KV_NOINLINE
+#endif
+
+/* save_long() of _pickle.c picks BININT1 (0..0xff), BININT2 (..0xffff) or
+ * BININT (the rest of int32) by value.  For v in [0, 2**31) both the opcode
+ * and the length follow from the index of the highest set bit, so a token id
+ * costs a bit scan and two table reads instead of compares that a random id
+ * would mispredict (or a longer branch-free sum). */
+static const unsigned char kv_pk_small_op[32] = {
+    OP_BININT1, OP_BININT1, OP_BININT1, OP_BININT1, OP_BININT1, OP_BININT1, OP_BININT1, OP_BININT1,
+    OP_BININT2, OP_BININT2, OP_BININT2, OP_BININT2, OP_BININT2, OP_BININT2, OP_BININT2, OP_BININT2,
+    OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT,
+    OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT, OP_BININT,
+};
+static const unsigned char kv_pk_small_len[32] = {
+    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
+};
+
+/* The row of the tables above for u in [0, 2**31). */
+static inline unsigned kv_pk_small_row(uint64_t u)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return 31u ^ (unsigned)__builtin_clz((unsigned)u | 1u);   /* highest set bit */
+#else
+    return 8u * (unsigned)(u > 0xffu) + 8u * (unsigned)(u > 0xffffu);   /* 0, 8 or 16: same rows */
+#endif
+}
+
+/* A pickled int in [0, 2**31) at p (8 bytes free; 2, 3 or 5 are kept): one
+ * 8-byte store of opcode + little-endian value.  Returns the end. */
+static inline unsigned char *kv_pk_small_at(unsigned char *KV_RESTRICT p, uint64_t u)
+{
+    unsigned row = kv_pk_small_row(u);
+    kv_store64(p, (u << 8) | kv_pk_small_op[row]);
+    return p + kv_pk_small_len[row];
+}
+
+/* save_long() for the ints kv_pk_small_at does not take: negative int32
+ * (BININT, 5 bytes) and LONG1 (the shortest little-endian two's complement,
+ * 5..8 bytes, for everything outside int32).  Out of line: it would crowd the
+ * token loop's registers. */
+static KV_NOINLINE unsigned char *kv_pk_int_big_at(unsigned char *KV_RESTRICT p, int64_t v)
+{
+    int n = 5, i;
+    if (v >= INT32_MIN && v < 0) {
+        p[0] = OP_BININT;
+        kv_le32(p + 1, (uint32_t)v);
+        return p + 5;
+    }
+    while (n < 8) {
+        int64_t lim = (int64_t)1 << (8 * n - 1);
+        if (v >= -lim && v < lim) {
+            break;
+        }
+        n++;
+    }
+    p[0] = OP_LONG1;
+    p[1] = (unsigned char)n;
+    for (i = 0; i < n; i++) {
+        p[2 + i] = (unsigned char)((uint64_t)v >> (8 * i));
+    }
+    return p + 2 + n;
+}
+
+/* save_long() of _pickle.c for an int64 at p (10 bytes free); returns the end. */
 static inline unsigned char *kv_pk_int_at(unsigned char *KV_RESTRICT p, int64_t v)
 {
-    if (KV_LIKELY(v >= INT32_MIN && v <= INT32_MAX)) {
-        uint64_t u = (uint64_t)v;
-        uint64_t small1 = u <= 0xffu, small2 = u <= 0xffffu;
-        /* K (0x4b) / M (0x4d) / J (0x4a); length 2 / 3 / 5 */
-        uint64_t op = OP_BININT + small2 * (OP_BININT2 - OP_BININT) - small1 * (OP_BININT2 - OP_BININT1);
-        Py_ssize_t len = 5 - 2 * (Py_ssize_t)small2 - (Py_ssize_t)small1;
-        kv_store64(p, op | ((uint64_t)(uint32_t)v << 8));
-        return p + len;
-    } else {
-        /* LONG1: the shortest little-endian two's complement (5..8 bytes). */
-        int n = 5, i;
-        while (n < 8) {
-            int64_t lim = (int64_t)1 << (8 * n - 1);
-            if (v >= -lim && v < lim) {
-                break;
-            }
-            n++;
-        }
-        p[0] = OP_LONG1;
-        p[1] = (unsigned char)n;
-        for (i = 0; i < n; i++) {
-            p[2 + i] = (unsigned char)((uint64_t)v >> (8 * i));
-        }
-        return p + 2 + n;
+    if (KV_LIKELY((uint64_t)v <= 0x7fffffffu)) {
+        return kv_pk_small_at(p, (uint64_t)v);
     }
+    return kv_pk_int_big_at(p, v);
+}
+
+/* An exact int in [1, 2**30) -> 1 and *out: what almost every token id is,
+ * read straight from CPython's int layout.  0 for anything else (including
+ * ids that are fine but take kv_exact_int64). */
+static inline int kv_small_token(PyObject *o, uint64_t *out)
+{
+#if PY_VERSION_HEX >= 0x030C0000 && !defined(PYPY_VERSION)
+    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
+        *out = (uint64_t)v;
+        return v > 0;
+    }
+    return 0;
+#elif !defined(PYPY_VERSION)
+    if (PyLong_CheckExact(o) && Py_SIZE(o) == 1) {
+        *out = (uint64_t)((PyLongObject *)o)->ob_digit[0];
+        return 1;
+    }
+    return 0;
+#else
+    (void)o; (void)out;
+    return 0;
+#endif
 }
 
 /* Needs 10 bytes reserved. */
@@ -280,6 +350,11 @@ static Py_ssize_t kv_pk_tokens(unsigned char *KV_RESTRICT out, PyObject *const *
         }
     } else {
         for (i = 0; i < n; i++) {
+            uint64_t u;
+            if (KV_LIKELY(kv_small_token(items[i], &u))) {
+                p = kv_pk_small_at(p, u);
+                continue;
+            }
             if (!kv_exact_int64(items[i], &v)) {
                 return -1;
             }
@@ -489,6 +564,65 @@ static inline int kv_pk_end(kv_enc *e)
     return KV_OK;
 }
 
+/* The block that a chain without extra keys hashes: parent a digest (bytes of
+ * at most 255), more than 3 tokens, extra keys None.  Every byte but the
+ * tokens' is known in advance:
+ *
+ *   PROTO 5, FRAME <payload>, SHORT_BINBYTES <plen> <parent> MEMOIZE,
+ *   MARK <tokens> TUPLE MEMOIZE, NONE, TUPLE3 MEMOIZE, STOP
+ *
+ * (the same bytes kv_pickle_block_ex's general path writes, in fewer steps). */
+static inline int kv_pickle_block_plain(kv_enc *e, PyObject *parent, PyObject *const *items,
+                                        const int64_t *vals, Py_ssize_t n,
+                                        PyObject *tokens_id, PyObject *block_id)
+{
+    /* TUPLE MEMOIZE NONE TUPLE3 MEMOIZE STOP, little-endian (two spare bytes) */
+    const uint64_t tail = (uint64_t)OP_TUPLE | ((uint64_t)OP_MEMOIZE << 8) | ((uint64_t)OP_NONE << 16)
+                          | ((uint64_t)OP_TUPLE3 << 24) | ((uint64_t)OP_MEMOIZE << 32)
+                          | ((uint64_t)OP_STOP << 40);
+    Py_ssize_t plen = PyBytes_GET_SIZE(parent), w;
+    const char *src = PyBytes_AS_STRING(parent);
+    unsigned char *d, *p;
+
+    if (kv_reserve(e, 13 + plen + 2 + n * 10 + 8) < 0) {
+        return KV_ERR;
+    }
+    d = e->data;
+    d[0] = OP_PROTO;
+    d[1] = 5;
+    d[2] = OP_FRAME;
+    d[11] = OP_SHORT_BINBYTES;
+    d[12] = (unsigned char)plen;
+    /* constant sizes: one or two vector moves instead of a memcpy call */
+    if (plen == 16) {
+        memcpy(d + 13, src, 16);
+    } else if (plen == 32) {
+        memcpy(d + 13, src, 32);
+    } else {
+        memcpy(d + 13, src, (size_t)plen);
+    }
+    p = d + 13 + plen;
+    p[0] = OP_MEMOIZE;
+    p[1] = OP_MARK;
+    p += 2;
+    w = kv_pk_tokens(p, items, vals, n);
+    if (w < 0) {
+        return KV_FALLBACK;
+    }
+    p += w;
+    kv_store64(p, tail);
+    e->len = (p + 6) - d;
+    if (e->len - 11 > KV_PICKLE_MAX_PAYLOAD) {
+        return KV_FALLBACK;
+    }
+    kv_store64(d + 3, (uint64_t)(e->len - 11));
+    e->memo[0] = parent;
+    e->memo[1] = tokens_id;
+    e->memo[2] = block_id;
+    e->nmemo = 3;
+    return KV_OK;
+}
+
 /* pickle.dumps((parent, tuple(tokens), extra), protocol=5); the tokens are
  * items[0:n] (PyObject*) or vals[0:n] (int64) -- exactly one is non-NULL.
  * tokens_id / block_id: the tokens tuple and the triple when they are real
@@ -502,6 +636,9 @@ static int kv_pickle_block_ex(kv_enc *e, PyObject *parent, PyObject *const *item
 
     if (n > KV_PICKLE_MAX_PAYLOAD / 2) {
         return KV_FALLBACK;
+    }
+    if (extra == Py_None && n > 3 && PyBytes_CheckExact(parent) && PyBytes_GET_SIZE(parent) <= 0xff) {
+        return kv_pickle_block_plain(e, parent, items, vals, n, tokens_id, block_id);
     }
     if (PyBytes_CheckExact(parent) && PyBytes_GET_SIZE(parent) <= 0xff) {
         /* The usual parent: a digest.  PROTO 5, frame header, SHORT_BINBYTES, MEMOIZE. */
@@ -709,6 +846,11 @@ static Py_ssize_t kv_cb_tokens(unsigned char *KV_RESTRICT out, PyObject *const *
         }
     } else {
         for (i = 0; i < n; i++) {
+            uint64_t u;
+            if (KV_LIKELY(kv_small_token(items[i], &u))) {
+                p = kv_cb_int_at(p, (int64_t)u);
+                continue;
+            }
             if (!kv_exact_int64(items[i], &v)) {
                 return -1;
             }
@@ -877,7 +1019,10 @@ static int kv_raw_tokens(unsigned char *KV_RESTRICT out, PyObject *const *KV_RES
     Py_ssize_t i;
     int64_t v;
     for (i = 0; i < n; i++) {
-        if (!kv_exact_int64(items[i], &v)) {
+        uint64_t u;
+        if (KV_LIKELY(kv_small_token(items[i], &u))) {
+            v = (int64_t)u;
+        } else if (!kv_exact_int64(items[i], &v)) {
             return -1;
         }
 #if PY_LITTLE_ENDIAN
