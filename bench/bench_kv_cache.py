@@ -15,7 +15,7 @@ import pytest
 
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from kvcy.request import Request, RequestStatus
+from kvcy.request import RequestStatus
 
 N_BLOCKS = 256
 
@@ -59,6 +59,7 @@ def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
     """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached."""
     init_none_hash(get_hash_fn_by_name("sha256"))
     hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    Request = impl.kv_cache.Request
     mgr = impl.kv_cache.KVCacheManager(_config(pool_size), max_model_len=4096,
                                        scheduler_block_size=16, hash_block_size=16)
     rng = random.Random(0)
@@ -89,6 +90,7 @@ def test_decode_step_256_requests(benchmark, impl):
     init_none_hash(get_hash_fn_by_name("sha256"))
     hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
     benchmark.group = "decode step: allocate_slots(1) x 256 running requests"
+    Request = impl.kv_cache.Request
     rng = random.Random(1)
     state = {}
 

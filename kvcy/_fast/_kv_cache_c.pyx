@@ -9,12 +9,14 @@ methods validate their arguments before any state changes (bounds checks are
 off in the build).
 """
 
+import importlib
 import logging
 
 cimport cython
 from cpython.dict cimport PyDict_GetItem
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.object cimport PyObject
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
+from cpython.object cimport PyObject, PyTypeObject
 
 from kvcy.hashing import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
@@ -36,7 +38,7 @@ from kvcy.kv_events import (
     untag_extra_keys,
 )
 from kvcy.metrics import PrefixCacheStats
-from kvcy.request import RequestStatus
+from kvcy._request_types import RequestStatus, validate_token_ids
 
 logger = logging.getLogger("kvcy")
 
@@ -57,7 +59,13 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-cdef Py_ssize_t _check_count(str name, object value) except -1:
+cdef extern from "Python.h":
+    Py_ssize_t _PyLong_AsSsize_t_raw "PyLong_AsSsize_t" (object o)
+    PyObject *PyErr_Occurred()
+    void PyErr_Clear()
+
+
+cdef Py_ssize_t _check_count_slow(str name, object value) except -1:
     if type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -67,6 +75,18 @@ cdef Py_ssize_t _check_count(str name, object value) except -1:
     if value > 2**62:
         raise ValueError(f"{name} is too large: {value}")
     return <Py_ssize_t>value
+
+
+cdef inline Py_ssize_t _check_count(str name, object value) except -1:
+    """A non-negative int count (bools refused) as a C integer."""
+    cdef Py_ssize_t v
+    if type(value) is int:
+        v = _PyLong_AsSsize_t_raw(value)
+        if v == -1 and PyErr_Occurred() != NULL:
+            PyErr_Clear()
+        elif 0 <= v <= (<Py_ssize_t>1 << 62):
+            return v
+    return _check_count_slow(name, value)
 
 
 # Group id -> its 4-byte big-endian suffix, cached for the small ids that occur.
@@ -80,94 +100,362 @@ cdef inline bytes _group_key(bytes block_hash, Py_ssize_t group_id):
 
 
 # =============================================================================
+# The request
+# =============================================================================
+cdef tuple _KNOWN_HASHERS = ()
+
+
+def _known_hashers():
+    out = []
+    for name in ("kvcy._fast._hashing_c", "kvcy._fast._hashing_py"):
+        try:
+            out.append(importlib.import_module(name).RequestBlockHasher)
+        except ImportError:
+            pass
+    return tuple(out)
+
+
+cdef class Request:
+    """A request as the KV-cache manager sees it (compiled twin).
+
+    The same constructor, attributes and errors as the pure-Python twin's
+    ``Request``; the fields are C fields that the compiled manager reads
+    without attribute lookups.  Other attributes may be set freely.
+
+    Args:
+        request_id: unique id of the request.
+        prompt_token_ids: the prompt's token ids (ints that fit in 64 bits).
+        max_tokens: how many output tokens the request may produce (informative
+            for a serving loop; the manager does not read it).
+        lora_request: the LoRA adapter, if any (enters every block hash).
+        mm_features: multimodal items sorted by placeholder offset.
+        cache_salt: isolates this request's prefix cache (enters the hash of
+            the block that starts at token 0).
+        prompt_embeds: optional prompt embeddings (a tensor ``[num_prompt_tokens,
+            hidden]``); their bytes enter the block hashes.
+        block_hasher: from :func:`kvcy.hashing.get_request_block_hasher`; without
+            one the request has no block hashes and never hits the cache.
+        kv_cache_report_mode: ``"full"`` makes ``get_computed_blocks`` re-emit
+            ``BlockStored`` events for prefix hits.
+        arrival_time: free for the serving loop's use.
+    """
+
+    cdef public str request_id
+    cdef public list prompt_token_ids
+    cdef public object max_tokens
+    cdef public object lora_request
+    cdef public object mm_features
+    cdef public object cache_salt
+    cdef public object prompt_embeds
+    cdef public str kv_cache_report_mode
+    cdef public object arrival_time
+    cdef public bint skip_reading_prefix_cache
+    cdef public object status
+    cdef public Py_ssize_t num_computed_tokens
+    cdef public Py_ssize_t num_in_flight_tokens
+    cdef public Py_ssize_t num_preemptions
+    cdef public Py_ssize_t num_prompt_tokens
+    cdef public list spec_token_ids
+    cdef readonly list _output_token_ids
+    cdef readonly list _all_token_ids
+    cdef public list block_hashes
+    cdef readonly object _block_hasher
+    cdef Py_ssize_t _hash_block_size  # > 0: a kvcy hasher, skipped while no block completes
+    cdef dict __dict__
+
+    def __init__(self, request_id, prompt_token_ids, max_tokens=None, *, lora_request=None,
+                 mm_features=None, cache_salt=None, prompt_embeds=None, block_hasher=None,
+                 kv_cache_report_mode="incremental", arrival_time=0.0, skip_reading_prefix_cache=False):
+        global _KNOWN_HASHERS
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
+            raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
+        if kv_cache_report_mode not in ("incremental", "full"):
+            raise ValueError(
+                f"kv_cache_report_mode must be 'incremental' or 'full', got {kv_cache_report_mode!r}"
+            )
+        features = list(mm_features) if mm_features else None
+        if features:
+            offsets = [f.mm_position.offset for f in features]
+            if offsets != sorted(offsets):
+                raise ValueError("mm_features must be sorted by placeholder offset")
+            for f in features:
+                p = f.mm_position
+                if p.offset < 0 or p.length <= 0 or p.offset + p.length > len(prompt):
+                    raise ValueError(
+                        f"multimodal item {f.identifier!r} at [{p.offset}, {p.offset + p.length}) "
+                        f"is not inside the {len(prompt)}-token prompt"
+                    )
+        if prompt_embeds is not None and len(prompt_embeds) != len(prompt):
+            raise ValueError(
+                f"prompt_embeds has {len(prompt_embeds)} rows for {len(prompt)} prompt tokens"
+            )
+
+        self.request_id = request_id
+        self.prompt_token_ids = prompt
+        self.max_tokens = max_tokens
+        self.lora_request = lora_request
+        self.mm_features = features
+        self.cache_salt = cache_salt
+        self.prompt_embeds = prompt_embeds
+        self.kv_cache_report_mode = kv_cache_report_mode
+        self.arrival_time = arrival_time
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+
+        self.status = _WAITING
+        self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_preemptions = 0
+        self.num_prompt_tokens = len(prompt)
+        self.spec_token_ids = []
+        self._output_token_ids = []
+        self._all_token_ids = list(prompt)
+
+        self.block_hashes = []
+        self._block_hasher = block_hasher
+        self._hash_block_size = 0
+        if block_hasher is not None:
+            if not _KNOWN_HASHERS:
+                _KNOWN_HASHERS = _known_hashers()
+            if isinstance(block_hasher, _KNOWN_HASHERS):
+                self._hash_block_size = block_hasher.block_size
+            self.block_hashes.extend(block_hasher(self))
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def num_tokens(self):
+        """Prompt plus output tokens."""
+        return PyList_GET_SIZE(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self):
+        return PyList_GET_SIZE(self._output_token_ids)
+
+    @property
+    def output_token_ids(self):
+        """The output tokens so far (do not mutate; use append_output_token_ids)."""
+        return self._output_token_ids
+
+    @property
+    def all_token_ids(self):
+        """Prompt followed by output tokens (do not mutate)."""
+        return self._all_token_ids
+
+    @property
+    def is_finished(self):
+        return RequestStatus.is_finished(self.status)
+
+    def append_output_token_ids(self, token_ids):
+        """Append sampled tokens and hash any blocks they complete.
+
+        Raises:
+            TypeError / ValueError: a token is not an int or does not fit in 64
+                bits; nothing is appended then.
+        """
+        cdef list tokens
+        if type(token_ids) is int and _fits_int64(token_ids):
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            if isinstance(token_ids, int) and not isinstance(token_ids, bool):
+                tokens = validate_token_ids([token_ids], "output token ids")
+            else:
+                tokens = validate_token_ids(token_ids, "output token ids")
+            self._output_token_ids.extend(tokens)
+            self._all_token_ids.extend(tokens)
+        cdef Py_ssize_t bs = self._hash_block_size
+        if self._block_hasher is not None:
+            if bs <= 0 or (PyList_GET_SIZE(self._all_token_ids)
+                           - PyList_GET_SIZE(self.block_hashes) * bs) >= bs:
+                self.block_hashes.extend(self._block_hasher(self))
+
+    def __repr__(self):
+        return (
+            f"Request(id={self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, status={self.status.name})"
+        )
+
+
+cdef inline bint _fits_int64(object value) noexcept:
+    cdef int overflow = 0
+    PyLong_AsLongLongAndOverflow(value, &overflow)
+    return overflow == 0
+
+
+# Fast field reads: a compiled Request's C fields, anything else by attribute.
+cdef inline str _rid(object request):
+    if type(request) is Request:
+        return (<Request>request).request_id
+    return request.request_id
+
+
+cdef inline Py_ssize_t _num_tokens(object request) except -1:
+    if type(request) is Request:
+        return PyList_GET_SIZE((<Request>request)._all_token_ids)
+    return request.num_tokens
+
+
+cdef inline object _block_hashes_of(object request):
+    if type(request) is Request:
+        return (<Request>request).block_hashes
+    return request.block_hashes
+
+
+# =============================================================================
 # Blocks and the free queue
 # =============================================================================
+cdef extern from "Python.h":
+    void _PyList_SET_ITEM_STEAL "PyList_SET_ITEM" (object lst, Py_ssize_t i, PyObject *item)
+    PyObject *_PyList_GET_ITEM_RAW "PyList_GET_ITEM" (object lst, Py_ssize_t i)
+    void Py_INCREF_RAW "Py_INCREF" (PyObject *o)
+    void Py_DECREF_RAW "Py_DECREF" (PyObject *o)
+    PyTypeObject *Py_TYPE_RAW "Py_TYPE" (PyObject *o)
+
+
 @cython.freelist(64)
+@cython.no_gc
 cdef class KVCacheBlock:
-    """One KV-cache block: id, reference count, cache key, free-list links."""
+    """One KV-cache block: id, reference count, cache key, free-list links.
+
+    The cache key is kept split: ``_hash`` (the request's block hash, whose
+    ``hash()`` the bytes object caches) and ``_group`` (the KV-cache group id);
+    ``block_hash`` joins them into vLLM's ``BlockHashWithGroupId`` on demand.
+    The free-list links are raw pointers: the queue holds one reference to
+    each block it links, taken when the block enters and handed over (or
+    dropped) when it leaves.  A block refers to nothing but its hash bytes, so
+    it stays out of the cycle collector (pools hold up to millions of them).
+    """
 
     cdef public Py_ssize_t block_id
     cdef public Py_ssize_t ref_cnt
-    cdef public object _block_hash
-    cdef public object block_hash_num_tokens
-    cdef public KVCacheBlock prev_free_block
-    cdef public KVCacheBlock next_free_block
+    cdef object _hash
+    cdef Py_ssize_t _group
+    cdef Py_ssize_t _num_tokens  # tokens up to the block's end when cached; -1: None
+    cdef PyObject *_prev
+    cdef PyObject *_next
     cdef public bint is_null
 
     def __init__(self, Py_ssize_t block_id):
         self.block_id = block_id
         self.ref_cnt = 0
-        self._block_hash = None
-        self.block_hash_num_tokens = None
-        self.prev_free_block = None
-        self.next_free_block = None
+        self._hash = None
+        self._group = 0
+        self._num_tokens = -1
+        self._prev = NULL
+        self._next = NULL
         self.is_null = False
+
+    @property
+    def prev_free_block(self):
+        """The previous block in the free queue (a fake head has id -1), or None."""
+        return None if self._prev == NULL else <object>self._prev
+
+    @property
+    def next_free_block(self):
+        """The next block in the free queue (a fake tail has id -1), or None."""
+        return None if self._next == NULL else <object>self._next
+
+    @property
+    def block_hash_num_tokens(self):
+        """Tokens up to the end of this block when it was cached, or None."""
+        return None if self._num_tokens < 0 else self._num_tokens
+
+    @block_hash_num_tokens.setter
+    def block_hash_num_tokens(self, value):
+        self._num_tokens = -1 if value is None else _check_count("block_hash_num_tokens", value)
 
     @property
     def block_hash(self):
         """The cache key (block hash + 4-byte group id), or None."""
-        return self._block_hash
+        if self._hash is None:
+            return None
+        return _group_key(<bytes>self._hash, self._group)
 
     @block_hash.setter
     def block_hash(self, block_hash):
-        assert self._block_hash is None, "The block already has a hash. This should not happen."
-        self._block_hash = block_hash
+        assert self._hash is None, "The block already has a hash. This should not happen."
+        self._set_key(block_hash)
+
+    @property
+    def _block_hash(self):
+        return self.block_hash
+
+    cdef int _set_key(self, object key) except -1:
+        if not isinstance(key, bytes) or len(key) < 4:
+            raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
+        self._hash = key[:len(key) - 4]
+        self._group = int.from_bytes(key[len(key) - 4:], "big")
+        return 0
 
     def set_block_hash(self, block_hash, num_tokens=None):
-        assert self._block_hash is None, "The block already has a hash. This should not happen."
-        self._block_hash = block_hash
-        self.block_hash_num_tokens = num_tokens
+        assert self._hash is None, "The block already has a hash. This should not happen."
+        cdef Py_ssize_t n = -1 if num_tokens is None else _check_count("num_tokens", num_tokens)
+        self._set_key(block_hash)
+        self._num_tokens = n
 
     def reset_hash(self):
         """Drop the cache key (the block is evicted from the prefix cache)."""
-        self._block_hash = None
-        self.block_hash_num_tokens = None
+        self._hash = None
+        self._num_tokens = -1
 
     def __repr__(self):
-        prev_id = self.prev_free_block.block_id if self.prev_free_block is not None else None
-        next_id = self.next_free_block.block_id if self.next_free_block is not None else None
+        prev_id = (<KVCacheBlock>self._prev).block_id if self._prev != NULL else None
+        next_id = (<KVCacheBlock>self._next).block_id if self._next != NULL else None
         return (
             f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-            f"_block_hash={self._block_hash!r}, prev_free_block={prev_id}, "
+            f"_block_hash={self.block_hash!r}, prev_free_block={prev_id}, "
             f"next_free_block={next_id})"
         )
 
 
 @cython.final
+@cython.no_gc_clear
 cdef class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks, threaded through the blocks themselves.
 
     A fake head and tail (``block_id == -1``) remove the edge cases.  Removal
     from the middle is O(1), which ``touch`` needs when a cached free block is
     hit again.  Order: head = next to allocate, tail = most recently freed.
+    The queue owns one reference to every block it links.
     """
 
     cdef public Py_ssize_t num_free_blocks
-    cdef public KVCacheBlock fake_free_list_head
-    cdef public KVCacheBlock fake_free_list_tail
+    cdef readonly KVCacheBlock fake_free_list_head
+    cdef readonly KVCacheBlock fake_free_list_tail
+    cdef PyObject *_head
+    cdef PyObject *_tail
 
-    def __init__(self, list blocks):
-        cdef Py_ssize_t i, n = len(blocks)
-        cdef KVCacheBlock b
-        for b in blocks:  # type-check every element before linking any
-            pass
-        self.num_free_blocks = n
-        for i in range(n):
-            b = <KVCacheBlock>blocks[i]
-            if i > 0:
-                b.prev_free_block = <KVCacheBlock>blocks[i - 1]
-            if i < n - 1:
-                b.next_free_block = <KVCacheBlock>blocks[i + 1]
+    def __cinit__(self, *args, **kwargs):
         self.fake_free_list_head = KVCacheBlock(-1)
         self.fake_free_list_tail = KVCacheBlock(-1)
-        if n > 0:
-            self.fake_free_list_head.next_free_block = <KVCacheBlock>blocks[0]
-            (<KVCacheBlock>blocks[0]).prev_free_block = self.fake_free_list_head
-            self.fake_free_list_tail.prev_free_block = <KVCacheBlock>blocks[n - 1]
-            (<KVCacheBlock>blocks[n - 1]).next_free_block = self.fake_free_list_tail
-        else:
-            self.fake_free_list_head.next_free_block = self.fake_free_list_tail
-            self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
+        self._head = <PyObject*>self.fake_free_list_head
+        self._tail = <PyObject*>self.fake_free_list_tail
+        (<KVCacheBlock>self._head)._next = self._tail
+        (<KVCacheBlock>self._tail)._prev = self._head
+        self.num_free_blocks = 0
+
+    def __init__(self, list blocks):
+        self.append_n(blocks)
+
+    def __dealloc__(self):
+        # Unlink every block and drop the queue's references to them.
+        cdef PyObject *curr
+        cdef PyObject *nxt
+        if self._head == NULL:
+            return
+        curr = (<KVCacheBlock>self._head)._next
+        while curr != NULL and curr != self._tail:
+            nxt = (<KVCacheBlock>curr)._next
+            (<KVCacheBlock>curr)._prev = NULL
+            (<KVCacheBlock>curr)._next = NULL
+            Py_DECREF_RAW(curr)
+            curr = nxt
+        (<KVCacheBlock>self._head)._next = NULL
+        (<KVCacheBlock>self._tail)._prev = NULL
 
     cpdef KVCacheBlock popleft(self):
         """Pop the head block.
@@ -175,15 +463,18 @@ cdef class FreeKVCacheBlockQueue:
         Raises:
             ValueError: the queue is empty.
         """
-        cdef KVCacheBlock first = self.fake_free_list_head.next_free_block
-        if first is None or first is self.fake_free_list_tail:
+        cdef PyObject *first = (<KVCacheBlock>self._head)._next
+        if first == self._tail:
             raise ValueError("No free blocks available")
-        self.fake_free_list_head.next_free_block = first.next_free_block
-        first.next_free_block.prev_free_block = self.fake_free_list_head
-        first.prev_free_block = None
-        first.next_free_block = None
+        cdef PyObject *nxt = (<KVCacheBlock>first)._next
+        (<KVCacheBlock>self._head)._next = nxt
+        (<KVCacheBlock>nxt)._prev = self._head
+        (<KVCacheBlock>first)._prev = NULL
+        (<KVCacheBlock>first)._next = NULL
         self.num_free_blocks -= 1
-        return first
+        cdef KVCacheBlock out = <KVCacheBlock>first  # takes a new reference
+        Py_DECREF_RAW(first)  # ... so drop the queue's
+        return out
 
     cpdef list popleft_n(self, Py_ssize_t n):
         """Pop ``n`` blocks from the head, in order.
@@ -193,24 +484,36 @@ cdef class FreeKVCacheBlockQueue:
         """
         if n < 0:
             raise ValueError(f"n must be non-negative, got {n}")
-        if n == 0:
-            return []
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
-        cdef list out = [None] * n
-        cdef KVCacheBlock curr = self.fake_free_list_head.next_free_block
-        cdef KVCacheBlock last
+        return self._popleft_n(n)
+
+    cdef list _popleft_n(self, Py_ssize_t n):
+        # The caller checked 0 <= n <= num_free_blocks.  The queue's references
+        # move into the returned list.
+        cdef list out = PyList_New(n)
+        cdef PyObject *curr = (<KVCacheBlock>self._head)._next
+        cdef PyObject *last
         cdef Py_ssize_t i
         for i in range(n):
-            out[i] = curr
+            _PyList_SET_ITEM_STEAL(out, i, curr)
             last = curr
-            curr = curr.next_free_block
-            last.prev_free_block = None
-            last.next_free_block = None
-        self.fake_free_list_head.next_free_block = curr
-        curr.prev_free_block = self.fake_free_list_head
+            curr = (<KVCacheBlock>curr)._next
+            (<KVCacheBlock>last)._prev = NULL
+            (<KVCacheBlock>last)._next = NULL
+        (<KVCacheBlock>self._head)._next = curr
+        (<KVCacheBlock>curr)._prev = self._head
         self.num_free_blocks -= n
         return out
+
+    cdef inline void _unlink(self, KVCacheBlock block) noexcept:
+        # block is linked; drops the queue's reference (the caller holds one).
+        (<KVCacheBlock>block._prev)._next = block._next
+        (<KVCacheBlock>block._next)._prev = block._prev
+        block._prev = NULL
+        block._next = NULL
+        self.num_free_blocks -= 1
+        Py_DECREF_RAW(<PyObject*>block)
 
     cpdef remove(self, KVCacheBlock block):
         """Unlink ``block`` from the middle of the queue.
@@ -218,74 +521,86 @@ cdef class FreeKVCacheBlockQueue:
         Raises:
             RuntimeError: the block is not in the queue.
         """
-        if block.prev_free_block is None or block.next_free_block is None:
+        if block._prev == NULL or block._next == NULL:
             raise RuntimeError(f"remove() called on an invalid block: {block}")
-        block.prev_free_block.next_free_block = block.next_free_block
-        block.next_free_block.prev_free_block = block.prev_free_block
-        block.prev_free_block = None
-        block.next_free_block = None
-        self.num_free_blocks -= 1
+        self._unlink(block)
 
-    cdef int _check_not_queued(self, KVCacheBlock block) except -1:
-        if block.prev_free_block is not None or block.next_free_block is not None:
-            raise RuntimeError(f"block {block.block_id} is already in the free queue")
+    cdef int _check_insertable(self, list blocks) except -1:
+        # Every element a KVCacheBlock, none queued, none twice, no fake ends.
+        # Marks each with _prev = _head while checking; the caller relinks.
+        cdef Py_ssize_t i, j, n = PyList_GET_SIZE(blocks)
+        cdef object o
+        cdef KVCacheBlock block
+        for i in range(n):
+            o = <object>_PyList_GET_ITEM_RAW(blocks, i)
+            if type(o) is not KVCacheBlock:
+                if not isinstance(o, KVCacheBlock):
+                    self._unmark(blocks, i)
+                    raise TypeError(f"free queue entries must be KVCacheBlock, got {type(o).__name__}")
+            block = <KVCacheBlock>o
+            if block._prev != NULL or block._next != NULL:
+                self._unmark(blocks, i)
+                if block._prev == self._head and block._next == NULL:
+                    raise RuntimeError(f"block {block.block_id} appears twice in one batch")
+                raise RuntimeError(f"block {block.block_id} is already in the free queue")
+            block._prev = self._head
         return 0
+
+    cdef void _unmark(self, list blocks, Py_ssize_t upto) noexcept:
+        cdef Py_ssize_t i
+        for i in range(upto):
+            (<KVCacheBlock>_PyList_GET_ITEM_RAW(blocks, i))._prev = NULL
 
     cpdef append(self, KVCacheBlock block):
         """Put ``block`` at the tail (freed last, evicted last)."""
-        self._check_not_queued(block)
-        cdef KVCacheBlock last = self.fake_free_list_tail.prev_free_block
-        last.next_free_block = block
-        block.prev_free_block = last
-        block.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = block
+        if block._prev != NULL or block._next != NULL:
+            raise RuntimeError(f"block {block.block_id} is already in the free queue")
+        self._link_after((<KVCacheBlock>self._tail)._prev, block)
+
+    cdef inline void _link_after(self, PyObject *prev, KVCacheBlock block) noexcept:
+        cdef PyObject *p = <PyObject*>block
+        cdef PyObject *nxt = (<KVCacheBlock>prev)._next
+        Py_INCREF_RAW(p)
+        block._prev = prev
+        block._next = nxt
+        (<KVCacheBlock>prev)._next = p
+        (<KVCacheBlock>nxt)._prev = p
         self.num_free_blocks += 1
 
     cpdef append_n(self, list blocks):
         """Put ``blocks`` at the tail, in order (the last one ends up last)."""
-        cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
-        if n == 0:
-            return
-        cdef KVCacheBlock block
-        for block in blocks:
-            self._check_not_queued(block)
-        cdef KVCacheBlock last = self.fake_free_list_tail.prev_free_block
-        for i in range(n):
-            block = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-            block.prev_free_block = last
-            last.next_free_block = block
-            last = block
-        last.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = last
-        self.num_free_blocks += n
+        self._check_insertable(blocks)
+        self._splice((<KVCacheBlock>self._tail)._prev, blocks)
 
     cpdef prepend_n(self, list blocks):
         """Put ``blocks`` at the head, in order (``blocks[0]`` becomes the head)."""
+        self._check_insertable(blocks)
+        self._splice(self._head, blocks)
+
+    cdef void _splice(self, PyObject *prev, list blocks) noexcept:
+        # Link the (checked, unlinked) blocks in order right after prev.
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
         if n == 0:
             return
-        cdef KVCacheBlock block
-        for block in blocks:
-            self._check_not_queued(block)
-        cdef KVCacheBlock first = self.fake_free_list_head.next_free_block
-        cdef KVCacheBlock prev = self.fake_free_list_head
+        cdef PyObject *after = (<KVCacheBlock>prev)._next
+        cdef PyObject *p
         for i in range(n):
-            block = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-            block.prev_free_block = prev
-            prev.next_free_block = block
-            prev = block
-        prev.next_free_block = first
-        first.prev_free_block = prev
+            p = _PyList_GET_ITEM_RAW(blocks, i)
+            Py_INCREF_RAW(p)
+            (<KVCacheBlock>p)._prev = prev
+            (<KVCacheBlock>prev)._next = p
+            prev = p
+        (<KVCacheBlock>prev)._next = after
+        (<KVCacheBlock>after)._prev = prev
         self.num_free_blocks += n
 
     cpdef list get_all_free_blocks(self):
         """All free blocks from head to tail (for tests and checks)."""
         cdef list out = []
-        cdef KVCacheBlock curr = self.fake_free_list_head.next_free_block
-        cdef KVCacheBlock tail = self.fake_free_list_tail
-        while curr is not tail:
-            out.append(curr)
-            curr = curr.next_free_block
+        cdef PyObject *curr = (<KVCacheBlock>self._head)._next
+        while curr != self._tail:
+            out.append(<object>curr)
+            curr = (<KVCacheBlock>curr)._next
         return out
 
     def __len__(self):
@@ -295,69 +610,130 @@ cdef class FreeKVCacheBlockQueue:
 # =============================================================================
 # Hash -> block map and the block pool
 # =============================================================================
+cdef inline tuple _split_key(object key):
+    if not isinstance(key, bytes) or len(key) < 4:
+        raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
+    return key[:len(key) - 4], int.from_bytes(key[len(key) - 4:], "big")
+
+
 @cython.final
 cdef class BlockHashToBlockMap:
     """Cache key -> block(s).  The first block inserted under a key wins lookups.
 
     Several blocks may carry the same key (no de-duplication, so block tables
     stay append-only); the value is then a dict ``{block_id: block}`` in
-    insertion order.
+    insertion order.  Keys are vLLM's ``BlockHashWithGroupId`` (block hash +
+    4-byte group id) at the public methods; inside, there is one dict per
+    group keyed by the bare block hash, so a lookup with a request's own hash
+    object builds no key and reuses the hash the bytes object caches.
     """
 
-    cdef public dict _cache
+    cdef list _maps
+    cdef Py_ssize_t _len
 
     def __init__(self):
-        self._cache = {}
+        self._maps = []
+        self._len = 0
 
-    cpdef object get_one_block(self, bytes key):
-        cdef PyObject* p = PyDict_GetItem(self._cache, key)
+    cdef inline dict _map(self, Py_ssize_t gid):
+        if gid < PyList_GET_SIZE(self._maps):
+            return <dict>PyList_GET_ITEM(self._maps, gid)
+        return None
+
+    cdef inline object _get(self, object block_hash, Py_ssize_t gid):
+        cdef dict m = self._map(gid)
+        if m is None:
+            return None
+        cdef PyObject *p = PyDict_GetItem(m, block_hash)
         if p == NULL:
             return None
-        cdef object blocks = <object>p
-        if type(blocks) is dict:
-            return next(iter((<dict>blocks).values()))
-        return blocks
+        if type(<object>p) is dict:
+            return next(iter((<dict>p).values()))
+        return <object>p
 
-    cpdef bint contain(self, bytes key, Py_ssize_t block_id):
-        cdef PyObject* p = PyDict_GetItem(self._cache, key)
+    cdef int _insert(self, object block_hash, Py_ssize_t gid, KVCacheBlock block) except -1:
+        cdef dict m = self._map(gid)
+        if m is None:
+            while PyList_GET_SIZE(self._maps) <= gid:
+                self._maps.append({})
+            m = <dict>PyList_GET_ITEM(self._maps, gid)
+        cdef PyObject *p = PyDict_GetItem(m, block_hash)
         if p == NULL:
-            return False
-        cdef object blocks = <object>p
-        if type(blocks) is dict:
-            return block_id in <dict>blocks
-        return (<KVCacheBlock>blocks).block_id == block_id
-
-    cpdef insert(self, bytes key, KVCacheBlock block):
-        cdef PyObject* p = PyDict_GetItem(self._cache, key)
-        if p == NULL:
-            self._cache[key] = block
-            return
-        cdef object blocks = <object>p
-        if type(blocks) is dict:
-            (<dict>blocks)[block.block_id] = block
+            m[block_hash] = block
+            self._len += 1
+        elif type(<object>p) is dict:
+            (<dict>p)[block.block_id] = block
         else:
-            self._cache[key] = {(<KVCacheBlock>blocks).block_id: blocks, block.block_id: block}
+            m[block_hash] = {(<KVCacheBlock>p).block_id: <object>p, block.block_id: block}
+        return 0
 
-    cpdef object pop(self, bytes key, Py_ssize_t block_id):
-        cdef object blocks = self._cache.pop(key, None)
-        if blocks is None:
+    cdef object _pop(self, object block_hash, Py_ssize_t gid, Py_ssize_t block_id):
+        cdef dict m = self._map(gid)
+        if m is None:
             return None
+        cdef PyObject *p = PyDict_GetItem(m, block_hash)
+        if p == NULL:
+            return None
+        cdef object blocks = <object>p
         cdef object block
         if type(blocks) is dict:
             block = (<dict>blocks).pop(block_id, None)
-            if blocks:
-                self._cache[key] = blocks
+            if not blocks:
+                del m[block_hash]
+                self._len -= 1
             return block
         if (<KVCacheBlock>blocks).block_id == block_id:
+            del m[block_hash]
+            self._len -= 1
             return blocks
-        self._cache[key] = blocks
         return None
 
+    def get_one_block(self, key):
+        """The first block cached under ``key``, or None."""
+        h, gid = _split_key(key)
+        return self._get(h, gid)
+
+    def contain(self, key, Py_ssize_t block_id):
+        h, gid = _split_key(key)
+        cdef dict m = self._map(gid)
+        if m is None:
+            return False
+        cdef PyObject *p = PyDict_GetItem(m, h)
+        if p == NULL:
+            return False
+        if type(<object>p) is dict:
+            return block_id in <dict>p
+        return (<KVCacheBlock>p).block_id == block_id
+
+    def insert(self, key, KVCacheBlock block):
+        h, gid = _split_key(key)
+        self._insert(h, gid, block)
+
+    def pop(self, key, Py_ssize_t block_id):
+        """Remove ``block_id`` from ``key``; the removed block, or None."""
+        h, gid = _split_key(key)
+        return self._pop(h, gid, block_id)
+
     def keys(self):
-        return list(self._cache)
+        cdef Py_ssize_t gid
+        out = []
+        for gid in range(PyList_GET_SIZE(self._maps)):
+            for h in <dict>PyList_GET_ITEM(self._maps, gid):
+                out.append(_group_key(h, gid))
+        return out
+
+    @property
+    def _cache(self):
+        """The whole map keyed by ``BlockHashWithGroupId`` (a copy, for inspection)."""
+        cdef Py_ssize_t gid
+        out = {}
+        for gid in range(PyList_GET_SIZE(self._maps)):
+            for h, v in (<dict>PyList_GET_ITEM(self._maps, gid)).items():
+                out[_group_key(h, gid)] = v
+        return out
 
     def __len__(self):
-        return len(self._cache)
+        return self._len
 
 
 cdef class _BlockHashView:
@@ -390,11 +766,15 @@ cdef inline Py_ssize_t _num_searchable_blocks(object hashes, Py_ssize_t max_leng
     return n_hashes if n_hashes < n else n
 
 
-def resolve_block_hashes(hashes, Py_ssize_t hash_block_size, Py_ssize_t block_size):
-    """The request's hashes at ``block_size`` (a multiple of ``hash_block_size``)."""
+cdef inline object _resolve(object hashes, Py_ssize_t hash_block_size, Py_ssize_t block_size):
     if block_size == hash_block_size:
         return hashes
     return _BlockHashView(list(hashes), block_size // hash_block_size)
+
+
+def resolve_block_hashes(hashes, Py_ssize_t hash_block_size, Py_ssize_t block_size):
+    """The request's hashes at ``block_size`` (a multiple of ``hash_block_size``)."""
+    return _resolve(hashes, hash_block_size, block_size)
 
 
 cdef class BlockPool:
@@ -448,19 +828,20 @@ cdef class BlockPool:
         self.num_evictions = 0
 
     # ------------------------------------------------------------------ lookups
-    cpdef object get_cached_block(self, bytes block_hash, list kv_cache_group_ids):
+    cpdef object get_cached_block(self, object block_hash, list kv_cache_group_ids):
         """One cached block per group for ``block_hash``, or None if any group misses."""
         cdef list out = []
-        cdef object gid, block
+        cdef object block
+        cdef Py_ssize_t gid
         for gid in kv_cache_group_ids:
-            block = self.cached_block_hash_to_block.get_one_block(_group_key(block_hash, gid))
+            block = self.cached_block_hash_to_block._get(block_hash, gid)
             if block is None:
                 return None
             out.append(block)
         return out
 
-    cdef inline object _get_one(self, bytes block_hash, Py_ssize_t gid):
-        return self.cached_block_hash_to_block.get_one_block(_group_key(block_hash, gid))
+    cdef inline object _get_one(self, object block_hash, Py_ssize_t gid):
+        return self.cached_block_hash_to_block._get(block_hash, gid)
 
     # ------------------------------------------------------------------ caching
     cdef object _ext(self, bytes block_hash):
@@ -475,30 +856,35 @@ cdef class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        block_hashes = _resolve(_block_hashes_of(request), self.hash_block_size, block_size)
         if len(block_hashes) < num_full_blocks:
             raise RuntimeError(
                 f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
                 f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
             )
-        if num_full_blocks > len(blocks):
+        if num_full_blocks > PyList_GET_SIZE(blocks):
             raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
-        cdef bint events = self.enable_kv_cache_events
-        cdef list new_hashes = []
-        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
         cdef Py_ssize_t i
         cdef KVCacheBlock blk
-        cdef bytes block_hash, key
+        cdef object block_hash
+        for i in range(num_cached_blocks, num_full_blocks):  # validate before any change
+            block_hash = block_hashes[i]
+            if type(block_hash) is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(block_hash).__name__}")
+            blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
+            assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
+        cdef bint events = self.enable_kv_cache_events
+        cdef list new_hashes = [] if events else None
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             if blk.is_null:
                 continue
-            assert blk._block_hash is None, "The block already has a hash. This should not happen."
             block_hash = block_hashes[i]
-            key = _group_key(block_hash, kv_cache_group_id)
-            blk._block_hash = key
-            blk.block_hash_num_tokens = (i + 1) * block_size
-            cache.insert(key, blk)
+            blk._hash = block_hash
+            blk._group = kv_cache_group_id
+            blk._num_tokens = (i + 1) * block_size
+            cache._insert(block_hash, kv_cache_group_id, blk)
             if events:
                 new_hashes.append(self._ext(block_hash))
         if events:
@@ -538,7 +924,7 @@ cdef class BlockPool:
         """Queue a ``BlockStored`` for a prefix hit of ``num_cached_blocks`` blocks (no state change)."""
         if not self.enable_kv_cache_events or num_cached_blocks == 0:
             return
-        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        block_hashes = _resolve(request.block_hashes, self.hash_block_size, block_size)
         hashes = []
         extra_keys_list = []
         mm_idx = 0
@@ -564,38 +950,49 @@ cdef class BlockPool:
         return self._get_new_blocks(_check_count("num_blocks", num_blocks))
 
     cdef list _get_new_blocks(self, Py_ssize_t num_blocks):
-        if num_blocks > self.free_block_queue.num_free_blocks:
+        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
+        if num_blocks > queue.num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        cdef list ret = self.free_block_queue.popleft_n(num_blocks)
+        # Pop and take a reference in one walk; the queue's references move
+        # into the list.  Eviction (which may allocate) runs once the queue is
+        # consistent again.
+        cdef list ret = PyList_New(num_blocks)
+        cdef PyObject *head = queue._head
+        cdef PyObject *curr = (<KVCacheBlock>head)._next
+        cdef PyObject *nxt
         cdef Py_ssize_t i
-        cdef KVCacheBlock block
-        if self.enable_caching:
+        cdef bint any_hashed = False
+        for i in range(num_blocks):
+            _PyList_SET_ITEM_STEAL(ret, i, curr)
+            nxt = (<KVCacheBlock>curr)._next
+            (<KVCacheBlock>curr)._prev = NULL
+            (<KVCacheBlock>curr)._next = NULL
+            (<KVCacheBlock>curr).ref_cnt += 1
+            if (<KVCacheBlock>curr)._hash is not None:
+                any_hashed = True
+            curr = nxt
+        (<KVCacheBlock>head)._next = curr
+        (<KVCacheBlock>curr)._prev = head
+        queue.num_free_blocks -= num_blocks
+        if any_hashed and self.enable_caching:
             for i in range(num_blocks):
-                block = <KVCacheBlock>PyList_GET_ITEM(ret, i)
-                if block._block_hash is not None:
-                    self._maybe_evict_cached_block(block)
-                block.ref_cnt += 1
-        else:
-            for i in range(num_blocks):
-                (<KVCacheBlock>PyList_GET_ITEM(ret, i)).ref_cnt += 1
+                curr = _PyList_GET_ITEM_RAW(ret, i)
+                if (<KVCacheBlock>curr)._hash is not None:
+                    self._maybe_evict_cached_block(<KVCacheBlock>curr)
         return ret
 
     cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
-        cdef object key = block._block_hash
-        if key is None:
+        cdef object h = block._hash
+        if h is None:
             return False
-        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
+        if self.cached_block_hash_to_block._pop(h, block._group, block.block_id) is None:
             return False
-        block._block_hash = None
-        block.block_hash_num_tokens = None
+        block._hash = None
+        block._num_tokens = -1
         self.num_evictions += 1
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[self._ext(key[:len(key) - 4])],
-                    medium=MEDIUM_GPU,
-                    group_idx=int.from_bytes(key[len(key) - 4:], "big"),
-                )
+                BlockRemoved(block_hashes=[self._ext(h)], medium=MEDIUM_GPU, group_idx=block._group)
             )
         return True
 
@@ -615,7 +1012,11 @@ cdef class BlockPool:
             for group in blocks:
                 self.touch(group)
             return
-        self._touch(list(blocks))
+        blocks = list(blocks)
+        cdef KVCacheBlock block
+        for block in blocks:  # type-check before any change
+            pass
+        self._touch(blocks)
 
     cdef int _touch(self, list blocks) except -1:
         cdef FreeKVCacheBlockQueue queue = self.free_block_queue
@@ -626,7 +1027,9 @@ cdef class BlockPool:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
-                queue.remove(block)
+                if block._prev == NULL:
+                    raise RuntimeError(f"remove() called on an invalid block: {block}")
+                queue._unlink(block)
             block.ref_cnt += 1
         return 0
 
@@ -636,36 +1039,101 @@ cdef class BlockPool:
         A block reaching 0 goes to the tail of the free queue if it is cached
         (LRU) and to the head if not (reused first); each batch keeps the
         given order.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block would be freed more times than it was taken.
+            In both cases nothing changes.
         """
-        cdef list blocks_list = list(ordered_blocks)
-        cdef KVCacheBlock block
-        for block in blocks_list:
-            pass
+        cdef list blocks_list = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
         self._free_blocks(blocks_list)
 
     cdef int _free_blocks(self, list blocks_list) except -1:
+        # One pass: type-check, drop a reference; a block reaching 0 is
+        # chained onto the tail chain (cached) or the head chain (not cached),
+        # in list order, and gains the queue's reference.  The chains are
+        # spliced into the queue at the end, so bad input found midway is
+        # rolled back with the queue untouched.
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks_list)
-        cdef KVCacheBlock block
-        for i in range(n):
-            block = <KVCacheBlock>PyList_GET_ITEM(blocks_list, i)
-            if not block.is_null and block.ref_cnt <= 0:
-                raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
-        cdef list to_tail = []
-        cdef list to_head = []
         cdef bint caching = self.enable_caching
+        cdef PyObject *p
+        cdef PyObject *tail_first = NULL
+        cdef PyObject *tail_last = NULL
+        cdef PyObject *head_first = NULL
+        cdef PyObject *head_last = NULL
+        cdef Py_ssize_t n_linked = 0
         for i in range(n):
-            block = <KVCacheBlock>PyList_GET_ITEM(blocks_list, i)
-            if block.is_null:
+            p = _PyList_GET_ITEM_RAW(blocks_list, i)
+            if Py_TYPE_RAW(p) != <PyTypeObject*>KVCacheBlock and not isinstance(<object>p, KVCacheBlock):
+                self._undo_free(blocks_list, i, tail_first, head_first)
+                raise TypeError(f"free_blocks takes KVCacheBlock, got {type(<object>p).__name__}")
+            if (<KVCacheBlock>p).is_null:
                 continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if caching and block._block_hash is not None:
-                    to_tail.append(block)
+            if (<KVCacheBlock>p).ref_cnt <= 0:
+                self._undo_free(blocks_list, i, tail_first, head_first)
+                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
+            (<KVCacheBlock>p).ref_cnt -= 1
+            if (<KVCacheBlock>p).ref_cnt == 0:
+                n_linked += 1
+                Py_INCREF_RAW(p)
+                if caching and (<KVCacheBlock>p)._hash is not None:
+                    if tail_first == NULL:
+                        tail_first = p
+                    else:
+                        (<KVCacheBlock>tail_last)._next = p
+                        (<KVCacheBlock>p)._prev = tail_last
+                    tail_last = p
                 else:
-                    to_head.append(block)
-        self.free_block_queue.append_n(to_tail)
-        self.free_block_queue.prepend_n(to_head)
+                    if head_first == NULL:
+                        head_first = p
+                    else:
+                        (<KVCacheBlock>head_last)._next = p
+                        (<KVCacheBlock>p)._prev = head_last
+                    head_last = p
+        if n_linked == 0:
+            return 0
+        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
+        cdef PyObject *x
+        if tail_first != NULL:
+            x = (<KVCacheBlock>queue._tail)._prev
+            (<KVCacheBlock>x)._next = tail_first
+            (<KVCacheBlock>tail_first)._prev = x
+            (<KVCacheBlock>tail_last)._next = queue._tail
+            (<KVCacheBlock>queue._tail)._prev = tail_last
+        if head_first != NULL:
+            x = (<KVCacheBlock>queue._head)._next
+            (<KVCacheBlock>queue._head)._next = head_first
+            (<KVCacheBlock>head_first)._prev = queue._head
+            (<KVCacheBlock>head_last)._next = x
+            (<KVCacheBlock>x)._prev = head_last
+        queue.num_free_blocks += n_linked
         return 0
+
+    cdef void _undo_free(self, list blocks_list, Py_ssize_t upto, PyObject *tail_first,
+                         PyObject *head_first) noexcept:
+        # Unchain (dropping the references the chains took) and give back the
+        # references taken from blocks_list[:upto].
+        cdef Py_ssize_t i
+        cdef PyObject *x
+        cdef PyObject *nxt
+        x = tail_first
+        while x != NULL:
+            nxt = (<KVCacheBlock>x)._next
+            (<KVCacheBlock>x)._prev = NULL
+            (<KVCacheBlock>x)._next = NULL
+            Py_DECREF_RAW(x)
+            x = nxt
+        x = head_first
+        while x != NULL:
+            nxt = (<KVCacheBlock>x)._next
+            (<KVCacheBlock>x)._prev = NULL
+            (<KVCacheBlock>x)._next = NULL
+            Py_DECREF_RAW(x)
+            x = nxt
+        for i in range(upto):
+            x = _PyList_GET_ITEM_RAW(blocks_list, i)
+            if not (<KVCacheBlock>x).is_null:
+                (<KVCacheBlock>x).ref_cnt += 1
 
     def reset_prefix_cache(self):
         """Drop every cache key; only when no block but the null block is in use."""
@@ -679,8 +1147,8 @@ cdef class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         cdef KVCacheBlock block
         for block in self.blocks:
-            block._block_hash = None
-            block.block_hash_num_tokens = None
+            block._hash = None
+            block._num_tokens = -1
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True
@@ -813,6 +1281,11 @@ cdef class SingleTypeKVCacheManager:
 
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
+        cdef list out = self._allocate_new_blocks(request_id, num_tokens)
+        return [] if out is None else out
+
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens):
+        # As allocate_new_blocks, but None (no list built) when nothing is new.
         cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
         cdef list req_blocks
         if p == NULL:
@@ -822,14 +1295,14 @@ cdef class SingleTypeKVCacheManager:
             req_blocks = <list>p
         cdef Py_ssize_t num_new_blocks = _cdiv(num_tokens, self.block_size) - PyList_GET_SIZE(req_blocks)
         if num_new_blocks <= 0:
-            return []
+            return None
         cdef list new_blocks = self.block_pool._get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         return new_blocks
 
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
         """Cache the request's full blocks among its first ``num_tokens`` tokens."""
-        cdef str request_id = request.request_id
+        cdef str request_id = _rid(request)
         cdef PyObject* p = PyDict_GetItem(self.num_cached_block, request_id)
         cdef Py_ssize_t num_cached_blocks = 0 if p == NULL else <Py_ssize_t><object>p
         cdef Py_ssize_t num_full_blocks = num_tokens // self.block_size
@@ -902,7 +1375,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
         cdef BlockPool pool = self.block_pool
         cdef Py_ssize_t block_size = self.block_size
-        hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t i, g, n
@@ -962,7 +1435,7 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
         cdef BlockPool pool = self.block_pool
         cdef Py_ssize_t block_size = self.block_size
-        hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t needed = _cdiv(self.sliding_window - 1, block_size)
         if drop_eagle_block:
             needed += 1
@@ -1016,7 +1489,7 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
             raise ValueError("EAGLE is not supported with chunked local attention")
         cdef BlockPool pool = self.block_pool
         cdef Py_ssize_t block_size = self.block_size
-        hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t chunk = self.attention_chunk_size
         cdef Py_ssize_t start_block = (max_length // chunk * chunk) // block_size
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
@@ -1049,7 +1522,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
         cdef BlockPool pool = self.block_pool
         cdef Py_ssize_t block_size = self.block_size
-        hashes = resolve_block_hashes(block_hashes, pool.hash_block_size, block_size)
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef KVCacheBlock null = pool.null_block
@@ -1216,19 +1689,33 @@ cdef class KVCacheCoordinator:
 
     cpdef tuple allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens,
                                     Py_ssize_t num_tokens_main_model, Py_ssize_t num_encoder_tokens=0):
+        cdef tuple out = self._allocate_new_blocks(request_id, num_tokens, num_encoder_tokens)
+        if out is None:
+            return tuple([[] for _ in range(self._n_managers)])
+        return out
+
+    cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_encoder_tokens):
+        # New blocks per group, or None when no group got any.
         cdef Py_ssize_t i
         cdef SingleTypeKVCacheManager manager
+        cdef list got
+        cdef bint any_new = False
         if self._n_managers == 1 and not self._any_cross:
             manager = <SingleTypeKVCacheManager>self.single_type_managers[0]
-            return (manager.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model),)
+            got = manager._allocate_new_blocks(request_id, num_tokens)
+            return None if got is None else (got,)
         cdef list out = []
         for i in range(self._n_managers):
             manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
-            out.append(manager.allocate_new_blocks(
-                request_id, num_encoder_tokens if self._cross_attention[i] else num_tokens,
-                num_tokens_main_model,
-            ))
-        return tuple(out)
+            got = manager._allocate_new_blocks(
+                request_id, num_encoder_tokens if self._cross_attention[i] else num_tokens
+            )
+            if got is None:
+                got = []
+            else:
+                any_new = True
+            out.append(got)
+        return tuple(out) if any_new else None
 
     cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
         cdef SingleTypeKVCacheManager manager
@@ -1614,16 +2101,21 @@ cdef class KVCacheManager:
             ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
             never covers the request's last token.
         """
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        cdef bint skip
+        if type(request) is Request:
+            skip = (<Request>request).skip_reading_prefix_cache
+        else:
+            skip = request.skip_reading_prefix_cache
+        if not self.enable_caching or skip:
             return self.empty_kv_cache_blocks, 0, 0
-        cdef Py_ssize_t max_cache_hit_length = request.num_tokens - 1
-        cdef tuple res = self.coordinator.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)
+        cdef Py_ssize_t max_cache_hit_length = _num_tokens(request) - 1
+        cdef tuple res = self.coordinator.find_longest_cache_hit(_block_hashes_of(request), max_cache_hit_length)
         cdef tuple computed_blocks = res[0]
         cdef Py_ssize_t num_new_computed_tokens = res[1]
         cdef Py_ssize_t num_uncached = res[2]
         if self.log_stats:
             self.prefix_cache_stats.record(
-                num_tokens=request.num_tokens,
+                num_tokens=_num_tokens(request),
                 num_hits=num_new_computed_tokens,
                 preempted=request.num_preemptions > 0,
             )
@@ -1665,8 +2157,19 @@ cdef class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
             )
-        cdef str request_id = request.request_id
-        cdef Py_ssize_t num_computed = request.num_computed_tokens
+        cdef str request_id
+        cdef Py_ssize_t num_computed, num_in_flight
+        cdef object status
+        if type(request) is Request:
+            request_id = (<Request>request).request_id
+            num_computed = (<Request>request).num_computed_tokens
+            num_in_flight = (<Request>request).num_in_flight_tokens
+            status = (<Request>request).status
+        else:
+            request_id = request.request_id
+            num_computed = request.num_computed_tokens
+            num_in_flight = request.num_in_flight_tokens
+            status = request.status
         cdef Py_ssize_t num_local_computed_tokens = num_computed + n_new_comp
         if num_local_computed_tokens + n_ext + n_new > self.max_model_len:
             raise ValueError(
@@ -1706,12 +2209,11 @@ cdef class KVCacheManager:
         if total_computed_tokens > self.max_model_len:
             total_computed_tokens = self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0
-        status = request.status
         if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
             watermark_blocks = self.watermark_blocks
         cdef Py_ssize_t needed, full_num_tokens
         if full_sequence_must_fit:
-            full_num_tokens = request.num_tokens
+            full_num_tokens = _num_tokens(request)
             if full_num_tokens > self.max_model_len:
                 full_num_tokens = self.max_model_len
             needed = coordinator.get_num_blocks_to_allocate(
@@ -1725,7 +2227,7 @@ cdef class KVCacheManager:
         cdef Py_ssize_t num_tokens_need_slot = num_tokens_main_model + n_look
         if num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
-        cdef Py_ssize_t processed = total_computed_tokens - <Py_ssize_t>request.num_in_flight_tokens
+        cdef Py_ssize_t processed = total_computed_tokens - num_in_flight
         coordinator.remove_skipped_blocks(request_id, processed if processed > 0 else 0)
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, n_enc,
@@ -1737,14 +2239,14 @@ cdef class KVCacheManager:
             coordinator.allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext
             )
-        cdef tuple new_blocks = coordinator.allocate_new_blocks(
-            request_id, num_tokens_need_slot, num_tokens_main_model, n_enc
-        )
+        cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
         cdef Py_ssize_t n_cache, req_tokens
         if self.enable_caching and not delay_cache_blocks:
             n_cache = total_computed_tokens + n_new
-            req_tokens = request.num_tokens
+            req_tokens = _num_tokens(request)
             coordinator.cache_blocks(request, n_cache if n_cache < req_tokens else req_tokens)
+        if new_blocks is None:
+            return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(new_blocks)
 
     def free(self, request):
@@ -1753,7 +2255,7 @@ cdef class KVCacheManager:
         Raises:
             ValueError: the request holds no blocks (unknown id, or freed already).
         """
-        cdef str request_id = request.request_id
+        cdef str request_id = _rid(request)
         if not self.coordinator.holds(request_id):
             raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
         self.coordinator.free(request_id)

@@ -13,7 +13,7 @@ Behaviour follows vLLM 0.33.0 decision for decision; the golden vectors in
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
@@ -39,7 +39,12 @@ from kvcy.kv_events import (
     untag_extra_keys,
 )
 from kvcy.metrics import PrefixCacheStats
-from kvcy.request import Request, RequestStatus
+from kvcy._request_types import (
+    LoRARequest,
+    MultiModalFeatureSpec,
+    RequestStatus,
+    validate_token_ids,
+)
 
 logger = logging.getLogger("kvcy")
 
@@ -62,6 +67,146 @@ def _check_count(name: str, value: Any) -> int:
     if value < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
     return value
+
+
+
+# =============================================================================
+# The request
+# =============================================================================
+class Request:
+    """A request as the KV-cache manager sees it.
+
+    Args:
+        request_id: unique id of the request.
+        prompt_token_ids: the prompt's token ids (ints that fit in 64 bits).
+        max_tokens: how many output tokens the request may produce (informative
+            for a serving loop; the manager does not read it).
+        lora_request: the LoRA adapter, if any (enters every block hash).
+        mm_features: multimodal items sorted by placeholder offset.
+        cache_salt: isolates this request's prefix cache (enters the hash of
+            the block that starts at token 0).
+        prompt_embeds: optional prompt embeddings (a tensor ``[num_prompt_tokens,
+            hidden]``); their bytes enter the block hashes.
+        block_hasher: from :func:`kvcy.hashing.get_request_block_hasher`; without
+            one the request has no block hashes and never hits the cache.
+        kv_cache_report_mode: ``"full"`` makes ``get_computed_blocks`` re-emit
+            ``BlockStored`` events for prefix hits.
+        arrival_time: free for the serving loop's use.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int | None = None,
+        *,
+        lora_request: LoRARequest | None = None,
+        mm_features: list[MultiModalFeatureSpec] | None = None,
+        cache_salt: str | None = None,
+        prompt_embeds: Any = None,
+        block_hasher: Callable[[Request], list[bytes]] | None = None,
+        kv_cache_report_mode: str = "incremental",
+        arrival_time: float = 0.0,
+        skip_reading_prefix_cache: bool = False,
+    ) -> None:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
+            raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
+        if kv_cache_report_mode not in ("incremental", "full"):
+            raise ValueError(
+                f"kv_cache_report_mode must be 'incremental' or 'full', got {kv_cache_report_mode!r}"
+            )
+        features = list(mm_features) if mm_features else None
+        if features:
+            offsets = [f.mm_position.offset for f in features]
+            if offsets != sorted(offsets):
+                raise ValueError("mm_features must be sorted by placeholder offset")
+            for f in features:
+                p = f.mm_position
+                if p.offset < 0 or p.length <= 0 or p.offset + p.length > len(prompt):
+                    raise ValueError(
+                        f"multimodal item {f.identifier!r} at [{p.offset}, {p.offset + p.length}) "
+                        f"is not inside the {len(prompt)}-token prompt"
+                    )
+        if prompt_embeds is not None and len(prompt_embeds) != len(prompt):
+            raise ValueError(
+                f"prompt_embeds has {len(prompt_embeds)} rows for {len(prompt)} prompt tokens"
+            )
+
+        self.request_id = request_id
+        self.prompt_token_ids = prompt
+        self.max_tokens = max_tokens
+        self.lora_request = lora_request
+        self.mm_features = features
+        self.cache_salt = cache_salt
+        self.prompt_embeds = prompt_embeds
+        self.kv_cache_report_mode = kv_cache_report_mode
+        self.arrival_time = arrival_time
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_preemptions = 0
+        self.num_prompt_tokens = len(prompt)
+        self.spec_token_ids: list[int] = []
+        self._output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(prompt)
+
+        self.block_hashes: list[bytes] = []
+        self._block_hasher = block_hasher
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens."""
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The output tokens so far (do not mutate; use append_output_token_ids)."""
+        return self._output_token_ids
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by output tokens (do not mutate)."""
+        return self._all_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append sampled tokens and hash any blocks they complete.
+
+        Raises:
+            TypeError / ValueError: a token is not an int or does not fit in 64
+                bits; nothing is appended then.
+        """
+        if isinstance(token_ids, int) and not isinstance(token_ids, bool):
+            tokens = validate_token_ids([token_ids], "output token ids")
+        else:
+            tokens = validate_token_ids(token_ids, "output token ids")
+        self._output_token_ids.extend(tokens)
+        self._all_token_ids.extend(tokens)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, status={self.status.name})"
+        )
 
 
 # =============================================================================
@@ -569,17 +714,23 @@ class BlockPool:
         A block reaching 0 goes to the tail of the free queue if it is cached
         (LRU) and to the head if not (reused first); each batch keeps the
         given order.
+
+        Raises:
+            RuntimeError: a block would be freed more times than it was taken
+                (nothing changes then).
         """
         blocks_list = list(ordered_blocks)
-        for block in blocks_list:
-            if not block.is_null and block.ref_cnt <= 0:
-                raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
         to_tail: list[KVCacheBlock] = []
         to_head: list[KVCacheBlock] = []
         caching = self.enable_caching
-        for block in blocks_list:
+        for i, block in enumerate(blocks_list):
             if block.is_null:
                 continue
+            if block.ref_cnt <= 0:
+                for done in blocks_list[:i]:  # roll back: nothing changes
+                    if not done.is_null:
+                        done.ref_cnt += 1
+                raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if caching and block._block_hash is not None:

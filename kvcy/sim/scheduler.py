@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import sys
 import time
 from array import array
 from collections import deque
@@ -320,6 +321,9 @@ def replay(
     hasher = get_request_block_hasher(config.block_size, hash_fn)
     max_model_len = config.resolve_max_model_len(trace)
     mgr = manager if manager is not None else build_manager(impl, config, max_model_len)
+    # Each twin's manager gets that twin's Request (the compiled manager reads
+    # the compiled Request's C fields directly).
+    request_cls = getattr(sys.modules.get(type(mgr).__module__), "Request", Request)
     res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
 
     accepted: list[TraceRequest] = []
@@ -424,7 +428,7 @@ def replay(
                     req = live.req
                     if req is None:
                         tr = live.trace
-                        req = Request(
+                        req = request_cls(
                             tr.request_id,
                             tr.prompt_token_ids(),
                             max_tokens=tr.num_output_tokens,

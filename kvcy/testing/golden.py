@@ -196,7 +196,7 @@ def replay_scenario(scenario: dict, kv_cache: ModuleType | None = None) -> int:
     for i, op in enumerate(scenario["ops"]):
         kind = op["op"]
         if kind == "add_request":
-            req = Request(
+            req = kv_cache.Request(
                 op["req"],
                 op["prompt"],
                 max_tokens=op["max_tokens"],
