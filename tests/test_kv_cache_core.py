@@ -243,3 +243,108 @@ def test_prefix_hits_for_running_request_rejected(impl):
     with pytest.raises(ValueError, match="already holds blocks"):
         mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
     assert mgr.block_pool.get_num_free_blocks() == free_before
+
+
+# --------------------------------------------------------------------------- bad batches leave no trace
+def test_free_queue_rejects_bad_batches_unchanged(impl):
+    m = impl.kv_cache
+    blocks = [m.KVCacheBlock(i) for i in range(6)]
+    q = m.FreeKVCacheBlockQueue(blocks[:3])
+    loose = blocks[3:]
+    for bad, exc, msg in (
+        ([loose[0], loose[1], loose[0]], RuntimeError, "appears twice"),
+        ([loose[0], blocks[1]], RuntimeError, "already in the free queue"),
+        ([loose[0], "x"], TypeError, "KVCacheBlock"),
+    ):
+        for op in (q.append_n, q.prepend_n):
+            with pytest.raises(exc, match=msg):
+                op(bad)
+            assert ids(q.get_all_free_blocks()) == [0, 1, 2] and q.num_free_blocks == 3
+            assert all(b.prev_free_block is None and b.next_free_block is None for b in loose)
+    q.append_n(loose)  # the rejected blocks are still usable
+    assert ids(q.get_all_free_blocks()) == [0, 1, 2, 3, 4, 5]
+
+
+def test_free_blocks_over_free_rolls_back(impl):
+    pool = impl.kv_cache.BlockPool(8, enable_caching=True, hash_block_size=BS)
+    a, b, c = pool.get_new_blocks(3)
+    pool.touch([b])  # b is held twice
+    queue_before = ids(pool.free_block_queue.get_all_free_blocks())
+    # a listed twice but held once: the second drop would go below zero
+    with pytest.raises(RuntimeError, match=f"block {a.block_id} freed more times"):
+        pool.free_blocks([c, b, a, a])
+    with pytest.raises(TypeError, match="KVCacheBlock"):
+        pool.free_blocks([c, b, None])
+    assert [a.ref_cnt, b.ref_cnt, c.ref_cnt] == [1, 2, 1]
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == queue_before
+    # b listed twice and held twice: queued once, where its count reaches 0
+    pool.free_blocks([b, c, b, a])
+    assert [a.ref_cnt, b.ref_cnt, c.ref_cnt] == [0, 0, 0]
+    assert ids(pool.free_block_queue.get_all_free_blocks())[:3] == [c.block_id, b.block_id, a.block_id]
+    assert pool.get_num_free_blocks() == 7
+
+
+def test_dropping_a_queue_unlinks_its_blocks(impl):
+    m = impl.kv_cache
+    blocks = [m.KVCacheBlock(i) for i in range(4)]
+    q = m.FreeKVCacheBlockQueue(blocks)
+    assert blocks[1].prev_free_block is blocks[0] and blocks[1].next_free_block is blocks[2]
+    if impl.name == "cython":
+        del q  # the compiled queue owns references; dropping it must unlink, not dangle
+        assert all(b.prev_free_block is None and b.next_free_block is None for b in blocks)
+        q2 = m.FreeKVCacheBlockQueue(blocks)  # and the blocks can be queued again
+        assert ids(q2.get_all_free_blocks()) == [0, 1, 2, 3]
+
+
+def test_block_hash_round_trip(impl):
+    blk = impl.kv_cache.KVCacheBlock(3)
+    key = b"\x01" * 32 + (2).to_bytes(4, "big")
+    blk.set_block_hash(key, 48)
+    assert blk.block_hash == key and blk.block_hash_num_tokens == 48
+    blk.reset_hash()
+    assert blk.block_hash is None and blk.block_hash_num_tokens is None
+
+
+# --------------------------------------------------------------------------- Request twins
+def test_request_twins_match():
+    from kvcy import _fast
+
+    impls = _fast.available()
+    reqs = []
+    for name in impls:
+        R = _fast.load(name)["kv_cache"].Request
+        r = R("r", list(range(10)), max_tokens=4, block_hasher=hasher(), cache_salt="s")
+        r.append_output_token_ids(7)
+        r.append_output_token_ids([8, 9])
+        r.num_computed_tokens = 5
+        r.status = RequestStatus.RUNNING
+        r.extra = "free attribute"
+        reqs.append(r)
+        for bad, exc in ((True, TypeError), (2**63, ValueError), ([1, "x"], TypeError), ([1.0], TypeError)):
+            with pytest.raises(exc):
+                r.append_output_token_ids(bad)
+        assert r.num_tokens == 13 and r.output_token_ids == [7, 8, 9]  # nothing appended by the failures
+    fields = ("request_id", "num_tokens", "num_output_tokens", "all_token_ids", "block_hashes",
+              "num_computed_tokens", "status", "num_prompt_tokens", "cache_salt", "max_tokens", "extra")
+    for r in reqs[1:]:
+        assert {f: getattr(r, f) for f in fields} == {f: getattr(reqs[0], f) for f in fields}
+    assert len(reqs[0].block_hashes) == 3
+
+
+def test_manager_accepts_either_twins_request(impl):
+    """The compiled manager reads a compiled Request's fields directly; any other request works too."""
+    from kvcy import _fast
+
+    results = []
+    for name in _fast.available():
+        R = _fast.load(name)["kv_cache"].Request
+        mgr = manager(impl)
+        a = R("a", list(range(12)), block_hasher=hasher())
+        mgr.allocate_slots(a, 12)
+        mgr.free(a)
+        b = R("b", list(range(12)) + [99, 98], block_hasher=hasher())
+        blocks, hit, _ = mgr.get_computed_blocks(b)
+        new = mgr.allocate_slots(b, 14 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        results.append((hit, blocks.get_block_ids(), new.get_block_ids(), mgr.get_block_ids("b")))
+    assert results[0][0] == 12  # the 3 full blocks of the 12-token prompt hit
+    assert all(r == results[0] for r in results)

@@ -528,9 +528,10 @@ cdef class FreeKVCacheBlockQueue:
     cdef int _check_insertable(self, list blocks) except -1:
         # Every element a KVCacheBlock, none queued, none twice, no fake ends.
         # Marks each with _prev = _head while checking; the caller relinks.
-        cdef Py_ssize_t i, j, n = PyList_GET_SIZE(blocks)
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
         cdef object o
         cdef KVCacheBlock block
+        cdef bint repeat
         for i in range(n):
             o = <object>_PyList_GET_ITEM_RAW(blocks, i)
             if type(o) is not KVCacheBlock:
@@ -539,8 +540,9 @@ cdef class FreeKVCacheBlockQueue:
                     raise TypeError(f"free queue entries must be KVCacheBlock, got {type(o).__name__}")
             block = <KVCacheBlock>o
             if block._prev != NULL or block._next != NULL:
+                repeat = block._prev == self._head and block._next == NULL
                 self._unmark(blocks, i)
-                if block._prev == self._head and block._next == NULL:
+                if repeat:
                     raise RuntimeError(f"block {block.block_id} appears twice in one batch")
                 raise RuntimeError(f"block {block.block_id} is already in the free queue")
             block._prev = self._head

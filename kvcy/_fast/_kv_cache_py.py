@@ -346,6 +346,27 @@ class FreeKVCacheBlockQueue:
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise RuntimeError(f"block {block.block_id} is already in the free queue")
 
+    def _check_insertable(self, blocks: list[KVCacheBlock]) -> None:
+        """Every block unqueued and listed once; nothing changes on error.
+
+        Each checked block is marked (``prev_free_block`` = the fake head) so
+        that a repeat shows; the caller's linking overwrites the marks.
+        """
+        head = self.fake_free_list_head
+        for i, block in enumerate(blocks):
+            if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+                for done in blocks[:i]:
+                    done.prev_free_block = None
+                raise TypeError(f"free queue entries must be KVCacheBlock, got {type(block).__name__}")
+            if block.prev_free_block is not None or block.next_free_block is not None:
+                repeat = block.prev_free_block is head and block.next_free_block is None
+                for done in blocks[:i]:
+                    done.prev_free_block = None
+                if repeat:
+                    raise RuntimeError(f"block {block.block_id} appears twice in one batch")
+                raise RuntimeError(f"block {block.block_id} is already in the free queue")
+            block.prev_free_block = head
+
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (freed last, evicted last)."""
         self._check_not_queued(block)
@@ -360,8 +381,7 @@ class FreeKVCacheBlockQueue:
         """Put ``blocks`` at the tail, in order (the last one ends up last)."""
         if not blocks:
             return
-        for block in blocks:
-            self._check_not_queued(block)
+        self._check_insertable(blocks)
         last = self.fake_free_list_tail.prev_free_block
         for block in blocks:
             block.prev_free_block = last
@@ -375,8 +395,7 @@ class FreeKVCacheBlockQueue:
         """Put ``blocks`` at the head, in order (``blocks[0]`` becomes the head)."""
         if not blocks:
             return
-        for block in blocks:
-            self._check_not_queued(block)
+        self._check_insertable(blocks)
         first = self.fake_free_list_head.next_free_block
         prev = self.fake_free_list_head
         for block in blocks:
@@ -724,12 +743,13 @@ class BlockPool:
         to_head: list[KVCacheBlock] = []
         caching = self.enable_caching
         for i, block in enumerate(blocks_list):
+            if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+                self._undo_free(blocks_list, i)
+                raise TypeError(f"free_blocks takes KVCacheBlock, got {type(block).__name__}")
             if block.is_null:
                 continue
             if block.ref_cnt <= 0:
-                for done in blocks_list[:i]:  # roll back: nothing changes
-                    if not done.is_null:
-                        done.ref_cnt += 1
+                self._undo_free(blocks_list, i)
                 raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
@@ -739,6 +759,13 @@ class BlockPool:
                     to_head.append(block)
         self.free_block_queue.append_n(to_tail)
         self.free_block_queue.prepend_n(to_head)
+
+    @staticmethod
+    def _undo_free(blocks_list: list[KVCacheBlock], upto: int) -> None:
+        """Give back the references free_blocks took from ``blocks_list[:upto]``."""
+        for done in blocks_list[:upto]:
+            if not done.is_null:
+                done.ref_cnt += 1
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cache key; only when no block but the null block is in use."""
