@@ -129,10 +129,9 @@ def test_xxh3_raw_int64_array(benchmark, impl, block_size):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _summary(request):
+def _summary(write_summary):
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or not RESULTS:
+    if not RESULTS:
         return
     lines = ["", "kvcy hashing: ns per block, tokens/s, python/cython time (means of this run)"]
     for group, rows in RESULTS.items():
@@ -144,11 +143,4 @@ def _summary(request):
         if "cython" in rows and "python" in rows:
             parts.append(f"ratio {rows['python'][0] / rows['cython'][0]:6.1f}x")
         lines.append(f"  {group:<44} " + " | ".join(parts))
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        with capture.global_and_fixture_disabled():
-            for line in lines:
-                reporter.write_line(line)
-    else:
-        for line in lines:
-            reporter.write_line(line)
+    write_summary(lines)

@@ -136,10 +136,9 @@ def _run(benchmark, group: str, backend: str, device: str, nbytes: int, fn, copy
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _summary(request):
+def _summary(write_summary):
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or not RESULTS.rows:
+    if not RESULTS.rows:
         return
     lines = ["", "kvcy ops: bandwidth (bytes read + written / s), reference/cpp time, cpp % of copy"]
     for group, rows in RESULTS.rows.items():
@@ -149,14 +148,7 @@ def _summary(request):
         if "cpp" in rows and "copy" in rows:
             parts.append(f"cpp {100 * rows['copy'].mean_s / rows['cpp'].mean_s:5.1f}% of copy")
         lines.append(f"  {group:<44} " + " | ".join(parts))
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        with capture.global_and_fixture_disabled():
-            for line in lines:
-                reporter.write_line(line)
-    else:
-        for line in lines:
-            reporter.write_line(line)
+    write_summary(lines)
 
 
 def _op(backend: str, name: str):

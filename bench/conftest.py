@@ -20,3 +20,23 @@ def _param(name: str):
 def impl(request) -> SimpleNamespace:
     """The twin modules of one implementation (``impl.name``, ``impl.kv_cache``, ...)."""
     return SimpleNamespace(name=request.param, **_fast.load(request.param))
+
+
+@pytest.fixture(scope="module")
+def write_summary(request):
+    """A function that prints summary lines to the terminal, past pytest's output capture."""
+
+    def write(lines: list[str]) -> None:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if capture is None:
+            for line in lines:
+                reporter.write_line(line)
+            return
+        with capture.global_and_fixture_disabled():
+            for line in lines:
+                reporter.write_line(line)
+
+    return write

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "LoRARequest",
+    "check_request_args",
     "MultiModalFeatureSpec",
     "PlaceholderRange",
     "RequestStatus",
@@ -94,3 +95,50 @@ def validate_token_ids(token_ids: Iterable[int], what: str = "token ids") -> lis
         if t.__class__ is bool:
             raise TypeError(f"{what} must be ints, got bool ({t!r})")
     return tokens
+
+
+def check_request_args(
+    request_id: Any,
+    prompt_token_ids: Iterable[int],
+    max_tokens: Any,
+    mm_features: Any,
+    cache_salt: Any,
+    prompt_embeds: Any,
+    kv_cache_report_mode: Any,
+) -> tuple[list[int], list[MultiModalFeatureSpec] | None]:
+    """Validate a ``Request``'s constructor arguments (both twins call this).
+
+    Returns:
+        The prompt as a list of ints and the multimodal items as a list (or None).
+
+    Raises:
+        TypeError / ValueError: an argument is malformed.
+    """
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+    prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
+        raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
+    if kv_cache_report_mode not in ("incremental", "full"):
+        raise ValueError(
+            f"kv_cache_report_mode must be 'incremental' or 'full', got {kv_cache_report_mode!r}"
+        )
+    features = list(mm_features) if mm_features else None
+    if features:
+        offsets = [f.mm_position.offset for f in features]
+        if offsets != sorted(offsets):
+            raise ValueError("mm_features must be sorted by placeholder offset")
+        for f in features:
+            p = f.mm_position
+            if p.offset < 0 or p.length <= 0 or p.offset + p.length > len(prompt):
+                raise ValueError(
+                    f"multimodal item {f.identifier!r} at [{p.offset}, {p.offset + p.length}) "
+                    f"is not inside the {len(prompt)}-token prompt"
+                )
+    if prompt_embeds is not None and len(prompt_embeds) != len(prompt):
+        raise ValueError(
+            f"prompt_embeds has {len(prompt_embeds)} rows for {len(prompt)} prompt tokens"
+        )
+    return prompt, features

@@ -854,6 +854,20 @@ class KVCacheSpecKind(str, Enum):
     UNKNOWN = "unknown"
 
 
+# Spec class -> kind, most specific first (subclasses before their bases).
+_SPEC_KINDS: tuple[tuple[type, KVCacheSpecKind], ...] = (
+    (SlidingWindowMLASpec, KVCacheSpecKind.SLIDING_WINDOW_MLA),
+    (MLAAttentionSpec, KVCacheSpecKind.MLA_ATTENTION),
+    (SinkFullAttentionSpec, KVCacheSpecKind.SINK_FULL_ATTENTION),
+    (FullAttentionSpec, KVCacheSpecKind.FULL_ATTENTION),
+    (ChunkedLocalAttentionSpec, KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION),
+    (SlidingWindowSpec, KVCacheSpecKind.SLIDING_WINDOW),
+    (MambaSpec, KVCacheSpecKind.MAMBA),
+    (EncoderOnlyAttentionSpec, KVCacheSpecKind.ENCODER_ONLY_ATTENTION),
+    (CrossAttentionSpec, KVCacheSpecKind.CROSS_ATTENTION),
+)
+
+
 def get_kv_cache_spec_kind(kv_cache_spec: KVCacheSpec) -> KVCacheSpecKind:
     """The :class:`KVCacheSpecKind` of a spec (most specific class wins).
 
@@ -863,24 +877,9 @@ def get_kv_cache_spec_kind(kv_cache_spec: KVCacheSpec) -> KVCacheSpecKind:
     if isinstance(kv_cache_spec, UniformTypeKVCacheSpecs):
         kinds = {get_kv_cache_spec_kind(s) for s in kv_cache_spec.kv_cache_specs.values()}
         return next(iter(kinds)) if len(kinds) == 1 else KVCacheSpecKind.UNKNOWN
-    if isinstance(kv_cache_spec, SlidingWindowMLASpec):
-        return KVCacheSpecKind.SLIDING_WINDOW_MLA
-    if isinstance(kv_cache_spec, MLAAttentionSpec):
-        return KVCacheSpecKind.MLA_ATTENTION
-    if isinstance(kv_cache_spec, SinkFullAttentionSpec):
-        return KVCacheSpecKind.SINK_FULL_ATTENTION
-    if isinstance(kv_cache_spec, FullAttentionSpec):
-        return KVCacheSpecKind.FULL_ATTENTION
-    if isinstance(kv_cache_spec, ChunkedLocalAttentionSpec):
-        return KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION
-    if isinstance(kv_cache_spec, SlidingWindowSpec):
-        return KVCacheSpecKind.SLIDING_WINDOW
-    if isinstance(kv_cache_spec, MambaSpec):
-        return KVCacheSpecKind.MAMBA
-    if isinstance(kv_cache_spec, EncoderOnlyAttentionSpec):
-        return KVCacheSpecKind.ENCODER_ONLY_ATTENTION
-    if isinstance(kv_cache_spec, CrossAttentionSpec):
-        return KVCacheSpecKind.CROSS_ATTENTION
+    for spec_class, kind in _SPEC_KINDS:
+        if isinstance(kv_cache_spec, spec_class):
+            return kind
     return KVCacheSpecKind.UNKNOWN
 
 

@@ -38,7 +38,7 @@ from kvcy.kv_events import (
     untag_extra_keys,
 )
 from kvcy.metrics import PrefixCacheStats
-from kvcy._request_types import RequestStatus, validate_token_ids
+from kvcy._request_types import RequestStatus, check_request_args, validate_token_ids
 
 logger = logging.getLogger("kvcy")
 
@@ -167,33 +167,10 @@ cdef class Request:
                  mm_features=None, cache_salt=None, prompt_embeds=None, block_hasher=None,
                  kv_cache_report_mode="incremental", arrival_time=0.0, skip_reading_prefix_cache=False):
         global _KNOWN_HASHERS
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
-            raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
-        if kv_cache_report_mode not in ("incremental", "full"):
-            raise ValueError(
-                f"kv_cache_report_mode must be 'incremental' or 'full', got {kv_cache_report_mode!r}"
-            )
-        features = list(mm_features) if mm_features else None
-        if features:
-            offsets = [f.mm_position.offset for f in features]
-            if offsets != sorted(offsets):
-                raise ValueError("mm_features must be sorted by placeholder offset")
-            for f in features:
-                p = f.mm_position
-                if p.offset < 0 or p.length <= 0 or p.offset + p.length > len(prompt):
-                    raise ValueError(
-                        f"multimodal item {f.identifier!r} at [{p.offset}, {p.offset + p.length}) "
-                        f"is not inside the {len(prompt)}-token prompt"
-                    )
-        if prompt_embeds is not None and len(prompt_embeds) != len(prompt):
-            raise ValueError(
-                f"prompt_embeds has {len(prompt_embeds)} rows for {len(prompt)} prompt tokens"
-            )
+        prompt, features = check_request_args(
+            request_id, prompt_token_ids, max_tokens, mm_features, cache_salt, prompt_embeds,
+            kv_cache_report_mode,
+        )
 
         self.request_id = request_id
         self.prompt_token_ids = prompt
@@ -779,6 +756,17 @@ def resolve_block_hashes(hashes, Py_ssize_t hash_block_size, Py_ssize_t block_si
     return _resolve(hashes, hash_block_size, block_size)
 
 
+cdef void _drop_chain(PyObject *x) noexcept:
+    # Unlink a detached chain of blocks, dropping the reference each one holds.
+    cdef PyObject *nxt
+    while x != NULL:
+        nxt = (<KVCacheBlock>x)._next
+        (<KVCacheBlock>x)._prev = NULL
+        (<KVCacheBlock>x)._next = NULL
+        Py_DECREF_RAW(x)
+        x = nxt
+
+
 cdef class BlockPool:
     """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
 
@@ -869,8 +857,13 @@ cdef class BlockPool:
         cdef Py_ssize_t i
         cdef KVCacheBlock blk
         cdef object block_hash
+        # The new blocks' hashes, read once (block_hashes may be a coarser view).
+        cdef list new_block_hashes = (
+            block_hashes[num_cached_blocks:num_full_blocks] if type(block_hashes) is list
+            else [block_hashes[i] for i in range(num_cached_blocks, num_full_blocks)]
+        )
         for i in range(num_cached_blocks, num_full_blocks):  # validate before any change
-            block_hash = block_hashes[i]
+            block_hash = <object>PyList_GET_ITEM(new_block_hashes, i - num_cached_blocks)
             if type(block_hash) is not bytes:
                 raise TypeError(f"block hashes must be bytes, got {type(block_hash).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
@@ -882,7 +875,7 @@ cdef class BlockPool:
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             if blk.is_null:
                 continue
-            block_hash = block_hashes[i]
+            block_hash = <object>PyList_GET_ITEM(new_block_hashes, i - num_cached_blocks)
             blk._hash = block_hash
             blk._group = kv_cache_group_id
             blk._num_tokens = (i + 1) * block_size
@@ -952,35 +945,19 @@ cdef class BlockPool:
         return self._get_new_blocks(_check_count("num_blocks", num_blocks))
 
     cdef list _get_new_blocks(self, Py_ssize_t num_blocks):
-        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
-        if num_blocks > queue.num_free_blocks:
+        if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        # Pop and take a reference in one walk; the queue's references move
-        # into the list.  Eviction (which may allocate) runs once the queue is
-        # consistent again.
-        cdef list ret = PyList_New(num_blocks)
-        cdef PyObject *head = queue._head
-        cdef PyObject *curr = (<KVCacheBlock>head)._next
-        cdef PyObject *nxt
+        cdef list ret = self.free_block_queue._popleft_n(num_blocks)
         cdef Py_ssize_t i
-        cdef bint any_hashed = False
+        cdef PyObject *p
+        cdef bint evict = self.enable_caching
+        # The popped blocks are hot in cache; eviction (which may allocate)
+        # runs after the queue is consistent again.
         for i in range(num_blocks):
-            _PyList_SET_ITEM_STEAL(ret, i, curr)
-            nxt = (<KVCacheBlock>curr)._next
-            (<KVCacheBlock>curr)._prev = NULL
-            (<KVCacheBlock>curr)._next = NULL
-            (<KVCacheBlock>curr).ref_cnt += 1
-            if (<KVCacheBlock>curr)._hash is not None:
-                any_hashed = True
-            curr = nxt
-        (<KVCacheBlock>head)._next = curr
-        (<KVCacheBlock>curr)._prev = head
-        queue.num_free_blocks -= num_blocks
-        if any_hashed and self.enable_caching:
-            for i in range(num_blocks):
-                curr = _PyList_GET_ITEM_RAW(ret, i)
-                if (<KVCacheBlock>curr)._hash is not None:
-                    self._maybe_evict_cached_block(<KVCacheBlock>curr)
+            p = _PyList_GET_ITEM_RAW(ret, i)
+            if evict and (<KVCacheBlock>p)._hash is not None:
+                self._maybe_evict_cached_block(<KVCacheBlock>p)
+            (<KVCacheBlock>p).ref_cnt += 1
         return ret
 
     cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
@@ -1029,9 +1006,7 @@ cdef class BlockPool:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
-                if block._prev == NULL:
-                    raise RuntimeError(f"remove() called on an invalid block: {block}")
-                queue._unlink(block)
+                queue.remove(block)
             block.ref_cnt += 1
         return 0
 
@@ -1117,21 +1092,8 @@ cdef class BlockPool:
         # references taken from blocks_list[:upto].
         cdef Py_ssize_t i
         cdef PyObject *x
-        cdef PyObject *nxt
-        x = tail_first
-        while x != NULL:
-            nxt = (<KVCacheBlock>x)._next
-            (<KVCacheBlock>x)._prev = NULL
-            (<KVCacheBlock>x)._next = NULL
-            Py_DECREF_RAW(x)
-            x = nxt
-        x = head_first
-        while x != NULL:
-            nxt = (<KVCacheBlock>x)._next
-            (<KVCacheBlock>x)._prev = NULL
-            (<KVCacheBlock>x)._next = NULL
-            Py_DECREF_RAW(x)
-            x = nxt
+        _drop_chain(tail_first)
+        _drop_chain(head_first)
         for i in range(upto):
             x = _PyList_GET_ITEM_RAW(blocks_list, i)
             if not (<KVCacheBlock>x).is_null:
@@ -1380,7 +1342,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
-        cdef Py_ssize_t i, g, n
+        cdef Py_ssize_t i, g, n, gid
         cdef list blocks0, cached
         cdef object blk
         cdef tuple computed
@@ -1388,7 +1350,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
             blocks0 = []
             gid = group_ids[0]
             for i in range(max_blocks):
-                blk = pool._get_one(<bytes>hashes[i], gid)
+                blk = pool._get_one(hashes[i], gid)
                 if blk is None:
                     break
                 blocks0.append(blk)
@@ -1396,7 +1358,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         else:
             computed = tuple([[] for _ in range(n_groups)])
             for i in range(max_blocks):
-                cached = pool.get_cached_block(<bytes>hashes[i], group_ids)
+                cached = pool.get_cached_block(hashes[i], group_ids)
                 if cached is None:
                     break
                 for g in range(n_groups):
@@ -1449,7 +1411,7 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         cdef bint found = False
         cdef object cached
         for i in range(max_blocks - 1, -1, -1):
-            cached = pool.get_cached_block(<bytes>hashes[i], group_ids)
+            cached = pool.get_cached_block(hashes[i], group_ids)
             if cached is not None:
                 if contiguous == 0 and ((i + 1) * block_size) % alignment_tokens != 0:
                     continue
@@ -1501,7 +1463,7 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         cdef Py_ssize_t i, g, n
         cdef object cached
         for i in range(start_block, max_blocks):
-            cached = pool.get_cached_block(<bytes>hashes[i], group_ids)
+            cached = pool.get_cached_block(hashes[i], group_ids)
             if cached is None:
                 break
             for g in range(n_groups):
@@ -1534,7 +1496,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         for i in range(max_blocks - 1, -1, -1):
             if ((i + 1) * block_size) % alignment_tokens != 0:
                 continue
-            cached = pool.get_cached_block(<bytes>hashes[i], group_ids)
+            cached = pool.get_cached_block(hashes[i], group_ids)
             if cached is not None:
                 for g in range(n_groups):
                     (<list>computed[g]).extend([null] * i)

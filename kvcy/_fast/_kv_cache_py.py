@@ -43,6 +43,7 @@ from kvcy._request_types import (
     LoRARequest,
     MultiModalFeatureSpec,
     RequestStatus,
+    check_request_args,
     validate_token_ids,
 )
 
@@ -109,33 +110,10 @@ class Request:
         arrival_time: float = 0.0,
         skip_reading_prefix_cache: bool = False,
     ) -> None:
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
-            raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a str or None, got {type(cache_salt).__name__}")
-        if kv_cache_report_mode not in ("incremental", "full"):
-            raise ValueError(
-                f"kv_cache_report_mode must be 'incremental' or 'full', got {kv_cache_report_mode!r}"
-            )
-        features = list(mm_features) if mm_features else None
-        if features:
-            offsets = [f.mm_position.offset for f in features]
-            if offsets != sorted(offsets):
-                raise ValueError("mm_features must be sorted by placeholder offset")
-            for f in features:
-                p = f.mm_position
-                if p.offset < 0 or p.length <= 0 or p.offset + p.length > len(prompt):
-                    raise ValueError(
-                        f"multimodal item {f.identifier!r} at [{p.offset}, {p.offset + p.length}) "
-                        f"is not inside the {len(prompt)}-token prompt"
-                    )
-        if prompt_embeds is not None and len(prompt_embeds) != len(prompt):
-            raise ValueError(
-                f"prompt_embeds has {len(prompt_embeds)} rows for {len(prompt)} prompt tokens"
-            )
+        prompt, features = check_request_args(
+            request_id, prompt_token_ids, max_tokens, mm_features, cache_salt, prompt_embeds,
+            kv_cache_report_mode,
+        )
 
         self.request_id = request_id
         self.prompt_token_ids = prompt
