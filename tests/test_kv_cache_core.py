@@ -348,3 +348,81 @@ def test_manager_accepts_either_twins_request(impl):
         results.append((hit, blocks.get_block_ids(), new.get_block_ids(), mgr.get_block_ids("b")))
     assert results[0][0] == 12  # the 3 full blocks of the 12-token prompt hit
     assert all(r == results[0] for r in results)
+
+
+def _key(n: int, gid: int = 0, width: int = 32) -> bytes:
+    return n.to_bytes(width, "big") + gid.to_bytes(4, "big")
+
+
+def test_hash_to_block_map_matches_a_model(impl):
+    """Random inserts / pops / lookups (duplicate keys, growth, deletions
+    inside probe runs) agree with a plain dict-of-dicts model."""
+    import random
+
+    m = impl.kv_cache
+    rng = random.Random(7)
+    cache = m.BlockHashToBlockMap()
+    blocks = [m.KVCacheBlock(i) for i in range(400)]
+    model: dict[bytes, dict[int, object]] = {}
+    # Keys of several lengths and groups; few enough values that keys repeat.
+    keys = [_key(rng.randrange(300), gid=rng.randrange(3), width=rng.choice((8, 16, 32))) for _ in range(600)]
+    for _ in range(6000):
+        key = rng.choice(keys)
+        op = rng.random()
+        if op < 0.45:
+            blk = rng.choice(blocks)
+            cache.insert(key, blk)
+            model.setdefault(key, {})[blk.block_id] = blk
+        elif op < 0.85:
+            bid = rng.randrange(400)
+            got = cache.pop(key, bid)
+            want = model.get(key, {}).pop(bid, None)
+            if key in model and not model[key]:
+                del model[key]
+            assert got is want
+        else:
+            want = next(iter(model[key].values())) if key in model else None
+            assert cache.get_one_block(key) is want
+            bid = rng.randrange(400)
+            assert cache.contain(key, bid) == (key in model and bid in model[key])
+        assert len(cache) == len(model)
+    assert sorted(cache.keys()) == sorted(model)
+    for key, group in model.items():
+        assert cache.get_one_block(key) is next(iter(group.values()))
+    # Draining everything leaves an empty, still usable map.
+    for key, group in list(model.items()):
+        for bid in list(group):
+            assert cache.pop(key, bid) is group[bid]
+    assert len(cache) == 0 and cache.keys() == []
+    cache.insert(_key(1), blocks[0])
+    assert cache.get_one_block(_key(1)) is blocks[0]
+
+
+def test_hash_to_block_map_rejects_bad_keys(impl):
+    """The compiled map keeps keys split (hash bytes + group id), so a key must
+    be bytes ending in a 4-byte group id; the Python twin, like vLLM, takes
+    any hashable key."""
+    if impl.name != "cython":
+        pytest.skip("the Python twin's map takes any hashable key, as vLLM's does")
+    m = impl.kv_cache
+    cache = m.BlockHashToBlockMap()
+    blk = m.KVCacheBlock(1)
+    for bad in ("abcdefgh", 12345, b"ab", None):
+        with pytest.raises(ValueError, match="4-byte group id"):
+            cache.insert(bad, blk)
+    assert len(cache) == 0
+
+
+def test_hash_to_block_map_releases_blocks(impl):
+    import sys
+
+    m = impl.kv_cache
+    cache = m.BlockHashToBlockMap()
+    blk = m.KVCacheBlock(5)
+    before = sys.getrefcount(blk)
+    for i in range(50):
+        cache.insert(_key(i), blk)
+    cache.insert(_key(0), m.KVCacheBlock(6))  # a duplicate key
+    assert cache.pop(_key(3), 5) is blk
+    del cache
+    assert sys.getrefcount(blk) == before

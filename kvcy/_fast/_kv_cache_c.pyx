@@ -13,7 +13,10 @@ import importlib
 import logging
 
 cimport cython
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_Size
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcmp
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
 from cpython.object cimport PyObject, PyTypeObject
@@ -293,6 +296,42 @@ cdef extern from "Python.h":
     PyTypeObject *Py_TYPE_RAW "Py_TYPE" (PyObject *o)
 
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    /* A 64-bit mix of a cache key's bytes and its group id.  Block hashes
+       are digests already, so this only has to spread them over the table;
+       equal hashes still get their bytes compared. */
+    static inline uint64_t kvcy_key_hash(const char *p, Py_ssize_t n, uint32_t gid) {
+        uint64_t h = ((uint64_t)n * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)gid * 0xC2B2AE3D27D4EB4FULL);
+        uint64_t w;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&w, p + i, 8);
+            h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+            h ^= h >> 29;
+        }
+        if (i < n) {
+            w = 0;
+            memcpy(&w, p + i, (size_t)(n - i));
+            h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+            h ^= h >> 29;
+        }
+        h ^= h >> 32;
+        h *= 0x94D049BB133111EBULL;
+        h ^= h >> 31;
+        return h;
+    }
+    static inline void kvcy_prefetch(const void *p) { __builtin_prefetch(p); }
+    """
+    uint64_t kvcy_key_hash(const char *p, Py_ssize_t n, uint32_t gid) noexcept nogil
+    char *_PyBytes_AS_STRING_RAW "PyBytes_AS_STRING" (PyObject *o) noexcept nogil
+    Py_ssize_t _PyBytes_GET_SIZE_RAW "PyBytes_GET_SIZE" (PyObject *o) noexcept nogil
+    PyTypeObject PyBytes_Type
+    void kvcy_prefetch(const void *p) noexcept nogil
+
+
 @cython.freelist(64)
 @cython.no_gc
 cdef class KVCacheBlock:
@@ -311,6 +350,7 @@ cdef class KVCacheBlock:
     cdef public Py_ssize_t ref_cnt
     cdef object _hash
     cdef Py_ssize_t _group
+    cdef uint64_t _key_h  # kvcy_key_hash(_hash, _group) while _hash is set
     cdef Py_ssize_t _num_tokens  # tokens up to the block's end when cached; -1: None
     cdef PyObject *_prev
     cdef PyObject *_next
@@ -366,6 +406,8 @@ cdef class KVCacheBlock:
             raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
         self._hash = key[:len(key) - 4]
         self._group = int.from_bytes(key[len(key) - 4:], "big")
+        self._key_h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>self._hash), len(key) - 4,
+                                    <uint32_t>self._group)
         return 0
 
     def set_block_hash(self, block_hash, num_tokens=None):
@@ -595,6 +637,13 @@ cdef inline tuple _split_key(object key):
     return key[:len(key) - 4], int.from_bytes(key[len(key) - 4:], "big")
 
 
+cdef struct _Slot:
+    uint64_t h         # kvcy_key_hash of (key, gid)
+    PyObject *key      # the block hash (bytes), owned; NULL: empty slot
+    PyObject *value    # a KVCacheBlock, or a dict {block_id: block} when several share the key; owned
+    uint32_t gid       # KV-cache group id
+
+
 @cython.final
 cdef class BlockHashToBlockMap:
     """Cache key -> block(s).  The first block inserted under a key wins lookups.
@@ -602,71 +651,218 @@ cdef class BlockHashToBlockMap:
     Several blocks may carry the same key (no de-duplication, so block tables
     stay append-only); the value is then a dict ``{block_id: block}`` in
     insertion order.  Keys are vLLM's ``BlockHashWithGroupId`` (block hash +
-    4-byte group id) at the public methods; inside, there is one dict per
-    group keyed by the bare block hash, so a lookup with a request's own hash
-    object builds no key and reuses the hash the bytes object caches.
+    4-byte group id) at the public methods.  Inside, the map is an
+    open-addressing table (linear probing, backward-shift deletion, at most
+    half full) keyed by (block hash bytes, group id), so a lookup with a
+    request's own hash object builds no key and calls no Python code.
+    ``keys()`` comes in table order, not insertion order.
     """
 
-    cdef list _maps
-    cdef Py_ssize_t _len
+    cdef _Slot *_slots
+    cdef size_t _mask      # capacity - 1 (a power of two)
+    cdef Py_ssize_t _len   # occupied slots
 
-    def __init__(self):
-        self._maps = []
+    def __cinit__(self, *args, **kwargs):
+        self._slots = <_Slot*>calloc(16, sizeof(_Slot))
+        if self._slots == NULL:
+            raise MemoryError()
+        self._mask = 15
         self._len = 0
 
-    cdef inline dict _map(self, Py_ssize_t gid):
-        if gid < PyList_GET_SIZE(self._maps):
-            return <dict>PyList_GET_ITEM(self._maps, gid)
-        return None
+    def __dealloc__(self):
+        cdef size_t i
+        if self._slots == NULL:
+            return
+        for i in range(self._mask + 1):
+            if self._slots[i].key != NULL:
+                Py_DECREF_RAW(self._slots[i].key)
+                Py_DECREF_RAW(self._slots[i].value)
+        free(self._slots)
+        self._slots = NULL
 
-    cdef inline object _get(self, object block_hash, Py_ssize_t gid):
-        cdef dict m = self._map(gid)
-        if m is None:
-            return None
-        cdef PyObject *p = PyDict_GetItem(m, block_hash)
-        if p == NULL:
-            return None
-        if type(<object>p) is dict:
-            return next(iter((<dict>p).values()))
-        return <object>p
+    # -------------------------------------------------------------- the table
+    cdef inline Py_ssize_t _find(self, PyObject *key, uint32_t gid, uint64_t h) noexcept:
+        # The slot holding (key, gid), or -1 - (the empty slot where it would go).
+        cdef size_t i = <size_t>h & self._mask
+        cdef _Slot *s
+        cdef Py_ssize_t n
+        while True:
+            s = &self._slots[i]
+            if s.key == NULL:
+                return -1 - <Py_ssize_t>i
+            if s.h == h and s.gid == gid:
+                if s.key == key:
+                    return <Py_ssize_t>i
+                n = _PyBytes_GET_SIZE_RAW(key)
+                if (_PyBytes_GET_SIZE_RAW(s.key) == n
+                        and memcmp(_PyBytes_AS_STRING_RAW(s.key), _PyBytes_AS_STRING_RAW(key), n) == 0):
+                    return <Py_ssize_t>i
+            i = (i + 1) & self._mask
 
-    cdef int _insert(self, object block_hash, Py_ssize_t gid, KVCacheBlock block) except -1:
-        cdef dict m = self._map(gid)
-        if m is None:
-            while PyList_GET_SIZE(self._maps) <= gid:
-                self._maps.append({})
-            m = <dict>PyList_GET_ITEM(self._maps, gid)
-        cdef PyObject *p = PyDict_GetItem(m, block_hash)
-        if p == NULL:
-            m[block_hash] = block
-            self._len += 1
-        elif type(<object>p) is dict:
-            (<dict>p)[block.block_id] = block
-        else:
-            m[block_hash] = {(<KVCacheBlock>p).block_id: <object>p, block.block_id: block}
+    cdef int _grow(self) except -1:
+        cdef size_t old_cap = self._mask + 1, new_cap = old_cap * 2, i, j
+        cdef _Slot *old = self._slots
+        cdef _Slot *new = <_Slot*>calloc(new_cap, sizeof(_Slot))
+        if new == NULL:
+            raise MemoryError()
+        for i in range(old_cap):
+            if old[i].key != NULL:
+                j = <size_t>old[i].h & (new_cap - 1)
+                while new[j].key != NULL:
+                    j = (j + 1) & (new_cap - 1)
+                new[j] = old[i]
+        self._slots = new
+        self._mask = new_cap - 1
+        free(old)
         return 0
 
-    cdef object _pop(self, object block_hash, Py_ssize_t gid, Py_ssize_t block_id):
-        cdef dict m = self._map(gid)
-        if m is None:
-            return None
-        cdef PyObject *p = PyDict_GetItem(m, block_hash)
-        if p == NULL:
-            return None
-        cdef object blocks = <object>p
-        cdef object block
-        if type(blocks) is dict:
-            block = (<dict>blocks).pop(block_id, None)
-            if not blocks:
-                del m[block_hash]
-                self._len -= 1
-            return block
-        if (<KVCacheBlock>blocks).block_id == block_id:
-            del m[block_hash]
-            self._len -= 1
-            return blocks
-        return None
+    cdef void _delete_slot(self, size_t i) noexcept:
+        # Empty slot i (its references already taken over) and shift the
+        # following run back so every key stays reachable from its home slot.
+        cdef size_t j = i, home
+        cdef size_t mask = self._mask
+        while True:
+            j = (j + 1) & mask
+            if self._slots[j].key == NULL:
+                break
+            home = <size_t>self._slots[j].h & mask
+            # Move j back to i unless its home lies cyclically in (i, j].
+            if ((j - home) & mask) >= ((j - i) & mask):
+                self._slots[i] = self._slots[j]
+                i = j
+        self._slots[i].key = NULL
+        self._slots[i].value = NULL
+        self._len -= 1
 
+    cdef inline uint64_t _hash_of(self, object block_hash, Py_ssize_t gid) except? 0:
+        if type(block_hash) is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(block_hash).__name__}")
+        if not 0 <= gid <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {gid} does not fit in 4 bytes")
+        cdef PyObject *k = <PyObject*>block_hash
+        return kvcy_key_hash(_PyBytes_AS_STRING_RAW(k), _PyBytes_GET_SIZE_RAW(k), <uint32_t>gid)
+
+    cdef inline PyObject *_get_raw(self, PyObject *key, uint32_t gid) noexcept:
+        # First block under (key, gid) -- key is a bytes object -- or NULL; borrowed.
+        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(key), _PyBytes_GET_SIZE_RAW(key), gid)
+        cdef Py_ssize_t i = self._find(key, gid, h)
+        if i < 0:
+            return NULL
+        cdef PyObject *v = self._slots[i].value
+        if Py_TYPE_RAW(v) != <PyTypeObject*>KVCacheBlock:
+            return _first_dict_value(v)
+        return v
+
+    cdef inline object _get(self, object block_hash, Py_ssize_t gid):
+        cdef uint64_t h = self._hash_of(block_hash, gid)
+        cdef Py_ssize_t i = self._find(<PyObject*>block_hash, <uint32_t>gid, h)
+        if i < 0:
+            return None
+        cdef PyObject *v = self._slots[i].value
+        if Py_TYPE_RAW(v) != <PyTypeObject*>KVCacheBlock:
+            return <object>_first_dict_value(v)
+        return <object>v
+
+    cdef int _insert(self, object block_hash, Py_ssize_t gid, KVCacheBlock block) except -1:
+        self._hash_of(block_hash, gid)  # type and range checks
+        self._insert_raw(<PyObject*>block_hash, <uint32_t>gid, block)
+        return 0
+
+    cdef uint64_t _insert_raw(self, PyObject *block_hash, uint32_t gid, KVCacheBlock block) except? 0:
+        # block_hash: a bytes object.  Returns the key's hash.
+        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(block_hash), _PyBytes_GET_SIZE_RAW(block_hash), gid)
+        cdef Py_ssize_t i = self._find(block_hash, gid, h)
+        cdef _Slot *s
+        cdef PyObject *v
+        if i >= 0:
+            s = &self._slots[i]
+            v = s.value
+            if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+                both = {(<KVCacheBlock>v).block_id: <object>v, block.block_id: block}
+                s = &self._slots[i]  # (building the dict ran no table code, but re-read anyway)
+                s.value = <PyObject*>both
+                Py_INCREF_RAW(s.value)
+                Py_DECREF_RAW(v)
+            else:
+                (<dict>v)[block.block_id] = block
+            return h
+        if <size_t>(self._len + 1) * 2 > self._mask + 1:
+            self._grow()
+            i = self._find(block_hash, gid, h)
+        s = &self._slots[-1 - i]
+        s.h = h
+        s.gid = gid
+        s.key = block_hash
+        s.value = <PyObject*>block
+        Py_INCREF_RAW(s.key)
+        Py_INCREF_RAW(s.value)
+        self._len += 1
+        return h
+
+    cdef object _pop(self, object block_hash, Py_ssize_t gid, Py_ssize_t block_id):
+        cdef uint64_t h = self._hash_of(block_hash, gid)
+        cdef Py_ssize_t i = self._find(<PyObject*>block_hash, <uint32_t>gid, h)
+        if i < 0:
+            return None
+        cdef _Slot *s = &self._slots[i]
+        cdef PyObject *v = s.value
+        cdef PyObject *k
+        cdef object block
+        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+            if (<KVCacheBlock>v).block_id != block_id:
+                return None
+            k = s.key
+            self._delete_slot(<size_t>i)
+            Py_DECREF_RAW(k)
+            block = <object>v   # new reference ...
+            Py_DECREF_RAW(v)    # ... so drop the table's
+            return block
+        block = (<dict>v).pop(block_id, None)
+        if not <dict>v:
+            k = s.key
+            self._delete_slot(<size_t>i)
+            Py_DECREF_RAW(k)
+            Py_DECREF_RAW(v)
+        return block
+
+    cdef inline void _prefetch(self, uint64_t h) noexcept:
+        kvcy_prefetch(&self._slots[<size_t>h & self._mask])
+
+    cdef int _drop_block(self, KVCacheBlock block) except -1:
+        # _pop(block._hash, block._group, block.block_id) is not None, for a
+        # block whose key the pool set (bytes, 4-byte group id).
+        cdef Py_ssize_t i = self._find(<PyObject*>block._hash, <uint32_t>block._group, block._key_h)
+        if i < 0:
+            return False
+        cdef _Slot *s = &self._slots[i]
+        cdef PyObject *v = s.value
+        cdef PyObject *k
+        if v == <PyObject*>block:
+            k = s.key
+            self._delete_slot(<size_t>i)
+            Py_DECREF_RAW(k)
+            Py_DECREF_RAW(v)  # the caller still holds the block
+            return True
+        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+            return False
+        return self._pop_dup(i, block.block_id)
+
+    cdef int _pop_dup(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
+        # Remove block_id from the dict value of slot i; whether it was there.
+        cdef PyObject *v = self._slots[i].value
+        cdef PyObject *k
+        cdef object key = block_id
+        if PyDict_GetItem(<object>v, key) == NULL:
+            return False
+        PyDict_DelItem(<object>v, key)
+        if PyDict_Size(<object>v) == 0:
+            k = self._slots[i].key
+            self._delete_slot(<size_t>i)
+            Py_DECREF_RAW(k)
+            Py_DECREF_RAW(v)
+        return True
+
+    # -------------------------------------------------------------- public API
     def get_one_block(self, key):
         """The first block cached under ``key``, or None."""
         h, gid = _split_key(key)
@@ -674,15 +870,14 @@ cdef class BlockHashToBlockMap:
 
     def contain(self, key, Py_ssize_t block_id):
         h, gid = _split_key(key)
-        cdef dict m = self._map(gid)
-        if m is None:
+        cdef uint64_t hv = self._hash_of(h, gid)
+        cdef Py_ssize_t i = self._find(<PyObject*>h, <uint32_t>gid, hv)
+        if i < 0:
             return False
-        cdef PyObject *p = PyDict_GetItem(m, h)
-        if p == NULL:
-            return False
-        if type(<object>p) is dict:
-            return block_id in <dict>p
-        return (<KVCacheBlock>p).block_id == block_id
+        cdef PyObject *v = self._slots[i].value
+        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+            return (<KVCacheBlock>v).block_id == block_id
+        return block_id in <dict>v
 
     def insert(self, key, KVCacheBlock block):
         h, gid = _split_key(key)
@@ -694,25 +889,38 @@ cdef class BlockHashToBlockMap:
         return self._pop(h, gid, block_id)
 
     def keys(self):
-        cdef Py_ssize_t gid
+        """The cache keys (``BlockHashWithGroupId``), in table order."""
+        cdef size_t i
         out = []
-        for gid in range(PyList_GET_SIZE(self._maps)):
-            for h in <dict>PyList_GET_ITEM(self._maps, gid):
-                out.append(_group_key(h, gid))
+        for i in range(self._mask + 1):
+            if self._slots[i].key != NULL:
+                out.append(_group_key(<bytes>self._slots[i].key, self._slots[i].gid))
         return out
 
     @property
     def _cache(self):
         """The whole map keyed by ``BlockHashWithGroupId`` (a copy, for inspection)."""
-        cdef Py_ssize_t gid
+        cdef size_t i
         out = {}
-        for gid in range(PyList_GET_SIZE(self._maps)):
-            for h, v in (<dict>PyList_GET_ITEM(self._maps, gid)).items():
-                out[_group_key(h, gid)] = v
+        for i in range(self._mask + 1):
+            if self._slots[i].key != NULL:
+                v = <object>self._slots[i].value
+                out[_group_key(<bytes>self._slots[i].key, self._slots[i].gid)] = (
+                    dict(v) if type(v) is dict else v
+                )
         return out
 
     def __len__(self):
         return self._len
+
+
+cdef PyObject *_first_dict_value(PyObject *d) noexcept:
+    # The first value of a non-empty dict (borrowed).
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *k
+    cdef PyObject *v
+    PyDict_Next(<object>d, &pos, &k, &v)
+    return v
 
 
 cdef class _BlockHashView:
@@ -857,29 +1065,40 @@ cdef class BlockPool:
         cdef Py_ssize_t i
         cdef KVCacheBlock blk
         cdef object block_hash
-        # The new blocks' hashes, read once (block_hashes may be a coarser view).
-        cdef list new_block_hashes = (
-            block_hashes[num_cached_blocks:num_full_blocks] if type(block_hashes) is list
-            else [block_hashes[i] for i in range(num_cached_blocks, num_full_blocks)]
-        )
+        if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
+        # The new blocks' hashes: the request's own list, or read once from a
+        # coarser view; new_block_hashes[i - off] is block i's hash.
+        cdef list new_block_hashes
+        cdef Py_ssize_t off
+        if type(block_hashes) is list:
+            new_block_hashes = <list>block_hashes
+            off = 0
+        else:
+            new_block_hashes = [block_hashes[i] for i in range(num_cached_blocks, num_full_blocks)]
+            off = num_cached_blocks
+        cdef PyObject *hp
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):  # validate before any change
-            block_hash = <object>PyList_GET_ITEM(new_block_hashes, i - num_cached_blocks)
-            if type(block_hash) is not bytes:
-                raise TypeError(f"block hashes must be bytes, got {type(block_hash).__name__}")
+            hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+            if Py_TYPE_RAW(hp) != &PyBytes_Type:
+                raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
+            # Start loading the table slot the insert below will probe.
+            cache._prefetch(kvcy_key_hash(_PyBytes_AS_STRING_RAW(hp), _PyBytes_GET_SIZE_RAW(hp),
+                                          <uint32_t>kv_cache_group_id))
         cdef bint events = self.enable_kv_cache_events
         cdef list new_hashes = [] if events else None
-        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             if blk.is_null:
                 continue
-            block_hash = <object>PyList_GET_ITEM(new_block_hashes, i - num_cached_blocks)
+            block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
             blk._hash = block_hash
             blk._group = kv_cache_group_id
             blk._num_tokens = (i + 1) * block_size
-            cache._insert(block_hash, kv_cache_group_id, blk)
+            blk._key_h = cache._insert_raw(<PyObject*>block_hash, <uint32_t>kv_cache_group_id, blk)
             if events:
                 new_hashes.append(self._ext(block_hash))
         if events:
@@ -953,10 +1172,25 @@ cdef class BlockPool:
         cdef bint evict = self.enable_caching
         # The popped blocks are hot in cache; eviction (which may allocate)
         # runs after the queue is consistent again.
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        if evict:
+            # Independent loads first: the evictions below then find their
+            # table slots and hash objects in cache instead of missing one
+            # after another.
+            for i in range(num_blocks):
+                p = _PyList_GET_ITEM_RAW(ret, i)
+                if (<KVCacheBlock>p)._hash is not None:
+                    cache._prefetch((<KVCacheBlock>p)._key_h)
+                    kvcy_prefetch(<PyObject*>(<KVCacheBlock>p)._hash)
         for i in range(num_blocks):
             p = _PyList_GET_ITEM_RAW(ret, i)
             if evict and (<KVCacheBlock>p)._hash is not None:
-                self._maybe_evict_cached_block(<KVCacheBlock>p)
+                if self.enable_kv_cache_events:
+                    self._maybe_evict_cached_block(<KVCacheBlock>p)
+                elif cache._drop_block(<KVCacheBlock>p):
+                    (<KVCacheBlock>p)._hash = None
+                    (<KVCacheBlock>p)._num_tokens = -1
+                    self.num_evictions += 1
             (<KVCacheBlock>p).ref_cnt += 1
         return ret
 
@@ -1346,14 +1580,28 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         cdef list blocks0, cached
         cdef object blk
         cdef tuple computed
+        cdef BlockHashToBlockMap cache
+        cdef PyObject *hp
+        cdef PyObject *bp
         if n_groups == 1:
             blocks0 = []
             gid = group_ids[0]
-            for i in range(max_blocks):
-                blk = pool._get_one(hashes[i], gid)
-                if blk is None:
-                    break
-                blocks0.append(blk)
+            if type(hashes) is list and 0 <= gid <= 0xFFFFFFFF:
+                cache = pool.cached_block_hash_to_block
+                for i in range(max_blocks):
+                    hp = _PyList_GET_ITEM_RAW(hashes, i)
+                    if Py_TYPE_RAW(hp) != &PyBytes_Type:
+                        raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+                    bp = cache._get_raw(hp, <uint32_t>gid)
+                    if bp == NULL:
+                        break
+                    blocks0.append(<object>bp)
+            else:
+                for i in range(max_blocks):
+                    blk = pool._get_one(hashes[i], gid)
+                    if blk is None:
+                        break
+                    blocks0.append(blk)
             computed = (blocks0,)
         else:
             computed = tuple([[] for _ in range(n_groups)])
@@ -1995,6 +2243,7 @@ cdef class KVCacheManager:
     cdef public tuple kv_cache_event_metadata
     cdef public KVCacheBlocks empty_kv_cache_blocks
     cdef public tuple _group_block_sizes
+    cdef FullAttentionManager _full  # the only manager, when it is plain full attention: the decode fast path
     cdef dict __dict__
 
     def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
@@ -2035,6 +2284,10 @@ cdef class KVCacheManager:
         )
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple([() for _ in range(self.num_kv_cache_groups)]))
         self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
+        managers = self.coordinator.single_type_managers
+        self._full = None
+        if len(managers) == 1 and type(managers[0]) is FullAttentionManager:
+            self._full = <FullAttentionManager>managers[0]
 
     # ------------------------------------------------------------------ info
     @property
@@ -2121,6 +2374,10 @@ cdef class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
             )
+        if (self._full is not None and new_computed_blocks is None and n_new_comp == 0 and n_ext == 0
+                and not full_sequence_must_fit and type(request) is Request):
+            return self._extend_slots(<Request>request, n_new, n_look, n_reserved,
+                                      delay_cache_blocks, has_scheduled_reqs)
         cdef str request_id
         cdef Py_ssize_t num_computed, num_in_flight
         cdef object status
@@ -2212,6 +2469,63 @@ cdef class KVCacheManager:
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(new_blocks)
+
+    cdef object _extend_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_look,
+                              Py_ssize_t n_reserved, bint delay_cache_blocks, bint has_scheduled_reqs):
+        # allocate_slots for one plain full-attention group and no new prefix
+        # hits (decode steps, prefill chunks): the general path with the
+        # no-op parts (skipped blocks, admission cap, hit accounting) left
+        # out and each dict read once.  Same decisions, same errors.
+        cdef str request_id = request.request_id
+        cdef Py_ssize_t num_computed = request.num_computed_tokens
+        if num_computed + n_new > self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: {num_computed} computed + 0 new computed + "
+                f"0 external + {n_new} new tokens exceed "
+                f"max_model_len={self.max_model_len}"
+            )
+        cdef FullAttentionManager mgr = self._full
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t watermark_blocks = 0
+        cdef object status = request.status
+        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
+            watermark_blocks = self.watermark_blocks
+        cdef Py_ssize_t need_slot = num_computed + n_new + n_look
+        if need_slot > self.max_model_len:
+            need_slot = self.max_model_len
+        cdef PyObject *p = PyDict_GetItem(mgr.req_to_blocks, request_id)
+        cdef list req_blocks
+        cdef Py_ssize_t have = 0 if p == NULL else PyList_GET_SIZE(<list>p)
+        cdef Py_ssize_t needed = _cdiv(need_slot, mgr.block_size) - have
+        if needed < 0:
+            needed = 0
+        if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
+            return None
+        cdef list new_blocks = None
+        if p == NULL:
+            req_blocks = []
+            mgr.req_to_blocks[request_id] = req_blocks
+        else:
+            req_blocks = <list>p
+        if needed > 0:
+            new_blocks = pool._get_new_blocks(needed)
+            req_blocks.extend(new_blocks)
+        cdef Py_ssize_t n_cache, req_tokens, num_full, num_cached
+        if self.enable_caching and not delay_cache_blocks:
+            n_cache = num_computed + n_new
+            req_tokens = PyList_GET_SIZE(request._all_token_ids)
+            if n_cache > req_tokens:
+                n_cache = req_tokens
+            num_full = n_cache // mgr.block_size
+            p = PyDict_GetItem(mgr.num_cached_block, request_id)
+            num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+            if num_cached < num_full:
+                pool.cache_full_blocks(request, req_blocks, num_cached, num_full, mgr.block_size,
+                                       mgr.kv_cache_group_id)
+                mgr.num_cached_block[request_id] = num_full
+        if new_blocks is None:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((new_blocks,))
 
     def free(self, request):
         """Free the request's blocks, tail first, group by group.
