@@ -426,3 +426,64 @@ def test_hash_to_block_map_releases_blocks(impl):
     assert cache.pop(_key(3), 5) is blk
     del cache
     assert sys.getrefcount(blk) == before
+
+
+def _decode_script(kv, managers, seed):
+    """Requests admitted, decoded, preempted (freed, recomputed with the same
+    Request object) and finished, over one or more managers sharing the
+    Request objects; every manager's block table after every call."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(50) for _ in range(rng.randrange(3, 30))] for _ in range(6)]
+    reqs = [kv.Request(f"q{i}", p, block_hasher=hasher()) for i, p in enumerate(prompts)]
+    held = {id(m): set() for m in managers}
+    trace = []
+    for _ in range(300):
+        m = rng.choice(managers)
+        r = rng.choice(reqs)
+        mine = held[id(m)]
+        if r.request_id not in mine:
+            r.num_computed_tokens = 0
+            if rng.random() < 0.5:
+                blocks, hit, _ = m.get_computed_blocks(r)
+                out = m.allocate_slots(r, r.num_tokens - hit, num_new_computed_tokens=hit,
+                                       new_computed_blocks=blocks)
+            else:  # no prefix lookup: the plain allocate_slots(request, n) path
+                hit = 0
+                out = m.allocate_slots(r, r.num_tokens)
+            if out is not None:
+                mine.add(r.request_id)
+                r.num_computed_tokens = r.num_tokens
+            trace.append(("admit", r.request_id, hit, None if out is None else out.get_block_ids()))
+        elif rng.random() < 0.15:
+            m.free(r)
+            mine.discard(r.request_id)
+            trace.append(("free", r.request_id))
+        else:
+            r.append_output_token_ids(rng.randrange(50))
+            r.num_computed_tokens = r.num_tokens - 1
+            out = m.allocate_slots(r, 1)
+            trace.append(("decode", r.request_id, None if out is None else out.get_block_ids()))
+            if out is not None:
+                r.num_computed_tokens = r.num_tokens
+        trace.append(tuple(m.get_block_ids(q.request_id) if q.request_id in mine else None for q in reqs))
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_request_reused_across_frees_and_managers(seed):
+    """The compiled manager remembers a request's bookkeeping on the Request;
+    frees, re-admissions and a second manager using the same Request objects
+    must see exactly what the pure-Python twin sees."""
+    from kvcy import _fast
+
+    if "cython" not in _fast.available():
+        pytest.skip("compiled twins not built")
+    cy, py = _fast.load("cython")["kv_cache"], _fast.load("python")["kv_cache"]
+
+    def run(kv):
+        return _decode_script(kv, [kv.KVCacheManager(full_config(12), max_model_len=256, scheduler_block_size=BS,
+                                                     hash_block_size=BS) for _ in range(2)], seed)
+
+    assert run(cy) == run(py)

@@ -92,6 +92,16 @@ cdef inline Py_ssize_t _check_count(str name, object value) except -1:
     return _check_count_slow(name, value)
 
 
+cdef object _ZERO = 0
+
+cdef Py_ssize_t _GEN = 0
+
+
+cdef inline Py_ssize_t _next_gen() noexcept:
+    global _GEN
+    _GEN += 1
+    return _GEN
+
 # Group id -> its 4-byte big-endian suffix, cached for the small ids that occur.
 cdef list _GROUP_SUFFIX = [i.to_bytes(4, "big") for i in range(64)]
 
@@ -143,7 +153,19 @@ cdef class Request:
         arrival_time: free for the serving loop's use.
     """
 
+    # What the manager reads on every call comes first (one cache line).
     cdef public str request_id
+    cdef public Py_ssize_t num_computed_tokens
+    cdef public object status
+    cdef readonly list _all_token_ids
+    cdef public list block_hashes
+    cdef public Py_ssize_t num_in_flight_tokens
+    # The manager's own per-request bookkeeping, remembered here so a decode
+    # step needs no dict lookups (see KVCacheManager._extend_slots).
+    cdef PyObject *_kv_owner     # the single-type manager it belongs to (identity only)
+    cdef Py_ssize_t _kv_gen      # that manager's _gen when it was remembered
+    cdef list _kv_blocks         # req_to_blocks[request_id], or None: no entry
+    cdef Py_ssize_t _kv_ncached  # num_cached_block[request_id], or -1: no entry
     cdef public list prompt_token_ids
     cdef public object max_tokens
     cdef public object lora_request
@@ -153,15 +175,10 @@ cdef class Request:
     cdef public str kv_cache_report_mode
     cdef public object arrival_time
     cdef public bint skip_reading_prefix_cache
-    cdef public object status
-    cdef public Py_ssize_t num_computed_tokens
-    cdef public Py_ssize_t num_in_flight_tokens
     cdef public Py_ssize_t num_preemptions
     cdef public Py_ssize_t num_prompt_tokens
     cdef public list spec_token_ids
     cdef readonly list _output_token_ids
-    cdef readonly list _all_token_ids
-    cdef public list block_hashes
     cdef readonly object _block_hasher
     cdef Py_ssize_t _hash_block_size  # > 0: a kvcy hasher, skipped while no block completes
     cdef dict __dict__
@@ -1079,7 +1096,12 @@ cdef class BlockPool:
             off = num_cached_blocks
         cdef PyObject *hp
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef Py_ssize_t ahead
         for i in range(num_cached_blocks, num_full_blocks):  # validate before any change
+            ahead = i + 8  # the hash objects are scattered: start loading a few ahead
+            if ahead < num_full_blocks:
+                kvcy_prefetch(_PyList_GET_ITEM_RAW(new_block_hashes, ahead - off))
+                kvcy_prefetch(_PyList_GET_ITEM_RAW(blocks, ahead))
             hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
             if Py_TYPE_RAW(hp) != &PyBytes_Type:
                 raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
@@ -1387,6 +1409,12 @@ cdef class SingleTypeKVCacheManager:
     cdef public bint use_eagle
     cdef public dict req_to_blocks
     cdef public dict num_cached_block
+    # Changes whenever an entry of the two dicts above is added, replaced or
+    # removed other than through KVCacheManager._extend_slots (which keeps the
+    # request's own record in step); a request's remembered entries are valid
+    # only while it matches.  Values come from one process-wide counter, so a
+    # new manager never repeats an old one's.
+    cdef Py_ssize_t _gen
     cdef public KVCacheBlock _null_block
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
@@ -1402,6 +1430,7 @@ cdef class SingleTypeKVCacheManager:
         self.use_eagle = False
         self.req_to_blocks = {}
         self.num_cached_block = {}
+        self._gen = _next_gen()
         self._null_block = block_pool.null_block
 
     # -------------------------------------------------------------- counting
@@ -1451,6 +1480,7 @@ cdef class SingleTypeKVCacheManager:
                                     Py_ssize_t num_local_computed_tokens,
                                     Py_ssize_t num_external_computed_tokens):
         """Attach prefix-cache hits to a request that holds no blocks yet."""
+        self._gen = _next_gen()
         cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
         assert not req_blocks
         cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
@@ -1474,6 +1504,7 @@ cdef class SingleTypeKVCacheManager:
             num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
         if num_external_computed_tokens <= 0:
             return
+        self._gen = _next_gen()
         cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
         req_blocks.extend(self.block_pool._get_new_blocks(_cdiv(total, self.block_size) - len(req_blocks)))
 
@@ -1487,6 +1518,7 @@ cdef class SingleTypeKVCacheManager:
         cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
         cdef list req_blocks
         if p == NULL:
+            self._gen = _next_gen()
             req_blocks = []
             self.req_to_blocks[request_id] = req_blocks
         else:
@@ -1510,10 +1542,12 @@ cdef class SingleTypeKVCacheManager:
             request, <list>self.req_to_blocks[request_id], num_cached_blocks, num_full_blocks,
             self.block_size, self.kv_cache_group_id,
         )
+        self._gen = _next_gen()
         self.num_cached_block[request_id] = num_full_blocks
 
     # -------------------------------------------------------------- freeing
     cpdef list pop_blocks_for_free(self, str request_id):
+        self._gen = _next_gen()
         self.num_cached_block.pop(request_id, None)
         return self.req_to_blocks.pop(request_id, [])
 
@@ -2365,11 +2399,24 @@ cdef class KVCacheManager:
             TypeError: a count that is not an int.
         """
         cdef Py_ssize_t n_new = _check_count("num_new_tokens", num_new_tokens)
-        cdef Py_ssize_t n_new_comp = _check_count("num_new_computed_tokens", num_new_computed_tokens)
-        cdef Py_ssize_t n_look = _check_count("num_lookahead_tokens", num_lookahead_tokens)
-        cdef Py_ssize_t n_ext = _check_count("num_external_computed_tokens", num_external_computed_tokens)
-        cdef Py_ssize_t n_enc = _check_count("num_encoder_tokens", num_encoder_tokens)
-        cdef Py_ssize_t n_reserved = _check_count("reserved_blocks", reserved_blocks)
+        # (Defaults left as they are -- the interned 0 -- need no checking.)
+        cdef Py_ssize_t n_new_comp = (
+            0 if num_new_computed_tokens is _ZERO
+            else _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        )
+        cdef Py_ssize_t n_look = (
+            0 if num_lookahead_tokens is _ZERO else _check_count("num_lookahead_tokens", num_lookahead_tokens)
+        )
+        cdef Py_ssize_t n_ext = (
+            0 if num_external_computed_tokens is _ZERO
+            else _check_count("num_external_computed_tokens", num_external_computed_tokens)
+        )
+        cdef Py_ssize_t n_enc = (
+            0 if num_encoder_tokens is _ZERO else _check_count("num_encoder_tokens", num_encoder_tokens)
+        )
+        cdef Py_ssize_t n_reserved = (
+            0 if reserved_blocks is _ZERO else _check_count("reserved_blocks", reserved_blocks)
+        )
         if n_new == 0 and n_new_comp == 0 and n_ext == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
@@ -2493,20 +2540,28 @@ cdef class KVCacheManager:
         cdef Py_ssize_t need_slot = num_computed + n_new + n_look
         if need_slot > self.max_model_len:
             need_slot = self.max_model_len
-        cdef PyObject *p = PyDict_GetItem(mgr.req_to_blocks, request_id)
-        cdef list req_blocks
-        cdef Py_ssize_t have = 0 if p == NULL else PyList_GET_SIZE(<list>p)
+        cdef PyObject *p
+        if request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen:
+            # Remember the manager's entries for this request (valid until
+            # the manager's _gen moves on).
+            p = PyDict_GetItem(mgr.req_to_blocks, request_id)
+            request._kv_blocks = None if p == NULL else <list>p
+            p = PyDict_GetItem(mgr.num_cached_block, request_id)
+            request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
+            request._kv_owner = <PyObject*>mgr
+            request._kv_gen = mgr._gen
+        cdef list req_blocks = request._kv_blocks
+        cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
         cdef Py_ssize_t needed = _cdiv(need_slot, mgr.block_size) - have
         if needed < 0:
             needed = 0
         if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
             return None
         cdef list new_blocks = None
-        if p == NULL:
+        if req_blocks is None:
             req_blocks = []
             mgr.req_to_blocks[request_id] = req_blocks
-        else:
-            req_blocks = <list>p
+            request._kv_blocks = req_blocks
         if needed > 0:
             new_blocks = pool._get_new_blocks(needed)
             req_blocks.extend(new_blocks)
@@ -2517,12 +2572,14 @@ cdef class KVCacheManager:
             if n_cache > req_tokens:
                 n_cache = req_tokens
             num_full = n_cache // mgr.block_size
-            p = PyDict_GetItem(mgr.num_cached_block, request_id)
-            num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+            num_cached = request._kv_ncached
+            if num_cached < 0:
+                num_cached = 0
             if num_cached < num_full:
                 pool.cache_full_blocks(request, req_blocks, num_cached, num_full, mgr.block_size,
                                        mgr.kv_cache_group_id)
                 mgr.num_cached_block[request_id] = num_full
+                request._kv_ncached = num_full
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks((new_blocks,))
