@@ -785,9 +785,15 @@ cdef class BlockHashToBlockMap:
         self._insert_raw(<PyObject*>block_hash, <uint32_t>gid, block)
         return 0
 
-    cdef uint64_t _insert_raw(self, PyObject *block_hash, uint32_t gid, KVCacheBlock block) except? 0:
-        # block_hash: a bytes object.  Returns the key's hash.
-        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(block_hash), _PyBytes_GET_SIZE_RAW(block_hash), gid)
+    cdef int _insert_raw(self, PyObject *block_hash, uint32_t gid, KVCacheBlock block) except -1:
+        # block_hash: a bytes object.
+        return self._insert_hashed(
+            block_hash, gid,
+            kvcy_key_hash(_PyBytes_AS_STRING_RAW(block_hash), _PyBytes_GET_SIZE_RAW(block_hash), gid), block,
+        )
+
+    cdef int _insert_hashed(self, PyObject *block_hash, uint32_t gid, uint64_t h, KVCacheBlock block) except -1:
+        # As _insert_raw, with the key's hash h already computed.
         cdef Py_ssize_t i = self._find(block_hash, gid, h)
         cdef _Slot *s
         cdef PyObject *v
@@ -802,7 +808,7 @@ cdef class BlockHashToBlockMap:
                 Py_DECREF_RAW(v)
             else:
                 (<dict>v)[block.block_id] = block
-            return h
+            return 0
         if <size_t>(self._len + 1) * 2 > self._mask + 1:
             self._grow()
             i = self._find(block_hash, gid, h)
@@ -814,7 +820,7 @@ cdef class BlockHashToBlockMap:
         Py_INCREF_RAW(s.key)
         Py_INCREF_RAW(s.value)
         self._len += 1
-        return h
+        return 0
 
     cdef object _pop(self, object block_hash, Py_ssize_t gid, Py_ssize_t block_id):
         cdef uint64_t h = self._hash_of(block_hash, gid)
@@ -1107,9 +1113,11 @@ cdef class BlockPool:
                 raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
-            # Start loading the table slot the insert below will probe.
-            cache._prefetch(kvcy_key_hash(_PyBytes_AS_STRING_RAW(hp), _PyBytes_GET_SIZE_RAW(hp),
-                                          <uint32_t>kv_cache_group_id))
+            # The key hash goes into the (still unhashed) block now, and the
+            # table slot the insert below will probe starts loading.
+            blk._key_h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(hp), _PyBytes_GET_SIZE_RAW(hp),
+                                       <uint32_t>kv_cache_group_id)
+            cache._prefetch(blk._key_h)
         cdef bint events = self.enable_kv_cache_events
         cdef list new_hashes = [] if events else None
         for i in range(num_cached_blocks, num_full_blocks):
@@ -1120,7 +1128,7 @@ cdef class BlockPool:
             blk._hash = block_hash
             blk._group = kv_cache_group_id
             blk._num_tokens = (i + 1) * block_size
-            blk._key_h = cache._insert_raw(<PyObject*>block_hash, <uint32_t>kv_cache_group_id, blk)
+            cache._insert_hashed(<PyObject*>block_hash, <uint32_t>kv_cache_group_id, blk._key_h, blk)
             if events:
                 new_hashes.append(self._ext(block_hash))
         if events:
