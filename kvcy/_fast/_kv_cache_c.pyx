@@ -341,12 +341,19 @@ cdef extern from *:
         return h;
     }
     static inline void kvcy_prefetch(const void *p) { __builtin_prefetch(p); }
+    /* Fault in fresh (calloc'd, still unmapped) pages now rather than on
+       first use in a hot path. */
+    static void kvcy_touch_pages(void *p, size_t n) {
+        volatile char *c = (volatile char *)p;
+        for (size_t i = 0; i < n; i += 4096) c[i] = 0;
+    }
     """
     uint64_t kvcy_key_hash(const char *p, Py_ssize_t n, uint32_t gid) noexcept nogil
     char *_PyBytes_AS_STRING_RAW "PyBytes_AS_STRING" (PyObject *o) noexcept nogil
     Py_ssize_t _PyBytes_GET_SIZE_RAW "PyBytes_GET_SIZE" (PyObject *o) noexcept nogil
     PyTypeObject PyBytes_Type
     void kvcy_prefetch(const void *p) noexcept nogil
+    void kvcy_touch_pages(void *p, size_t n) noexcept nogil
 
 
 @cython.freelist(64)
@@ -716,8 +723,22 @@ cdef class BlockHashToBlockMap:
                     return <Py_ssize_t>i
             i = (i + 1) & self._mask
 
+    cdef int _reserve(self, Py_ssize_t n) except -1:
+        # Room for n keys without growing (a pool caches at most one key per
+        # block), with the pages faulted in up front.
+        cdef size_t cap = self._mask + 1
+        while <size_t>n * 2 > cap:
+            cap *= 2
+        if cap > self._mask + 1:
+            self._rehash(cap)
+        kvcy_touch_pages(self._slots, (self._mask + 1) * sizeof(_Slot))
+        return 0
+
     cdef int _grow(self) except -1:
-        cdef size_t old_cap = self._mask + 1, new_cap = old_cap * 2, i, j
+        return self._rehash((self._mask + 1) * 2)
+
+    cdef int _rehash(self, size_t new_cap) except -1:
+        cdef size_t old_cap = self._mask + 1, i, j
         cdef _Slot *old = self._slots
         cdef _Slot *new = <_Slot*>calloc(new_cap, sizeof(_Slot))
         if new == NULL:
@@ -987,6 +1008,13 @@ def resolve_block_hashes(hashes, Py_ssize_t hash_block_size, Py_ssize_t block_si
     return _resolve(hashes, hash_block_size, block_size)
 
 
+cdef inline Py_ssize_t _initial_map_keys(Py_ssize_t num_blocks) noexcept:
+    # A pool caches at most one key per block: size the map for all of them
+    # up front (no rehash pauses in steady state), up to 2**18 keys (16 MiB of
+    # table); bigger pools grow it as their cache fills.
+    return num_blocks if num_blocks < (1 << 18) else (1 << 18)
+
+
 cdef void _drop_chain(PyObject *x) noexcept:
     # Unlink a detached chain of blocks, dropping the reference each one holds.
     cdef PyObject *nxt
@@ -1038,6 +1066,8 @@ cdef class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        if self.enable_caching:
+            self.cached_block_hash_to_block._reserve(_initial_map_keys(num_gpu_blocks))
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -1373,6 +1403,7 @@ cdef class BlockPool:
             )
             return False
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block._reserve(_initial_map_keys(self.num_gpu_blocks))
         cdef KVCacheBlock block
         for block in self.blocks:
             block._hash = None
