@@ -14,12 +14,12 @@ import logging
 
 cimport cython
 from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_Size
-from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free
-from libc.string cimport memcmp
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
 from cpython.object cimport PyObject, PyTypeObject
+from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcmp, memcpy
 
 from kvcy.hashing import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
@@ -311,6 +311,16 @@ cdef extern from "Python.h":
     void Py_INCREF_RAW "Py_INCREF" (PyObject *o)
     void Py_DECREF_RAW "Py_DECREF" (PyObject *o)
     PyTypeObject *Py_TYPE_RAW "Py_TYPE" (PyObject *o)
+    bint _PyType_IsSubtype_RAW "PyType_IsSubtype" (PyTypeObject *a, PyTypeObject *b)
+    ctypedef struct PyListObject:
+        PyObject **ob_item
+
+
+cdef inline bint _is_block(PyObject *p) noexcept:
+    # A KVCacheBlock (or subclass) instance, by C type: runs no Python code,
+    # unlike isinstance, and an object lying about its __class__ fails it.
+    cdef PyTypeObject *t = Py_TYPE_RAW(p)
+    return t == <PyTypeObject*>KVCacheBlock or _PyType_IsSubtype_RAW(t, <PyTypeObject*>KVCacheBlock)
 
 
 cdef extern from *:
@@ -359,25 +369,31 @@ cdef extern from *:
 @cython.freelist(64)
 @cython.no_gc
 cdef class KVCacheBlock:
-    """One KV-cache block: id, reference count, cache key, free-list links.
+    """One KV-cache block: id, reference count, cache key, free-queue position.
 
     The cache key is kept split: ``_hash`` (the request's block hash, whose
     ``hash()`` the bytes object caches) and ``_group`` (the KV-cache group id);
     ``block_hash`` joins them into vLLM's ``BlockHashWithGroupId`` on demand.
-    The free-list links are raw pointers: the queue holds one reference to
-    each block it links, taken when the block enters and handed over (or
-    dropped) when it leaves.  A block refers to nothing but its hash bytes, so
-    it stays out of the cycle collector (pools hold up to millions of them).
+    The free-queue links live in the queue (an array of pointers in queue
+    order); a block records only the id of the queue it was last put in and
+    its position there.  The queue holds one reference to each block it
+    holds, taken when the block enters and handed over (or dropped) when it
+    leaves.  A block refers to nothing but its hash bytes, so it stays out
+    of the cycle collector (pools hold up to millions of them).
     """
 
+    # 80 bytes in all (a pymalloc size class below 96, which a pool of 10^6
+    # blocks streams through on every pass): no cdef methods (no vtable
+    # pointer), and the three 4-byte fields packed together.
     cdef public Py_ssize_t block_id
     cdef public Py_ssize_t ref_cnt
     cdef object _hash
-    cdef Py_ssize_t _group
     cdef uint64_t _key_h  # kvcy_key_hash(_hash, _group) while _hash is set
     cdef Py_ssize_t _num_tokens  # tokens up to the block's end when cached; -1: None
-    cdef PyObject *_prev
-    cdef PyObject *_next
+    # Where the block was last queued (see FreeKVCacheBlockQueue).
+    cdef int64_t _pos  # its position in that queue
+    cdef uint32_t _queue_id  # that queue's id; 0: never queued
+    cdef uint32_t _group  # KV-cache group id of the cache key (4 bytes in the key)
     cdef public bint is_null
 
     def __init__(self, Py_ssize_t block_id):
@@ -386,19 +402,21 @@ cdef class KVCacheBlock:
         self._hash = None
         self._group = 0
         self._num_tokens = -1
-        self._prev = NULL
-        self._next = NULL
+        # _queue_id starts at 0 (C fields are zeroed on allocation) and is left
+        # alone here: re-running __init__ must not detach a queued block.
         self.is_null = False
 
     @property
     def prev_free_block(self):
         """The previous block in the free queue (a fake head has id -1), or None."""
-        return None if self._prev == NULL else <object>self._prev
+        cdef FreeKVCacheBlockQueue queue = _queue_of(self)
+        return None if queue is None else queue._neighbour(self, False)
 
     @property
     def next_free_block(self):
         """The next block in the free queue (a fake tail has id -1), or None."""
-        return None if self._next == NULL else <object>self._next
+        cdef FreeKVCacheBlockQueue queue = _queue_of(self)
+        return None if queue is None else queue._neighbour(self, True)
 
     @property
     def block_hash_num_tokens(self):
@@ -419,25 +437,16 @@ cdef class KVCacheBlock:
     @block_hash.setter
     def block_hash(self, block_hash):
         assert self._hash is None, "The block already has a hash. This should not happen."
-        self._set_key(block_hash)
+        _set_block_key(self, block_hash)
 
     @property
     def _block_hash(self):
         return self.block_hash
 
-    cdef int _set_key(self, object key) except -1:
-        if not isinstance(key, bytes) or len(key) < 4:
-            raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
-        self._hash = key[:len(key) - 4]
-        self._group = int.from_bytes(key[len(key) - 4:], "big")
-        self._key_h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>self._hash), len(key) - 4,
-                                    <uint32_t>self._group)
-        return 0
-
     def set_block_hash(self, block_hash, num_tokens=None):
         assert self._hash is None, "The block already has a hash. This should not happen."
         cdef Py_ssize_t n = -1 if num_tokens is None else _check_count("num_tokens", num_tokens)
-        self._set_key(block_hash)
+        _set_block_key(self, block_hash)
         self._num_tokens = n
 
     def reset_hash(self):
@@ -446,8 +455,10 @@ cdef class KVCacheBlock:
         self._num_tokens = -1
 
     def __repr__(self):
-        prev_id = (<KVCacheBlock>self._prev).block_id if self._prev != NULL else None
-        next_id = (<KVCacheBlock>self._next).block_id if self._next != NULL else None
+        prev = self.prev_free_block
+        nxt = self.next_free_block
+        prev_id = prev.block_id if prev is not None else None
+        next_id = nxt.block_id if nxt is not None else None
         return (
             f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
             f"_block_hash={self.block_hash!r}, prev_free_block={prev_id}, "
@@ -455,68 +466,240 @@ cdef class KVCacheBlock:
         )
 
 
+cdef uint32_t _last_queue_id = 0
+# The _queue_id of a fake head or tail (no queue has it); its _pos holds its
+# queue's id.  Batch loops thus see a fake end as another queue's block.
+cdef uint32_t _FAKE_END_ID = 0xFFFFFFFF
+cdef dict _LIVE_QUEUES = {}  # queue id -> address of that live FreeKVCacheBlockQueue
+
+
+cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
+    # The live queue the block was last put in (or is a fake end of), or None.
+    cdef uint32_t queue_id = block._queue_id
+    if queue_id == _FAKE_END_ID:
+        queue_id = <uint32_t>block._pos
+    if queue_id == 0:
+        return None
+    addr = _LIVE_QUEUES.get(queue_id)
+    if addr is None:
+        return None
+    return <FreeKVCacheBlockQueue><PyObject*><uintptr_t>addr
+
+
+cdef int _set_block_key(KVCacheBlock block, object key) except -1:
+    # (A module function, not a cdef method: KVCacheBlock has no vtable.)
+    if not isinstance(key, bytes) or len(key) < 4:
+        raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
+    block._hash = key[:len(key) - 4]
+    block._group = int.from_bytes(key[len(key) - 4:], "big")
+    block._key_h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>block._hash), len(key) - 4, block._group)
+    return 0
+
+
 @cython.final
 @cython.no_gc_clear
 cdef class FreeKVCacheBlockQueue:
-    """Doubly linked list of free blocks, threaded through the blocks themselves.
+    """Queue of free blocks (a doubly linked list in vLLM), kept as a ring of pointers.
 
-    A fake head and tail (``block_id == -1``) remove the edge cases.  Removal
-    from the middle is O(1), which ``touch`` needs when a cached free block is
-    hit again.  Order: head = next to allocate, tail = most recently freed.
-    The queue owns one reference to every block it links.
+    A fake head and tail (``block_id == -1``) stand at the ends, as in vLLM.
+    Order: head = next to allocate, tail = most recently freed.
+
+    The blocks sit in one array, in queue order, at consecutive positions
+    ``[_head, _tail)`` (a position maps to the array index ``pos & _mask``),
+    so ``popleft_n`` copies pointers out of the array and ``append_n`` /
+    ``prepend_n`` write them in, without following links through block
+    objects scattered over the heap.  Removal from the middle (``touch`` of a
+    cached free block) is O(1): it leaves a NULL hole, skipped when the head
+    passes it and squeezed out when the array would otherwise grow.
+
+    A block records the id of the queue it was last put in and its position
+    there; it is in the queue iff that position is within ``[_head, _tail)``
+    and the array holds that very block there, so a popped block needs no
+    update, and a stale record (its queue gone, even its 32-bit id reused)
+    can never pass.  Ids of live queues map to the queues in a module dict,
+    used only off the hot paths (neighbour lookups, blocks that change
+    queue).  The queue owns one reference to every block it holds.
     """
 
     cdef public Py_ssize_t num_free_blocks
     cdef readonly KVCacheBlock fake_free_list_head
     cdef readonly KVCacheBlock fake_free_list_tail
-    cdef PyObject *_head
-    cdef PyObject *_tail
+    cdef PyObject **_ring
+    cdef int64_t _mask  # array size - 1 (the size is a power of 2)
+    cdef int64_t _head  # position of the first entry
+    cdef int64_t _tail  # position after the last entry
+    cdef int64_t _holes  # NULL entries within [_head, _tail)
+    cdef uint32_t _id
 
     def __cinit__(self, *args, **kwargs):
-        self.fake_free_list_head = KVCacheBlock(-1)
-        self.fake_free_list_tail = KVCacheBlock(-1)
-        self._head = <PyObject*>self.fake_free_list_head
-        self._tail = <PyObject*>self.fake_free_list_tail
-        (<KVCacheBlock>self._head)._next = self._tail
-        (<KVCacheBlock>self._tail)._prev = self._head
+        global _last_queue_id
+        cdef KVCacheBlock head = KVCacheBlock(-1)
+        cdef KVCacheBlock tail = KVCacheBlock(-1)
+        self._ring = <PyObject**>calloc(16, sizeof(PyObject*))
+        if self._ring == NULL:
+            raise MemoryError()
+        self._mask = 15
+        self._head = 0
+        self._tail = 0
+        self._holes = 0
+        # A 32-bit id, reused once they wrap around (only live queues'
+        # ids are taken): a stale id in a block is harmless, since membership
+        # is decided by the array holding that very block.
+        _last_queue_id += 1
+        while _last_queue_id == 0 or _last_queue_id == _FAKE_END_ID or _last_queue_id in _LIVE_QUEUES:
+            _last_queue_id += 1
+        _LIVE_QUEUES[_last_queue_id] = <uintptr_t><PyObject*>self
+        self._id = _last_queue_id
+        head._queue_id = tail._queue_id = _FAKE_END_ID
+        head._pos = tail._pos = self._id
+        self.fake_free_list_head = head
+        self.fake_free_list_tail = tail
         self.num_free_blocks = 0
 
-    def __init__(self, list blocks):
+    def __init__(self, list blocks not None):
+        self._ensure_room(PyList_GET_SIZE(blocks))
         self.append_n(blocks)
 
     def __dealloc__(self):
-        # Unlink every block and drop the queue's references to them.
-        cdef PyObject *curr
-        cdef PyObject *nxt
-        if self._head == NULL:
+        # Unregister first, so that nothing (a block subclass's __del__, say)
+        # can find this queue, then drop the references.
+        cdef PyObject **ring = self._ring
+        cdef int64_t pos
+        cdef PyObject *p
+        if self._id != 0 and _LIVE_QUEUES is not None:  # None late in interpreter shutdown
+            _LIVE_QUEUES.pop(self._id, None)
+        if ring == NULL:
             return
-        curr = (<KVCacheBlock>self._head)._next
-        while curr != NULL and curr != self._tail:
-            nxt = (<KVCacheBlock>curr)._next
-            (<KVCacheBlock>curr)._prev = NULL
-            (<KVCacheBlock>curr)._next = NULL
-            Py_DECREF_RAW(curr)
-            curr = nxt
-        (<KVCacheBlock>self._head)._next = NULL
-        (<KVCacheBlock>self._tail)._prev = NULL
+        self._ring = NULL
+        for pos in range(self._head, self._tail):
+            p = ring[pos & self._mask]
+            if p != NULL:
+                (<KVCacheBlock>p)._queue_id = 0
+        for pos in range(self._head, self._tail):
+            p = ring[pos & self._mask]
+            if p != NULL:
+                Py_DECREF_RAW(p)
+        free(ring)
 
+    # ------------------------------------------------------------------ the array
+    cdef inline bint _holds(self, KVCacheBlock block) noexcept:
+        """``block`` is in this queue (the fake ends are not)."""
+        cdef int64_t pos = block._pos
+        return (block._queue_id == self._id and self._head <= pos < self._tail
+                and self._ring[pos & self._mask] == <PyObject*>block)
+
+    cdef inline bint _is_fake_end(self, KVCacheBlock block) noexcept:
+        return block is self.fake_free_list_head or block is self.fake_free_list_tail
+
+    cdef int _ensure_room(self, Py_ssize_t extra) except -1:
+        # Room for ``extra`` more entries past either end: squeeze out the
+        # holes if they are half the span, else grow the array.  Either way
+        # nothing observable changes, so callers run it before any change.
+        cdef int64_t span = self._tail - self._head
+        cdef int64_t cap = self._mask + 1
+        cdef int64_t new_cap, pos
+        cdef PyObject **ring
+        if span + extra <= cap:
+            return 0
+        if self._holes * 2 >= span:
+            self._compact()
+            span = self._tail - self._head
+            if span + extra <= cap:
+                return 0
+        if span + extra > (<int64_t>1 << 40):
+            raise MemoryError(f"a free queue of {span + extra} entries is too large")
+        new_cap = cap
+        while new_cap < span + extra:
+            new_cap *= 2
+        ring = <PyObject**>calloc(new_cap, sizeof(PyObject*))
+        if ring == NULL:
+            raise MemoryError()
+        for pos in range(self._head, self._tail):  # positions (so blocks' records) stay
+            ring[pos & (new_cap - 1)] = self._ring[pos & self._mask]
+        free(self._ring)
+        self._ring = ring
+        self._mask = new_cap - 1
+        return 0
+
+    cdef void _compact(self) noexcept:
+        # Close the holes, moving later entries towards the head.
+        cdef PyObject **ring = self._ring
+        cdef int64_t mask = self._mask
+        cdef int64_t r, w = self._head
+        cdef PyObject *p
+        for r in range(self._head, self._tail):
+            p = ring[r & mask]
+            if p != NULL:
+                if w != r:
+                    ring[w & mask] = p
+                    (<KVCacheBlock>p)._pos = w
+                w += 1
+        self._tail = w
+        self._holes = 0
+
+    cdef void _drop_taken(self, int64_t start, Py_ssize_t count) noexcept:
+        # Give back the references taken for entries written at
+        # [start, start + count) outside [_head, _tail) (an unwound batch;
+        # the caller still holds the blocks).
+        cdef Py_ssize_t j
+        for j in range(count):
+            Py_DECREF_RAW(self._ring[(start + j) & self._mask])
+
+    cdef object _neighbour(self, KVCacheBlock block, bint after):
+        # The block before/after ``block`` here, a fake end, or None.
+        cdef int64_t pos
+        cdef PyObject *p
+        if block is self.fake_free_list_head:
+            if not after:
+                return None
+            pos = self._head - 1
+        elif block is self.fake_free_list_tail:
+            if after:
+                return None
+            pos = self._tail
+        elif self._holds(block):
+            pos = block._pos
+        else:
+            return None
+        while True:
+            pos += 1 if after else -1
+            if pos < self._head:
+                return self.fake_free_list_head
+            if pos >= self._tail:
+                return self.fake_free_list_tail
+            p = self._ring[pos & self._mask]
+            if p != NULL:
+                return <object>p
+
+    cdef int _queued_anywhere(self, KVCacheBlock block) except -1:
+        # In this queue or another live one, or a fake end of either.
+        cdef FreeKVCacheBlockQueue queue
+        if block._queue_id == 0:
+            return False
+        if block._queue_id == self._id:
+            return self._holds(block)
+        queue = _queue_of(block)
+        return queue is not None and (queue._holds(block) or queue._is_fake_end(block))
+
+    # ------------------------------------------------------------------ queue operations
     cpdef KVCacheBlock popleft(self):
         """Pop the head block.
 
         Raises:
             ValueError: the queue is empty.
         """
-        cdef PyObject *first = (<KVCacheBlock>self._head)._next
-        if first == self._tail:
+        cdef PyObject *p = NULL
+        while self._head < self._tail:
+            p = self._ring[self._head & self._mask]
+            self._head += 1
+            if p != NULL:
+                break
+            self._holes -= 1
+        if p == NULL:
             raise ValueError("No free blocks available")
-        cdef PyObject *nxt = (<KVCacheBlock>first)._next
-        (<KVCacheBlock>self._head)._next = nxt
-        (<KVCacheBlock>nxt)._prev = self._head
-        (<KVCacheBlock>first)._prev = NULL
-        (<KVCacheBlock>first)._next = NULL
         self.num_free_blocks -= 1
-        cdef KVCacheBlock out = <KVCacheBlock>first  # takes a new reference
-        Py_DECREF_RAW(first)  # ... so drop the queue's
+        cdef KVCacheBlock out = <KVCacheBlock>p  # takes a new reference
+        Py_DECREF_RAW(p)  # ... so drop the queue's
         return out
 
     cpdef list popleft_n(self, Py_ssize_t n):
@@ -533,30 +716,36 @@ cdef class FreeKVCacheBlockQueue:
 
     cdef list _popleft_n(self, Py_ssize_t n):
         # The caller checked 0 <= n <= num_free_blocks.  The queue's references
-        # move into the returned list.
+        # move into the returned list; the blocks themselves are not touched.
+        if n > self._tail - self._head - self._holes:  # num_free_blocks is public: trust the array
+            raise RuntimeError(f"the free queue holds {self._tail - self._head - self._holes} blocks, "
+                               f"not num_free_blocks={self.num_free_blocks}")
         cdef list out = PyList_New(n)
-        cdef PyObject *curr = (<KVCacheBlock>self._head)._next
-        cdef PyObject *last
-        cdef Py_ssize_t i
-        for i in range(n):
-            _PyList_SET_ITEM_STEAL(out, i, curr)
-            last = curr
-            curr = (<KVCacheBlock>curr)._next
-            (<KVCacheBlock>last)._prev = NULL
-            (<KVCacheBlock>last)._next = NULL
-        (<KVCacheBlock>self._head)._next = curr
-        (<KVCacheBlock>curr)._prev = self._head
+        cdef PyObject **items = (<PyListObject*>out).ob_item
+        cdef PyObject **ring = self._ring
+        cdef int64_t mask = self._mask
+        cdef int64_t pos = self._head
+        cdef Py_ssize_t j = 0, first
+        cdef PyObject *p
+        if self._holes == 0:
+            first = (mask + 1) - (pos & mask)  # entries before the array wraps
+            if first > n:
+                first = n
+            memcpy(items, ring + (pos & mask), first * sizeof(PyObject*))
+            memcpy(items + first, ring, (n - first) * sizeof(PyObject*))
+            pos += n
+        else:
+            while j < n:
+                p = ring[pos & mask]
+                pos += 1
+                if p != NULL:
+                    items[j] = p
+                    j += 1
+                else:
+                    self._holes -= 1
+        self._head = pos
         self.num_free_blocks -= n
         return out
-
-    cdef inline void _unlink(self, KVCacheBlock block) noexcept:
-        # block is linked; drops the queue's reference (the caller holds one).
-        (<KVCacheBlock>block._prev)._next = block._next
-        (<KVCacheBlock>block._next)._prev = block._prev
-        block._prev = NULL
-        block._next = NULL
-        self.num_free_blocks -= 1
-        Py_DECREF_RAW(<PyObject*>block)
 
     cpdef remove(self, KVCacheBlock block):
         """Unlink ``block`` from the middle of the queue.
@@ -564,88 +753,116 @@ cdef class FreeKVCacheBlockQueue:
         Raises:
             RuntimeError: the block is not in the queue.
         """
-        if block._prev == NULL or block._next == NULL:
+        if block is None:
+            raise TypeError("free queue entries must be KVCacheBlock, got NoneType")
+        if not self._holds(block):
             raise RuntimeError(f"remove() called on an invalid block: {block}")
-        self._unlink(block)
-
-    cdef int _check_insertable(self, list blocks) except -1:
-        # Every element a KVCacheBlock, none queued, none twice, no fake ends.
-        # Marks each with _prev = _head while checking; the caller relinks.
-        cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
-        cdef object o
-        cdef KVCacheBlock block
-        cdef bint repeat
-        for i in range(n):
-            o = <object>_PyList_GET_ITEM_RAW(blocks, i)
-            if type(o) is not KVCacheBlock:
-                if not isinstance(o, KVCacheBlock):
-                    self._unmark(blocks, i)
-                    raise TypeError(f"free queue entries must be KVCacheBlock, got {type(o).__name__}")
-            block = <KVCacheBlock>o
-            if block._prev != NULL or block._next != NULL:
-                repeat = block._prev == self._head and block._next == NULL
-                self._unmark(blocks, i)
-                if repeat:
-                    raise RuntimeError(f"block {block.block_id} appears twice in one batch")
-                raise RuntimeError(f"block {block.block_id} is already in the free queue")
-            block._prev = self._head
-        return 0
-
-    cdef void _unmark(self, list blocks, Py_ssize_t upto) noexcept:
-        cdef Py_ssize_t i
-        for i in range(upto):
-            (<KVCacheBlock>_PyList_GET_ITEM_RAW(blocks, i))._prev = NULL
+        cdef PyObject **ring = self._ring
+        cdef int64_t mask = self._mask
+        cdef int64_t pos = block._pos
+        ring[pos & mask] = NULL
+        if pos == self._head:
+            self._head += 1
+            while self._head < self._tail and ring[self._head & mask] == NULL:
+                self._head += 1
+                self._holes -= 1
+        elif pos == self._tail - 1:
+            self._tail -= 1
+            while self._tail > self._head and ring[(self._tail - 1) & mask] == NULL:
+                self._tail -= 1
+                self._holes -= 1
+        else:
+            self._holes += 1
+        self.num_free_blocks -= 1
+        Py_DECREF_RAW(<PyObject*>block)  # the queue's (the caller holds one)
 
     cpdef append(self, KVCacheBlock block):
         """Put ``block`` at the tail (freed last, evicted last)."""
-        if block._prev != NULL or block._next != NULL:
+        if block is None:
+            raise TypeError("free queue entries must be KVCacheBlock, got NoneType")
+        if self._queued_anywhere(block):
             raise RuntimeError(f"block {block.block_id} is already in the free queue")
-        self._link_after((<KVCacheBlock>self._tail)._prev, block)
-
-    cdef inline void _link_after(self, PyObject *prev, KVCacheBlock block) noexcept:
-        cdef PyObject *p = <PyObject*>block
-        cdef PyObject *nxt = (<KVCacheBlock>prev)._next
-        Py_INCREF_RAW(p)
-        block._prev = prev
-        block._next = nxt
-        (<KVCacheBlock>prev)._next = p
-        (<KVCacheBlock>nxt)._prev = p
+        self._ensure_room(1)
+        Py_INCREF_RAW(<PyObject*>block)
+        self._ring[self._tail & self._mask] = <PyObject*>block
+        block._queue_id = self._id
+        block._pos = self._tail
+        self._tail += 1
         self.num_free_blocks += 1
 
     cpdef append_n(self, list blocks):
         """Put ``blocks`` at the tail, in order (the last one ends up last)."""
-        self._check_insertable(blocks)
-        self._splice((<KVCacheBlock>self._tail)._prev, blocks)
+        self._insert_n(blocks, False)
 
     cpdef prepend_n(self, list blocks):
         """Put ``blocks`` at the head, in order (``blocks[0]`` becomes the head)."""
-        self._check_insertable(blocks)
-        self._splice(self._head, blocks)
+        self._insert_n(blocks, True)
 
-    cdef void _splice(self, PyObject *prev, list blocks) noexcept:
-        # Link the (checked, unlinked) blocks in order right after prev.
+    cdef int _insert_n(self, list blocks, bint at_head) except -1:
+        # Write the blocks, in order, just past the tail (or just before the
+        # head), then move that end over them.  A bad element (not a block,
+        # already queued, listed twice) gives back what was taken: nothing
+        # changes.  Runs no Python code between the first write and the end.
+        if blocks is None:
+            raise TypeError("blocks must be a list, not None")
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
         if n == 0:
-            return
-        cdef PyObject *after = (<KVCacheBlock>prev)._next
+            return 0
+        self._ensure_room(n)
+        cdef PyObject **items = (<PyListObject*>blocks).ob_item
+        cdef PyTypeObject *block_type = <PyTypeObject*>KVCacheBlock
+        cdef PyObject **ring = self._ring
+        cdef int64_t mask = self._mask
+        cdef uint32_t my_id = self._id
+        cdef int64_t head = self._head, tail = self._tail
+        cdef int64_t base = head - n if at_head else tail
+        cdef int64_t pos
         cdef PyObject *p
+        cdef uint32_t qid
+        cdef bint repeat, queued
         for i in range(n):
-            p = _PyList_GET_ITEM_RAW(blocks, i)
+            p = items[i]
+            if Py_TYPE_RAW(p) != block_type and not _is_block(p):
+                self._drop_taken(base, i)
+                raise TypeError(f"free queue entries must be KVCacheBlock, got {type(<object>p).__name__}")
+            qid = (<KVCacheBlock>p)._queue_id
+            if qid != 0:  # it was put in a queue once: is it there still?
+                if qid == my_id:
+                    # Here iff its position is in [head, tail) or, for an
+                    # earlier element of this batch, in [base, base + i), and
+                    # the array holds this very block there.
+                    pos = (<KVCacheBlock>p)._pos
+                    repeat = <uint64_t>(pos - base) < <uint64_t>i and ring[pos & mask] == p
+                    queued = repeat or (<uint64_t>(pos - head) < <uint64_t>(tail - head)
+                                        and ring[pos & mask] == p)
+                else:
+                    repeat = False
+                    queued = self._queued_anywhere(<KVCacheBlock>p)
+                if queued:
+                    self._drop_taken(base, i)
+                    if repeat:
+                        raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} appears twice in one batch")
+                    raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
             Py_INCREF_RAW(p)
-            (<KVCacheBlock>p)._prev = prev
-            (<KVCacheBlock>prev)._next = p
-            prev = p
-        (<KVCacheBlock>prev)._next = after
-        (<KVCacheBlock>after)._prev = prev
+            ring[(base + i) & mask] = p
+            (<KVCacheBlock>p)._pos = base + i
+            (<KVCacheBlock>p)._queue_id = my_id
+        if at_head:
+            self._head = base
+        else:
+            self._tail = base + n
         self.num_free_blocks += n
+        return 0
 
     cpdef list get_all_free_blocks(self):
         """All free blocks from head to tail (for tests and checks)."""
         cdef list out = []
-        cdef PyObject *curr = (<KVCacheBlock>self._head)._next
-        while curr != self._tail:
-            out.append(<object>curr)
-            curr = (<KVCacheBlock>curr)._next
+        cdef int64_t pos
+        cdef PyObject *p
+        for pos in range(self._head, self._tail):
+            p = self._ring[pos & self._mask]
+            if p != NULL:
+                out.append(<object>p)
         return out
 
     def __len__(self):
@@ -1015,17 +1232,6 @@ cdef inline Py_ssize_t _initial_map_keys(Py_ssize_t num_blocks) noexcept:
     return num_blocks if num_blocks < (1 << 18) else (1 << 18)
 
 
-cdef void _drop_chain(PyObject *x) noexcept:
-    # Unlink a detached chain of blocks, dropping the reference each one holds.
-    cdef PyObject *nxt
-    while x != NULL:
-        nxt = (<KVCacheBlock>x)._next
-        (<KVCacheBlock>x)._prev = NULL
-        (<KVCacheBlock>x)._next = NULL
-        Py_DECREF_RAW(x)
-        x = nxt
-
-
 cdef class BlockPool:
     """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
 
@@ -1320,74 +1526,72 @@ cdef class BlockPool:
         self._free_blocks(blocks_list)
 
     cdef int _free_blocks(self, list blocks_list) except -1:
-        # One pass: type-check, drop a reference; a block reaching 0 is
-        # chained onto the tail chain (cached) or the head chain (not cached),
-        # in list order, and gains the queue's reference.  The chains are
-        # spliced into the queue at the end, so bad input found midway is
-        # rolled back with the queue untouched.
+        # One pass: type-check, drop a reference; a block reaching 0 gains the
+        # queue's reference and is written just past the queue's tail (cached)
+        # or just before its head (not cached, written backwards and put in
+        # list order at the end).  The queue's ends move only after the pass,
+        # so bad input found midway is rolled back with the queue untouched.
+        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks_list)
+        queue._ensure_room(n)
+        cdef PyObject **items = (<PyListObject*>blocks_list).ob_item
+        cdef PyTypeObject *block_type = <PyTypeObject*>KVCacheBlock
         cdef bint caching = self.enable_caching
+        cdef PyObject **ring = queue._ring
+        cdef int64_t mask = queue._mask
+        cdef uint32_t queue_id = queue._id
+        cdef int64_t head = queue._head
+        cdef int64_t tail = queue._tail
+        cdef int64_t n_head = 0, n_tail = 0, pos
         cdef PyObject *p
-        cdef PyObject *tail_first = NULL
-        cdef PyObject *tail_last = NULL
-        cdef PyObject *head_first = NULL
-        cdef PyObject *head_last = NULL
-        cdef Py_ssize_t n_linked = 0
         for i in range(n):
-            p = _PyList_GET_ITEM_RAW(blocks_list, i)
-            if Py_TYPE_RAW(p) != <PyTypeObject*>KVCacheBlock and not isinstance(<object>p, KVCacheBlock):
-                self._undo_free(blocks_list, i, tail_first, head_first)
+            p = items[i]
+            if Py_TYPE_RAW(p) != block_type and not _is_block(p):
+                self._undo_free(blocks_list, i, n_head, n_tail)
                 raise TypeError(f"free_blocks takes KVCacheBlock, got {type(<object>p).__name__}")
             if (<KVCacheBlock>p).is_null:
                 continue
             if (<KVCacheBlock>p).ref_cnt <= 0:
-                self._undo_free(blocks_list, i, tail_first, head_first)
+                self._undo_free(blocks_list, i, n_head, n_tail)
                 raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
-            (<KVCacheBlock>p).ref_cnt -= 1
+            (<KVCacheBlock>p).ref_cnt = (<KVCacheBlock>p).ref_cnt - 1
             if (<KVCacheBlock>p).ref_cnt == 0:
-                n_linked += 1
                 Py_INCREF_RAW(p)
                 if caching and (<KVCacheBlock>p)._hash is not None:
-                    if tail_first == NULL:
-                        tail_first = p
-                    else:
-                        (<KVCacheBlock>tail_last)._next = p
-                        (<KVCacheBlock>p)._prev = tail_last
-                    tail_last = p
+                    pos = tail + n_tail
+                    n_tail += 1
                 else:
-                    if head_first == NULL:
-                        head_first = p
-                    else:
-                        (<KVCacheBlock>head_last)._next = p
-                        (<KVCacheBlock>p)._prev = head_last
-                    head_last = p
-        if n_linked == 0:
+                    n_head += 1
+                    pos = head - n_head
+                ring[pos & mask] = p
+                (<KVCacheBlock>p)._queue_id = queue_id
+                (<KVCacheBlock>p)._pos = pos
+        if n_head + n_tail == 0:
             return 0
-        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
-        cdef PyObject *x
-        if tail_first != NULL:
-            x = (<KVCacheBlock>queue._tail)._prev
-            (<KVCacheBlock>x)._next = tail_first
-            (<KVCacheBlock>tail_first)._prev = x
-            (<KVCacheBlock>tail_last)._next = queue._tail
-            (<KVCacheBlock>queue._tail)._prev = tail_last
-        if head_first != NULL:
-            x = (<KVCacheBlock>queue._head)._next
-            (<KVCacheBlock>queue._head)._next = head_first
-            (<KVCacheBlock>head_first)._prev = queue._head
-            (<KVCacheBlock>head_last)._next = x
-            (<KVCacheBlock>x)._prev = head_last
-        queue.num_free_blocks += n_linked
+        cdef int64_t lo = head - n_head, hi = head - 1
+        while lo < hi:  # the head batch went in backwards: reverse it
+            p = ring[lo & mask]
+            ring[lo & mask] = ring[hi & mask]
+            ring[hi & mask] = p
+            (<KVCacheBlock>ring[lo & mask])._pos = lo
+            (<KVCacheBlock>p)._pos = hi
+            lo += 1
+            hi -= 1
+        queue._head = head - n_head
+        queue._tail = tail + n_tail
+        queue.num_free_blocks += n_head + n_tail
         return 0
 
-    cdef void _undo_free(self, list blocks_list, Py_ssize_t upto, PyObject *tail_first,
-                         PyObject *head_first) noexcept:
-        # Unchain (dropping the references the chains took) and give back the
-        # references taken from blocks_list[:upto].
+    cdef void _undo_free(self, list blocks_list, Py_ssize_t upto, int64_t n_head,
+                         int64_t n_tail) noexcept:
+        # Give back the queue references taken for the n_head entries before
+        # the head and the n_tail past the tail (outside the queue's range, so
+        # not in it), and the references dropped from blocks_list[:upto].
         cdef Py_ssize_t i
         cdef PyObject *x
-        _drop_chain(tail_first)
-        _drop_chain(head_first)
+        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
+        queue._drop_taken(queue._head - n_head, n_head)
+        queue._drop_taken(queue._tail, n_tail)
         for i in range(upto):
             x = _PyList_GET_ITEM_RAW(blocks_list, i)
             if not (<KVCacheBlock>x).is_null:
