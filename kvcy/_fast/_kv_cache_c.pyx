@@ -13,7 +13,7 @@ import importlib
 import logging
 
 cimport cython
-from cpython.dict cimport PyDict_DelItem, PyDict_GetItem, PyDict_Next, PyDict_Size
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
 from cpython.object cimport PyObject, PyTypeObject
@@ -306,7 +306,6 @@ cdef inline object _block_hashes_of(object request):
 # Blocks and the free queue
 # =============================================================================
 cdef extern from "Python.h":
-    void _PyList_SET_ITEM_STEAL "PyList_SET_ITEM" (object lst, Py_ssize_t i, PyObject *item)
     PyObject *_PyList_GET_ITEM_RAW "PyList_GET_ITEM" (object lst, Py_ssize_t i)
     void Py_INCREF_RAW "Py_INCREF" (PyObject *o)
     void Py_DECREF_RAW "Py_DECREF" (PyObject *o)
@@ -1009,14 +1008,9 @@ cdef class BlockHashToBlockMap:
         return v
 
     cdef inline object _get(self, object block_hash, Py_ssize_t gid):
-        cdef uint64_t h = self._hash_of(block_hash, gid)
-        cdef Py_ssize_t i = self._find(<PyObject*>block_hash, <uint32_t>gid, h)
-        if i < 0:
-            return None
-        cdef PyObject *v = self._slots[i].value
-        if Py_TYPE_RAW(v) != <PyTypeObject*>KVCacheBlock:
-            return <object>_first_dict_value(v)
-        return <object>v
+        self._hash_of(block_hash, gid)  # type and range checks
+        cdef PyObject *v = self._get_raw(<PyObject*>block_hash, <uint32_t>gid)
+        return None if v == NULL else <object>v
 
     cdef int _insert(self, object block_hash, Py_ssize_t gid, KVCacheBlock block) except -1:
         self._hash_of(block_hash, gid)  # type and range checks
@@ -1065,63 +1059,44 @@ cdef class BlockHashToBlockMap:
         cdef Py_ssize_t i = self._find(<PyObject*>block_hash, <uint32_t>gid, h)
         if i < 0:
             return None
-        cdef _Slot *s = &self._slots[i]
-        cdef PyObject *v = s.value
-        cdef PyObject *k
-        cdef object block
-        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
-            if (<KVCacheBlock>v).block_id != block_id:
-                return None
-            k = s.key
-            self._delete_slot(<size_t>i)
-            Py_DECREF_RAW(k)
-            block = <object>v   # new reference ...
-            Py_DECREF_RAW(v)    # ... so drop the table's
-            return block
-        block = (<dict>v).pop(block_id, None)
-        if not <dict>v:
-            k = s.key
-            self._delete_slot(<size_t>i)
-            Py_DECREF_RAW(k)
-            Py_DECREF_RAW(v)
+        cdef object v = <object>self._slots[i].value
+        cdef object block = v.get(block_id) if type(v) is dict else v
+        if block is None or (<KVCacheBlock>block).block_id != block_id:
+            return None
+        self._remove_at(i, block_id)
         return block
 
     cdef inline void _prefetch(self, uint64_t h) noexcept:
         kvcy_prefetch(&self._slots[<size_t>h & self._mask])
 
-    cdef int _drop_block(self, KVCacheBlock block) except -1:
+    cdef inline int _drop_block(self, KVCacheBlock block) except -1:
         # _pop(block._hash, block._group, block.block_id) is not None, for a
-        # block whose key the pool set (bytes, 4-byte group id).
-        cdef Py_ssize_t i = self._find(<PyObject*>block._hash, <uint32_t>block._group, block._key_h)
-        if i < 0:
-            return False
-        cdef _Slot *s = &self._slots[i]
-        cdef PyObject *v = s.value
-        cdef PyObject *k
-        if v == <PyObject*>block:
-            k = s.key
-            self._delete_slot(<size_t>i)
-            Py_DECREF_RAW(k)
-            Py_DECREF_RAW(v)  # the caller still holds the block
-            return True
-        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
-            return False
-        return self._pop_dup(i, block.block_id)
+        # block whose key the pool set (its key hash is remembered).
+        return self._remove_at(self._find(<PyObject*>block._hash, block._group, block._key_h), block.block_id)
 
-    cdef int _pop_dup(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
-        # Remove block_id from the dict value of slot i; whether it was there.
+    cdef int _remove_at(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
+        # Remove block_id from slot i (a _find result): 1 if it was there, else 0.
+        if i < 0:
+            return 0
         cdef PyObject *v = self._slots[i].value
-        cdef PyObject *k
-        cdef object key = block_id
-        if PyDict_GetItem(<object>v, key) == NULL:
-            return False
-        PyDict_DelItem(<object>v, key)
-        if PyDict_Size(<object>v) == 0:
-            k = self._slots[i].key
-            self._delete_slot(<size_t>i)
-            Py_DECREF_RAW(k)
-            Py_DECREF_RAW(v)
-        return True
+        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+            if (<KVCacheBlock>v).block_id != block_id:
+                return 0
+            self._release_slot(<size_t>i)
+            return 1
+        if (<dict>v).pop(block_id, None) is None:
+            return 0
+        if not <dict>v:
+            self._release_slot(<size_t>i)
+        return 1
+
+    cdef void _release_slot(self, size_t i) noexcept:
+        # Empty slot i, dropping the table's references to its key and value.
+        cdef PyObject *k = self._slots[i].key
+        cdef PyObject *v = self._slots[i].value
+        self._delete_slot(i)
+        Py_DECREF_RAW(k)
+        Py_DECREF_RAW(v)
 
     # -------------------------------------------------------------- public API
     def get_one_block(self, key):
@@ -1451,28 +1426,20 @@ cdef class BlockPool:
         for i in range(num_blocks):
             p = _PyList_GET_ITEM_RAW(ret, i)
             if evict and (<KVCacheBlock>p)._hash is not None:
-                if self.enable_kv_cache_events:
-                    self._maybe_evict_cached_block(<KVCacheBlock>p)
-                elif cache._drop_block(<KVCacheBlock>p):
-                    (<KVCacheBlock>p)._hash = None
-                    (<KVCacheBlock>p)._num_tokens = -1
-                    self.num_evictions += 1
+                self._maybe_evict_cached_block(<KVCacheBlock>p)
             (<KVCacheBlock>p).ref_cnt += 1
         return ret
 
     cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
-        cdef object h = block._hash
-        if h is None:
+        if block._hash is None or not self.cached_block_hash_to_block._drop_block(block):
             return False
-        if self.cached_block_hash_to_block._pop(h, block._group, block.block_id) is None:
-            return False
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                BlockRemoved(block_hashes=[self._ext(block._hash)], medium=MEDIUM_GPU, group_idx=block._group)
+            )
         block._hash = None
         block._num_tokens = -1
         self.num_evictions += 1
-        if self.enable_kv_cache_events:
-            self.kv_event_queue.append(
-                BlockRemoved(block_hashes=[self._ext(h)], medium=MEDIUM_GPU, group_idx=block._group)
-            )
         return True
 
     def evict_blocks(self, block_ids):
