@@ -17,7 +17,7 @@ from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
 from cpython.object cimport PyObject, PyTypeObject
-from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy
 
@@ -381,19 +381,21 @@ cdef class KVCacheBlock:
     of the cycle collector (pools hold up to millions of them).
     """
 
-    # 80 bytes in all (a pymalloc size class below 96, which a pool of 10^6
-    # blocks streams through on every pass): no cdef methods (no vtable
-    # pointer), and the three 4-byte fields packed together.
+    # 64 bytes in all, one pymalloc size class and one cache line's worth
+    # (a pool of 10^6 blocks is streamed through on every pass of the free
+    # queue): no cdef methods (no vtable pointer), a 32-bit reference count
+    # beside the null flag, and the two 4-byte ids packed together.  The
+    # cache key's table hash is not kept: it is recomputed from the hash
+    # bytes (a few multiplies) when the block is evicted.
     cdef public Py_ssize_t block_id
-    cdef public Py_ssize_t ref_cnt
+    cdef public int32_t ref_cnt
+    cdef public bint is_null
     cdef object _hash
-    cdef uint64_t _key_h  # kvcy_key_hash(_hash, _group) while _hash is set
     cdef Py_ssize_t _num_tokens  # tokens up to the block's end when cached; -1: None
     # Where the block was last queued (see FreeKVCacheBlockQueue).
     cdef int64_t _pos  # its position in that queue
     cdef uint32_t _queue_id  # that queue's id; 0: never queued
     cdef uint32_t _group  # KV-cache group id of the cache key (4 bytes in the key)
-    cdef public bint is_null
 
     def __init__(self, Py_ssize_t block_id):
         self.block_id = block_id
@@ -472,6 +474,12 @@ cdef uint32_t _FAKE_END_ID = 0xFFFFFFFF
 cdef dict _LIVE_QUEUES = {}  # queue id -> address of that live FreeKVCacheBlockQueue
 
 
+cdef inline uint64_t _block_key_h(KVCacheBlock block) noexcept:
+    # The table hash of a block's cache key (block._hash must be set).
+    cdef PyObject *k = <PyObject*>block._hash
+    return kvcy_key_hash(_PyBytes_AS_STRING_RAW(k), _PyBytes_GET_SIZE_RAW(k), block._group)
+
+
 cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
     # The live queue the block was last put in (or is a fake end of), or None.
     cdef uint32_t queue_id = block._queue_id
@@ -491,7 +499,6 @@ cdef int _set_block_key(KVCacheBlock block, object key) except -1:
         raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
     block._hash = key[:len(key) - 4]
     block._group = int.from_bytes(key[len(key) - 4:], "big")
-    block._key_h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>block._hash), len(key) - 4, block._group)
     return 0
 
 
@@ -1069,10 +1076,10 @@ cdef class BlockHashToBlockMap:
     cdef inline void _prefetch(self, uint64_t h) noexcept:
         kvcy_prefetch(&self._slots[<size_t>h & self._mask])
 
-    cdef inline int _drop_block(self, KVCacheBlock block) except -1:
+    cdef inline int _drop_block(self, KVCacheBlock block, uint64_t h) except -1:
         # _pop(block._hash, block._group, block.block_id) is not None, for a
-        # block whose key the pool set (its key hash is remembered).
-        return self._remove_at(self._find(<PyObject*>block._hash, block._group, block._key_h), block.block_id)
+        # block with a key; h is _block_key_h(block).
+        return self._remove_at(self._find(<PyObject*>block._hash, block._group, h), block.block_id)
 
     cdef int _remove_at(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
         # Remove block_id from slot i (a _find result): 1 if it was there, else 0.
@@ -1200,6 +1207,12 @@ def resolve_block_hashes(hashes, Py_ssize_t hash_block_size, Py_ssize_t block_si
     return _resolve(hashes, hash_block_size, block_size)
 
 
+cdef enum:
+    # Blocks whose table lookups one batch loop starts before using any (see
+    # BlockPool._get_new_blocks and cache_full_blocks).
+    _EVICT_BATCH = 32
+
+
 cdef inline Py_ssize_t _initial_map_keys(Py_ssize_t num_blocks) noexcept:
     # A pool caches at most one key per block: size the map for all of them
     # up front (no rehash pauses in steady state), up to 2**18 keys (16 MiB of
@@ -1313,35 +1326,42 @@ cdef class BlockPool:
             off = num_cached_blocks
         cdef PyObject *hp
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        cdef Py_ssize_t ahead
+        cdef Py_ssize_t ahead, start, end
         for i in range(num_cached_blocks, num_full_blocks):  # validate before any change
             ahead = i + 8  # the hash objects are scattered: start loading a few ahead
             if ahead < num_full_blocks:
-                kvcy_prefetch(_PyList_GET_ITEM_RAW(new_block_hashes, ahead - off))
+                hp = _PyList_GET_ITEM_RAW(new_block_hashes, ahead - off)
+                kvcy_prefetch(hp)
+                kvcy_prefetch(<char*>hp + 63)
                 kvcy_prefetch(_PyList_GET_ITEM_RAW(blocks, ahead))
             hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
             if Py_TYPE_RAW(hp) != &PyBytes_Type:
                 raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
-            # The key hash goes into the (still unhashed) block now, and the
-            # table slot the insert below will probe starts loading.
-            blk._key_h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(hp), _PyBytes_GET_SIZE_RAW(hp),
-                                       <uint32_t>kv_cache_group_id)
-            cache._prefetch(blk._key_h)
         cdef bint events = self.enable_kv_cache_events
         cdef list new_hashes = [] if events else None
-        for i in range(num_cached_blocks, num_full_blocks):
-            blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-            if blk.is_null:
-                continue
-            block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
-            blk._hash = block_hash
-            blk._group = kv_cache_group_id
-            blk._num_tokens = (i + 1) * block_size
-            cache._insert_hashed(<PyObject*>block_hash, <uint32_t>kv_cache_group_id, blk._key_h, blk)
-            if events:
-                new_hashes.append(self._ext(block_hash))
+        cdef uint64_t hs[_EVICT_BATCH]
+        cdef uint32_t gid = <uint32_t>kv_cache_group_id
+        for start in range(num_cached_blocks, num_full_blocks, _EVICT_BATCH):
+            end = start + _EVICT_BATCH
+            if end > num_full_blocks:
+                end = num_full_blocks
+            for i in range(start, end):  # start loading the table slots
+                hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+                hs[i - start] = kvcy_key_hash(_PyBytes_AS_STRING_RAW(hp), _PyBytes_GET_SIZE_RAW(hp), gid)
+                cache._prefetch(hs[i - start])
+            for i in range(start, end):
+                blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
+                if blk.is_null:
+                    continue
+                block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+                blk._hash = block_hash
+                blk._group = gid
+                blk._num_tokens = (i + 1) * block_size
+                cache._insert_hashed(<PyObject*>block_hash, gid, hs[i - start], blk)
+                if events:
+                    new_hashes.append(self._ext(block_hash))
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
@@ -1408,30 +1428,51 @@ cdef class BlockPool:
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         cdef list ret = self.free_block_queue._popleft_n(num_blocks)
-        cdef Py_ssize_t i
-        cdef PyObject *p
-        cdef bint evict = self.enable_caching
-        # The popped blocks are hot in cache; eviction (which may allocate)
-        # runs after the queue is consistent again.
-        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        if evict:
-            # Independent loads first: the evictions below then find their
-            # table slots and hash objects in cache instead of missing one
-            # after another.
+        cdef PyObject **items = (<PyListObject*>ret).ob_item
+        cdef Py_ssize_t i, start, end
+        if not self.enable_caching:
             for i in range(num_blocks):
-                p = _PyList_GET_ITEM_RAW(ret, i)
+                (<KVCacheBlock>items[i]).ref_cnt += 1
+            return ret
+        # Eviction (which may allocate) runs after the queue is consistent
+        # again, a batch at a time.  Each step's loads are independent across
+        # the batch and are started for all of it before any is used: the
+        # blocks' hash objects, then the table slots their hashes lead to, so
+        # the evictions find them in cache instead of missing one after
+        # another.
+        cdef uint64_t hs[_EVICT_BATCH]
+        cdef PyObject *p
+        cdef PyObject *k
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        for start in range(0, num_blocks, _EVICT_BATCH):
+            end = start + _EVICT_BATCH
+            if end > num_blocks:
+                end = num_blocks
+            for i in range(start, end):
+                k = <PyObject*>(<KVCacheBlock>items[i])._hash
+                if k != <PyObject*>None:
+                    kvcy_prefetch(k)
+                    kvcy_prefetch(_PyBytes_AS_STRING_RAW(k))
+            for i in range(start, end):
+                p = items[i]
                 if (<KVCacheBlock>p)._hash is not None:
-                    cache._prefetch((<KVCacheBlock>p)._key_h)
-                    kvcy_prefetch(<PyObject*>(<KVCacheBlock>p)._hash)
-        for i in range(num_blocks):
-            p = _PyList_GET_ITEM_RAW(ret, i)
-            if evict and (<KVCacheBlock>p)._hash is not None:
-                self._maybe_evict_cached_block(<KVCacheBlock>p)
-            (<KVCacheBlock>p).ref_cnt += 1
+                    hs[i - start] = _block_key_h(<KVCacheBlock>p)
+                    cache._prefetch(hs[i - start])
+            for i in range(start, end):
+                p = items[i]
+                if (<KVCacheBlock>p)._hash is not None:
+                    self._evict_hashed(<KVCacheBlock>p, hs[i - start])
+                (<KVCacheBlock>p).ref_cnt += 1
         return ret
 
     cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
-        if block._hash is None or not self.cached_block_hash_to_block._drop_block(block):
+        if block._hash is None:
+            return False
+        return self._evict_hashed(block, _block_key_h(block))
+
+    cdef bint _evict_hashed(self, KVCacheBlock block, uint64_t h) except -1:
+        # _maybe_evict_cached_block for a block with a key whose table hash is h.
+        if not self.cached_block_hash_to_block._drop_block(block, h):
             return False
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
