@@ -740,6 +740,10 @@ cdef class FreeKVCacheBlockQueue:
             memcpy(items, ring + (pos & mask), first * sizeof(PyObject*))
             memcpy(items + first, ring, (n - first) * sizeof(PyObject*))
             pos += n
+            # The next pop most likely takes as many from here on: start
+            # loading that part of the array (it is cold in a large pool).
+            for j in range(0, n if n < 512 else 512, 8):
+                kvcy_prefetch(ring + ((pos + j) & mask))
         else:
             while j < n:
                 p = ring[pos & mask]
