@@ -325,6 +325,7 @@ cdef inline bint _is_block(PyObject *p) noexcept:
 cdef extern from *:
     """
     #include <stdint.h>
+    #include <stdlib.h>
     #include <string.h>
     /* A 64-bit mix of a cache key's bytes and its group id.  Block hashes
        are digests already, so this only has to spread them over the table;
@@ -350,11 +351,15 @@ cdef extern from *:
         return h;
     }
     static inline void kvcy_prefetch(const void *p) { __builtin_prefetch(p); }
-    /* Fault in fresh (calloc'd, still unmapped) pages now rather than on
-       first use in a hot path. */
-    static void kvcy_touch_pages(void *p, size_t n) {
-        volatile char *c = (volatile char *)p;
-        for (size_t i = 0; i < n; i += 4096) c[i] = 0;
+    /* A zeroed array of n items of size sz starting on a cache line, so
+       that no 32-byte table slot straddles two lines (malloc's own
+       alignment is 16 bytes).  Release with free(). */
+    static void *kvcy_calloc_lines(size_t n, size_t sz) {
+        void *p = NULL;
+        if (n != 0 && sz > ((size_t)-1) / n) return NULL;
+        if (posix_memalign(&p, 64, n * sz ? n * sz : 64) != 0) return NULL;
+        memset(p, 0, n * sz);
+        return p;
     }
     """
     uint64_t kvcy_key_hash(const char *p, Py_ssize_t n, uint32_t gid) noexcept nogil
@@ -362,7 +367,7 @@ cdef extern from *:
     Py_ssize_t _PyBytes_GET_SIZE_RAW "PyBytes_GET_SIZE" (PyObject *o) noexcept nogil
     PyTypeObject PyBytes_Type
     void kvcy_prefetch(const void *p) noexcept nogil
-    void kvcy_touch_pages(void *p, size_t n) noexcept nogil
+    void *kvcy_calloc_lines(size_t n, size_t sz) noexcept nogil
 
 
 @cython.freelist(64)
@@ -914,7 +919,7 @@ cdef class BlockHashToBlockMap:
     cdef Py_ssize_t _len   # occupied slots
 
     def __cinit__(self, *args, **kwargs):
-        self._slots = <_Slot*>calloc(16, sizeof(_Slot))
+        self._slots = <_Slot*>kvcy_calloc_lines(16, sizeof(_Slot))
         if self._slots == NULL:
             raise MemoryError()
         self._mask = 15
@@ -952,13 +957,13 @@ cdef class BlockHashToBlockMap:
 
     cdef int _reserve(self, Py_ssize_t n) except -1:
         # Room for n keys without growing (a pool caches at most one key per
-        # block), with the pages faulted in up front.
+        # block); the new table's pages are faulted in here (it is zeroed
+        # when allocated), not in a hot path.
         cdef size_t cap = self._mask + 1
         while <size_t>n * 2 > cap:
             cap *= 2
         if cap > self._mask + 1:
             self._rehash(cap)
-        kvcy_touch_pages(self._slots, (self._mask + 1) * sizeof(_Slot))
         return 0
 
     cdef int _grow(self) except -1:
@@ -967,7 +972,7 @@ cdef class BlockHashToBlockMap:
     cdef int _rehash(self, size_t new_cap) except -1:
         cdef size_t old_cap = self._mask + 1, i, j
         cdef _Slot *old = self._slots
-        cdef _Slot *new = <_Slot*>calloc(new_cap, sizeof(_Slot))
+        cdef _Slot *new = <_Slot*>kvcy_calloc_lines(new_cap, sizeof(_Slot))
         if new == NULL:
             raise MemoryError()
         for i in range(old_cap):
@@ -1078,7 +1083,11 @@ cdef class BlockHashToBlockMap:
         return block
 
     cdef inline void _prefetch(self, uint64_t h) noexcept:
-        kvcy_prefetch(&self._slots[<size_t>h & self._mask])
+        # The key's home slot and the next one (a probe or a deletion's
+        # backward shift goes on there; often the same cache line).
+        cdef size_t i = <size_t>h & self._mask
+        kvcy_prefetch(&self._slots[i])
+        kvcy_prefetch(&self._slots[(i + 1) & self._mask])
 
     cdef inline int _drop_block(self, KVCacheBlock block, uint64_t h) except -1:
         # _pop(block._hash, block._group, block.block_id) is not None, for a
