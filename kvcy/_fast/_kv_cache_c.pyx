@@ -16,6 +16,7 @@ cimport cython
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
@@ -351,6 +352,53 @@ cdef extern from *:
         return h;
     }
     static inline void kvcy_prefetch(const void *p) { __builtin_prefetch(p); }
+
+    /* KVCacheBlock memory: 64-byte objects on 64-byte boundaries, carved in
+       order from 1 MiB slabs, so that a block's header and fields share one
+       cache line (pymalloc would put each across two) and a pool's blocks
+       lie in address order.  Freed objects go on a free list and are reused
+       (last freed first); slabs are kept for reuse, not returned.  Only the
+       exact KVCacheBlock type uses this: heap subclasses get CPython's own
+       tp_alloc / tp_free, and objects of other sizes are never seen. */
+    #define KVCY_BLOCK_BYTES 64
+    #define KVCY_SLAB_BYTES (1 << 20)
+    typedef struct kvcy_free_obj { struct kvcy_free_obj *next; } kvcy_free_obj;
+    static kvcy_free_obj *kvcy_block_free = NULL;
+    static char *kvcy_slab_next = NULL;
+    static char *kvcy_slab_end = NULL;
+    static PyObject *kvcy_block_alloc(PyTypeObject *type, Py_ssize_t nitems) {
+        char *mem;
+        (void)nitems;
+        if (kvcy_block_free != NULL) {
+            mem = (char *)kvcy_block_free;
+            kvcy_block_free = kvcy_block_free->next;
+        } else {
+            if (kvcy_slab_next == kvcy_slab_end) {
+                void *slab = NULL;
+                if (posix_memalign(&slab, 4096, KVCY_SLAB_BYTES) != 0) return PyErr_NoMemory();
+                kvcy_slab_next = (char *)slab;
+                kvcy_slab_end = kvcy_slab_next + KVCY_SLAB_BYTES;
+            }
+            mem = kvcy_slab_next;
+            kvcy_slab_next += KVCY_BLOCK_BYTES;
+        }
+        memset(mem, 0, KVCY_BLOCK_BYTES);
+        return PyObject_Init((PyObject *)mem, type);
+    }
+    static void kvcy_block_release(void *p) {
+        kvcy_free_obj *f = (kvcy_free_obj *)p;
+        f->next = kvcy_block_free;
+        kvcy_block_free = f;
+    }
+    /* Point the type at the allocator above when its objects fit (they do
+       on 64-bit CPython); before any instance exists.  1 if installed. */
+    static int kvcy_install_block_alloc(PyTypeObject *type) {
+        if (type->tp_basicsize > KVCY_BLOCK_BYTES || type->tp_itemsize != 0
+                || (type->tp_flags & Py_TPFLAGS_HAVE_GC)) return 0;
+        type->tp_alloc = kvcy_block_alloc;
+        type->tp_free = kvcy_block_release;
+        return 1;
+    }
     /* A zeroed array of n items of size sz starting on a cache line, so
        that no 32-byte table slot straddles two lines (malloc's own
        alignment is 16 bytes).  Release with free(). */
@@ -367,10 +415,10 @@ cdef extern from *:
     Py_ssize_t _PyBytes_GET_SIZE_RAW "PyBytes_GET_SIZE" (PyObject *o) noexcept nogil
     PyTypeObject PyBytes_Type
     void kvcy_prefetch(const void *p) noexcept nogil
+    int kvcy_install_block_alloc(PyTypeObject *t) noexcept
     void *kvcy_calloc_lines(size_t n, size_t sz) noexcept nogil
 
 
-@cython.freelist(64)
 @cython.no_gc
 cdef class KVCacheBlock:
     """One KV-cache block: id, reference count, cache key, free-queue position.
@@ -470,6 +518,11 @@ cdef class KVCacheBlock:
             f"_block_hash={self.block_hash!r}, prev_free_block={prev_id}, "
             f"next_free_block={next_id})"
         )
+
+
+# Blocks come from cache-line aligned slabs (see kvcy_block_alloc); this runs
+# before any block is made.
+_ALIGNED_BLOCKS = bool(kvcy_install_block_alloc(<PyTypeObject*>KVCacheBlock))
 
 
 cdef uint32_t _last_queue_id = 0
@@ -2685,10 +2738,17 @@ cdef class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
             )
-        if (self._full is not None and new_computed_blocks is None and n_new_comp == 0 and n_ext == 0
-                and not full_sequence_must_fit and type(request) is Request):
-            return self._extend_slots(<Request>request, n_new, n_look, n_reserved,
-                                      delay_cache_blocks, has_scheduled_reqs)
+        cdef tuple hit_groups
+        if self._full is not None and n_ext == 0 and type(request) is Request:
+            if new_computed_blocks is None:
+                return self._full_slots(<Request>request, n_new, n_new_comp, None, n_look, n_reserved,
+                                        delay_cache_blocks, has_scheduled_reqs, full_sequence_must_fit)
+            if type(new_computed_blocks) is KVCacheBlocks:
+                hit_groups = (<KVCacheBlocks>new_computed_blocks).blocks
+                if hit_groups is not None and PyTuple_GET_SIZE(hit_groups) == 1:
+                    return self._full_slots(<Request>request, n_new, n_new_comp, hit_groups[0], n_look,
+                                            n_reserved, delay_cache_blocks, has_scheduled_reqs,
+                                            full_sequence_must_fit)
         cdef str request_id
         cdef Py_ssize_t num_computed, num_in_flight
         cdef object status
@@ -2781,29 +2841,26 @@ cdef class KVCacheManager:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(new_blocks)
 
-    cdef object _extend_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_look,
-                              Py_ssize_t n_reserved, bint delay_cache_blocks, bint has_scheduled_reqs):
-        # allocate_slots for one plain full-attention group and no new prefix
-        # hits (decode steps, prefill chunks): the general path with the
-        # no-op parts (skipped blocks, admission cap, hit accounting) left
-        # out and each dict read once.  Same decisions, same errors.
+    cdef object _full_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_new_comp, object hits,
+                            Py_ssize_t n_look, Py_ssize_t n_reserved, bint delay_cache_blocks,
+                            bint has_scheduled_reqs, bint full_sequence_must_fit):
+        # allocate_slots for one plain full-attention group and no external
+        # tokens -- admissions with their prefix hits, prefill chunks, decode
+        # steps: the general path with its no-op layers for this case (skipped
+        # blocks, admission cap, per-group loops) left out and each dict read
+        # at most once.  Same decisions, same errors, in the same order.
+        # hits: the group's new computed blocks (a sequence), or None.
         cdef str request_id = request.request_id
         cdef Py_ssize_t num_computed = request.num_computed_tokens
-        if num_computed + n_new > self.max_model_len:
+        cdef Py_ssize_t num_local = num_computed + n_new_comp
+        if num_local + n_new > self.max_model_len:
             raise ValueError(
-                f"request {request_id!r}: {num_computed} computed + 0 new computed + "
+                f"request {request_id!r}: {num_computed} computed + {n_new_comp} new computed + "
                 f"0 external + {n_new} new tokens exceed "
                 f"max_model_len={self.max_model_len}"
             )
         cdef FullAttentionManager mgr = self._full
         cdef BlockPool pool = self.block_pool
-        cdef Py_ssize_t watermark_blocks = 0
-        cdef object status = request.status
-        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
-            watermark_blocks = self.watermark_blocks
-        cdef Py_ssize_t need_slot = num_computed + n_new + n_look
-        if need_slot > self.max_model_len:
-            need_slot = self.max_model_len
         cdef PyObject *p
         if request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen:
             # Remember the manager's entries for this request (valid until
@@ -2816,32 +2873,104 @@ cdef class KVCacheManager:
             request._kv_gen = mgr._gen
         cdef list req_blocks = request._kv_blocks
         cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
-        cdef Py_ssize_t needed = _cdiv(need_slot, mgr.block_size) - have
-        if needed < 0:
+        # The hits: every one a block (checked before any change), the free
+        # ones counted (touching them takes them out of the free pool).
+        cdef Py_ssize_t i, n_hits = 0, n_evictable = 0
+        cdef list hit_list = None
+        cdef PyObject *bp
+        if hits is not None:
+            n_hits = len(hits)
+        if n_hits > 0:
+            if req_blocks is not None:
+                raise ValueError(
+                    f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
+                    "a request's first allocation"
+                )
+            hit_list = hits if type(hits) is list else list(hits)
+            n_hits = PyList_GET_SIZE(hit_list)
+            for i in range(n_hits):
+                bp = _PyList_GET_ITEM_RAW(hit_list, i)
+                if not _is_block(bp):
+                    raise TypeError(f"new_computed_blocks holds {type(<object>bp).__name__}, not KVCacheBlock")
+                if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
+                    n_evictable += 1
+        cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
+        cdef Py_ssize_t watermark_blocks = 0
+        cdef object status = request.status
+        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
+            watermark_blocks = self.watermark_blocks
+        # Blocks to take from the free pool for n tokens (vLLM's count: a
+        # request whose hits were cached already only needs the difference).
+        cdef Py_ssize_t n_full_tokens, needed
+        cdef Py_ssize_t bs = mgr.block_size
+        if full_sequence_must_fit:
+            n_full_tokens = PyList_GET_SIZE(request._all_token_ids)
+            if n_full_tokens > self.max_model_len:
+                n_full_tokens = self.max_model_len
+            needed = _cdiv(n_full_tokens, bs) - have
+            if request._kv_ncached < 0:
+                needed -= n_hits
+                if needed < 0:
+                    needed = 0
+                needed += n_evictable
+            elif needed < 0:
+                needed = 0
+            if needed + watermark_blocks > pool.free_block_queue.num_free_blocks:
+                return None
+        cdef Py_ssize_t need_slot = total_computed + n_new + n_look
+        if need_slot > self.max_model_len:
+            need_slot = self.max_model_len
+        needed = _cdiv(need_slot, bs) - have
+        if request._kv_ncached < 0:
+            needed -= n_hits
+            if needed < 0:
+                needed = 0
+            needed += n_evictable
+        elif needed < 0:
             needed = 0
         if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
             return None
-        cdef list new_blocks = None
-        if req_blocks is None:
+        # From here on nothing can fail but a broken invariant.
+        if n_hits > 0:
+            if request._kv_ncached >= 0:
+                raise RuntimeError(
+                    f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
+                )
+            if mgr.enable_caching:
+                pool._touch(hit_list)
+            req_blocks = list(hit_list)
+            mgr._gen = _next_gen()
+            mgr.req_to_blocks[request_id] = req_blocks
+            mgr.num_cached_block[request_id] = n_hits
+            request._kv_blocks = req_blocks
+            request._kv_ncached = n_hits
+            request._kv_gen = mgr._gen
+        elif req_blocks is None:
             req_blocks = []
+            mgr._gen = _next_gen()
             mgr.req_to_blocks[request_id] = req_blocks
             request._kv_blocks = req_blocks
-        if needed > 0:
-            new_blocks = pool._get_new_blocks(needed)
+            request._kv_gen = mgr._gen
+        cdef list new_blocks = None
+        cdef Py_ssize_t n_more = _cdiv(need_slot, bs) - PyList_GET_SIZE(req_blocks)
+        if n_more > 0:
+            new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
         cdef Py_ssize_t n_cache, req_tokens, num_full, num_cached
         if self.enable_caching and not delay_cache_blocks:
-            n_cache = num_computed + n_new
+            n_cache = total_computed + n_new
             req_tokens = PyList_GET_SIZE(request._all_token_ids)
             if n_cache > req_tokens:
                 n_cache = req_tokens
-            num_full = n_cache // mgr.block_size
+            num_full = n_cache // bs
             num_cached = request._kv_ncached
             if num_cached < 0:
                 num_cached = 0
             if num_cached < num_full:
-                pool.cache_full_blocks(request, req_blocks, num_cached, num_full, mgr.block_size,
-                                       mgr.kv_cache_group_id)
+                pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs, mgr.kv_cache_group_id)
+                if request._kv_ncached < 0:
+                    mgr._gen = _next_gen()
+                    request._kv_gen = mgr._gen
                 mgr.num_cached_block[request_id] = num_full
                 request._kv_ncached = num_full
         if new_blocks is None:
