@@ -487,3 +487,93 @@ def test_request_reused_across_frees_and_managers(seed):
                                                      hash_block_size=BS) for _ in range(2)], seed)
 
     assert run(cy) == run(py)
+
+
+def _fast_vs_general_script(kv, seed, subclass):
+    """Random admissions (with hits, must-fit, watermark, reserves, lookahead,
+    delayed caching), chunks, decode steps, frees and bad calls on one
+    compiled manager; every result, exception and block table, in order."""
+    import random
+
+    req_cls = kv.Request if not subclass else type("SubRequest", (kv.Request,), {})
+    rng = random.Random(seed)
+    m = kv.KVCacheManager(full_config(24), max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                          watermark=0.1, enable_kv_cache_events=True)
+    prefixes = [[5] * 12, [1, 2, 3, 4, 5, 6, 7, 8], []]
+    live = {}
+    trace = []
+
+    def note(tag, fn):
+        try:
+            out = fn()
+            trace.append((tag, "ok", out.get_block_ids() if hasattr(out, "get_block_ids") else out))
+        except (ValueError, TypeError, RuntimeError) as exc:
+            trace.append((tag, type(exc).__name__, str(exc)))
+
+    for step in range(160):
+        op = rng.random()
+        if op < 0.35 or not live:
+            name = f"q{step}"
+            tokens = rng.choice(prefixes) + [rng.randrange(20) for _ in range(rng.randrange(1, 30))]
+            r = req_cls(name, tokens, block_hasher=hasher())
+            blocks, hit, _ = m.get_computed_blocks(r)
+            trace.append(("hit", hit, blocks.get_block_ids()))
+            n = r.num_tokens - hit if rng.random() < 0.7 else max(1, (r.num_tokens - hit) // 2)
+            kw = dict(num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                      full_sequence_must_fit=rng.random() < 0.5, has_scheduled_reqs=bool(live),
+                      num_lookahead_tokens=rng.choice([0, 0, 3]), reserved_blocks=rng.choice([0, 0, 2]),
+                      delay_cache_blocks=rng.random() < 0.1)
+            before = len(trace)
+            note("admit", lambda: m.allocate_slots(r, n, **kw))
+            if trace[before][1] == "ok" and trace[before][2] is not None:
+                r.num_computed_tokens = hit + n
+                r.status = RequestStatus.RUNNING
+                live[name] = r
+                # Hits handed to a request that already holds blocks: refused.
+                if hit:
+                    note("again", lambda: m.allocate_slots(r, 1, num_new_computed_tokens=hit,
+                                                           new_computed_blocks=blocks))
+        elif op < 0.75:
+            r = live[rng.choice(sorted(live))]
+            if r.num_computed_tokens >= r.num_tokens:
+                r.append_output_token_ids(rng.randrange(20))
+            n = min(r.num_tokens - r.num_computed_tokens, rng.choice([1, 1, 5]))
+            before = len(trace)
+            note("extend", lambda: m.allocate_slots(r, n, num_lookahead_tokens=rng.choice([0, 2])))
+            if trace[before][1] == "ok" and trace[before][2] is not None:
+                r.num_computed_tokens += n
+        elif op < 0.9:
+            name = rng.choice(sorted(live))
+            note("free", lambda: m.free(live.pop(name)))
+        else:
+            r = req_cls(f"bad{step}", [1] * 70, block_hasher=hasher())
+            bad = kv.KVCacheBlocks(([object()],))
+            note("too long", lambda: m.allocate_slots(r, 70))
+            r2 = req_cls(f"bad2{step}", [1, 2, 3], block_hasher=hasher())
+            note("not blocks", lambda: m.allocate_slots(r2, 3, num_new_computed_tokens=0, new_computed_blocks=bad))
+        trace.append(("state", m.block_pool.get_num_free_blocks(),
+                      [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()],
+                      sorted((k, m.get_block_ids(k)) for k in live)))
+    trace.append(("events", len(m.take_events())))
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_fast_path_matches_general_path(seed):
+    """The compiled manager's fast path (a kvcy Request on one full-attention
+    group) makes exactly the decisions, with exactly the errors, of its general
+    path (reached with a Request subclass), which the pure-Python twin mirrors."""
+    from kvcy import _fast
+
+    if "cython" not in _fast.available():
+        pytest.skip("compiled twins not built")
+    cy = _fast.load("cython")["kv_cache"]
+    fast = _fast_vs_general_script(cy, seed, subclass=False)
+    general = _fast_vs_general_script(cy, seed, subclass=True)
+    assert fast == general
+    # Bad hits: a clear TypeError, before anything changes (the state rows
+    # after them are compared above).
+    bad = [t for t in fast if t[0] == "not blocks"]
+    assert bad and all(t[1] == "TypeError" for t in bad)
+    assert any(t[0] == "admit" and t[1] == "ok" for t in fast)
+    assert any(t[0] == "again" and t[1] == "ValueError" for t in fast)

@@ -2559,6 +2559,19 @@ cdef class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
 
+cdef list _check_hit_blocks(object blocks):
+    # One group's new computed blocks as a list, every one a KVCacheBlock
+    # (the manager reads their C fields), or TypeError.
+    cdef list out = blocks if type(blocks) is list else list(blocks)
+    cdef Py_ssize_t i
+    cdef PyObject *bp
+    for i in range(PyList_GET_SIZE(out)):
+        bp = _PyList_GET_ITEM_RAW(out, i)
+        if not _is_block(bp):
+            raise TypeError(f"new_computed_blocks holds {type(<object>bp).__name__}, not KVCacheBlock")
+    return out
+
+
 cdef class KVCacheManager:
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
 
@@ -2796,6 +2809,8 @@ cdef class KVCacheManager:
                         f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                         "a request's first allocation"
                     )
+                for g in new_blocks_list:
+                    _check_hit_blocks(g)
 
         cdef Py_ssize_t total_computed_tokens = num_local_computed_tokens + n_ext
         if total_computed_tokens > self.max_model_len:
@@ -2886,12 +2901,10 @@ cdef class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
-            hit_list = hits if type(hits) is list else list(hits)
+            hit_list = _check_hit_blocks(hits)
             n_hits = PyList_GET_SIZE(hit_list)
             for i in range(n_hits):
                 bp = _PyList_GET_ITEM_RAW(hit_list, i)
-                if not _is_block(bp):
-                    raise TypeError(f"new_computed_blocks holds {type(<object>bp).__name__}, not KVCacheBlock")
                 if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
                     n_evictable += 1
         cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
