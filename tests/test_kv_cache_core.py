@@ -577,3 +577,38 @@ def test_compiled_fast_path_matches_general_path(seed):
     assert bad and all(t[1] == "TypeError" for t in bad)
     assert any(t[0] == "admit" and t[1] == "ok" for t in fast)
     assert any(t[0] == "again" and t[1] == "ValueError" for t in fast)
+
+
+def test_two_request_objects_with_one_id_share_its_blocks():
+    """Two live Request objects with the same id (a serving loop's mistake)
+    address one entry, as in vLLM: calls through either see the blocks and
+    cached count the other made, and one free returns every block."""
+    from kvcy import _fast
+
+    if "cython" not in _fast.available():
+        pytest.skip("compiled twins not built")
+    results = {}
+    for name in ("cython", "python"):
+        kv = _fast.load(name)["kv_cache"]
+        m = kv.KVCacheManager(full_config(16), max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+        a, b = (kv.Request("x", list(range(6)), block_hasher=hasher()) for _ in range(2))
+        out = [m.allocate_slots(a, 6).get_block_ids()]
+        for r in (a, b):
+            r.num_computed_tokens = 6
+        for step in range(14):
+            for r in (a, b):
+                r.append_output_token_ids(step)
+            who = a if step % 3 else b
+            got = m.allocate_slots(who, 1)
+            out.append(None if got is None else got.get_block_ids())
+            for r in (a, b):
+                r.num_computed_tokens += 1
+            out.append(m.get_block_ids("x"))
+        out.append(len(m.block_pool.cached_block_hash_to_block))
+        m.free(b)
+        out.append(m.block_pool.get_num_free_blocks())
+        with pytest.raises(ValueError):
+            m.free(a)
+        results[name] = out
+    assert results["cython"] == results["python"]
+    assert results["python"][-1] == 15

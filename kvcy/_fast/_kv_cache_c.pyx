@@ -162,7 +162,7 @@ cdef class Request:
     cdef public list block_hashes
     cdef public Py_ssize_t num_in_flight_tokens
     # The manager's own per-request bookkeeping, remembered here so a decode
-    # step needs no dict lookups (see KVCacheManager._extend_slots).
+    # step needs no dict lookups (see KVCacheManager._full_slots).
     cdef PyObject *_kv_owner     # the single-type manager it belongs to (identity only)
     cdef Py_ssize_t _kv_gen      # that manager's _gen when it was remembered
     cdef list _kv_blocks         # req_to_blocks[request_id], or None: no entry
@@ -1727,10 +1727,11 @@ cdef class SingleTypeKVCacheManager:
     cdef public dict req_to_blocks
     cdef public dict num_cached_block
     # Changes whenever an entry of the two dicts above is added, replaced or
-    # removed other than through KVCacheManager._extend_slots (which keeps the
-    # request's own record in step); a request's remembered entries are valid
-    # only while it matches.  Values come from one process-wide counter, so a
-    # new manager never repeats an old one's.
+    # removed other than through KVCacheManager._full_slots (which keeps the
+    # request's own record in step and re-reads what another Request object
+    # of the same id could have added there); a request's remembered entries
+    # are valid only while it matches.  Values come from one process-wide
+    # counter, so a new manager never repeats an old one's.
     cdef Py_ssize_t _gen
     cdef public KVCacheBlock _null_block
 
@@ -2877,9 +2878,14 @@ cdef class KVCacheManager:
         cdef FullAttentionManager mgr = self._full
         cdef BlockPool pool = self.block_pool
         cdef PyObject *p
-        if request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen:
-            # Remember the manager's entries for this request (valid until
-            # the manager's _gen moves on).
+        if (request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen
+                or request._kv_blocks is None):
+            # Remember the manager's entries for this request.  The record
+            # stays valid until the manager's _gen moves on (a removal, or any
+            # change outside this path), with two exceptions this path checks
+            # itself: "no entry" is always re-read, and so is the cached count
+            # before caching (another Request object with the same id may have
+            # added or advanced them here).
             p = PyDict_GetItem(mgr.req_to_blocks, request_id)
             request._kv_blocks = None if p == NULL else <list>p
             p = PyDict_GetItem(mgr.num_cached_block, request_id)
@@ -2952,18 +2958,14 @@ cdef class KVCacheManager:
             if mgr.enable_caching:
                 pool._touch(hit_list)
             req_blocks = list(hit_list)
-            mgr._gen = _next_gen()
             mgr.req_to_blocks[request_id] = req_blocks
             mgr.num_cached_block[request_id] = n_hits
             request._kv_blocks = req_blocks
             request._kv_ncached = n_hits
-            request._kv_gen = mgr._gen
         elif req_blocks is None:
             req_blocks = []
-            mgr._gen = _next_gen()
             mgr.req_to_blocks[request_id] = req_blocks
             request._kv_blocks = req_blocks
-            request._kv_gen = mgr._gen
         cdef list new_blocks = None
         cdef Py_ssize_t n_more = _cdiv(need_slot, bs) - PyList_GET_SIZE(req_blocks)
         if n_more > 0:
@@ -2976,16 +2978,14 @@ cdef class KVCacheManager:
             if n_cache > req_tokens:
                 n_cache = req_tokens
             num_full = n_cache // bs
-            num_cached = request._kv_ncached
-            if num_cached < 0:
-                num_cached = 0
-            if num_cached < num_full:
-                pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs, mgr.kv_cache_group_id)
-                if request._kv_ncached < 0:
-                    mgr._gen = _next_gen()
-                    request._kv_gen = mgr._gen
-                mgr.num_cached_block[request_id] = num_full
-                request._kv_ncached = num_full
+            if request._kv_ncached < num_full:
+                p = PyDict_GetItem(mgr.num_cached_block, request_id)  # (see the record above)
+                num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+                if num_cached < num_full:
+                    pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs,
+                                           mgr.kv_cache_group_id)
+                    mgr.num_cached_block[request_id] = num_full
+                request._kv_ncached = num_full if num_cached < num_full else num_cached
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks((new_blocks,))
