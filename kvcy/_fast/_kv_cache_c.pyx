@@ -946,6 +946,13 @@ cdef inline tuple _split_key(object key):
     return key[:len(key) - 4], int.from_bytes(key[len(key) - 4:], "big")
 
 
+cdef enum:
+    # The table is kept at most 1/_LOAD_INV full: short probe runs, so a
+    # deletion's backward shift and an insert's probe rarely leave the home
+    # slot's cache line.
+    _LOAD_INV = 4
+
+
 cdef struct _Slot:
     uint64_t h         # kvcy_key_hash of (key, gid)
     PyObject *key      # the block hash (bytes), owned; NULL: empty slot
@@ -962,7 +969,7 @@ cdef class BlockHashToBlockMap:
     insertion order.  Keys are vLLM's ``BlockHashWithGroupId`` (block hash +
     4-byte group id) at the public methods.  Inside, the map is an
     open-addressing table (linear probing, backward-shift deletion, at most
-    half full) keyed by (block hash bytes, group id), so a lookup with a
+    a quarter full) keyed by (block hash bytes, group id), so a lookup with a
     request's own hash object builds no key and calls no Python code.
     ``keys()`` comes in table order, not insertion order.
     """
@@ -1013,7 +1020,7 @@ cdef class BlockHashToBlockMap:
         # block); the new table's pages are faulted in here (it is zeroed
         # when allocated), not in a hot path.
         cdef size_t cap = self._mask + 1
-        while <size_t>n * 2 > cap:
+        while <size_t>n * _LOAD_INV > cap:
             cap *= 2
         if cap > self._mask + 1:
             self._rehash(cap)
@@ -1110,7 +1117,7 @@ cdef class BlockHashToBlockMap:
             else:
                 (<dict>v)[block.block_id] = block
             return 0
-        if <size_t>(self._len + 1) * 2 > self._mask + 1:
+        if <size_t>(self._len + 1) * _LOAD_INV > self._mask + 1:
             self._grow()
             i = self._find(block_hash, gid, h)
         s = &self._slots[-1 - i]
@@ -1281,9 +1288,9 @@ cdef enum:
 
 cdef inline Py_ssize_t _initial_map_keys(Py_ssize_t num_blocks) noexcept:
     # A pool caches at most one key per block: size the map for all of them
-    # up front (no rehash pauses in steady state), up to 2**18 keys (16 MiB of
+    # up front (no rehash pauses in steady state), up to 2**17 keys (16 MiB of
     # table); bigger pools grow it as their cache fills.
-    return num_blocks if num_blocks < (1 << 18) else (1 << 18)
+    return num_blocks if num_blocks < (1 << 17) else (1 << 17)
 
 
 cdef class BlockPool:
