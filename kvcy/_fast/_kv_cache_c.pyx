@@ -1046,7 +1046,7 @@ cdef class BlockHashToBlockMap:
         free(old)
         return 0
 
-    cdef void _delete_slot(self, size_t i) noexcept:
+    cdef inline void _delete_slot(self, size_t i) noexcept:
         # Empty slot i (its references already taken over) and shift the
         # following run back so every key stays reachable from its home slot.
         cdef size_t j = i, home
@@ -1154,7 +1154,7 @@ cdef class BlockHashToBlockMap:
         # block with a key; h is _block_key_h(block).
         return self._remove_at(self._find(<PyObject*>block._hash, block._group, h), block.block_id)
 
-    cdef int _remove_at(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
+    cdef inline int _remove_at(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
         # Remove block_id from slot i (a _find result): 1 if it was there, else 0.
         if i < 0:
             return 0
@@ -1170,7 +1170,7 @@ cdef class BlockHashToBlockMap:
             self._release_slot(<size_t>i)
         return 1
 
-    cdef void _release_slot(self, size_t i) noexcept:
+    cdef inline void _release_slot(self, size_t i) noexcept:
         # Empty slot i, dropping the table's references to its key and value.
         cdef PyObject *k = self._slots[i].key
         cdef PyObject *v = self._slots[i].value
