@@ -1922,6 +1922,24 @@ cdef class SingleTypeKVCacheManager:
                                alignment_tokens)
 
 
+cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_blocks, uint32_t gid,
+                         list out) except -1:
+    # Append the blocks cached under hashes[0], hashes[1], ... (group gid)
+    # to out, stopping at the first miss or after max_blocks.
+    cdef Py_ssize_t i
+    cdef PyObject *hp
+    cdef PyObject *bp
+    for i in range(max_blocks):
+        hp = _PyList_GET_ITEM_RAW(hashes, i)
+        if Py_TYPE_RAW(hp) != &PyBytes_Type:
+            raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+        bp = cache._get_raw(hp, gid)
+        if bp == NULL:
+            break
+        out.append(<object>bp)
+    return 0
+
+
 cdef class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every token's KV is kept until the request finishes."""
 
@@ -1943,15 +1961,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
             blocks0 = []
             gid = group_ids[0]
             if type(hashes) is list and 0 <= gid <= 0xFFFFFFFF:
-                cache = pool.cached_block_hash_to_block
-                for i in range(max_blocks):
-                    hp = _PyList_GET_ITEM_RAW(hashes, i)
-                    if Py_TYPE_RAW(hp) != &PyBytes_Type:
-                        raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
-                    bp = cache._get_raw(hp, <uint32_t>gid)
-                    if bp == NULL:
-                        break
-                    blocks0.append(<object>bp)
+                _hits_from_list(pool.cached_block_hash_to_block, <list>hashes, max_blocks, <uint32_t>gid, blocks0)
             else:
                 for i in range(max_blocks):
                     blk = pool._get_one(hashes[i], gid)
@@ -2613,6 +2623,7 @@ cdef class KVCacheManager:
     cdef public KVCacheBlocks empty_kv_cache_blocks
     cdef public tuple _group_block_sizes
     cdef FullAttentionManager _full  # the only manager, when it is plain full attention: the decode fast path
+    cdef bint _full_lookup_ok  # ... and get_computed_blocks needs no stats, events, EAGLE or coarser hashes
     cdef dict __dict__
 
     def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
@@ -2657,6 +2668,12 @@ cdef class KVCacheManager:
         self._full = None
         if len(managers) == 1 and type(managers[0]) is FullAttentionManager:
             self._full = <FullAttentionManager>managers[0]
+        self._full_lookup_ok = (
+            self._full is not None and self.enable_caching and not self.log_stats
+            and not self.enable_kv_cache_events and type(self.coordinator) is UnitaryKVCacheCoordinator
+            and not (<UnitaryKVCacheCoordinator>self.coordinator).use_eagle
+            and self._full.block_size == self.block_pool.hash_block_size
+        )
 
     # ------------------------------------------------------------------ info
     @property
@@ -2687,6 +2704,11 @@ cdef class KVCacheManager:
             ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
             never covers the request's last token.
         """
+        if self._full_lookup_ok and type(request) is Request:
+            return self._full_lookup(<Request>request)
+        return self._general_lookup(request)
+
+    cdef object _general_lookup(self, request):
         cdef bint skip
         if type(request) is Request:
             skip = (<Request>request).skip_reading_prefix_cache
@@ -2717,6 +2739,27 @@ cdef class KVCacheManager:
                     )
         boundary = num_new_computed_tokens + num_uncached if num_uncached else 0
         return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens, boundary
+
+    cdef object _full_lookup(self, Request request):
+        # get_computed_blocks for one plain full-attention group with no
+        # stats, events or EAGLE: the same search without the coordinator's
+        # layers and tuples.
+        if request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        cdef FullAttentionManager mgr = self._full
+        cdef object hashes = request.block_hashes
+        if type(hashes) is not list or mgr.kv_cache_group_id > 0xFFFFFFFF:
+            return self._general_lookup(request)
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(
+            hashes, PyList_GET_SIZE(request._all_token_ids) - 1, mgr.block_size)
+        cdef list hits = []
+        _hits_from_list(self.block_pool.cached_block_hash_to_block, <list>hashes, max_blocks,
+                        <uint32_t>mgr.kv_cache_group_id, hits)
+        if not hits:
+            return self.empty_kv_cache_blocks, 0, 0
+        cdef KVCacheBlocks out = KVCacheBlocks.__new__(KVCacheBlocks)
+        out.blocks = (hits,)
+        return out, PyList_GET_SIZE(hits) * mgr.block_size, 0
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
