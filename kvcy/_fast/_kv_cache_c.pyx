@@ -812,6 +812,18 @@ cdef class FreeKVCacheBlockQueue:
         self.num_free_blocks -= n
         return out
 
+    cdef void _prefetch_head(self, Py_ssize_t n) noexcept:
+        # Start loading the first n blocks at the head (the next pop's, most
+        # likely), skipping holes.
+        cdef int64_t pos = self._head
+        cdef int64_t end = self._tail if self._tail - pos < n else pos + n
+        cdef PyObject *p
+        while pos < end:
+            p = self._ring[pos & self._mask]
+            if p != NULL:
+                kvcy_prefetch(p)
+            pos += 1
+
     cpdef remove(self, KVCacheBlock block):
         """Unlink ``block`` from the middle of the queue.
 
@@ -1533,6 +1545,10 @@ cdef class BlockPool:
                 if (<KVCacheBlock>p)._hash is not None:
                     self._evict_hashed(<KVCacheBlock>p, hs[i - start])
                 (<KVCacheBlock>p).ref_cnt += 1
+        # The next allocation most likely takes about as many blocks from the
+        # head; in a large pool they are cold (the queue already started
+        # loading their array entries).
+        self.free_block_queue._prefetch_head(num_blocks if num_blocks < 64 else 64)
         return ret
 
     cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
