@@ -2590,6 +2590,21 @@ cdef class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
 
+cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size, Py_ssize_t have,
+                                      bint first, Py_ssize_t n_hits, Py_ssize_t n_evictable) noexcept:
+    # Blocks one full-attention group takes from the free pool to hold
+    # n_tokens (get_num_blocks_to_allocate): a request that holds `have`
+    # blocks needs the rest; on its first allocation (nothing cached yet) its
+    # hits count as held, and the free ones among them are taken too.
+    cdef Py_ssize_t needed = _cdiv(n_tokens, block_size) - have
+    if first:
+        needed -= n_hits
+        if needed < 0:
+            needed = 0
+        return needed + n_evictable
+    return needed if needed > 0 else 0
+
+
 cdef list _check_hit_blocks(object blocks):
     # One group's new computed blocks as a list, every one a KVCacheBlock
     # (the manager reads their C fields), or TypeError.
@@ -2981,35 +2996,19 @@ cdef class KVCacheManager:
         cdef object status = request.status
         if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
             watermark_blocks = self.watermark_blocks
-        # Blocks to take from the free pool for n tokens (vLLM's count: a
-        # request whose hits were cached already only needs the difference).
         cdef Py_ssize_t n_full_tokens, needed
         cdef Py_ssize_t bs = mgr.block_size
         if full_sequence_must_fit:
             n_full_tokens = PyList_GET_SIZE(request._all_token_ids)
             if n_full_tokens > self.max_model_len:
                 n_full_tokens = self.max_model_len
-            needed = _cdiv(n_full_tokens, bs) - have
-            if request._kv_ncached < 0:
-                needed -= n_hits
-                if needed < 0:
-                    needed = 0
-                needed += n_evictable
-            elif needed < 0:
-                needed = 0
+            needed = _blocks_needed(n_full_tokens, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
             if needed + watermark_blocks > pool.free_block_queue.num_free_blocks:
                 return None
         cdef Py_ssize_t need_slot = total_computed + n_new + n_look
         if need_slot > self.max_model_len:
             need_slot = self.max_model_len
-        needed = _cdiv(need_slot, bs) - have
-        if request._kv_ncached < 0:
-            needed -= n_hits
-            if needed < 0:
-                needed = 0
-            needed += n_evictable
-        elif needed < 0:
-            needed = 0
+        needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
         if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
             return None
         # From here on nothing can fail but a broken invariant.
