@@ -228,6 +228,16 @@ def _setting(config: Any, name: str, nested: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
+def _admission_capped_bytes(spec: Any, config: Any) -> int:
+    """Memory one request can hold for a spec whose blocks are capped per
+    request (``max_admission_blocks_per_request``): sliding window, chunked local."""
+    blocks = spec.max_admission_blocks_per_request(
+        max_num_batched_tokens=_setting(config, "max_num_batched_tokens", "scheduler_config"),
+        max_model_len=_setting(config, "max_model_len", "model_config"),
+    )
+    return blocks * spec.page_size_bytes
+
+
 @dataclass(frozen=True, kw_only=True)
 class KVCacheSpec:
     """What one layer stores per KV-cache block.
@@ -597,11 +607,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         return cdiv(num_tokens, self.block_size)
 
     def max_memory_usage_bytes(self, config: Any) -> int:
-        blocks = self.max_admission_blocks_per_request(
-            max_num_batched_tokens=_setting(config, "max_num_batched_tokens", "scheduler_config"),
-            max_model_len=_setting(config, "max_model_len", "model_config"),
-        )
-        return blocks * self.page_size_bytes
+        return _admission_capped_bytes(self, config)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -637,11 +643,7 @@ class SlidingWindowSpec(AttentionSpec):
         return cdiv(num_tokens, self.block_size) + 1
 
     def max_memory_usage_bytes(self, config: Any) -> int:
-        blocks = self.max_admission_blocks_per_request(
-            max_num_batched_tokens=_setting(config, "max_num_batched_tokens", "scheduler_config"),
-            max_model_len=_setting(config, "max_model_len", "model_config"),
-        )
-        return blocks * self.page_size_bytes
+        return _admission_capped_bytes(self, config)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -336,33 +336,41 @@ static inline void kv_pk_int(kv_enc *e, int64_t v)
     e->len = end - e->data;
 }
 
-/* n tokens as pickle ints at out (10 * n bytes free): the byte count, or -1
- * when an item is not an exact int in int64 range. */
-static Py_ssize_t kv_pk_tokens(unsigned char *KV_RESTRICT out, PyObject *const *KV_RESTRICT items,
-                               const int64_t *KV_RESTRICT vals, Py_ssize_t n)
-{
-    unsigned char *p = out;
-    Py_ssize_t i;
-    int64_t v;
-    if (vals != NULL) {
-        for (i = 0; i < n; i++) {
-            p = kv_pk_int_at(p, vals[i]);
-        }
-    } else {
-        for (i = 0; i < n; i++) {
-            uint64_t u;
-            if (KV_LIKELY(kv_small_token(items[i], &u))) {
-                p = kv_pk_small_at(p, u);
-                continue;
-            }
-            if (!kv_exact_int64(items[i], &v)) {
-                return -1;
-            }
-            p = kv_pk_int_at(p, v);
-        }
-    }
-    return p - out;
+/* KV_DEFINE_TOKEN_RUN(NAME, INT_AT, SMALL_AT) defines
+ *     Py_ssize_t NAME(out, items, vals, n)
+ * which writes n tokens at out, each with INT_AT (SMALL_AT for the common
+ * small non-negative ints; vals, when given, holds them already as int64),
+ * and returns the byte count, or -1 when an item is not an exact int in
+ * int64 range.  One body for the pickle and the CBOR token runs. */
+#define KV_DEFINE_TOKEN_RUN(NAME, INT_AT, SMALL_AT)                                              \
+static Py_ssize_t NAME(unsigned char *KV_RESTRICT out, PyObject *const *KV_RESTRICT items,      \
+                       const int64_t *KV_RESTRICT vals, Py_ssize_t n)                           \
+{                                                                                               \
+    unsigned char *p = out;                                                                     \
+    Py_ssize_t i;                                                                               \
+    int64_t v;                                                                                  \
+    if (vals != NULL) {                                                                         \
+        for (i = 0; i < n; i++) {                                                               \
+            p = INT_AT(p, vals[i]);                                                             \
+        }                                                                                       \
+    } else {                                                                                    \
+        for (i = 0; i < n; i++) {                                                               \
+            uint64_t u;                                                                         \
+            if (KV_LIKELY(kv_small_token(items[i], &u))) {                                      \
+                p = SMALL_AT(p, u);                                                             \
+                continue;                                                                       \
+            }                                                                                   \
+            if (!kv_exact_int64(items[i], &v)) {                                                \
+                return -1;                                                                      \
+            }                                                                                   \
+            p = INT_AT(p, v);                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    return p - out;                                                                             \
 }
+
+/* n tokens as pickle ints at out (10 * n bytes free). */
+KV_DEFINE_TOKEN_RUN(kv_pk_tokens, kv_pk_int_at, kv_pk_small_at)
 
 static inline Py_ssize_t kv_memo_find(const kv_enc *e, PyObject *o)
 {
@@ -832,33 +840,13 @@ static inline void kv_cb_int(kv_enc *e, int64_t v)
     e->len = end - e->data;
 }
 
-/* n tokens as CBOR ints at out (9 * n bytes free): the byte count, or -1 when
- * an item is not an exact int in int64 range. */
-static Py_ssize_t kv_cb_tokens(unsigned char *KV_RESTRICT out, PyObject *const *KV_RESTRICT items,
-                               const int64_t *KV_RESTRICT vals, Py_ssize_t n)
+static inline unsigned char *kv_cb_small_at(unsigned char *KV_RESTRICT p, uint64_t u)
 {
-    unsigned char *p = out;
-    Py_ssize_t i;
-    int64_t v;
-    if (vals != NULL) {
-        for (i = 0; i < n; i++) {
-            p = kv_cb_int_at(p, vals[i]);
-        }
-    } else {
-        for (i = 0; i < n; i++) {
-            uint64_t u;
-            if (KV_LIKELY(kv_small_token(items[i], &u))) {
-                p = kv_cb_int_at(p, (int64_t)u);
-                continue;
-            }
-            if (!kv_exact_int64(items[i], &v)) {
-                return -1;
-            }
-            p = kv_cb_int_at(p, v);
-        }
-    }
-    return p - out;
+    return kv_cb_int_at(p, (int64_t)u);
 }
+
+/* n tokens as CBOR ints at out (9 * n bytes free). */
+KV_DEFINE_TOKEN_RUN(kv_cb_tokens, kv_cb_int_at, kv_cb_small_at)
 
 static int kv_cb_obj(kv_enc *e, PyObject *o, int depth)
 {

@@ -401,9 +401,11 @@ cdef extern from *:
        alignment is 16 bytes).  Release with free(). */
     static void *kvcy_calloc_lines(size_t n, size_t sz) {
         void *p = NULL;
+        size_t bytes;
         if (n != 0 && sz > ((size_t)-1) / n) return NULL;
-        if (posix_memalign(&p, 64, n * sz ? n * sz : 64) != 0) return NULL;
-        memset(p, 0, n * sz);
+        bytes = n * sz;
+        if (posix_memalign(&p, 64, bytes != 0 ? bytes : 64) != 0) return NULL;
+        memset(p, 0, bytes);
         return p;
     }
     """
@@ -1083,7 +1085,11 @@ cdef class BlockHashToBlockMap:
 
     cdef inline PyObject *_get_raw(self, PyObject *key, uint32_t gid) noexcept:
         # First block under (key, gid) -- key is a bytes object -- or NULL; borrowed.
-        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(key), _PyBytes_GET_SIZE_RAW(key), gid)
+        return self._get_hashed(
+            key, gid, kvcy_key_hash(_PyBytes_AS_STRING_RAW(key), _PyBytes_GET_SIZE_RAW(key), gid))
+
+    cdef inline PyObject *_get_hashed(self, PyObject *key, uint32_t gid, uint64_t h) noexcept:
+        # _get_raw with the key's table hash h already computed.
         cdef Py_ssize_t i = self._find(key, gid, h)
         if i < 0:
             return NULL
@@ -1093,24 +1099,16 @@ cdef class BlockHashToBlockMap:
         return v
 
     cdef inline object _get(self, object block_hash, Py_ssize_t gid):
-        self._hash_of(block_hash, gid)  # type and range checks
-        cdef PyObject *v = self._get_raw(<PyObject*>block_hash, <uint32_t>gid)
+        cdef uint64_t h = self._hash_of(block_hash, gid)  # (type and range checks too)
+        cdef PyObject *v = self._get_hashed(<PyObject*>block_hash, <uint32_t>gid, h)
         return None if v == NULL else <object>v
 
     cdef int _insert(self, object block_hash, Py_ssize_t gid, KVCacheBlock block) except -1:
-        self._hash_of(block_hash, gid)  # type and range checks
-        self._insert_raw(<PyObject*>block_hash, <uint32_t>gid, block)
-        return 0
-
-    cdef int _insert_raw(self, PyObject *block_hash, uint32_t gid, KVCacheBlock block) except -1:
-        # block_hash: a bytes object.
-        return self._insert_hashed(
-            block_hash, gid,
-            kvcy_key_hash(_PyBytes_AS_STRING_RAW(block_hash), _PyBytes_GET_SIZE_RAW(block_hash), gid), block,
-        )
+        cdef uint64_t h = self._hash_of(block_hash, gid)  # (type and range checks too)
+        return self._insert_hashed(<PyObject*>block_hash, <uint32_t>gid, h, block)
 
     cdef int _insert_hashed(self, PyObject *block_hash, uint32_t gid, uint64_t h, KVCacheBlock block) except -1:
-        # As _insert_raw, with the key's hash h already computed.
+        # Insert under (block_hash, gid) -- a bytes object -- whose table hash is h.
         cdef Py_ssize_t i = self._find(block_hash, gid, h)
         cdef _Slot *s
         cdef PyObject *v
