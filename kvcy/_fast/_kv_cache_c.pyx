@@ -349,6 +349,20 @@ cdef extern from *:
         return h;
     }
     static inline void kvcy_prefetch(const void *p) { __builtin_prefetch(p); }
+    /* Equal contents of two bytes objects; digests of 32 bytes (sha256)
+       are compared as four words, without a call into libc. */
+    static inline int kvcy_bytes_eq(PyObject *a, PyObject *b) {
+        Py_ssize_t n = PyBytes_GET_SIZE(a);
+        const char *p = PyBytes_AS_STRING(a), *q = PyBytes_AS_STRING(b);
+        if (PyBytes_GET_SIZE(b) != n) return 0;
+        if (n == 32) {
+            uint64_t x[4], y[4];
+            memcpy(x, p, 32);
+            memcpy(y, q, 32);
+            return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+        }
+        return memcmp(p, q, (size_t)n) == 0;
+    }
 
     /* KVCacheBlock memory: 64-byte objects on 64-byte boundaries, carved in
        order from 1 MiB slabs, so that a block's header and fields share one
@@ -410,6 +424,7 @@ cdef extern from *:
     }
     """
     uint64_t kvcy_key_hash(const char *p, Py_ssize_t n, uint32_t gid) noexcept nogil
+    bint kvcy_bytes_eq(PyObject *a, PyObject *b) noexcept
     char *_PyBytes_AS_STRING_RAW "PyBytes_AS_STRING" (PyObject *o) noexcept nogil
     Py_ssize_t _PyBytes_GET_SIZE_RAW "PyBytes_GET_SIZE" (PyObject *o) noexcept nogil
     PyTypeObject PyBytes_Type
@@ -1012,17 +1027,12 @@ cdef class BlockHashToBlockMap:
         # The slot holding (key, gid), or -1 - (the empty slot where it would go).
         cdef size_t i = <size_t>h & self._mask
         cdef _Slot *s
-        cdef Py_ssize_t n
         while True:
             s = &self._slots[i]
             if s.key == NULL:
                 return -1 - <Py_ssize_t>i
             if s.h == h and s.gid == gid:
-                if s.key == key:
-                    return <Py_ssize_t>i
-                n = _PyBytes_GET_SIZE_RAW(key)
-                if (_PyBytes_GET_SIZE_RAW(s.key) == n
-                        and memcmp(_PyBytes_AS_STRING_RAW(s.key), _PyBytes_AS_STRING_RAW(key), n) == 0):
+                if s.key == key or kvcy_bytes_eq(s.key, key):
                     return <Py_ssize_t>i
             i = (i + 1) & self._mask
 
@@ -1423,7 +1433,8 @@ cdef class BlockPool:
         cdef list new_hashes = [] if events else None
         cdef uint64_t hs[_EVICT_BATCH]
         cdef uint32_t gid = <uint32_t>kv_cache_group_id
-        for start in range(num_cached_blocks, num_full_blocks, _EVICT_BATCH):
+        start = num_cached_blocks
+        while start < num_full_blocks:  # (a range() with an enum step would build a Python range)
             end = start + _EVICT_BATCH
             if end > num_full_blocks:
                 end = num_full_blocks
@@ -1442,6 +1453,7 @@ cdef class BlockPool:
                 cache._insert_hashed(<PyObject*>block_hash, gid, hs[i - start], blk)
                 if events:
                     new_hashes.append(self._ext(block_hash))
+            start = end
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
@@ -1524,7 +1536,8 @@ cdef class BlockPool:
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        for start in range(0, num_blocks, _EVICT_BATCH):
+        start = 0
+        while start < num_blocks:  # (a range() with an enum step would build a Python range)
             end = start + _EVICT_BATCH
             if end > num_blocks:
                 end = num_blocks
@@ -1543,6 +1556,7 @@ cdef class BlockPool:
                 if (<KVCacheBlock>p)._hash is not None:
                     self._evict_hashed(<KVCacheBlock>p, hs[i - start])
                 (<KVCacheBlock>p).ref_cnt += 1
+            start = end
         # The next allocation most likely takes about as many blocks from the
         # head; in a large pool they are cold (the queue already started
         # loading their array entries).
@@ -2588,6 +2602,13 @@ cdef class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
 
+cdef inline KVCacheBlocks _one_group(list blocks):
+    # KVCacheBlocks((blocks,)) without a call through the type.
+    cdef KVCacheBlocks out = KVCacheBlocks.__new__(KVCacheBlocks)
+    out.blocks = (blocks,)
+    return out
+
+
 cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size, Py_ssize_t have,
                                       bint first, Py_ssize_t n_hits, Py_ssize_t n_evictable) noexcept:
     # Blocks one full-attention group takes from the free pool to hold
@@ -2786,9 +2807,7 @@ cdef class KVCacheManager:
                         <uint32_t>mgr.kv_cache_group_id, hits)
         if not hits:
             return self.empty_kv_cache_blocks, 0, 0
-        cdef KVCacheBlocks out = KVCacheBlocks.__new__(KVCacheBlocks)
-        out.blocks = (hits,)
-        return out, PyList_GET_SIZE(hits) * mgr.block_size, 0
+        return _one_group(hits), PyList_GET_SIZE(hits) * mgr.block_size, 0
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
@@ -2954,6 +2973,7 @@ cdef class KVCacheManager:
         cdef FullAttentionManager mgr = self._full
         cdef BlockPool pool = self.block_pool
         cdef PyObject *p
+        cdef bint fresh = False  # the record was read in this call
         if (request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen
                 or request._kv_blocks is None):
             # Remember the manager's entries for this request.  The record
@@ -2968,6 +2988,7 @@ cdef class KVCacheManager:
             request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
             request._kv_owner = <PyObject*>mgr
             request._kv_gen = mgr._gen
+            fresh = True
         cdef list req_blocks = request._kv_blocks
         cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
         # The hits: every one a block (checked before any change), the free
@@ -3039,8 +3060,11 @@ cdef class KVCacheManager:
                 n_cache = req_tokens
             num_full = n_cache // bs
             if request._kv_ncached < num_full:
-                p = PyDict_GetItem(mgr.num_cached_block, request_id)  # (see the record above)
-                num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+                if fresh:  # (nothing since then wrote the manager's dicts but this call)
+                    num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
+                else:  # (see the record above)
+                    p = PyDict_GetItem(mgr.num_cached_block, request_id)
+                    num_cached = 0 if p == NULL else <Py_ssize_t><object>p
                 if num_cached < num_full:
                     pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs,
                                            mgr.kv_cache_group_id)
@@ -3048,7 +3072,7 @@ cdef class KVCacheManager:
                 request._kv_ncached = num_full if num_cached < num_full else num_cached
         if new_blocks is None:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks((new_blocks,))
+        return _one_group(new_blocks)
 
     def free(self, request):
         """Free the request's blocks, tail first, group by group.
@@ -3057,6 +3081,17 @@ cdef class KVCacheManager:
             ValueError: the request holds no blocks (unknown id, or freed already).
         """
         cdef str request_id = _rid(request)
+        cdef FullAttentionManager mgr = self._full
+        cdef list blocks
+        if mgr is not None:  # one group: its manager's free, with one lookup
+            blocks = mgr.req_to_blocks.pop(request_id, None)
+            if blocks is None:
+                raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+            mgr._gen = _next_gen()
+            mgr.num_cached_block.pop(request_id, None)
+            blocks.reverse()
+            self.block_pool._free_blocks(blocks)
+            return
         if not self.coordinator.holds(request_id):
             raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
         self.coordinator.free(request_id)
