@@ -849,6 +849,10 @@ cdef class FreeKVCacheBlockQueue:
         """
         if block is None:
             raise TypeError("free queue entries must be KVCacheBlock, got NoneType")
+        self._remove(block)
+
+    cdef inline int _remove(self, KVCacheBlock block) except -1:
+        # remove() for a block (not None).
         if not self._holds(block):
             raise RuntimeError(f"remove() called on an invalid block: {block}")
         cdef PyObject **ring = self._ring
@@ -869,6 +873,7 @@ cdef class FreeKVCacheBlockQueue:
             self._holes += 1
         self.num_free_blocks -= 1
         Py_DECREF_RAW(<PyObject*>block)  # the queue's (the caller holds one)
+        return 0
 
     cpdef append(self, KVCacheBlock block):
         """Put ``block`` at the tail (freed last, evicted last)."""
@@ -1604,16 +1609,24 @@ cdef class BlockPool:
         self._touch(blocks)
 
     cdef int _touch(self, list blocks) except -1:
-        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
-        cdef KVCacheBlock block
         for i in range(n):
-            block = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-            if block.is_null:
-                continue
-            if block.ref_cnt == 0:
+            self._touch_one(<KVCacheBlock>PyList_GET_ITEM(blocks, i))
+        return 0
+
+    cdef inline int _touch_one(self, KVCacheBlock block) except -1:
+        # Take a reference on a hit block, unlinking it from the free queue
+        # when it was free (a subclass's own remove() is honoured).
+        cdef FreeKVCacheBlockQueue queue
+        if block.is_null:
+            return 0
+        if block.ref_cnt == 0:
+            queue = self.free_block_queue
+            if type(queue) is FreeKVCacheBlockQueue:
+                queue._remove(block)
+            else:
                 queue.remove(block)
-            block.ref_cnt += 1
+        block.ref_cnt += 1
         return 0
 
     def free_blocks(self, ordered_blocks):
@@ -2624,16 +2637,22 @@ cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size
     return needed if needed > 0 else 0
 
 
-cdef list _check_hit_blocks(object blocks):
+cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL):
     # One group's new computed blocks as a list, every one a KVCacheBlock
-    # (the manager reads their C fields), or TypeError.
+    # (the manager reads their C fields), or TypeError.  n_evictable, if
+    # given, receives how many of them are free (ref_cnt 0, not null):
+    # touching them takes them out of the free pool.
     cdef list out = blocks if type(blocks) is list else list(blocks)
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, n_free = 0
     cdef PyObject *bp
     for i in range(PyList_GET_SIZE(out)):
         bp = _PyList_GET_ITEM_RAW(out, i)
         if not _is_block(bp):
             raise TypeError(f"new_computed_blocks holds {type(<object>bp).__name__}, not KVCacheBlock")
+        if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
+            n_free += 1
+    if n_evictable != NULL:
+        n_evictable[0] = n_free
     return out
 
 
@@ -3004,12 +3023,8 @@ cdef class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
-            hit_list = _check_hit_blocks(hits)
+            hit_list = _check_hit_blocks(hits, &n_evictable)
             n_hits = PyList_GET_SIZE(hit_list)
-            for i in range(n_hits):
-                bp = _PyList_GET_ITEM_RAW(hit_list, i)
-                if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
-                    n_evictable += 1
         cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0
         cdef object status = request.status
@@ -3036,9 +3051,13 @@ cdef class KVCacheManager:
                 raise RuntimeError(
                     f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
                 )
-            if mgr.enable_caching:
-                pool._touch(hit_list)
-            req_blocks = list(hit_list)
+            req_blocks = PyList_New(n_hits)  # hit_list's blocks, touched on the way in
+            for i in range(n_hits):
+                bp = _PyList_GET_ITEM_RAW(hit_list, i)
+                Py_INCREF_RAW(bp)
+                (<PyListObject*>req_blocks).ob_item[i] = bp
+                if mgr.enable_caching:
+                    pool._touch_one(<KVCacheBlock>bp)
             mgr.req_to_blocks[request_id] = req_blocks
             mgr.num_cached_block[request_id] = n_hits
             request._kv_blocks = req_blocks
