@@ -8,7 +8,7 @@ import pytest
 
 from kvcy import _fast
 from kvcy.sim.cli import main, parse_size
-from kvcy.sim.scheduler import Divergence, ReplayConfig, replay
+from kvcy.sim.scheduler import Divergence, ReplayConfig, replay, timer_overhead_ns
 from kvcy.sim.synthetic import SyntheticConfig, synthetic_trace
 from kvcy.sim.traces import Trace, TraceRequest, fresh_tokens, hit_rate_upper_bound, read_mooncake
 
@@ -153,6 +153,32 @@ def test_a_different_decision_is_reported(small_trace):
         replay(small_trace, cfg, "python", expected_digests=ref.step_digests[:-1])
 
 
+# --------------------------------------------------------------------------- timing
+def test_timer_overhead_is_measured():
+    t = timer_overhead_ns(2001)
+    assert isinstance(t, int) and 0 < t < 100_000  # an empty interval costs something, not 0.1 ms
+    with pytest.raises(ValueError, match="samples"):
+        timer_overhead_ns(0)
+
+
+def test_timer_cost_is_removed_per_timed_call(small_trace):
+    cfg = ReplayConfig(num_blocks=256)
+    raw = replay(small_trace, cfg, "python", timer_overhead=0)
+    assert raw.timer_overhead_ns == 0
+    assert raw.manager_ns == raw.manager_ns_raw == sum(raw.step_ns) > 0
+    # An overhead larger than any call's time leaves every step at 0 (never negative) ...
+    big = replay(small_trace, cfg, "python", timer_overhead=10**9)
+    assert big.manager_ns == 0 and set(big.step_ns) == {0} and big.manager_ns_raw > 0
+    # ... and a plausible one removes at most calls x overhead, step by step.
+    corr = replay(small_trace, cfg, "python", timer_overhead=50)
+    assert corr.timer_overhead_ns == 50 and corr.manager_calls == raw.manager_calls
+    assert corr.manager_ns == sum(corr.step_ns) < corr.manager_ns_raw
+    assert corr.manager_ns >= corr.manager_ns_raw - 50 * corr.manager_calls
+    assert corr.step_digests == raw.step_digests  # timing never changes a decision
+    with pytest.raises(ValueError, match="timer_overhead"):
+        replay(small_trace, cfg, "python", timer_overhead=-1)
+
+
 # --------------------------------------------------------------------------- CLI
 def test_cli_json(capsys):
     rc = main(["synthetic:conversations=6,system_len=64,output_max=16,user_max=64", "--seed", "2",
@@ -163,8 +189,11 @@ def test_cli_json(capsys):
     assert rep["config"]["num_blocks"] == 128 and rep["free_blocks_at_end"] == 127
     assert 0.0 <= rep["prefix_cache"]["hit_rate"] <= 1.0
     assert set(rep["implementations"]) == {"python"} and rep["speedup"] is None
-    per_step = rep["implementations"]["python"]["per_step"]
+    py = rep["implementations"]["python"]
+    per_step = py["per_step"]
     assert per_step["p50_us"] <= per_step["p99_us"] <= per_step["max_us"]
+    assert py["timer_overhead_ns_per_call"] > 0
+    assert 0 < py["manager_cpu_s"] < py["manager_cpu_s_timer_included"]
 
 
 def test_cli_table_on_the_bundled_trace(capsys):
@@ -172,7 +201,7 @@ def test_cli_table_on_the_bundled_trace(capsys):
                  "--no-reserve-full-isl"]) == 0
     out = capsys.readouterr().out
     assert "bundled" in out and "first 3 of 2,000" in out
-    assert "prefix-cache hit rate" in out and "per step, p99" in out
+    assert "prefix-cache hit rate" in out and "per step, p99" in out and "timer cost removed" in out
     assert "pool 1,024 blocks" in out  # 2 GiB / (32 layers * 2 * 16 * 8 * 128 * 2 bytes)
 
 
@@ -183,7 +212,9 @@ def test_cli_both(capsys, tmp_path):
                "--max-num-batched-tokens", "128", "--impl", "both", "--json", "--plot", str(png), "--sweep", "0.5,2"])
     assert rc == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["identical_decisions"] is True and rep["speedup"] > 0
+    assert rep["identical_decisions"] is True and rep["speedup"] > 0 and rep["speedup_timer_included"] > 0
+    cy, py = rep["implementations"]["cython"], rep["implementations"]["python"]
+    assert cy["timer_overhead_ns_per_call"] == py["timer_overhead_ns_per_call"] > 0  # calibrated once
     assert set(rep["implementations"]) == {"cython", "python"}
     assert png.stat().st_size > 10_000
     assert [p["num_blocks"] for p in rep["plot"]["sweep"]] == [32, 64, 128]

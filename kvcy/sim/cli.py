@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from kvcy.sim.scheduler import Divergence, ReplayConfig, ReplayResult, replay
+from kvcy.sim.scheduler import Divergence, ReplayConfig, ReplayResult, replay, timer_overhead_ns
 from kvcy.sim.traces import Trace, bundled_trace_path, read_mooncake
 
 __all__ = ["DEFAULT_NUM_BLOCKS", "main", "parse_size"]
@@ -256,10 +256,12 @@ def _run(args: argparse.Namespace) -> int:
 
     results: list[ReplayResult] = []
     identical: bool | None = None
+    timer_overhead = timer_overhead_ns()  # once, the same for every implementation
     for impl in impls:
         expected = results[0].step_digests if results else None
         try:
-            results.append(replay(trace, config, impl, progress=progress, expected_digests=expected))
+            results.append(replay(trace, config, impl, progress=progress, expected_digests=expected,
+                                  timer_overhead=timer_overhead))
         except Divergence as err:
             print(_divergence_message(trace, config, results[0].impl, err), file=sys.stderr)
             return 1
