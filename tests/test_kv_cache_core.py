@@ -87,6 +87,16 @@ def test_pool_null_block_and_usage(impl):
         pool.free_blocks([got[0]])  # second free of the same block
 
 
+def test_pool_size_is_checked(impl):
+    BlockPool = impl.kv_cache.BlockPool
+    with pytest.raises(ValueError, match="at least 1"):
+        BlockPool(0, enable_caching=True, hash_block_size=BS)
+    with pytest.raises(ValueError, match="at most 2\\*\\*31.*int32"):
+        BlockPool(2**31 + 1, enable_caching=True, hash_block_size=BS)  # refused before any block is made
+    with pytest.raises(TypeError):
+        BlockPool(8.0, enable_caching=True, hash_block_size=BS)
+
+
 def test_lru_eviction_and_events(impl):
     mgr = manager(impl, num_blocks=9, enable_kv_cache_events=True)
     req = Request("a", list(range(16)), block_hasher=hasher())  # 4 full blocks
@@ -396,6 +406,34 @@ def test_hash_to_block_map_matches_a_model(impl):
     assert len(cache) == 0 and cache.keys() == []
     cache.insert(_key(1), blocks[0])
     assert cache.get_one_block(_key(1)) is blocks[0]
+
+
+def test_evicting_blocks_keyed_by_hand(impl):
+    """Blocks given their keys through the public setters (not by caching),
+    some sharing a key through different bytes objects, are found and
+    dropped by eviction in any order."""
+    m = impl.kv_cache
+    pool = m.BlockPool(12, enable_caching=True, hash_block_size=BS)
+    cache = pool.cached_block_hash_to_block
+    blocks = pool.get_new_blocks(8)
+    keys = [_key(i % 5, gid=i % 5 % 2, width=32) for i in range(8)]  # blocks 5-7 repeat the keys of 0-2
+    for blk, key in zip(blocks, keys):
+        key = bytes(bytearray(key))  # a distinct object for every block
+        if blk.block_id % 2:
+            blk.set_block_hash(key, num_tokens=16)
+        else:
+            blk.block_hash = key
+        cache.insert(key, blk)
+    assert len(cache) == len(set(keys)) == 5
+    order = [blocks[i].block_id for i in (5, 0, 7, 2, 3, 6, 1, 4)]
+    for n, bid in enumerate(order, 1):
+        pool.evict_blocks([bid])
+        assert pool.blocks[bid].block_hash is None
+        left = [b for b in blocks if b.block_id not in order[:n]]
+        assert sorted(cache.keys()) == sorted({b.block_hash for b in left})
+        for b in left:
+            assert cache.contain(b.block_hash, b.block_id)
+    assert len(cache) == 0 and pool.num_evictions == 8
 
 
 def test_hash_to_block_map_rejects_bad_keys(impl):

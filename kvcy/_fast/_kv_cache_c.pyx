@@ -449,15 +449,17 @@ cdef class KVCacheBlock:
     of the cycle collector (pools hold up to millions of them).
     """
 
-    # 64 bytes in all, one pymalloc size class and one cache line's worth
-    # (a pool of 10^6 blocks is streamed through on every pass of the free
-    # queue): no cdef methods (no vtable pointer), a 32-bit reference count
-    # beside the null flag, and the two 4-byte ids packed together.  The
-    # cache key's table hash is not kept: it is recomputed from the hash
-    # bytes (a few multiplies) when the block is evicted.
-    cdef public Py_ssize_t block_id
+    # 64 bytes in all, one cache line (a pool of 10^6 blocks is streamed
+    # through on every pass of the free queue): no cdef methods (no vtable
+    # pointer), a 32-bit id (vLLM's block tables are int32) and reference
+    # count beside the null flag, and the 4-byte ids packed together.  The
+    # low half of the cache key's table hash is kept, so an eviction finds
+    # the key's slot without reading the hash bytes (a slot's 64-bit hash
+    # is kept in the table; capacities stay below 2**32 slots).
+    cdef public int32_t block_id
     cdef public int32_t ref_cnt
     cdef public bint is_null
+    cdef uint32_t _key_h  # low 32 bits of kvcy_key_hash(_hash, _group), while _hash is set
     cdef object _hash
     cdef Py_ssize_t _num_tokens  # tokens up to the block's end when cached; -1: None
     # Where the block was last queued (see FreeKVCacheBlockQueue).
@@ -465,7 +467,7 @@ cdef class KVCacheBlock:
     cdef uint32_t _queue_id  # that queue's id; 0: never queued
     cdef uint32_t _group  # KV-cache group id of the cache key (4 bytes in the key)
 
-    def __init__(self, Py_ssize_t block_id):
+    def __init__(self, int32_t block_id):
         self.block_id = block_id
         self.ref_cnt = 0
         self._hash = None
@@ -548,9 +550,9 @@ cdef dict _LIVE_QUEUES = {}  # queue id -> address of that live FreeKVCacheBlock
 
 
 cdef inline uint64_t _block_key_h(KVCacheBlock block) noexcept:
-    # The table hash of a block's cache key (block._hash must be set).
-    cdef PyObject *k = <PyObject*>block._hash
-    return kvcy_key_hash(_PyBytes_AS_STRING_RAW(k), _PyBytes_GET_SIZE_RAW(k), block._group)
+    # The low 32 bits of the table hash of a block's cache key (block._hash
+    # must be set): all that finding its slot uses.
+    return block._key_h
 
 
 cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
@@ -570,8 +572,11 @@ cdef int _set_block_key(KVCacheBlock block, object key) except -1:
     # (A module function, not a cdef method: KVCacheBlock has no vtable.)
     if not isinstance(key, bytes) or len(key) < 4:
         raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
-    block._hash = key[:len(key) - 4]
-    block._group = int.from_bytes(key[len(key) - 4:], "big")
+    cdef bytes h = key[:len(key) - 4]
+    cdef uint32_t gid = int.from_bytes(key[len(key) - 4:], "big")
+    block._hash = h
+    block._group = gid
+    block._key_h = <uint32_t>kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>h), len(h), gid)
     return 0
 
 
@@ -1041,7 +1046,7 @@ cdef class BlockHashToBlockMap:
             s = &self._slots[i]
             if s.key == NULL:
                 return -1 - <Py_ssize_t>i
-            if s.h == h and s.gid == gid:
+            if <uint32_t>s.h == <uint32_t>h and s.gid == gid:  # (blocks keep 32 bits of h)
                 if s.key == key or kvcy_bytes_eq(s.key, key):
                     return <Py_ssize_t>i
             i = (i + 1) & self._mask
@@ -1063,6 +1068,8 @@ cdef class BlockHashToBlockMap:
     cdef int _rehash(self, size_t new_cap) except -1:
         cdef size_t old_cap = self._mask + 1, i, j
         cdef _Slot *old = self._slots
+        if new_cap > (<size_t>1 << 32):  # (home slots come from the 32 bits of h a block keeps)
+            raise MemoryError(f"a cache map of {new_cap} slots is too large")
         cdef _Slot *new = <_Slot*>kvcy_calloc_lines(new_cap, sizeof(_Slot))
         if new == NULL:
             raise MemoryError()
@@ -1353,6 +1360,11 @@ cdef class BlockPool:
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+        if num_gpu_blocks > 2**31:
+            raise ValueError(
+                f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
+                f"got {num_gpu_blocks}"
+            )
         if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
             raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
         self.num_gpu_blocks = num_gpu_blocks
@@ -1460,6 +1472,7 @@ cdef class BlockPool:
                 block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
                 blk._hash = block_hash
                 blk._group = gid
+                blk._key_h = <uint32_t>hs[i - start]
                 blk._num_tokens = (i + 1) * block_size
                 cache._insert_hashed(<PyObject*>block_hash, gid, hs[i - start], blk)
                 if events:
@@ -1538,12 +1551,11 @@ cdef class BlockPool:
                 (<KVCacheBlock>items[i]).ref_cnt += 1
             return ret
         # Eviction (which may allocate) runs after the queue is consistent
-        # again, a batch at a time.  Each step's loads are independent across
-        # the batch and are started for all of it before any is used: the
-        # blocks' hash objects, then the table slots their hashes lead to, so
-        # the evictions find them in cache instead of missing one after
-        # another.
-        cdef uint64_t hs[_EVICT_BATCH]
+        # again, a batch at a time: first the loads an eviction needs -- the
+        # key's table slot (from the hash half the block keeps) and the hash
+        # object's header (its references drop) -- are started for the whole
+        # batch, so the evictions find them in cache instead of missing one
+        # after another.
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
@@ -1553,19 +1565,15 @@ cdef class BlockPool:
             if end > num_blocks:
                 end = num_blocks
             for i in range(start, end):
-                k = <PyObject*>(<KVCacheBlock>items[i])._hash
+                p = items[i]
+                k = <PyObject*>(<KVCacheBlock>p)._hash
                 if k != <PyObject*>None:
+                    cache._prefetch(_block_key_h(<KVCacheBlock>p))
                     kvcy_prefetch(k)
-                    kvcy_prefetch(_PyBytes_AS_STRING_RAW(k))
             for i in range(start, end):
                 p = items[i]
                 if (<KVCacheBlock>p)._hash is not None:
-                    hs[i - start] = _block_key_h(<KVCacheBlock>p)
-                    cache._prefetch(hs[i - start])
-            for i in range(start, end):
-                p = items[i]
-                if (<KVCacheBlock>p)._hash is not None:
-                    self._evict_hashed(<KVCacheBlock>p, hs[i - start])
+                    self._evict_hashed(<KVCacheBlock>p, _block_key_h(<KVCacheBlock>p))
                 (<KVCacheBlock>p).ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the

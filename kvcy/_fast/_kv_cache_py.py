@@ -516,6 +516,11 @@ class BlockPool:
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+        if num_gpu_blocks > 2**31:
+            raise ValueError(
+                f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
+                f"got {num_gpu_blocks}"
+            )
         if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
             raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
         self.num_gpu_blocks = num_gpu_blocks
