@@ -356,11 +356,13 @@ cdef extern from *:
         Py_ssize_t n = PyBytes_GET_SIZE(a);
         const char *p = PyBytes_AS_STRING(a), *q = PyBytes_AS_STRING(b);
         if (PyBytes_GET_SIZE(b) != n) return 0;
-        if (n == 32) {
-            uint64_t x[4], y[4];
-            memcpy(x, p, 32);
-            memcpy(y, q, 32);
-            return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+        if (n == 32) {  /* (word by word into registers: no copy through the stack) */
+            uint64_t a, b, d;
+            memcpy(&a, p, 8); memcpy(&b, q, 8); d = a ^ b;
+            memcpy(&a, p + 8, 8); memcpy(&b, q + 8, 8); d |= a ^ b;
+            memcpy(&a, p + 16, 8); memcpy(&b, q + 16, 8); d |= a ^ b;
+            memcpy(&a, p + 24, 8); memcpy(&b, q + 24, 8); d |= a ^ b;
+            return d == 0;
         }
         return memcmp(p, q, (size_t)n) == 0;
     }
