@@ -1561,6 +1561,7 @@ cdef class BlockPool:
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef bint events = self.enable_kv_cache_events
         start = 0
         while start < num_blocks:  # (a range() with an enum step would build a Python range)
             end = start + _EVICT_BATCH
@@ -1575,7 +1576,13 @@ cdef class BlockPool:
             for i in range(start, end):
                 p = items[i]
                 if (<KVCacheBlock>p)._hash is not None:
-                    self._evict_hashed(<KVCacheBlock>p, _block_key_h(<KVCacheBlock>p))
+                    if events:
+                        self._evict_hashed(<KVCacheBlock>p, _block_key_h(<KVCacheBlock>p))
+                    elif cache._drop_block(<KVCacheBlock>p, _block_key_h(<KVCacheBlock>p)):
+                        # (_evict_hashed without events, inlined)
+                        (<KVCacheBlock>p)._hash = None
+                        (<KVCacheBlock>p)._num_tokens = -1
+                        self.num_evictions += 1
                 (<KVCacheBlock>p).ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the
