@@ -2896,7 +2896,11 @@ cdef class KVCacheManager:
                                         delay_cache_blocks, has_scheduled_reqs, full_sequence_must_fit)
             if type(new_computed_blocks) is KVCacheBlocks:
                 hit_groups = (<KVCacheBlocks>new_computed_blocks).blocks
-                if hit_groups is not None and PyTuple_GET_SIZE(hit_groups) == 1:
+                # (Hits in a list or tuple only: reading any other sequence
+                # runs its code, which could change the manager under the
+                # fast path's record.)
+                if (hit_groups is not None and PyTuple_GET_SIZE(hit_groups) == 1
+                        and (type(hit_groups[0]) is list or type(hit_groups[0]) is tuple)):
                     return self._full_slots(<Request>request, n_new, n_new_comp, hit_groups[0], n_look,
                                             n_reserved, delay_cache_blocks, has_scheduled_reqs,
                                             full_sequence_must_fit)
