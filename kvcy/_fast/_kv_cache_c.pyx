@@ -3034,7 +3034,9 @@ cdef class KVCacheManager:
             request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
             request._kv_owner = <PyObject*>mgr
             request._kv_gen = mgr._gen
-            fresh = True
+            # (Up to the caching below only this call writes the manager's
+            # dicts -- unless a free-queue subclass's remove() runs code.)
+            fresh = type(pool.free_block_queue) is FreeKVCacheBlockQueue
         cdef list req_blocks = request._kv_blocks
         cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
         # The hits: every one a block (checked before any change), the free
@@ -3106,7 +3108,7 @@ cdef class KVCacheManager:
                 n_cache = req_tokens
             num_full = n_cache // bs
             if request._kv_ncached < num_full:
-                if fresh:  # (nothing since then wrote the manager's dicts but this call)
+                if fresh:
                     num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
                 else:  # (see the record above)
                     p = PyDict_GetItem(mgr.num_cached_block, request_id)
