@@ -54,9 +54,28 @@ def test_block_pool_get_new_free(benchmark, impl, pool_size):
     assert pool.get_num_free_blocks() == pool_size - 1
 
 
+class _Hashes:
+    """Just enough of a request for BlockPool.cache_full_blocks."""
+
+    def __init__(self, block_hashes: list[bytes]) -> None:
+        self.request_id = "fill"
+        self.block_hashes = block_hashes
+
+
+def _fill_cache(pool, rng: random.Random) -> None:
+    """Give every free block that has no cache key one (random hashes), so that
+    from here on every allocation evicts: the steady state of a full cache."""
+    blocks = [b for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is None]
+    taken = pool.get_new_blocks(len(blocks))  # the uncached ones sit at the head
+    pool.cache_full_blocks(_Hashes([rng.randbytes(32) for _ in taken]), taken, 0, len(taken), 16, 0)
+    pool.free_blocks(taken)
+    assert all(b.block_hash is not None for b in pool.free_block_queue.get_all_free_blocks())
+
+
 @pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000])
 def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
-    """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached."""
+    """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached,
+    in a full cache: the request's 32 new blocks evict 32 cached ones (at every pool size)."""
     init_none_hash(get_hash_fn_by_name("sha256"))
     hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
     Request = impl.kv_cache.Request
@@ -67,8 +86,10 @@ def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
     warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
     mgr.allocate_slots(warm, warm.num_tokens)
     mgr.free(warm)
+    _fill_cache(mgr.block_pool, rng)
+    evictions0 = mgr.block_pool.num_evictions
     counter = itertools.count()
-    benchmark.group = "request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 cached"
+    benchmark.group = "request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 cached, full cache"
 
     def setup():
         i = next(counter)
@@ -81,8 +102,9 @@ def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
         mgr.free(req)
         return hit
 
-    hit = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
+    hit = benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=20)
     assert hit == 512
+    assert mgr.block_pool.num_evictions - evictions0 == 32 * 1020  # every request evicted 32 blocks
 
 
 def test_decode_step_256_requests(benchmark, impl):
