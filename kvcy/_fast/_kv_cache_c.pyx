@@ -1179,11 +1179,12 @@ cdef class BlockHashToBlockMap:
         return block
 
     cdef inline void _prefetch(self, uint64_t h) noexcept:
-        # The key's home slot and the next one (a probe or a deletion's
-        # backward shift goes on there; often the same cache line).
+        # The key's home slot's cache line and the next line: a probe or a
+        # deletion's backward shift that goes on past the home line (two
+        # slots a line) reads there next.
         cdef size_t i = <size_t>h & self._mask
         kvcy_prefetch(&self._slots[i])
-        kvcy_prefetch(&self._slots[(i + 1) & self._mask])
+        kvcy_prefetch(&self._slots[((i | 1) + 1) & self._mask])
 
     cdef inline int _drop_block(self, KVCacheBlock block, uint64_t h) except -1:
         # _pop(block._hash, block._group, block.block_id) is not None, for a
