@@ -436,6 +436,28 @@ def test_evicting_blocks_keyed_by_hand(impl):
     assert len(cache) == 0 and pool.num_evictions == 8
 
 
+def test_free_lets_the_block_list_go(impl):
+    """After free(request) nothing -- not the Request object either -- keeps
+    the request's old block list (and through it the blocks) referenced."""
+    import sys
+
+    mgr = manager(impl, num_blocks=16)
+    pool = mgr.block_pool
+    def refs(i):
+        return sys.getrefcount(pool.blocks[i])
+
+    before = {i: refs(i) for i in range(len(pool.blocks))}
+    req = Request("a", list(range(10)), block_hasher=hasher())  # 2 full blocks (cached) + 1 partial
+    new = mgr.allocate_slots(req, 10)
+    held = new.get_block_ids()[0]
+    del new
+    mgr.free(req)
+    cached = [pool.blocks[i].block_hash is not None for i in held]
+    assert cached == [True, True, False]
+    # The free queue holds each block as before; a cached one is held by the cache map too.
+    assert [refs(i) - before[i] for i in held] == [1, 1, 0]
+
+
 def _sneaky_hits_script(kv):
     """Prefix hits handed over in a sequence type whose reading allocates for
     the very request being admitted; what each call did, and the state."""

@@ -3140,10 +3140,14 @@ cdef class KVCacheManager:
             mgr.num_cached_block.pop(request_id, None)
             blocks.reverse()
             self.block_pool._free_blocks(blocks)
-            return
-        if not self.coordinator.holds(request_id):
-            raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
-        self.coordinator.free(request_id)
+        else:
+            if not self.coordinator.holds(request_id):
+                raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+            self.coordinator.free(request_id)
+        if type(request) is Request:
+            # Drop the fast path's record of the freed list here, so that the
+            # list goes now (as the Python twin's does), not with the request.
+            (<Request>request)._kv_blocks = None
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens):
         cdef Py_ssize_t n = _check_count("processed_computed_tokens", processed_computed_tokens)
