@@ -1640,16 +1640,11 @@ cdef class BlockPool:
 
     cdef inline int _touch_one(self, KVCacheBlock block) except -1:
         # Take a reference on a hit block, unlinking it from the free queue
-        # when it was free (a subclass's own remove() is honoured).
-        cdef FreeKVCacheBlockQueue queue
+        # when it was free (the queue type is final: no remove() override).
         if block.is_null:
             return 0
         if block.ref_cnt == 0:
-            queue = self.free_block_queue
-            if type(queue) is FreeKVCacheBlockQueue:
-                queue._remove(block)
-            else:
-                queue.remove(block)
+            self.free_block_queue._remove(block)
         block.ref_cnt += 1
         return 0
 
@@ -3036,8 +3031,8 @@ cdef class KVCacheManager:
             request._kv_owner = <PyObject*>mgr
             request._kv_gen = mgr._gen
             # (Up to the caching below only this call writes the manager's
-            # dicts -- unless a free-queue subclass's remove() runs code.)
-            fresh = type(pool.free_block_queue) is FreeKVCacheBlockQueue
+            # dicts: touching and allocating run no code that could.)
+            fresh = True
         cdef list req_blocks = request._kv_blocks
         cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
         # The hits: every one a block (checked before any change), the free
