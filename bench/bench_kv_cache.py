@@ -137,5 +137,5 @@ def test_decode_step_256_requests(benchmark, impl):
                 n += 1
         return n
 
-    n = benchmark.pedantic(run, setup=setup, rounds=40, warmup_rounds=2)
+    n = benchmark.pedantic(run, setup=setup, rounds=100, warmup_rounds=2)
     assert n == 256
