@@ -435,16 +435,7 @@ cdef tuple _mm_extra_keys(object request, Py_ssize_t start, Py_ssize_t end, obje
 
 
 def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
-    """The extra keys of the block ``[start_token_idx, end_token_idx)``.
-
-    In this order: ``("lora", name, path)``; ``("mm", identifier, offset -
-    start_token_idx)`` for every multimodal item overlapping the block;
-    ``("cache_salt", salt)`` on the block that starts at token 0 (truthy salts
-    only); ``("prompt_embeds", sha256 digest)`` for blocks of prompt embeddings.
-
-    Returns:
-        ``(extra_keys or None, next_mm_idx)``.
-    """
+    """This twin's :func:`kvcy.hashing.generate_block_hash_extra_keys` (documented there)."""
     cdef list keys = []
     lora = request.lora_request
     if lora is not None:

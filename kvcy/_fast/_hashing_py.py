@@ -248,16 +248,7 @@ def _mm_extra_keys(request: Any, start: int, end: int, start_mm_idx: int) -> tup
 def generate_block_hash_extra_keys(
     request: Any, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
-    """The extra keys of the block ``[start_token_idx, end_token_idx)``.
-
-    In this order: ``("lora", name, path)``; ``("mm", identifier, offset -
-    start_token_idx)`` for every multimodal item overlapping the block;
-    ``("cache_salt", salt)`` on the block that starts at token 0 (truthy salts
-    only); ``("prompt_embeds", sha256 digest)`` for blocks of prompt embeddings.
-
-    Returns:
-        ``(extra_keys or None, next_mm_idx)``.
-    """
+    """This twin's :func:`kvcy.hashing.generate_block_hash_extra_keys` (documented there)."""
     keys: list[Any] = []
     lora = request.lora_request
     if lora is not None:

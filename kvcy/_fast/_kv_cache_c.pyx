@@ -1186,10 +1186,11 @@ cdef class BlockHashToBlockMap:
         kvcy_prefetch(&self._slots[i])
         kvcy_prefetch(&self._slots[((i | 1) + 1) & self._mask])
 
-    cdef inline int _drop_block(self, KVCacheBlock block, uint64_t h) except -1:
+    cdef inline int _drop_block(self, KVCacheBlock block) except -1:
         # _pop(block._hash, block._group, block.block_id) is not None, for a
-        # block with a key; h is _block_key_h(block).
-        return self._remove_at(self._find(<PyObject*>block._hash, block._group, h), block.block_id)
+        # block with a key (its slot found from the hash half it keeps).
+        return self._remove_at(self._find(<PyObject*>block._hash, block._group, _block_key_h(block)),
+                               block.block_id)
 
     cdef inline int _remove_at(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
         # Remove block_id from slot i (a _find result): 1 if it was there, else 0.
@@ -1562,7 +1563,6 @@ cdef class BlockPool:
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        cdef bint events = self.enable_kv_cache_events
         start = 0
         while start < num_blocks:  # (a range() with an enum step would build a Python range)
             end = start + _EVICT_BATCH
@@ -1576,14 +1576,7 @@ cdef class BlockPool:
                     kvcy_prefetch(k)
             for i in range(start, end):
                 p = items[i]
-                if (<KVCacheBlock>p)._hash is not None:
-                    if events:
-                        self._evict_hashed(<KVCacheBlock>p, _block_key_h(<KVCacheBlock>p))
-                    elif cache._drop_block(<KVCacheBlock>p, _block_key_h(<KVCacheBlock>p)):
-                        # (_evict_hashed without events, inlined)
-                        (<KVCacheBlock>p)._hash = None
-                        (<KVCacheBlock>p)._num_tokens = -1
-                        self.num_evictions += 1
+                _evict(self, <KVCacheBlock>p)
                 (<KVCacheBlock>p).ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the
@@ -1593,22 +1586,14 @@ cdef class BlockPool:
         return ret
 
     cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
-        if block._hash is None:
-            return False
-        return self._evict_hashed(block, _block_key_h(block))
+        return _evict(self, block)
 
-    cdef bint _evict_hashed(self, KVCacheBlock block, uint64_t h) except -1:
-        # _maybe_evict_cached_block for a block with a key whose table hash is h.
-        if not self.cached_block_hash_to_block._drop_block(block, h):
-            return False
-        if self.enable_kv_cache_events:
-            self.kv_event_queue.append(
-                BlockRemoved(block_hashes=[self._ext(block._hash)], medium=MEDIUM_GPU, group_idx=block._group)
-            )
-        block._hash = None
-        block._num_tokens = -1
-        self.num_evictions += 1
-        return True
+    cdef int _queue_removed(self, KVCacheBlock block) except -1:
+        # The BlockRemoved event of a block about to lose its key.
+        self.kv_event_queue.append(
+            BlockRemoved(block_hashes=[self._ext(block._hash)], medium=MEDIUM_GPU, group_idx=block._group)
+        )
+        return 0
 
     def evict_blocks(self, block_ids):
         """Drop the cache keys of the given blocks (they stay where they are)."""
@@ -1776,6 +1761,22 @@ cdef class BlockPool:
 # =============================================================================
 # Single-type managers
 # =============================================================================
+cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
+    # BlockPool._maybe_evict_cached_block, inlined into get_new_blocks' loop:
+    # drop the block's key from the cache map (found from the hash half the
+    # block keeps), with its event; False if it had no key there.
+    if block._hash is None:
+        return False
+    if not pool.cached_block_hash_to_block._drop_block(block):
+        return False
+    if pool.enable_kv_cache_events:
+        pool._queue_removed(block)
+    block._hash = None
+    block._num_tokens = -1
+    pool.num_evictions += 1
+    return True
+
+
 cdef class SingleTypeKVCacheManager:
     """Block bookkeeping for one KV-cache group of one attention type."""
 
@@ -1935,9 +1936,20 @@ cdef class SingleTypeKVCacheManager:
 
     cpdef free(self, str request_id):
         """Return the request's blocks to the pool, tail first."""
-        cdef list blocks = self.pop_blocks_for_free(request_id)
+        if not self._free_held(request_id):
+            self.pop_blocks_for_free(request_id)  # (holds none: only the bookkeeping)
+
+    cdef bint _free_held(self, str request_id) except -1:
+        # free() for a request holding blocks here, with one lookup; False,
+        # changing nothing, if it holds none.
+        cdef list blocks = self.req_to_blocks.pop(request_id, None)
+        if blocks is None:
+            return False
+        self._gen = _next_gen()
+        self.num_cached_block.pop(request_id, None)
         blocks.reverse()
         self.block_pool._free_blocks(blocks)
+        return True
 
     cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1:
         cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
@@ -3126,15 +3138,9 @@ cdef class KVCacheManager:
         """
         cdef str request_id = _rid(request)
         cdef FullAttentionManager mgr = self._full
-        cdef list blocks
         if mgr is not None:  # one group: its manager's free, with one lookup
-            blocks = mgr.req_to_blocks.pop(request_id, None)
-            if blocks is None:
+            if not mgr._free_held(request_id):
                 raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
-            mgr._gen = _next_gen()
-            mgr.num_cached_block.pop(request_id, None)
-            blocks.reverse()
-            self.block_pool._free_blocks(blocks)
         else:
             if not self.coordinator.holds(request_id):
                 raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
