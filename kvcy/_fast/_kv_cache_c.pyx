@@ -1576,7 +1576,8 @@ cdef class BlockPool:
                     kvcy_prefetch(k)
             for i in range(start, end):
                 p = items[i]
-                _evict(self, <KVCacheBlock>p)
+                if (<KVCacheBlock>p)._hash is not None:
+                    _evict(self, <KVCacheBlock>p)
                 (<KVCacheBlock>p).ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the
