@@ -27,11 +27,12 @@ def _config(num_blocks: int, block_size: int = 16) -> KVCacheConfig:
 
 
 @pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
-def test_free_queue_popleft_n_append_n(benchmark, impl, pool_size):
+def test_free_queue_popleft_n_append_n(benchmark, impl, pool_size, freeze_startup_heap):
     """popleft_n(256) + append_n(256) on a queue of pool_size blocks."""
     mod = impl.kv_cache
     blocks = [mod.KVCacheBlock(i) for i in range(pool_size)]
     queue = mod.FreeKVCacheBlockQueue(blocks)
+    freeze_startup_heap()
     benchmark.group = f"free queue: popleft_n+append_n, {N_BLOCKS} blocks (pool {pool_size})"
 
     def run():
@@ -42,9 +43,10 @@ def test_free_queue_popleft_n_append_n(benchmark, impl, pool_size):
 
 
 @pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
-def test_block_pool_get_new_free(benchmark, impl, pool_size):
+def test_block_pool_get_new_free(benchmark, impl, pool_size, freeze_startup_heap):
     """get_new_blocks(256) + free_blocks on a caching pool of pool_size blocks."""
     pool = impl.kv_cache.BlockPool(pool_size, enable_caching=True, hash_block_size=16)
+    freeze_startup_heap()
     benchmark.group = f"block pool: get_new_blocks+free_blocks, {N_BLOCKS} blocks (pool {pool_size})"
 
     def run():
@@ -72,8 +74,8 @@ def _fill_cache(pool, rng: random.Random) -> None:
     assert all(b.block_hash is not None for b in pool.free_block_queue.get_all_free_blocks())
 
 
-@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000])
-def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
+@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
+def test_request_lifecycle_half_cached(benchmark, impl, pool_size, freeze_startup_heap):
     """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached,
     in a full cache: the request's 32 new blocks evict 32 cached ones (at every pool size)."""
     init_none_hash(get_hash_fn_by_name("sha256"))
@@ -87,6 +89,7 @@ def test_request_lifecycle_half_cached(benchmark, impl, pool_size):
     mgr.allocate_slots(warm, warm.num_tokens)
     mgr.free(warm)
     _fill_cache(mgr.block_pool, rng)
+    freeze_startup_heap()
     evictions0 = mgr.block_pool.num_evictions
     counter = itertools.count()
     benchmark.group = "request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 cached, full cache"
