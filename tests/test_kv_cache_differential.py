@@ -66,13 +66,19 @@ class TwinMachine(RuleBasedStateMachine):
         self.last: dict[str, tuple] = {}
         self.n = 0
 
-    @initialize(kind=st.sampled_from(["full", "hybrid"]), num_blocks=st.integers(8, 40),
-                caching=st.booleans(), watermark=st.sampled_from([0.0, 0.1]))
-    def setup(self, kind, num_blocks, caching, watermark):
+    # Events, stats and EAGLE are drawn too.  The compiled twin's fast paths (lookup and
+    # admission without the coordinator, eviction inlined) run only with all of them off and
+    # one full-attention group with caching on, so that case is drawn most often.
+    @initialize(kind=st.sampled_from(["full", "full", "hybrid"]), num_blocks=st.integers(8, 40),
+                caching=st.sampled_from([True, True, False]), watermark=st.sampled_from([0.0, 0.1]),
+                extras=st.sampled_from([(), (), ("events",), ("stats",), ("eagle",), ("events", "stats", "eagle")]))
+    def setup(self, kind, num_blocks, caching, watermark, extras):
         cfg = _config(kind, num_blocks)
         kw = dict(max_model_len=96, scheduler_block_size=BS, hash_block_size=BS, enable_caching=caching,
-                  enable_kv_cache_events=True, watermark=watermark, max_in_flight_tokens=32)
+                  enable_kv_cache_events="events" in extras, log_stats="stats" in extras,
+                  use_eagle="eagle" in extras, watermark=watermark, max_in_flight_tokens=32)
         self.managers = (CY.KVCacheManager(cfg, **kw), PY.KVCacheManager(cfg, **kw))
+        self.events = "events" in extras
 
     def both(self, name, fn):
         out = [_outcome(lambda m=m, r=r: fn(m, r)) for m, r in zip(self.managers, self._pairs(name))]
@@ -165,7 +171,13 @@ class TwinMachine(RuleBasedStateMachine):
         qp = [b.block_id for b in py.block_pool.free_block_queue.get_all_free_blocks()]
         assert qc == qp
         assert [b.block_hash for b in cy.block_pool.blocks] == [b.block_hash for b in py.block_pool.blocks]
-        assert [encode_event(e) for e in cy.take_events()] == [encode_event(e) for e in py.take_events()]
+        events = [[encode_event(e) for e in m.take_events()] for m in self.managers]
+        assert events[0] == events[1]
+        if not self.events:
+            assert events[0] == []
+        stats = [m.make_prefix_cache_stats() for m in self.managers]
+        assert stats[0] == stats[1]
+        assert cy.usage == py.usage
         for name in self._running():
             assert cy.get_block_ids(name) == py.get_block_ids(name)
         for m in self.managers:
@@ -193,5 +205,5 @@ class TwinMachine(RuleBasedStateMachine):
             assert block.block_hash == key
 
 
-TwinMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TwinMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_twins_agree = TwinMachine.TestCase
