@@ -725,3 +725,119 @@ def test_two_request_objects_with_one_id_share_its_blocks():
         results[name] = out
     assert results["cython"] == results["python"]
     assert results["python"][-1] == 15
+
+
+# --------------------------------------------------------------------------- pool-level bad input
+# Found by fuzzing the public pool API with wrong types and counts: the compiled twin crashed
+# the interpreter on the first three (unchecked casts and indexes), the Python twin left
+# half-cached blocks behind.
+def _pool_with_request(impl, tokens=16):
+    pool = impl.kv_cache.BlockPool(16, enable_caching=True, hash_block_size=BS)
+    req = impl.kv_cache.Request("r", list(range(tokens)), block_hasher=hasher())
+    return pool, req
+
+
+def _pool_state(pool):
+    return (ids(pool.free_block_queue.get_all_free_blocks()), [b.ref_cnt for b in pool.blocks],
+            [b.block_hash for b in pool.blocks], sorted(pool.cached_block_hash_to_block.keys()))
+
+
+def test_touch_rejects_bad_blocks_unchanged(impl):
+    pool, _ = _pool_with_request(impl)
+    held = pool.get_new_blocks(2)
+    free_block = pool.free_block_queue.get_all_free_blocks()[0]
+    loose = impl.kv_cache.KVCacheBlock(3)  # never queued, no references
+    before = _pool_state(pool)
+    for bad, exc in (
+        ("x", TypeError),  # str: its items are strs again (the compiled twin recursed until it crashed)
+        ([held[0], None], TypeError),
+        ([free_block, [held[0]]], TypeError),
+        ([[free_block], ["x"]], TypeError),  # second group bad: the first is not touched either
+        ([free_block, loose], RuntimeError),
+        ([[free_block], [loose]], RuntimeError),
+    ):
+        with pytest.raises(exc):
+            pool.touch(bad)
+        assert _pool_state(pool) == before
+    pool.touch([[free_block], [held[0]]])  # per-group sequences
+    assert free_block.ref_cnt == 1 and held[0].ref_cnt == 2
+
+
+def test_cache_full_blocks_rejects_bad_input_unchanged(impl):
+    pool, req = _pool_with_request(impl)
+    blocks = pool.get_new_blocks(4)
+    before = _pool_state(pool)
+    for args, exc, msg in (
+        (([[]], -1, 0), ValueError, "num_cached_blocks must be non-negative"),
+        ((blocks, -1, 2), ValueError, "num_cached_blocks must be non-negative"),
+        ((None, 0, 2), TypeError, "got None"),
+        ((blocks[:1], 0, 2), RuntimeError, "full blocks to cache"),
+        ((blocks[:2] + ["x"] + blocks[3:], 0, 4), TypeError, "KVCacheBlock"),
+    ):
+        with pytest.raises(exc, match=msg):
+            pool.cache_full_blocks(req, *args, BS, 0)
+        assert _pool_state(pool) == before
+    for block_size in (0, -4, 6, 2):
+        with pytest.raises(ValueError, match="multiple of the hash block size"):
+            pool.cache_full_blocks(req, blocks, 0, 1, block_size, 0)
+    with pytest.raises(ValueError, match="4 bytes"):
+        pool.cache_full_blocks(req, blocks, 0, 2, BS, 2**32)
+    assert _pool_state(pool) == before
+    # a block that already has a key, third in line: the first two are not left cached
+    pool.cache_full_blocks(req, blocks, 2, 3, BS, 0)  # block 2 gets its key
+    before = _pool_state(pool)
+    with pytest.raises(AssertionError, match="already has a hash"):
+        pool.cache_full_blocks(req, blocks, 0, 4, BS, 0)
+    assert _pool_state(pool) == before
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    assert [b.block_hash is not None for b in blocks] == [True, True, True, False]
+
+
+def test_resolve_block_hashes_rejects_bad_sizes(impl):
+    hashes = [b"a" * 32, b"b" * 32]
+    assert impl.kv_cache.resolve_block_hashes(hashes, 4, 4) is hashes
+    assert len(impl.kv_cache.resolve_block_hashes(hashes, 4, 8)) == 1
+    for hash_bs, bs in ((4, 2), (4, 0), (0, 4), (4, -8), (4, 6)):
+        with pytest.raises(ValueError, match="multiple of the hash block size"):
+            impl.kv_cache.resolve_block_hashes(hashes, hash_bs, bs)
+
+
+def test_add_local_computed_blocks_rejects_bad_blocks_unchanged(impl):
+    mgr = manager(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    free_block = mgr.block_pool.free_block_queue.get_all_free_blocks()[0]
+    before = _pool_state(mgr.block_pool)
+    for bad, exc in (([free_block, None], TypeError), ([free_block, impl.kv_cache.KVCacheBlock(5)], RuntimeError)):
+        with pytest.raises(exc):
+            single.add_local_computed_blocks("r", bad, 2 * BS, 0)
+        assert "r" not in single.req_to_blocks
+        assert _pool_state(mgr.block_pool) == before
+
+
+@pytest.mark.parametrize("call", ["free", "get_computed_blocks", "allocate_slots"])
+def test_manager_calls_reject_what_is_not_a_request(impl, call):
+    mgr = manager(impl)
+    for bad in (5, None, "r0", [1, 2]):
+        with pytest.raises(TypeError, match="expected a Request"):
+            if call == "allocate_slots":
+                mgr.allocate_slots(bad, 4)
+            else:
+                getattr(mgr, call)(bad)
+    assert mgr.block_pool.get_num_free_blocks() == 15
+
+
+def test_coordinator_checks_every_group_before_attaching(impl):
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=64)
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["s"], swa)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
+    coordinator = mgr.coordinator
+    free_a, free_b = mgr.block_pool.free_block_queue.get_all_free_blocks()[:2]
+    before = _pool_state(mgr.block_pool)
+    with pytest.raises(TypeError, match="KVCacheBlock"):
+        coordinator.allocate_new_computed_blocks("r", ([free_a], ["x"]), BS, 0)
+    assert _pool_state(mgr.block_pool) == before
+    assert all("r" not in m.req_to_blocks for m in coordinator.single_type_managers)
+    coordinator.allocate_new_computed_blocks("r", ([free_a], [free_b]), BS, 0)
+    assert free_a.ref_cnt == free_b.ref_cnt == 1

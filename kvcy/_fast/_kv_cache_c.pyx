@@ -289,7 +289,14 @@ cdef inline bint _fits_int64(object value) noexcept:
 cdef inline str _rid(object request):
     if type(request) is Request:
         return (<Request>request).request_id
-    return request.request_id
+    return _rid_of_other(request)
+
+
+cdef str _rid_of_other(object request):
+    try:
+        return request.request_id
+    except AttributeError:
+        raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
 cdef inline Py_ssize_t _num_tokens(object request) except -1:
@@ -1283,7 +1290,9 @@ cdef class _BlockHashView:
     cdef list _hashes
     cdef Py_ssize_t _scale
 
-    def __init__(self, list hashes, Py_ssize_t scale):
+    def __init__(self, list hashes not None, Py_ssize_t scale):
+        if scale <= 0:
+            raise ValueError(f"scale must be positive, got {scale}")
         self._hashes = hashes
         self._scale = scale
 
@@ -1310,6 +1319,9 @@ cdef inline Py_ssize_t _num_searchable_blocks(object hashes, Py_ssize_t max_leng
 cdef inline object _resolve(object hashes, Py_ssize_t hash_block_size, Py_ssize_t block_size):
     if block_size == hash_block_size:
         return hashes
+    if hash_block_size <= 0 or block_size <= 0 or block_size % hash_block_size != 0:
+        raise ValueError(f"block size {block_size} is not a positive multiple of the hash block size "
+                         f"{hash_block_size}")
     return _BlockHashView(list(hashes), block_size // hash_block_size)
 
 
@@ -1418,6 +1430,10 @@ cdef class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
+        if num_cached_blocks < 0:
+            raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
+        if blocks is None:
+            raise TypeError("blocks must be a list of KVCacheBlock, got None")
         block_hashes = _resolve(_block_hashes_of(request), self.hash_block_size, block_size)
         if len(block_hashes) < num_full_blocks:
             raise RuntimeError(
@@ -1454,6 +1470,8 @@ cdef class BlockPool:
             hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
             if Py_TYPE_RAW(hp) != &PyBytes_Type:
                 raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+            if not _is_block(PyList_GET_ITEM(blocks, i)):
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(blocks[i]).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
             assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
         cdef bint events = self.enable_kv_cache_events
@@ -1607,16 +1625,25 @@ cdef class BlockPool:
             self._maybe_evict_cached_block(<KVCacheBlock>self.blocks[block_id])
 
     def touch(self, blocks):
-        """Take a reference on cache-hit blocks, unlinking free ones from the queue."""
+        """Take a reference on cache-hit blocks, unlinking free ones from the queue.
+
+        ``blocks`` holds blocks, or one sequence of blocks per KV-cache group.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block with no references is not in the free queue.
+            In both cases nothing changes.
+        """
+        cdef list groups
         if blocks and not isinstance(blocks[0], KVCacheBlock):
-            for group in blocks:
-                self.touch(group)
-            return
-        blocks = list(blocks)
-        cdef KVCacheBlock block
-        for block in blocks:  # type-check before any change
-            pass
-        self._touch(blocks)
+            groups = [list(group) for group in blocks]
+        else:
+            groups = [list(blocks)]
+        cdef list group
+        for group in groups:  # check everything before any change
+            _check_touchable(group, self.free_block_queue)
+        for group in groups:
+            self._touch(group)
 
     cdef int _touch(self, list blocks) except -1:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
@@ -1762,6 +1789,22 @@ cdef class BlockPool:
 # =============================================================================
 # Single-type managers
 # =============================================================================
+cdef int _check_touchable(list blocks, FreeKVCacheBlockQueue queue) except -1:
+    # What touch() needs of its blocks, checked before it changes anything:
+    # each is a KVCacheBlock and, with no references (and not the null block),
+    # sits in the free queue (None: the types only).
+    cdef Py_ssize_t i
+    cdef PyObject *p
+    for i in range(PyList_GET_SIZE(blocks)):
+        p = PyList_GET_ITEM(blocks, i)
+        if not _is_block(p):
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(<object>p).__name__}")
+        if (queue is not None and (<KVCacheBlock>p).ref_cnt == 0 and not (<KVCacheBlock>p).is_null
+                and not queue._holds(<KVCacheBlock>p)):
+            raise RuntimeError(f"remove() called on an invalid block: {<object>p}")
+    return 0
+
+
 cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     # BlockPool._maybe_evict_cached_block, inlined into get_new_blocks' loop:
     # drop the block's key from the cache map (found from the hash half the
@@ -1865,13 +1908,14 @@ cdef class SingleTypeKVCacheManager:
                                     Py_ssize_t num_external_computed_tokens):
         """Attach prefix-cache hits to a request that holds no blocks yet."""
         self._gen = _next_gen()
-        cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        assert not req_blocks
         cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
         cdef Py_ssize_t num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
         cdef list blocks = list(new_computed_blocks)
         if num_skipped_blocks > 0:
             blocks = blocks[num_skipped_blocks:]
+        _check_touchable(blocks, self.block_pool.free_block_queue if self.enable_caching else None)
+        cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        assert not req_blocks
         if self.enable_caching:
             self.block_pool._touch(blocks)
         if num_skipped_blocks > 0:
@@ -2317,8 +2361,22 @@ cdef class KVCacheCoordinator:
     cpdef allocate_new_computed_blocks(self, str request_id, tuple new_computed_blocks,
                                        Py_ssize_t num_local_computed_tokens,
                                        Py_ssize_t num_external_computed_tokens):
+        """Attach each group's prefix-cache hits (and external-token blocks) to a new request.
+
+        Raises:
+            TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
+            (nothing changes: every group's hits are checked first).
+        """
         cdef SingleTypeKVCacheManager manager
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, skipped
+        cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
+        cdef list group
+        for i in range(min(self._n_managers, len(new_computed_blocks))):
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
+            group = list(new_computed_blocks[i])
+            skipped = manager.get_num_skipped_tokens(total) // manager.block_size
+            _check_touchable(group[skipped:] if skipped > 0 else group,
+                             manager.block_pool.free_block_queue if manager.enable_caching else None)
         for manager in self.single_type_managers:
             if request_id in manager.num_cached_block:
                 for blocks in new_computed_blocks:
@@ -2811,11 +2869,16 @@ cdef class KVCacheManager:
 
     cdef object _general_lookup(self, request):
         cdef bint skip
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0, 0
         if type(request) is Request:
             skip = (<Request>request).skip_reading_prefix_cache
         else:
-            skip = request.skip_reading_prefix_cache
-        if not self.enable_caching or skip:
+            try:
+                skip = request.skip_reading_prefix_cache
+            except AttributeError:
+                raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+        if skip:
             return self.empty_kv_cache_blocks, 0, 0
         cdef Py_ssize_t max_cache_hit_length = _num_tokens(request) - 1
         cdef tuple res = self.coordinator.find_longest_cache_hit(_block_hashes_of(request), max_cache_hit_length)
@@ -2922,7 +2985,7 @@ cdef class KVCacheManager:
             num_in_flight = (<Request>request).num_in_flight_tokens
             status = (<Request>request).status
         else:
-            request_id = request.request_id
+            request_id = _rid(request)
             num_computed = request.num_computed_tokens
             num_in_flight = request.num_in_flight_tokens
             status = request.status

@@ -468,6 +468,8 @@ class _BlockHashView:
     __slots__ = ("_hashes", "_scale")
 
     def __init__(self, hashes: list[bytes], scale: int) -> None:
+        if scale <= 0:
+            raise ValueError(f"scale must be positive, got {scale}")
         self._hashes = hashes
         self._scale = scale
 
@@ -487,7 +489,22 @@ def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: 
     """The request's hashes at ``block_size`` (a multiple of ``hash_block_size``)."""
     if block_size == hash_block_size:
         return hashes
+    if hash_block_size <= 0 or block_size <= 0 or block_size % hash_block_size != 0:
+        raise ValueError(f"block size {block_size} is not a positive multiple of the hash block size "
+                         f"{hash_block_size}")
     return _BlockHashView(hashes, block_size // hash_block_size)
+
+
+def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None) -> None:
+    """What touch() needs of its blocks, checked before it changes anything: each is a
+    KVCacheBlock and, with no references (and not the null block), sits in the free queue
+    (``queue`` None: the types only)."""
+    for block in blocks:
+        if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(block).__name__}")
+        if (block.ref_cnt == 0 and queue is not None and not block.is_null
+                and (block.prev_free_block is None or block.next_free_block is None)):
+            raise RuntimeError(f"remove() called on an invalid block: {block}")
 
 
 class BlockPool:
@@ -570,27 +587,46 @@ class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
+        if num_cached_blocks < 0:
+            raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
+        if blocks is None:
+            raise TypeError("blocks must be a list of KVCacheBlock, got None")
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
         if len(block_hashes) < num_full_blocks:
             raise RuntimeError(
                 f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
                 f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
             )
+        if num_full_blocks > len(blocks):
+            raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
+        if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
         events = self.enable_kv_cache_events
         new_hashes: list = []
         cache = self.cached_block_hash_to_block
-        for i in range(num_cached_blocks, num_full_blocks):
-            blk = blocks[i]
-            if blk.is_null:
-                continue
-            assert blk._block_hash is None, "The block already has a hash. This should not happen."
-            block_hash = block_hashes[i]
-            key = _group_key(block_hash, kv_cache_group_id)
-            blk._block_hash = key
-            blk.block_hash_num_tokens = (i + 1) * block_size
-            cache.insert(key, blk)
-            if events:
-                new_hashes.append(self._ext(block_hash))
+        i = num_cached_blocks
+        key = None
+        try:  # (checks as it goes; a failure undoes what it did, below)
+            for i in range(num_cached_blocks, num_full_blocks):
+                blk = blocks[i]
+                if blk.is_null:
+                    continue
+                assert blk._block_hash is None, "The block already has a hash. This should not happen."
+                block_hash = block_hashes[i]
+                key = _group_key(block_hash, kv_cache_group_id)
+                blk._block_hash = key
+                blk.block_hash_num_tokens = (i + 1) * block_size
+                cache.insert(key, blk)
+                if events:
+                    new_hashes.append(self._ext(block_hash))
+        except BaseException:
+            failed = blocks[i]
+            if not isinstance(failed, KVCacheBlock):
+                self._uncache(blocks, num_cached_blocks, i)
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(failed).__name__}") from None
+            keyed_here = key is not None and failed._block_hash is key  # (block i got its key here)
+            self._uncache(blocks, num_cached_blocks, i + 1 if keyed_here else i)
+            raise
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
@@ -607,6 +643,14 @@ class BlockPool:
                     num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list,
                 )
             )
+
+    def _uncache(self, blocks: list, start: int, end: int) -> None:
+        """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it)."""
+        cache = self.cached_block_hash_to_block
+        for blk in blocks[start:end]:
+            if not blk.is_null:
+                cache.pop(blk._block_hash, blk.block_id)
+                blk.reset_hash()
 
     def _block_stored(
         self, request, hashes, parent, start, end, block_size, group_id, extra_keys_list
@@ -697,11 +741,25 @@ class BlockPool:
             self._maybe_evict_cached_block(self.blocks[block_id])
 
     def touch(self, blocks: Sequence[KVCacheBlock] | Sequence[Sequence[KVCacheBlock]]) -> None:
-        """Take a reference on cache-hit blocks, unlinking free ones from the queue."""
+        """Take a reference on cache-hit blocks, unlinking free ones from the queue.
+
+        ``blocks`` holds blocks, or one sequence of blocks per KV-cache group.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block with no references is not in the free queue.
+            In both cases nothing changes.
+        """
         if blocks and not isinstance(blocks[0], KVCacheBlock):
-            for group in blocks:
-                self.touch(group)
-            return
+            groups = [list(group) for group in blocks]
+        else:
+            groups = [list(blocks)]
+        for group in groups:  # check everything before any change
+            _check_touchable(group, self.free_block_queue)
+        for group in groups:
+            self._touch(group)
+
+    def _touch(self, blocks: list[KVCacheBlock]) -> None:
         queue = self.free_block_queue
         for block in blocks:
             if block.is_null:
@@ -859,17 +917,33 @@ class SingleTypeKVCacheManager:
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
-        """Attach prefix-cache hits to a request that holds no blocks yet."""
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        assert not req_blocks
+        """Attach prefix-cache hits to a request that holds no blocks yet.
+
+        Raises:
+            TypeError: a hit is not a KVCacheBlock.
+            RuntimeError: a hit with no references is not in the free queue.
+            In both cases nothing changes.
+        """
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
-        if num_skipped_blocks > 0:
-            new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
+        _check_touchable(new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks,
+                         self.block_pool.free_block_queue if self.enable_caching else None)
+        self._add_local_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
+                                        num_external_computed_tokens)
+
+    def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
+                                   num_external_computed_tokens) -> None:
+        # add_local_computed_blocks without its checks, for KVCacheManager.allocate_slots,
+        # whose hit count (get_num_blocks_to_allocate) has read every hit before any change.
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
+        blocks = new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        assert not req_blocks
         if self.enable_caching:
-            self.block_pool.touch(new_computed_blocks)
+            self.block_pool._touch(blocks)
         req_blocks.extend([self._null_block] * num_skipped_blocks)
-        req_blocks.extend(new_computed_blocks)
+        req_blocks.extend(blocks)
         self.num_cached_block[request_id] = len(req_blocks)
 
     def allocate_external_computed_blocks(
@@ -1266,6 +1340,23 @@ class KVCacheCoordinator:
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
     ) -> None:
+        """Attach each group's prefix-cache hits (and external-token blocks) to a new request.
+
+        Raises:
+            TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
+            (nothing changes).
+        """
+        total = num_local_computed_tokens + num_external_computed_tokens
+        for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
+            skipped = manager.get_num_skipped_tokens(total) // manager.block_size
+            _check_touchable(blocks[skipped:] if skipped > 0 else blocks,
+                             manager.block_pool.free_block_queue if manager.enable_caching else None)
+        self._allocate_new_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
+                                           num_external_computed_tokens)
+
+    def _allocate_new_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
+                                      num_external_computed_tokens) -> None:
+        # Without the checks: KVCacheManager.allocate_slots's hit count has read every hit.
         managers = self.single_type_managers
         for manager in managers:
             if request_id in manager.num_cached_block:
@@ -1275,7 +1366,7 @@ class KVCacheCoordinator:
                     )
                 return
         for i, manager in enumerate(managers):
-            manager.add_local_computed_blocks(
+            manager._add_local_computed_blocks(
                 request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
             )
         if num_external_computed_tokens > 0:
@@ -1660,7 +1751,13 @@ class KVCacheManager:
             ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
             never covers the request's last token.
         """
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0, 0
+        try:
+            skip = request.skip_reading_prefix_cache
+        except AttributeError:
+            raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+        if skip:
             return self.empty_kv_cache_blocks, 0, 0
         max_cache_hit_length = request.num_tokens - 1
         computed_blocks, num_new_computed_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
@@ -1720,7 +1817,10 @@ class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
             )
-        request_id = request.request_id
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise TypeError(f"expected a Request, got {type(request).__name__}") from None
         num_computed = request.num_computed_tokens
         num_local_computed_tokens = num_computed + num_new_computed_tokens
         if num_local_computed_tokens + num_external_computed_tokens + num_new_tokens > self.max_model_len:
@@ -1772,7 +1872,7 @@ class KVCacheManager:
         if needed + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
         if has_new_computed or num_external_computed_tokens > 0:
-            coordinator.allocate_new_computed_blocks(
+            coordinator._allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, num_external_computed_tokens
             )
         new_blocks = coordinator.allocate_new_blocks(
@@ -1788,7 +1888,10 @@ class KVCacheManager:
         Raises:
             ValueError: the request holds no blocks (unknown id, or freed already).
         """
-        request_id = request.request_id
+        try:
+            request_id = request.request_id
+        except AttributeError:
+            raise TypeError(f"expected a Request, got {type(request).__name__}") from None
         if not self.coordinator.holds(request_id):
             raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
         self.coordinator.free(request_id)
