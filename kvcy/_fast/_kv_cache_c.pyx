@@ -1789,6 +1789,16 @@ cdef class BlockPool:
 # =============================================================================
 # Single-type managers
 # =============================================================================
+cdef inline int _check_group_count(tuple per_group, Py_ssize_t n) except -1:
+    # A coordinator's per-group argument has one entry per group (it is
+    # indexed without bounds checks).
+    if per_group is None:
+        raise TypeError("expected a tuple with one sequence of blocks per KV-cache group, got None")
+    if PyTuple_GET_SIZE(per_group) != n:
+        raise ValueError(f"expected one sequence of blocks per KV-cache group ({n}), got {PyTuple_GET_SIZE(per_group)}")
+    return 0
+
+
 cdef int _check_touchable(list blocks, FreeKVCacheBlockQueue queue) except -1:
     # What touch() needs of its blocks, checked before it changes anything:
     # each is a KVCacheBlock and, with no references (and not the null block),
@@ -1896,8 +1906,12 @@ cdef class SingleTypeKVCacheManager:
             skip_new = 0
         cdef Py_ssize_t i, num_evictable = 0
         cdef KVCacheBlock blk
+        cdef object item
         for i in range(skip_new, n_new_computed):
-            blk = <KVCacheBlock>new_computed_blocks[i]
+            item = new_computed_blocks[i]
+            if not _is_block(<PyObject*>item):
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(item).__name__}")
+            blk = <KVCacheBlock>item
             if blk.ref_cnt == 0 and not blk.is_null:
                 num_evictable += 1
         return num_new_blocks + num_evictable
@@ -2345,6 +2359,7 @@ cdef class KVCacheCoordinator:
     ) except -1:
         cdef Py_ssize_t total = 0, i
         cdef SingleTypeKVCacheManager manager
+        _check_group_count(new_computed_blocks, self._n_managers)
         for i in range(self._n_managers):
             manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
             if self._any_cross and self._cross_attention[i]:
@@ -2371,7 +2386,8 @@ cdef class KVCacheCoordinator:
         cdef Py_ssize_t i, skipped
         cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
         cdef list group
-        for i in range(min(self._n_managers, len(new_computed_blocks))):
+        _check_group_count(new_computed_blocks, self._n_managers)
+        for i in range(self._n_managers):
             manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
             group = list(new_computed_blocks[i])
             skipped = manager.get_num_skipped_tokens(total) // manager.block_size

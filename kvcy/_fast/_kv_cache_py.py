@@ -903,10 +903,13 @@ class SingleTypeKVCacheManager:
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
         skip_new = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable = 0
-        for i in range(skip_new, len(new_computed_blocks)):
-            blk = new_computed_blocks[i]
-            if blk.ref_cnt == 0 and not blk.is_null:
-                num_evictable += 1
+        try:
+            for i in range(skip_new, len(new_computed_blocks)):
+                blk = new_computed_blocks[i]
+                if blk.ref_cnt == 0 and not blk.is_null:
+                    num_evictable += 1
+        except AttributeError:
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}") from None
         return num_new_blocks + num_evictable
 
     # -------------------------------------------------------------- allocation
