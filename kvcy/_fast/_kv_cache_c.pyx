@@ -1924,10 +1924,7 @@ cdef class SingleTypeKVCacheManager:
         self._gen = _next_gen()
         cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
         cdef Py_ssize_t num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
-        cdef list blocks = list(new_computed_blocks)
-        if num_skipped_blocks > 0:
-            blocks = blocks[num_skipped_blocks:]
-        _check_touchable(blocks, self.block_pool.free_block_queue if self.enable_caching else None)
+        cdef list blocks = self._checked_hits(new_computed_blocks, total)
         cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
         assert not req_blocks
         if self.enable_caching:
@@ -1936,6 +1933,16 @@ cdef class SingleTypeKVCacheManager:
             req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
         self.num_cached_block[request_id] = len(req_blocks)
+
+    cdef list _checked_hits(self, object new_computed_blocks, Py_ssize_t total_computed_tokens):
+        # The hits add_local_computed_blocks takes (those past the skipped
+        # ones), checked before any change.
+        cdef list blocks = list(new_computed_blocks)
+        cdef Py_ssize_t skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        if skipped > 0:
+            blocks = blocks[skipped:]
+        _check_touchable(blocks, self.block_pool.free_block_queue if self.enable_caching else None)
+        return blocks
 
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
                                             Py_ssize_t num_external_computed_tokens):
@@ -2383,16 +2390,11 @@ cdef class KVCacheCoordinator:
             (nothing changes: every group's hits are checked first).
         """
         cdef SingleTypeKVCacheManager manager
-        cdef Py_ssize_t i, skipped
-        cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
-        cdef list group
+        cdef Py_ssize_t i
         _check_group_count(new_computed_blocks, self._n_managers)
         for i in range(self._n_managers):
-            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
-            group = list(new_computed_blocks[i])
-            skipped = manager.get_num_skipped_tokens(total) // manager.block_size
-            _check_touchable(group[skipped:] if skipped > 0 else group,
-                             manager.block_pool.free_block_queue if manager.enable_caching else None)
+            (<SingleTypeKVCacheManager>self.single_type_managers[i])._checked_hits(
+                new_computed_blocks[i], num_local_computed_tokens + num_external_computed_tokens)
         for manager in self.single_type_managers:
             if request_id in manager.num_cached_block:
                 for blocks in new_computed_blocks:

@@ -927,12 +927,15 @@ class SingleTypeKVCacheManager:
             RuntimeError: a hit with no references is not in the free queue.
             In both cases nothing changes.
         """
-        total = num_local_computed_tokens + num_external_computed_tokens
-        num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
-        _check_touchable(new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks,
-                         self.block_pool.free_block_queue if self.enable_caching else None)
+        self._check_hits(new_computed_blocks, num_local_computed_tokens + num_external_computed_tokens)
         self._add_local_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
                                         num_external_computed_tokens)
+
+    def _check_hits(self, new_computed_blocks, total_computed_tokens: int) -> None:
+        # add_local_computed_blocks' checks of the hits it will take (those past the skipped ones).
+        skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        _check_touchable(new_computed_blocks[skipped:] if skipped > 0 else new_computed_blocks,
+                         self.block_pool.free_block_queue if self.enable_caching else None)
 
     def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
                                    num_external_computed_tokens) -> None:
@@ -1349,11 +1352,8 @@ class KVCacheCoordinator:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
             (nothing changes).
         """
-        total = num_local_computed_tokens + num_external_computed_tokens
         for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
-            skipped = manager.get_num_skipped_tokens(total) // manager.block_size
-            _check_touchable(blocks[skipped:] if skipped > 0 else blocks,
-                             manager.block_pool.free_block_queue if manager.enable_caching else None)
+            manager._check_hits(blocks, num_local_computed_tokens + num_external_computed_tokens)
         self._allocate_new_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
                                            num_external_computed_tokens)
 
