@@ -841,3 +841,60 @@ def test_coordinator_checks_every_group_before_attaching(impl):
     assert all("r" not in m.req_to_blocks for m in coordinator.single_type_managers)
     coordinator.allocate_new_computed_blocks("r", ([free_a], [free_b]), BS, 0)
     assert free_a.ref_cnt == free_b.ref_cnt == 1
+
+
+def test_cache_map_holds_block_subclasses(impl):
+    """A KVCacheBlock subclass in the map is a block, not a dict of blocks (the compiled
+    map told them apart by exact type and crashed)."""
+    class Tagged(impl.kv_cache.KVCacheBlock):
+        pass
+
+    table = impl.kv_cache.BlockHashToBlockMap()
+    key = b"h" * 32 + (0).to_bytes(4, "big")
+    one, two = Tagged(1), Tagged(2)
+    table.insert(key, one)
+    assert table.get_one_block(key) is one and table.contain(key, 1) and not table.contain(key, 2)
+    table.insert(key, two)  # now a dict of two
+    assert table.contain(key, 2)
+    assert table.pop(key, 1) is one and table.get_one_block(key) is two
+    assert table.pop(key, 2) is two and table.get_one_block(key) is None
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_allocate_slots_rejects_a_free_hit_outside_the_queue_unchanged(impl, events):
+    """A free hit that is not in the free queue (another pool's block) is refused before
+    anything is touched; it used to leave the hits before it touched and the request
+    registered."""
+    mgr = manager(impl, enable_kv_cache_events=events)
+    req = impl.kv_cache.Request("r", list(range(12)), block_hasher=hasher())
+    free_block = mgr.block_pool.free_block_queue.get_all_free_blocks()[0]
+    before = _pool_state(mgr.block_pool)
+    hits = impl.kv_cache.KVCacheBlocks(([free_block, impl.kv_cache.KVCacheBlock(5)],))
+    with pytest.raises(RuntimeError, match="invalid block"):
+        mgr.allocate_slots(req, 4, num_new_computed_tokens=2 * BS, new_computed_blocks=hits)
+    assert _pool_state(mgr.block_pool) == before
+    assert not mgr.coordinator.single_type_managers[0].req_to_blocks
+    assert mgr.allocate_slots(req, req.num_tokens) is not None  # the request is still new
+
+
+def test_evict_blocks_takes_any_iterable(impl):
+    pool, req = _pool_with_request(impl)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    pool.evict_blocks(b.block_id for b in blocks)  # (a generator: read once)
+    assert [b.block_hash for b in blocks] == [None, None]
+    assert len(pool.cached_block_hash_to_block) == 0
+
+
+def test_compiled_manager_checks_its_public_dicts():
+    """req_to_blocks is a public dict: an entry that is not a list is refused, not read."""
+    from kvcy import _fast
+
+    if "cython" not in _fast.available() or _fast.NO_EXTENSIONS:
+        pytest.skip("compiled twins not in use")
+    kv = _fast.load("cython")["kv_cache"]
+    mgr = kv.KVCacheManager(full_config(), max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
+    req = kv.Request("r", list(range(8)), block_hasher=hasher())
+    mgr.coordinator.single_type_managers[0].req_to_blocks["r"] = ("not", "a list")
+    with pytest.raises(TypeError, match="req_to_blocks values must be lists"):
+        mgr.allocate_slots(req, 8)

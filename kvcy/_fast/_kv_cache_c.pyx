@@ -268,8 +268,8 @@ cdef class Request:
             self._all_token_ids.extend(tokens)
         cdef Py_ssize_t bs = self._hash_block_size
         if self._block_hasher is not None:
-            if bs <= 0 or (PyList_GET_SIZE(self._all_token_ids)
-                           - PyList_GET_SIZE(self.block_hashes) * bs) >= bs:
+            if bs <= 0 or self.block_hashes is None or (PyList_GET_SIZE(self._all_token_ids)
+                                                         - PyList_GET_SIZE(self.block_hashes) * bs) >= bs:
                 self.block_hashes.extend(self._block_hasher(self))
 
     def __repr__(self):
@@ -438,6 +438,8 @@ cdef extern from *:
     char *_PyBytes_AS_STRING_RAW "PyBytes_AS_STRING" (PyObject *o) noexcept nogil
     Py_ssize_t _PyBytes_GET_SIZE_RAW "PyBytes_GET_SIZE" (PyObject *o) noexcept nogil
     PyTypeObject PyBytes_Type
+    PyTypeObject PyDict_Type
+    PyTypeObject PyList_Type
     void kvcy_prefetch(const void *p) noexcept nogil
     int kvcy_install_block_alloc(PyTypeObject *t) noexcept
     void *kvcy_calloc_lines(size_t n, size_t sz) noexcept nogil
@@ -579,10 +581,8 @@ cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
 
 cdef int _set_block_key(KVCacheBlock block, object key) except -1:
     # (A module function, not a cdef method: KVCacheBlock has no vtable.)
-    if not isinstance(key, bytes) or len(key) < 4:
-        raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
-    cdef bytes h = key[:len(key) - 4]
-    cdef uint32_t gid = int.from_bytes(key[len(key) - 4:], "big")
+    h, group = _split_key(key)
+    cdef uint32_t gid = group
     block._hash = h
     block._group = gid
     block._key_h = <uint32_t>kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>h), len(h), gid)
@@ -924,7 +924,6 @@ cdef class FreeKVCacheBlockQueue:
             return 0
         self._ensure_room(n)
         cdef PyObject **items = (<PyListObject*>blocks).ob_item
-        cdef PyTypeObject *block_type = <PyTypeObject*>KVCacheBlock
         cdef PyObject **ring = self._ring
         cdef int64_t mask = self._mask
         cdef uint32_t my_id = self._id
@@ -936,7 +935,7 @@ cdef class FreeKVCacheBlockQueue:
         cdef bint repeat, queued
         for i in range(n):
             p = items[i]
-            if Py_TYPE_RAW(p) != block_type and not _is_block(p):
+            if not _is_block(p):
                 self._drop_taken(base, i)
                 raise TypeError(f"free queue entries must be KVCacheBlock, got {type(<object>p).__name__}")
             qid = (<KVCacheBlock>p)._queue_id
@@ -1130,7 +1129,7 @@ cdef class BlockHashToBlockMap:
         if i < 0:
             return NULL
         cdef PyObject *v = self._slots[i].value
-        if Py_TYPE_RAW(v) != <PyTypeObject*>KVCacheBlock:
+        if Py_TYPE_RAW(v) == &PyDict_Type:  # (the map's own dicts; a value is a block otherwise)
             return _first_dict_value(v)
         return v
 
@@ -1151,7 +1150,7 @@ cdef class BlockHashToBlockMap:
         if i >= 0:
             s = &self._slots[i]
             v = s.value
-            if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+            if Py_TYPE_RAW(v) != &PyDict_Type:
                 both = {(<KVCacheBlock>v).block_id: <object>v, block.block_id: block}
                 s = &self._slots[i]  # (building the dict ran no table code, but re-read anyway)
                 s.value = <PyObject*>both
@@ -1204,7 +1203,7 @@ cdef class BlockHashToBlockMap:
         if i < 0:
             return 0
         cdef PyObject *v = self._slots[i].value
-        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+        if Py_TYPE_RAW(v) != &PyDict_Type:
             if (<KVCacheBlock>v).block_id != block_id:
                 return 0
             self._release_slot(<size_t>i)
@@ -1236,7 +1235,7 @@ cdef class BlockHashToBlockMap:
         if i < 0:
             return False
         cdef PyObject *v = self._slots[i].value
-        if Py_TYPE_RAW(v) == <PyTypeObject*>KVCacheBlock:
+        if Py_TYPE_RAW(v) != &PyDict_Type:
             return (<KVCacheBlock>v).block_id == block_id
         return block_id in <dict>v
 
@@ -1604,9 +1603,6 @@ cdef class BlockPool:
         self.free_block_queue._prefetch_head(num_blocks if num_blocks < 64 else 64)
         return ret
 
-    cdef bint _maybe_evict_cached_block(self, KVCacheBlock block) except -1:
-        return _evict(self, block)
-
     cdef int _queue_removed(self, KVCacheBlock block) except -1:
         # The BlockRemoved event of a block about to lose its key.
         self.kv_event_queue.append(
@@ -1616,13 +1612,18 @@ cdef class BlockPool:
 
     def evict_blocks(self, block_ids):
         """Drop the cache keys of the given blocks (they stay where they are)."""
+        block_ids = list(block_ids)  # (read twice: checked first)
         for block_id in block_ids:
             if isinstance(block_id, bool) or not isinstance(block_id, int):
                 raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
             if not 0 <= block_id < self.num_gpu_blocks:
                 raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
+        cdef object block
         for block_id in block_ids:
-            self._maybe_evict_cached_block(<KVCacheBlock>self.blocks[block_id])
+            block = self.blocks[block_id]
+            if not _is_block(<PyObject*>block):  # (blocks is a public list)
+                raise TypeError(f"pool blocks must be KVCacheBlock, got {type(block).__name__}")
+            _evict(self, <KVCacheBlock>block)
 
     def touch(self, blocks):
         """Take a reference on cache-hit blocks, unlinking free ones from the queue.
@@ -1641,7 +1642,7 @@ cdef class BlockPool:
             groups = [list(blocks)]
         cdef list group
         for group in groups:  # check everything before any change
-            _check_touchable(group, self.free_block_queue)
+            _check_hit_blocks(group, NULL, self.free_block_queue)
         for group in groups:
             self._touch(group)
 
@@ -1686,7 +1687,6 @@ cdef class BlockPool:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks_list)
         queue._ensure_room(n)
         cdef PyObject **items = (<PyListObject*>blocks_list).ob_item
-        cdef PyTypeObject *block_type = <PyTypeObject*>KVCacheBlock
         cdef bint caching = self.enable_caching
         cdef PyObject **ring = queue._ring
         cdef int64_t mask = queue._mask
@@ -1697,7 +1697,7 @@ cdef class BlockPool:
         cdef PyObject *p
         for i in range(n):
             p = items[i]
-            if Py_TYPE_RAW(p) != block_type and not _is_block(p):
+            if not _is_block(p):
                 self._undo_free(blocks_list, i, n_head, n_tail)
                 raise TypeError(f"free_blocks takes KVCacheBlock, got {type(<object>p).__name__}")
             if (<KVCacheBlock>p).is_null:
@@ -1757,8 +1757,13 @@ cdef class BlockPool:
                 num_used_blocks - 1,
             )
             return False
+        cdef object item
+        for item in self.blocks:  # (blocks is a public list)
+            if not _is_block(<PyObject*>item):
+                raise TypeError(f"pool blocks must be KVCacheBlock, got {type(item).__name__}")
         self.cached_block_hash_to_block = BlockHashToBlockMap()
-        self.cached_block_hash_to_block._reserve(_initial_map_keys(self.num_gpu_blocks))
+        if self.enable_caching:
+            self.cached_block_hash_to_block._reserve(_initial_map_keys(self.num_gpu_blocks))
         cdef KVCacheBlock block
         for block in self.blocks:
             block._hash = None
@@ -1789,6 +1794,16 @@ cdef class BlockPool:
 # =============================================================================
 # Single-type managers
 # =============================================================================
+cdef inline list _held_list(PyObject *p):
+    # An entry of a manager's req_to_blocks (a public dict: check what is
+    # there before reading it as a list), or None for no entry.
+    if p == NULL:
+        return None
+    if Py_TYPE_RAW(p) != &PyList_Type:
+        raise TypeError(f"req_to_blocks values must be lists of blocks, got {type(<object>p).__name__}")
+    return <list>p
+
+
 cdef inline int _check_group_count(tuple per_group, Py_ssize_t n) except -1:
     # A coordinator's per-group argument has one entry per group (it is
     # indexed without bounds checks).
@@ -1799,24 +1814,8 @@ cdef inline int _check_group_count(tuple per_group, Py_ssize_t n) except -1:
     return 0
 
 
-cdef int _check_touchable(list blocks, FreeKVCacheBlockQueue queue) except -1:
-    # What touch() needs of its blocks, checked before it changes anything:
-    # each is a KVCacheBlock and, with no references (and not the null block),
-    # sits in the free queue (None: the types only).
-    cdef Py_ssize_t i
-    cdef PyObject *p
-    for i in range(PyList_GET_SIZE(blocks)):
-        p = PyList_GET_ITEM(blocks, i)
-        if not _is_block(p):
-            raise TypeError(f"blocks must be KVCacheBlock, got {type(<object>p).__name__}")
-        if (queue is not None and (<KVCacheBlock>p).ref_cnt == 0 and not (<KVCacheBlock>p).is_null
-                and not queue._holds(<KVCacheBlock>p)):
-            raise RuntimeError(f"remove() called on an invalid block: {<object>p}")
-    return 0
-
-
 cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
-    # BlockPool._maybe_evict_cached_block, inlined into get_new_blocks' loop:
+    # The Python twin's BlockPool._maybe_evict_cached_block (inlined into get_new_blocks' loop):
     # drop the block's key from the cache map (found from the hash half the
     # block keeps), with its event; False if it had no key there.
     if block._hash is None:
@@ -1889,7 +1888,7 @@ cdef class SingleTypeKVCacheManager:
         if apply_admission_cap and self._cap >= 0 and self._cap < num_required_blocks:
             num_required_blocks = self._cap
         cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
-        cdef Py_ssize_t num_req_blocks = 0 if p == NULL else PyList_GET_SIZE(<list>p)
+        cdef Py_ssize_t num_req_blocks = 0 if p == NULL else PyList_GET_SIZE(_held_list(p))
         cdef Py_ssize_t n
         if request_id in self.num_cached_block:
             n = num_required_blocks - num_req_blocks
@@ -1907,12 +1906,16 @@ cdef class SingleTypeKVCacheManager:
         cdef Py_ssize_t i, num_evictable = 0
         cdef KVCacheBlock blk
         cdef object item
+        cdef FreeKVCacheBlockQueue queue = self.block_pool.free_block_queue if self.enable_caching else None
         for i in range(skip_new, n_new_computed):
             item = new_computed_blocks[i]
             if not _is_block(<PyObject*>item):
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(item).__name__}")
             blk = <KVCacheBlock>item
             if blk.ref_cnt == 0 and not blk.is_null:
+                # (a free hit must be in the free queue, or touching it fails half-way)
+                if queue is not None and not queue._holds(blk):
+                    raise RuntimeError(f"remove() called on an invalid block: {blk}")
                 num_evictable += 1
         return num_new_blocks + num_evictable
 
@@ -1941,8 +1944,7 @@ cdef class SingleTypeKVCacheManager:
         cdef Py_ssize_t skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         if skipped > 0:
             blocks = blocks[skipped:]
-        _check_touchable(blocks, self.block_pool.free_block_queue if self.enable_caching else None)
-        return blocks
+        return _check_hit_blocks(blocks, NULL, self.block_pool.free_block_queue if self.enable_caching else None)
 
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
                                             Py_ssize_t num_external_computed_tokens):
@@ -1971,7 +1973,7 @@ cdef class SingleTypeKVCacheManager:
             req_blocks = []
             self.req_to_blocks[request_id] = req_blocks
         else:
-            req_blocks = <list>p
+            req_blocks = _held_list(p)
         cdef Py_ssize_t num_new_blocks = _cdiv(num_tokens, self.block_size) - PyList_GET_SIZE(req_blocks)
         if num_new_blocks <= 0:
             return None
@@ -2021,7 +2023,7 @@ cdef class SingleTypeKVCacheManager:
         cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
         if p == NULL or first_block >= last_block:
             return 0
-        cdef list blocks = <list>p
+        cdef list blocks = _held_list(p)
         if last_block > PyList_GET_SIZE(blocks):
             last_block = PyList_GET_SIZE(blocks)
         cdef KVCacheBlock null = self._null_block
@@ -2745,19 +2747,22 @@ cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size
     return needed if needed > 0 else 0
 
 
-cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL):
-    # One group's new computed blocks as a list, every one a KVCacheBlock
-    # (the manager reads their C fields), or TypeError.  n_evictable, if
-    # given, receives how many of them are free (ref_cnt 0, not null):
-    # touching them takes them out of the free pool.
+cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None):
+    # Blocks to touch (prefix-cache hits) as a list, checked before any
+    # change: every one a KVCacheBlock (the manager reads their C fields), or
+    # TypeError; with a queue, every free one (ref_cnt 0, not null) in it, or
+    # RuntimeError (touch() would fail half-way).  n_evictable, if given,
+    # receives how many are free: touching them takes them out of the pool.
     cdef list out = blocks if type(blocks) is list else list(blocks)
     cdef Py_ssize_t i, n_free = 0
     cdef PyObject *bp
     for i in range(PyList_GET_SIZE(out)):
         bp = _PyList_GET_ITEM_RAW(out, i)
         if not _is_block(bp):
-            raise TypeError(f"new_computed_blocks holds {type(<object>bp).__name__}, not KVCacheBlock")
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(<object>bp).__name__}")
         if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
+            if queue is not None and not queue._holds(<KVCacheBlock>bp):
+                raise RuntimeError(f"remove() called on an invalid block: {<object>bp}")
             n_free += 1
     if n_evictable != NULL:
         n_evictable[0] = n_free
@@ -3119,7 +3124,7 @@ cdef class KVCacheManager:
             # before caching (another Request object with the same id may have
             # added or advanced them here).
             p = PyDict_GetItem(mgr.req_to_blocks, request_id)
-            request._kv_blocks = None if p == NULL else <list>p
+            request._kv_blocks = _held_list(p)
             p = PyDict_GetItem(mgr.num_cached_block, request_id)
             request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
             request._kv_owner = <PyObject*>mgr
@@ -3142,7 +3147,7 @@ cdef class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
-            hit_list = _check_hit_blocks(hits, &n_evictable)
+            hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None)
             n_hits = PyList_GET_SIZE(hit_list)
         cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0

@@ -732,6 +732,7 @@ class BlockPool:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Drop the cache keys of the given blocks (they stay where they are)."""
+        block_ids = list(block_ids)  # (read twice: checked first)
         for block_id in block_ids:
             if isinstance(block_id, bool) or not isinstance(block_id, int):
                 raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
@@ -903,10 +904,14 @@ class SingleTypeKVCacheManager:
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
         skip_new = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable = 0
+        caching = self.enable_caching
         try:
             for i in range(skip_new, len(new_computed_blocks)):
                 blk = new_computed_blocks[i]
                 if blk.ref_cnt == 0 and not blk.is_null:
+                    # (a free hit must be in the free queue, or touching it fails half-way)
+                    if caching and (blk.prev_free_block is None or blk.next_free_block is None):
+                        raise RuntimeError(f"remove() called on an invalid block: {blk}")
                     num_evictable += 1
         except AttributeError:
             raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}") from None
@@ -940,7 +945,7 @@ class SingleTypeKVCacheManager:
     def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
                                    num_external_computed_tokens) -> None:
         # add_local_computed_blocks without its checks, for KVCacheManager.allocate_slots,
-        # whose hit count (get_num_blocks_to_allocate) has read every hit before any change.
+        # whose hit count (get_num_blocks_to_allocate) has checked every hit before any change.
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
         blocks = new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks
@@ -1359,7 +1364,7 @@ class KVCacheCoordinator:
 
     def _allocate_new_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
                                       num_external_computed_tokens) -> None:
-        # Without the checks: KVCacheManager.allocate_slots's hit count has read every hit.
+        # Without the checks: KVCacheManager.allocate_slots's hit count has checked every hit.
         managers = self.single_type_managers
         for manager in managers:
             if request_id in manager.num_cached_block:
