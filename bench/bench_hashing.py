@@ -70,6 +70,8 @@ def _run(benchmark, impl, group: str, fn, blocks: int, tokens: int) -> None:
     benchmark.group = group
     fn()  # warm up
     benchmark(fn)
+    if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+        return
     mean = benchmark.stats.stats.mean
     benchmark.extra_info["ns_per_block"] = round(mean / blocks * 1e9, 1)
     benchmark.extra_info["tokens_per_s"] = round(tokens / mean)

@@ -129,6 +129,8 @@ def _run(benchmark, group: str, backend: str, device: str, nbytes: int, fn, copy
 
     timed()  # warm up (and let the reference allocate)
     benchmark(timed)
+    if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+        return
     mean = benchmark.stats.stats.mean
     benchmark.extra_info["bytes"] = nbytes
     benchmark.extra_info["GB/s"] = round(nbytes / mean / 1e9, 3)

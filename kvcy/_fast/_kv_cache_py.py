@@ -495,6 +495,13 @@ def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: 
     return _BlockHashView(hashes, block_size // hash_block_size)
 
 
+def _request_id(request: Any) -> str:
+    try:
+        return request.request_id
+    except AttributeError:
+        raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+
+
 def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
     KVCacheBlock and, with no references (and not the null block), sits in the free queue
@@ -1825,10 +1832,7 @@ class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
             )
-        try:
-            request_id = request.request_id
-        except AttributeError:
-            raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+        request_id = _request_id(request)
         num_computed = request.num_computed_tokens
         num_local_computed_tokens = num_computed + num_new_computed_tokens
         if num_local_computed_tokens + num_external_computed_tokens + num_new_tokens > self.max_model_len:
@@ -1896,10 +1900,7 @@ class KVCacheManager:
         Raises:
             ValueError: the request holds no blocks (unknown id, or freed already).
         """
-        try:
-            request_id = request.request_id
-        except AttributeError:
-            raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+        request_id = _request_id(request)
         if not self.coordinator.holds(request_id):
             raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
         self.coordinator.free(request_id)
