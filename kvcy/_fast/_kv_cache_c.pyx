@@ -20,7 +20,7 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcpy
 
 from kvcy.hashing import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
@@ -558,12 +558,6 @@ cdef uint32_t _last_queue_id = 0
 # queue's id.  Batch loops thus see a fake end as another queue's block.
 cdef uint32_t _FAKE_END_ID = 0xFFFFFFFF
 cdef dict _LIVE_QUEUES = {}  # queue id -> address of that live FreeKVCacheBlockQueue
-
-
-cdef inline uint64_t _block_key_h(KVCacheBlock block) noexcept:
-    # The low 32 bits of the table hash of a block's cache key (block._hash
-    # must be set): all that finding its slot uses.
-    return block._key_h
 
 
 cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
@@ -1195,7 +1189,7 @@ cdef class BlockHashToBlockMap:
     cdef inline int _drop_block(self, KVCacheBlock block) except -1:
         # _pop(block._hash, block._group, block.block_id) is not None, for a
         # block with a key (its slot found from the hash half it keeps).
-        return self._remove_at(self._find(<PyObject*>block._hash, block._group, _block_key_h(block)),
+        return self._remove_at(self._find(<PyObject*>block._hash, block._group, block._key_h),
                                block.block_id)
 
     cdef inline int _remove_at(self, Py_ssize_t i, Py_ssize_t block_id) except -1:
@@ -1589,7 +1583,7 @@ cdef class BlockPool:
                 p = items[i]
                 k = <PyObject*>(<KVCacheBlock>p)._hash
                 if k != <PyObject*>None:
-                    cache._prefetch(_block_key_h(<KVCacheBlock>p))
+                    cache._prefetch((<KVCacheBlock>p)._key_h)
                     kvcy_prefetch(k)
             for i in range(start, end):
                 p = items[i]
