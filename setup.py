@@ -1,31 +1,96 @@
 """Build script for kvcy.
 
-Two kinds of compiled code:
+Two kinds of compiled code, both optional:
 
 * Cython twins of the hot paths (``kvcy/_fast/_<thing>_c.pyx``), listed in
-  ``CYTHON_MODULES``.  They are optional: with no compiler, or no Cython, the
-  pure-Python twins are used.  ``KVCY_REQUIRE_EXTENSIONS=1`` turns a failed
-  build into an error (CI uses it so that a broken build cannot hide).
-* A torch C++/CUDA extension (``cuda_ext/`` -> ``kvcy._C``), built only when
-  torch is importable in the build environment; its CUDA sources only when
-  torch has CUDA and nvcc is found.  Install with ``--no-build-isolation`` so
-  the build sees the torch you already have.
+  ``CYTHON_MODULES``.  With no working C compiler, or no Cython, nothing is
+  compiled and the pure-Python twins are used (``kvcy.IMPLEMENTATION ==
+  "python"``).
+* A torch C++/CUDA extension (``cuda_ext/`` -> ``kvcy._C``, the kernels behind
+  ``kvcy.ops``); its CUDA sources only when torch has CUDA and nvcc is found.
+
+The build says what it did in lines starting ``kvcy:`` (``pip install -v``).
+
+Environment variables:
+
+``KVCY_BUILD_TORCH``
+    ``1``: build ``kvcy._C``, and fail when torch is not importable in the build
+    environment (install torch first and build with ``--no-build-isolation``;
+    pip's isolated build environment has no torch).  ``0``: do not build it.
+    Unset: build it when torch is importable, say so either way.
+``KVCY_REQUIRE_EXTENSIONS=1``
+    Every extension must build: no fallback (CI uses it, so that a broken
+    build cannot hide behind the pure-Python twins).
+``KVCY_NO_EXTENSIONS=1``
+    Compile nothing.
+``KVCY_CYTHON_DEBUG=1``
+    ``-O0 -g`` and Cython's bounds checks; release builds are ``-O3`` with no
+    debug information (``-g0``, and stripped at link time on Linux).
+``KVCY_NO_CUDA=1``
+    Build ``kvcy._C`` for the CPU only.
+``KVCY_NO_OPENSSL=1``, ``KVCY_NO_LIBXXHASH=1``
+    Do not link libcrypto / libxxhash into the compiled hasher even when their
+    headers are found (it then uses hashlib / the xxhash package).
+``KVCY_BUILD_ONLY=name[,name]``
+    Build only these extensions (development:
+    ``KVCY_BUILD_ONLY=kvcy._fast._hashing_c python setup.py build_ext --inplace``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
+from setuptools.command.build_ext import build_ext as _setuptools_build_ext
 
 HERE = Path(__file__).parent.resolve()
-REQUIRE_EXTENSIONS = os.environ.get("KVCY_REQUIRE_EXTENSIONS", "") not in ("", "0")
-NO_EXTENSIONS = os.environ.get("KVCY_NO_EXTENSIONS", "") not in ("", "0")
-CYTHON_DEBUG = os.environ.get("KVCY_CYTHON_DEBUG", "") not in ("", "0")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+REQUIRE_EXTENSIONS = _flag("KVCY_REQUIRE_EXTENSIONS")
+NO_EXTENSIONS = _flag("KVCY_NO_EXTENSIONS")
+CYTHON_DEBUG = _flag("KVCY_CYTHON_DEBUG")
+TORCH_EXTENSION = "kvcy._C"
+
+
+def _build_torch_choice() -> bool | None:
+    """``KVCY_BUILD_TORCH``: True (required), False (skip) or None (when importable)."""
+    value = os.environ.get("KVCY_BUILD_TORCH", "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"kvcy: KVCY_BUILD_TORCH must be 1, 0 or unset, got {value!r}")
+
+
+BUILD_TORCH = _build_torch_choice()
+if BUILD_TORCH and NO_EXTENSIONS:
+    raise SystemExit("kvcy: KVCY_BUILD_TORCH=1 and KVCY_NO_EXTENSIONS=1 contradict each other")
+
+
+def _release_flags() -> tuple[list[str], list[str]]:
+    """(compile flags, link flags): optimised without debug information, or a debug build."""
+    if sys.platform == "win32":
+        return (["/Od", "/Zi"] if CYTHON_DEBUG else ["/O2"]), []
+    if CYTHON_DEBUG:
+        return ["-O0", "-g"], []
+    # Python's own CFLAGS carry -g; -g0 after them wins.  -s strips the symbol
+    # table too (the module's PyInit_* stays in the dynamic symbol table).
+    return ["-O3", "-g0"], (["-s"] if sys.platform.startswith("linux") else [])
+
+
+COMPILE_FLAGS, LINK_FLAGS = _release_flags()
 
 
 def _has_header(name: str) -> bool:
@@ -39,10 +104,10 @@ def _hashing_build_options() -> dict:
     """Link OpenSSL's libcrypto (SHA-256) and libxxhash (XXH3) when found."""
     macros = []
     libraries = []
-    if os.environ.get("KVCY_NO_OPENSSL", "") in ("", "0") and _has_header("openssl/sha.h"):
+    if not _flag("KVCY_NO_OPENSSL") and _has_header("openssl/sha.h"):
         macros.append(("KVCY_HAVE_OPENSSL", "1"))
         libraries.append("crypto")
-    if os.environ.get("KVCY_NO_LIBXXHASH", "") in ("", "0") and _has_header("xxhash.h"):
+    if not _flag("KVCY_NO_LIBXXHASH") and _has_header("xxhash.h"):
         macros.append(("KVCY_HAVE_XXHASH", "1"))
         libraries.append("xxhash")
     headers = ["kvcy/_fast/_hashing_enc.h", "kvcy/_fast/_hashing_digest.h"]
@@ -66,14 +131,17 @@ CYTHON_DIRECTIVES = {
 
 
 def _cython_extensions() -> list[Extension]:
+    """The Cython twins, with ``.pyx`` sources: ``KvcyBuildExt`` cythonizes at build time.
+
+    Cythonizing there, not here, keeps generated C out of the sdist and the
+    wheel and leaves each Extension's ``optional`` flag as set here.
+    """
     if NO_EXTENSIONS:
         print("kvcy: KVCY_NO_EXTENSIONS set, building pure Python only")
         return []
-    try:
-        from Cython.Build import cythonize
-    except ImportError:
+    if importlib.util.find_spec("Cython") is None:
         if REQUIRE_EXTENSIONS:
-            raise
+            raise SystemExit("kvcy: KVCY_REQUIRE_EXTENSIONS=1 but Cython is not importable")
         print("kvcy: Cython not available, building pure Python only")
         return []
     exts = []
@@ -87,84 +155,151 @@ def _cython_extensions() -> list[Extension]:
             Extension(
                 name,
                 [src],
-                extra_compile_args=["-O3"] if not CYTHON_DEBUG else ["-O0", "-g"],
+                extra_compile_args=list(COMPILE_FLAGS),
+                extra_link_args=list(LINK_FLAGS),
                 optional=not REQUIRE_EXTENSIONS,
                 **extra,
             )
         )
-    return cythonize(exts, compiler_directives=CYTHON_DIRECTIVES, quiet=True)
+    return exts
 
 
-def _torch_extensions() -> tuple[list[Extension], dict]:
-    """The torch extension ``kvcy._C``; empty when torch is not importable."""
-    if NO_EXTENSIONS or os.environ.get("KVCY_NO_TORCH_EXTENSION", "") not in ("", "0"):
-        return [], {}
+def _torch_extensions() -> tuple[list[Extension], type | None]:
+    """``kvcy._C`` and torch's build_ext class; nothing when it is not to be built."""
+    if NO_EXTENSIONS or BUILD_TORCH is False:
+        print("kvcy: kvcy._C not requested; kvcy.ops will use the plain-torch reference ops")
+        return [], None
     try:
         import torch
         from torch.utils import cpp_extension
-    except ImportError:
-        print("kvcy: torch not importable, skipping the kvcy._C extension")
-        return [], {}
+    except ImportError as exc:
+        if BUILD_TORCH or REQUIRE_EXTENSIONS:
+            raise SystemExit(
+                f"kvcy: KVCY_BUILD_TORCH=1 or KVCY_REQUIRE_EXTENSIONS=1, but torch is not importable "
+                f"in the build environment ({exc}). Install torch first and build without pip's "
+                "build isolation: pip install torch && KVCY_BUILD_TORCH=1 pip install --no-build-isolation ."
+            ) from exc
+        print(
+            "kvcy: torch is not importable in the build environment (pip's build isolation?): "
+            "kvcy._C not built, kvcy.ops will use the plain-torch reference ops. "
+            "To build it: pip install torch && KVCY_BUILD_TORCH=1 pip install --no-build-isolation ."
+        )
+        return [], None
     sources = sorted(str(p.relative_to(HERE)) for p in (HERE / "cuda_ext").glob("*.cpp"))
     if not sources:
-        return [], {}
+        if BUILD_TORCH or REQUIRE_EXTENSIONS:
+            raise SystemExit("kvcy: no cuda_ext/*.cpp sources to build kvcy._C from")
+        return [], None
     cuda_sources = sorted(str(p.relative_to(HERE)) for p in (HERE / "cuda_ext").glob("*.cu"))
     use_cuda = (
         bool(cuda_sources)
         and torch.version.cuda is not None
         and cpp_extension.CUDA_HOME is not None
         and shutil.which("nvcc") is not None
-        and os.environ.get("KVCY_NO_CUDA", "") in ("", "0")
+        and not _flag("KVCY_NO_CUDA")
     )
-    cxx_flags = ["-O3", "-std=c++17"]
+    cxx_flags = [*COMPILE_FLAGS, "-std=c++17"]
+    depends = sorted(str(p.relative_to(HERE)) for p in (HERE / "cuda_ext").glob("*.h"))
     if use_cuda:
-        print("kvcy: building kvcy._C with CUDA")
+        print(f"kvcy: kvcy._C is to be built against torch {torch.__version__}, with CUDA")
         ext = cpp_extension.CUDAExtension(
-            "kvcy._C",
+            TORCH_EXTENSION,
             sources + cuda_sources,
             define_macros=[("KVCY_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17"]},
+            extra_link_args=list(LINK_FLAGS),
+            depends=depends,
         )
     else:
-        print("kvcy: building kvcy._C for CPU only")
-        ext = cpp_extension.CppExtension("kvcy._C", sources, extra_compile_args=cxx_flags)
-    ext.optional = not REQUIRE_EXTENSIONS
-    return [ext], {"torch_build_ext": cpp_extension.BuildExtension}
+        print(f"kvcy: kvcy._C is to be built against torch {torch.__version__}, CPU only")
+        ext = cpp_extension.CppExtension(
+            TORCH_EXTENSION,
+            sources,
+            extra_compile_args=cxx_flags,
+            extra_link_args=list(LINK_FLAGS),
+            depends=depends,
+        )
+    ext.optional = not (REQUIRE_EXTENSIONS or BUILD_TORCH)
+    return [ext], cpp_extension.BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
 
 
-class KvcyBuildExt(build_ext):
-    """build_ext that reports which build happened and tolerates optional failures."""
+_torch_exts, _torch_build_ext = _torch_extensions()
+# torch's build_ext (compiler wrappers, ninja) when kvcy._C is to be built, setuptools' otherwise.
+_BuildExtBase: type = _torch_build_ext or _setuptools_build_ext
 
-    def run(self):
+
+class KvcyBuildExt(_BuildExtBase):  # type: ignore[misc, valid-type]
+    """build_ext that cythonizes at build time, falls back without a compiler and says what it built."""
+
+    def _compiles(self, suffix: str, code: str) -> str | None:
+        """None when ``self.compiler`` compiles and links ``code``; else why not."""
+        with tempfile.TemporaryDirectory(prefix="kvcy-probe-") as tmp:
+            src = Path(tmp, "probe" + suffix)
+            src.write_text(code)
+            try:
+                objs = self.compiler.compile([str(src)], output_dir=tmp)
+                self.compiler.link_shared_object(objs, str(Path(tmp, "probe.so")), target_lang=(
+                    "c++" if suffix == ".cpp" else "c"))
+            except Exception as exc:  # any failure means: no usable compiler
+                lines = str(exc).splitlines() or [""]
+                return f"{type(exc).__name__}: {lines[0][:200]}"
+        return None
+
+    def _drop(self, names: set[str], why: str) -> None:
+        optional = [e.name for e in self.extensions if e.name in names and not getattr(e, "optional", False)]
+        if optional:
+            raise SystemExit(f"kvcy: cannot build {', '.join(optional)}: {why}")
+        self.extensions = [e for e in self.extensions if e.name not in names]
+        self._kvcy_skipped.extend((n, why) for n in sorted(names))
+
+    def build_extensions(self) -> None:
+        names = {e.name for e in self.extensions}
+        if self.extensions and sys.platform != "win32":
+            why = self._compiles(".c", "int kvcy_probe(void) { return 0; }\n")
+            if why:
+                self._drop(names, f"no working C compiler ({why})")
+            elif TORCH_EXTENSION in names:
+                why = self._compiles(".cpp", "int kvcy_probe() { return 0; }\n")
+                if why:
+                    self._drop({TORCH_EXTENSION}, f"no working C++ compiler ({why})")
+        if not self.extensions:
+            return
+        if _torch_build_ext is not None and not any(e.name == TORCH_EXTENSION for e in self.extensions):
+            # kvcy._C is not in this build: skip torch's compiler checks and flags.
+            _setuptools_build_ext.build_extensions(self)
+        else:
+            super().build_extensions()
+
+    def build_extension(self, ext: Extension) -> None:
+        if any(str(s).endswith(".pyx") for s in ext.sources):
+            from Cython.Build import cythonize
+
+            ext.sources = cythonize([ext], compiler_directives=CYTHON_DIRECTIVES, quiet=True)[0].sources
+        super().build_extension(ext)  # an optional extension's failure is caught and reported above us
+        self._kvcy_built.append(ext.name)
+
+    def run(self) -> None:
+        self._kvcy_built: list[str] = []
+        self._kvcy_skipped: list[tuple[str, str]] = []
+        requested = [e.name for e in self.extensions]
         super().run()
-        built = [e.name for e in self.extensions if Path(self.get_ext_fullpath(e.name)).exists()]
-        print(f"kvcy: compiled extensions: {', '.join(built) if built else 'none (pure Python)'}")
+        print(f"kvcy: compiled extensions: {', '.join(sorted(self._kvcy_built)) or 'none'}")
+        failed = [n for n in requested if n not in self._kvcy_built]
+        if failed:
+            print("kvcy: NOT compiled (the pure-Python twins / plain-torch reference ops are used instead):")
+            reasons: dict[str, list[str]] = {}
+            skipped = dict(self._kvcy_skipped)
+            for name in failed:
+                reasons.setdefault(skipped.get(name, "build failed, see the errors above"), []).append(name)
+            for why, which in reasons.items():
+                print(f"kvcy:   {', '.join(which)}: {why}")
 
 
-def _cmdclass(torch_cmd: dict) -> dict:
-    if "torch_build_ext" in torch_cmd:
-        base = torch_cmd["torch_build_ext"]
-
-        class TorchAwareBuildExt(base):  # type: ignore[misc, valid-type]
-            def run(self):
-                super().run()
-                built = [
-                    e.name for e in self.extensions if Path(self.get_ext_fullpath(e.name)).exists()
-                ]
-                print(f"kvcy: compiled extensions: {', '.join(built) if built else 'none'}")
-
-        return {"build_ext": TorchAwareBuildExt.with_options(use_ninja=shutil.which("ninja") is not None)}
-    return {"build_ext": KvcyBuildExt}
-
-
-_torch_exts, _torch_cmd = _torch_extensions()
 _all_exts = _cython_extensions() + _torch_exts
-# KVCY_BUILD_ONLY=name[,name]: build only these extensions (for development:
-# `KVCY_BUILD_ONLY=kvcy._fast._hashing_c python setup.py build_ext --inplace`).
 _only = [n for n in os.environ.get("KVCY_BUILD_ONLY", "").split(",") if n]
 if _only:
     _all_exts = [e for e in _all_exts if e.name in _only]
 setup(
     ext_modules=_all_exts,
-    cmdclass=_cmdclass(_torch_cmd),
+    cmdclass={"build_ext": KvcyBuildExt},
 )
