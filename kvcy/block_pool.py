@@ -4,9 +4,16 @@ Implemented twice (``kvcy._fast._kv_cache_c`` / ``_kv_cache_py``); this module
 re-exports the selected twin under vLLM's names.
 """
 
+from typing import TYPE_CHECKING
+
 from kvcy._fast import kv_cache as _impl
 
-BlockHashToBlockMap = _impl.BlockHashToBlockMap
-BlockPool = _impl.BlockPool
+if TYPE_CHECKING:
+    # Type checkers see the pure-Python twin (the compiled one has the same API:
+    # kvcy/_fast/_kv_cache_c.pyi); at run time the selected twin's classes.
+    from kvcy._fast._kv_cache_py import BlockHashToBlockMap, BlockPool
+else:
+    BlockHashToBlockMap = _impl.BlockHashToBlockMap
+    BlockPool = _impl.BlockPool
 
 __all__ = ["BlockHashToBlockMap", "BlockPool"]

@@ -4,8 +4,10 @@
 hashing from :mod:`kvcy.hashing`; sizing from :mod:`kvcy.kv_cache_sizing`.
 """
 
+from typing import TYPE_CHECKING
+
 from kvcy._fast import kv_cache as _impl
-from kvcy.hashing import (  # noqa: F401
+from kvcy.hashing import (
     BlockHash,
     BlockHashWithGroupId,
     generate_block_hash_extra_keys,
@@ -19,9 +21,76 @@ from kvcy.hashing import (  # noqa: F401
     make_block_hash_with_group_id,
     need_extra_keys,
 )
-from kvcy.metrics import CachingMetrics, PrefixCacheStats, PrefixCachingMetrics  # noqa: F401
+from kvcy.kv_cache_sizing import (  # the sizing layer, seed 002
+    check_enough_kv_cache_memory,
+    create_kv_cache_group_specs,
+    estimate_max_model_len,
+    generate_scheduler_kv_cache_config,
+    get_kv_cache_config,
+    get_kv_cache_config_from_groups,
+    get_kv_cache_groups,
+    get_max_concurrency_for_kv_cache_config,
+    get_num_blocks,
+    get_num_tokens_for_kv_cache_config,
+    get_uniform_page_size,
+    is_kv_cache_page_size_uniform,
+    is_kv_cache_spec_uniform,
+    is_kv_cache_type_attention_free,
+    is_kv_cache_type_uniform,
+    max_memory_usage_bytes,
+    max_memory_usage_bytes_from_groups,
+    may_override_num_blocks,
+    unify_hybrid_kv_cache_specs,
+    unify_kv_cache_configs,
+    unify_kv_cache_spec_page_size,
+)
+from kvcy.metrics import CachingMetrics, PrefixCacheStats, PrefixCachingMetrics
 
-KVCacheBlock = _impl.KVCacheBlock
-FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
+if TYPE_CHECKING:
+    # Type checkers see the pure-Python twin (the compiled one has the same API:
+    # kvcy/_fast/_kv_cache_c.pyi); at run time the selected twin's classes.
+    from kvcy._fast._kv_cache_py import KVCacheBlock, FreeKVCacheBlockQueue
+else:
+    KVCacheBlock = _impl.KVCacheBlock
+    FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
 
-from kvcy.kv_cache_sizing import *  # noqa: E402,F401,F403  (the sizing layer, seed 002)
+__all__ = [
+    "BlockHash",
+    "BlockHashWithGroupId",
+    "CachingMetrics",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "PrefixCacheStats",
+    "PrefixCachingMetrics",
+    "check_enough_kv_cache_memory",
+    "create_kv_cache_group_specs",
+    "estimate_max_model_len",
+    "generate_block_hash_extra_keys",
+    "generate_scheduler_kv_cache_config",
+    "get_block_hash",
+    "get_group_id",
+    "get_hash_fn_by_name",
+    "get_kv_cache_config",
+    "get_kv_cache_config_from_groups",
+    "get_kv_cache_groups",
+    "get_max_concurrency_for_kv_cache_config",
+    "get_none_hash",
+    "get_num_blocks",
+    "get_num_tokens_for_kv_cache_config",
+    "get_request_block_hasher",
+    "get_uniform_page_size",
+    "hash_block_tokens",
+    "init_none_hash",
+    "is_kv_cache_page_size_uniform",
+    "is_kv_cache_spec_uniform",
+    "is_kv_cache_type_attention_free",
+    "is_kv_cache_type_uniform",
+    "make_block_hash_with_group_id",
+    "max_memory_usage_bytes",
+    "max_memory_usage_bytes_from_groups",
+    "may_override_num_blocks",
+    "need_extra_keys",
+    "unify_hybrid_kv_cache_specs",
+    "unify_kv_cache_configs",
+    "unify_kv_cache_spec_page_size",
+]

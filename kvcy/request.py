@@ -13,6 +13,8 @@ object with the same attributes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvcy._fast import kv_cache as _impl
 from kvcy._request_types import (
     LoRARequest,
@@ -22,7 +24,12 @@ from kvcy._request_types import (
     validate_token_ids,
 )
 
-Request = _impl.Request
+if TYPE_CHECKING:
+    # Type checkers see the pure-Python twin (the compiled one has the same API:
+    # kvcy/_fast/_kv_cache_c.pyi); at run time the selected twin's classes.
+    from kvcy._fast._kv_cache_py import Request
+else:
+    Request = _impl.Request
 
 __all__ = [
     "LoRARequest",

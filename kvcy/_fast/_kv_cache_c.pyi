@@ -1,0 +1,412 @@
+"""Type stub for the compiled twin; the pure twin ``_kv_cache_py`` has the same API.
+
+Attributes that the compiled twin keeps read-only (``cdef readonly`` fields,
+properties without a setter) are properties here.  A ``cdef class`` that adds
+C fields is a ``@disjoint_base`` (no two of them can be bases of one class);
+the ``@final`` ones cannot be subclassed at all.  ``mypy.stubtest`` checks this
+file against the built module (.ci/run).
+"""
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, final
+
+from typing_extensions import disjoint_base
+
+from kvcy._request_types import LoRARequest, MultiModalFeatureSpec, RequestStatus
+from kvcy.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from kvcy.kv_events import KVCacheEvent
+from kvcy.metrics import PrefixCacheStats
+
+logger: logging.Logger
+IMPLEMENTATION: str
+
+def cdiv(a: int, b: int) -> int: ...
+
+@disjoint_base
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int | None
+    lora_request: LoRARequest | None
+    mm_features: list[MultiModalFeatureSpec]
+    cache_salt: str | None
+    prompt_embeds: Any
+    kv_cache_report_mode: str
+    arrival_time: float
+    skip_reading_prefix_cache: bool
+    status: RequestStatus
+    num_computed_tokens: int
+    num_in_flight_tokens: int
+    num_preemptions: int
+    num_prompt_tokens: int
+    spec_token_ids: list[int]
+    block_hashes: list[bytes]
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int | None = None,
+        *,
+        lora_request: LoRARequest | None = None,
+        mm_features: list[MultiModalFeatureSpec] | None = None,
+        cache_salt: str | None = None,
+        prompt_embeds: Any = None,
+        block_hasher: Callable[[Request], list[bytes]] | None = None,
+        kv_cache_report_mode: str = "incremental",
+        arrival_time: float = 0.0,
+        skip_reading_prefix_cache: bool = False,
+    ) -> None: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+    @property
+    def is_finished(self) -> bool: ...
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None: ...
+
+@disjoint_base
+class KVCacheBlock:
+    block_id: int
+    ref_cnt: int
+    is_null: bool
+    block_hash_num_tokens: int | None
+    def __init__(self, block_id: int) -> None: ...
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None: ...
+    @property
+    def next_free_block(self) -> KVCacheBlock | None: ...
+    @property
+    def block_hash(self) -> bytes | None: ...
+    @block_hash.setter
+    def block_hash(self, block_hash: bytes) -> None: ...
+    def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None: ...
+    def reset_hash(self) -> None: ...
+
+@final
+class FreeKVCacheBlockQueue:
+    num_free_blocks: int
+    @property
+    def fake_free_list_head(self) -> KVCacheBlock: ...
+    @property
+    def fake_free_list_tail(self) -> KVCacheBlock: ...
+    def __init__(self, blocks: list[KVCacheBlock]) -> None: ...
+    def popleft(self) -> KVCacheBlock: ...
+    def popleft_n(self, n: int) -> list[KVCacheBlock]: ...
+    def remove(self, block: KVCacheBlock) -> None: ...
+    def append(self, block: KVCacheBlock) -> None: ...
+    def append_n(self, blocks: list[KVCacheBlock]) -> None: ...
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None: ...
+    def get_all_free_blocks(self) -> list[KVCacheBlock]: ...
+    def __len__(self) -> int: ...
+
+@final
+class BlockHashToBlockMap:
+    def __init__(self) -> None: ...
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None: ...
+    def contain(self, key: bytes, block_id: int) -> bool: ...
+    def insert(self, key: bytes, block: KVCacheBlock) -> None: ...
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None: ...
+    def keys(self) -> list[bytes]: ...
+    def __len__(self) -> int: ...
+
+def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: int) -> Sequence[bytes]: ...
+
+@disjoint_base
+class BlockPool:
+    num_gpu_blocks: int
+    enable_caching: bool
+    hash_block_size: int
+    blocks: list[KVCacheBlock]
+    free_block_queue: FreeKVCacheBlockQueue
+    cached_block_hash_to_block: BlockHashToBlockMap
+    null_block: KVCacheBlock
+    enable_kv_cache_events: bool
+    use_int_block_hashes: bool
+    kv_event_queue: list[KVCacheEvent]
+    metrics_collector: Any
+    num_evictions: int
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: Any = None,
+        use_int_block_hashes: bool | None = None,
+    ) -> None: ...
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[KVCacheBlock] | None: ...
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None: ...
+    def emit_cached_block_events(
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None: ...
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]: ...
+    def evict_blocks(self, block_ids: set[int]) -> None: ...
+    def touch(self, blocks: Sequence[KVCacheBlock] | Sequence[Sequence[KVCacheBlock]]) -> None: ...
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def get_num_free_blocks(self) -> int: ...
+    def get_usage(self) -> float: ...
+    def take_events(self) -> list[KVCacheEvent]: ...
+
+@disjoint_base
+class SingleTypeKVCacheManager:
+    kv_cache_spec: KVCacheSpec
+    block_size: int
+    block_pool: BlockPool
+    enable_caching: bool
+    kv_cache_group_id: int
+    scheduler_block_size: int
+    use_eagle: bool
+    req_to_blocks: dict[str, list[KVCacheBlock]]
+    num_cached_block: dict[str, int]
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None: ...
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int: ...
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int: ...
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None: ...
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+    ) -> None: ...
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]: ...
+    def cache_blocks(self, request: Request, num_tokens: int) -> None: ...
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
+    def free(self, request_id: str) -> None: ...
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int: ...
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]: ...
+
+class FullAttentionManager(SingleTypeKVCacheManager): ...
+
+@disjoint_base
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    sliding_window: int
+
+@disjoint_base
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    attention_chunk_size: int
+
+class MambaManager(SingleTypeKVCacheManager): ...
+class CrossAttentionManager(SingleTypeKVCacheManager): ...
+
+spec_manager_map: dict[type, type[SingleTypeKVCacheManager]]
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec,
+    block_pool: BlockPool,
+    enable_caching: bool,
+    kv_cache_group_id: int,
+    scheduler_block_size: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+) -> SingleTypeKVCacheManager: ...
+
+@disjoint_base
+class KVCacheCoordinator:
+    kv_cache_config: KVCacheConfig
+    max_model_len: int
+    enable_caching: bool
+    scheduler_block_size: int
+    hash_block_size: int
+    block_pool: BlockPool
+    eagle_group_ids: set[int]
+    single_type_managers: tuple[SingleTypeKVCacheManager, ...]
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        enable_kv_cache_events: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        use_int_block_hashes: bool | None = None,
+    ) -> None: ...
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int: ...
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None: ...
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int = 0
+    ) -> tuple[list[KVCacheBlock], ...]: ...
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None: ...
+    def free(self, request_id: str) -> None: ...
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]: ...
+    def holds(self, request_id: str) -> bool: ...
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]: ...
+
+@disjoint_base
+class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    num_single_type_manager: int
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_kv_cache_events: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        use_int_block_hashes: bool | None = None,
+    ) -> None: ...
+
+@disjoint_base
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    kv_cache_spec: KVCacheSpec
+    block_size: int
+    use_eagle: bool
+
+@disjoint_base
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    attention_groups: list[tuple[Any, ...]]
+    def verify_and_split_kv_cache_groups(self) -> None: ...
+
+def get_kv_cache_coordinator(
+    kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    max_in_flight_tokens: int,
+    use_eagle: bool,
+    enable_caching: bool,
+    enable_kv_cache_events: bool,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    use_int_block_hashes: bool | None = None,
+) -> KVCacheCoordinator: ...
+
+@disjoint_base
+class KVCacheBlocks:
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None: ...
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None: ...
+    def get_unhashed_block_ids(self) -> list[int]: ...
+    def new_empty(self) -> KVCacheBlocks: ...
+
+@disjoint_base
+class KVCacheManager:
+    max_model_len: int
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    use_eagle: bool
+    log_stats: bool
+    metrics_collector: Any
+    prefix_cache_stats: PrefixCacheStats | None
+    coordinator: KVCacheCoordinator
+    num_kv_cache_groups: int
+    block_pool: BlockPool
+    kv_cache_config: KVCacheConfig
+    watermark_blocks: int
+    kv_cache_event_metadata: tuple[Any, ...]
+    empty_kv_cache_blocks: KVCacheBlocks
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        use_int_block_hashes: bool | None = None,
+    ) -> None: ...
+    @property
+    def usage(self) -> float: ...
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks: ...
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]: ...
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None: ...
+    def free(self, request: Request) -> None: ...
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]: ...
+    def evict_blocks(self, block_ids: set[int]) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
+    def take_events(self) -> list[KVCacheEvent]: ...
+    def get_blocks(self, request_id: str) -> KVCacheBlocks: ...
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def new_step_starts(self) -> None: ...
