@@ -22,10 +22,12 @@ whatever tensor they are given, so a packed cache moves K and V in one call.
 **Implementations.**  ``IMPLEMENTATION`` is ``"cpp"`` when the ``kvcy._C``
 extension imports (CPU kernels always, CUDA kernels when it was built with
 CUDA: ``HAS_CUDA_KERNELS``) and ``"reference"`` otherwise; the reference is
-plain torch (:mod:`kvcy._ops_reference`) and is said once, in the log.
-``KVCY_NO_EXTENSIONS=1`` forces the reference, ``KVCY_REQUIRE_EXTENSIONS=1``
-makes a missing extension an ImportError.  Tensors on a device the extension
-has no kernels for (CUDA with a CPU-only build, MPS, ...) use the reference.
+plain torch (:mod:`kvcy._ops_reference`).  A missing extension is said once,
+at import: a ``RuntimeWarning`` (``KVCY_ALLOW_REFERENCE_OPS=1`` turns it into
+a log line).  ``KVCY_NO_EXTENSIONS=1`` forces the reference (logged),
+``KVCY_REQUIRE_EXTENSIONS=1`` makes a missing extension an ImportError.
+Tensors on a device the extension has no kernels for (CUDA with a CPU-only
+build, MPS, ...) use the reference.
 
 **Errors.**  Every op checks its arguments before touching memory: ValueError
 for shapes, out-of-range block ids or slots, repeated destinations; TypeError
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 
 try:
@@ -102,9 +105,19 @@ HAS_CUDA_KERNELS = HAS_EXTENSION and all(
     torch._C._dispatch_has_kernel_for_dispatch_key(f"kvcy::{name}", "CUDA") for name in _OPS
 )
 if not HAS_EXTENSION:
-    (logger.info if _flag("KVCY_NO_EXTENSIONS") else logger.warning)(
-        "kvcy.ops: using the plain-torch reference ops (%s)", _why_not
-    )
+    if _flag("KVCY_NO_EXTENSIONS") or _flag("KVCY_ALLOW_REFERENCE_OPS"):
+        logger.info("kvcy.ops: using the plain-torch reference ops (%s)", _why_not)
+    else:
+        # Most often a build without torch in the build environment (pip's build
+        # isolation): say so once, where the user sees it, with the two ways out.
+        warnings.warn(
+            f"kvcy.ops: using the plain-torch reference ops ({_why_not}). kvcy was installed without "
+            "its torch extension; to build it, install torch first, then "
+            "KVCY_BUILD_TORCH=1 pip install --no-build-isolation kvcy. "
+            "Set KVCY_ALLOW_REFERENCE_OPS=1 to silence this warning.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 _warned_devices: set[str] = set()
 
