@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from kvcy._fast import kv_cache as _impl
 from kvcy._request_types import (
+    FinishReason,
     LoRARequest,
     MultiModalFeatureSpec,
     PlaceholderRange,
@@ -25,6 +26,7 @@ from kvcy._request_types import (
 Request = _impl.Request
 
 __all__ = [
+    "FinishReason",
     "LoRARequest",
     "MultiModalFeatureSpec",
     "PlaceholderRange",
