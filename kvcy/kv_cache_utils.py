@@ -25,3 +25,26 @@ KVCacheBlock = _impl.KVCacheBlock
 FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
 
 from kvcy.kv_cache_sizing import *  # noqa: E402,F401,F403  (the sizing layer, seed 002)
+
+# --- vLLM 0.33.0 names added for the drop-in (issue 14); kept apart from the
+# --- names above so that merging the explicit-import rewrite stays simple.
+from kvcy.hashing import (  # noqa: E402,F401
+    DEFAULT_NONE_HASH_SEED,
+    BlockHashList,
+    BlockHashListWithBlockSize,
+    ExternalBlockHash,
+    get_none_hash_seed,
+    maybe_convert_block_hash,
+    resolve_block_hashes,
+    resolve_none_hash_seed,
+    to_event_extra_keys,
+)
+
+
+def __getattr__(name: str):
+    # NONE_HASH is read live from kvcy.hashing: init_none_hash rebinds it there.
+    if name == "NONE_HASH":
+        from kvcy import hashing
+
+        return hashing.NONE_HASH
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
