@@ -445,6 +445,9 @@ cdef Py_ssize_t _resume_mm_idx(object features, Py_ssize_t start, Py_ssize_t loo
     """Where the walk over the items stands when the block at ``start`` is hashed."""
     if start == 0 or not features:
         return 0
+    last = features[len(features) - 1].mm_position
+    if last.offset + last.length <= start:
+        return len(features)  # every item is over (decode): nothing to scan
     if not lookahead:
         return _first_live_mm_idx(features, start)
     return _rewind_mm_idx(features, _first_live_mm_idx(features, start + lookahead), start)
@@ -518,6 +521,14 @@ cdef tuple _request_extra_keys(object request, object tokens, Py_ssize_t start,
         return None
     cdef Py_ssize_t nmm = len(features) if features else 0
     cdef Py_ssize_t i, lo, hi, idx, mm_idx
+    if nmm:
+        last = features[nmm - 1].mm_position
+        if last.offset + last.length <= start:
+            # Every item ended before the first block, so none enters any
+            # block's keys (vLLM's early exit): skip reading them (decode).
+            nmm = 0
+            if lora is None and embeds is None and not lookahead:
+                return None
     cdef Py_ssize_t *offs = NULL
     cdef Py_ssize_t *lens = NULL
     cdef list ids = None

@@ -257,6 +257,9 @@ def _resume_mm_idx(features: Any, start: int, lookahead: int) -> int:
     """Where the walk over the items stands when the block at ``start`` is hashed."""
     if start == 0 or not features:
         return 0
+    last = features[-1].mm_position
+    if last.offset + last.length <= start:
+        return len(features)  # every item is over (decode): nothing to scan
     if not lookahead:
         return _first_live_mm_idx(features, start)
     return _rewind_mm_idx(features, _first_live_mm_idx(features, start + lookahead), start)
