@@ -1117,7 +1117,7 @@ class KVCacheTensor:
     block_stride: int | None
     offset: int = 0
     host_resident: bool = False
-    _shared_by: list[list[str]] | None = field(default=None, repr=False)
+    _shared_by: list[list[str]] | None = field(default=None, repr=False, init=False)
 
     def __init__(
         self,

@@ -159,6 +159,7 @@ def test_kv_cache_tensor_vllm_form():
     t2 = KVCacheTensor(4096, ["c"], 256, 512, 128)
     assert t2.page_offset(0, 2) == 128 + 1024
     assert t == KVCacheTensor(size=4096, layers=["a", "b"], layer_stride=2048, block_stride=256)
+    assert dataclasses.replace(t, offset=64).page_offset(0, 0) == 64
     legacy = KVCacheTensor(size=100, shared_by=[["x", "y"]])
     assert legacy.layers == ["x", "y"] and legacy.shared_by == [["x", "y"]] and legacy.layer_stride is None
     with pytest.raises(ValueError, match="no strides"):
