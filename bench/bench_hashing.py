@@ -11,6 +11,11 @@ row.  What is timed, for a 32,768-token prompt (random ids below 150,000):
   a slice, ``tuple()``, then ``hash_fn((parent, tokens, extra_keys))``.
 * ``request hasher + extra keys``: the same with a LoRA adapter, a cache salt
   and a 64-token image every 1,024 tokens.
+* ``request hasher, block by block + extra keys``: the same extra keys, but
+  the hasher is called once per completed block, as when a request's tokens
+  arrive one step at a time (each call resumes the walk over the images).
+* ``request hasher, decode + extra keys``: after that prompt, 4,096 output
+  tokens hashed one completed block per call (every image is behind).
 * ``chain``: ``hash_blocks`` over the prompt with no extra keys; the Python row
   is the bare ``tuple()`` + ``pickle.dumps`` / ``cbor2.dumps`` + digest loop.
 * ``one block``: ``digest(algo, (parent, tuple16, None))``, one 16-token block
@@ -87,6 +92,46 @@ def test_request_hasher(benchmark, impl, algo, block_size):
     blocks = PROMPT_TOKENS // block_size
     assert len(hasher(req)) == blocks
     _run(benchmark, impl, f"request hasher {algo}, bs{block_size}", lambda: hasher(req), blocks, blocks * block_size)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxh3_raw"])
+def test_request_hasher_block_by_block(benchmark, impl, algo):
+    none_hash = PARENT[_digest_size(algo)]
+    hasher = impl.hashing.RequestBlockHasher(16, algo, lambda: none_hash)
+    req = _request(extra=True)
+    blocks = PROMPT_TOKENS // 16
+
+    def run():
+        req.block_hashes = hashes = []
+        for n in range(16, PROMPT_TOKENS + 1, 16):
+            req.num_tokens = n
+            hashes.extend(hasher(req))
+        return hashes
+
+    assert run() == hasher(_request(extra=True))
+    _run(benchmark, impl, f"request hasher, block by block + extra keys {algo}, bs16", run, blocks, PROMPT_TOKENS)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxh3_raw"])
+def test_request_hasher_decode(benchmark, impl, algo):
+    none_hash = PARENT[_digest_size(algo)]
+    hasher = impl.hashing.RequestBlockHasher(16, algo, lambda: none_hash)
+    req = _request(extra=True)
+    prompt_hashes = hasher(req)
+    req.all_token_ids = TOKENS + TOKENS[:4096]
+    blocks = 4096 // 16
+
+    def run():
+        req.block_hashes = hashes = list(prompt_hashes)
+        for n in range(PROMPT_TOKENS + 16, PROMPT_TOKENS + 4096 + 1, 16):
+            req.num_tokens = n
+            hashes.extend(hasher(req))
+        return hashes
+
+    fresh = _request(extra=True)
+    fresh.all_token_ids, fresh.num_tokens = req.all_token_ids, PROMPT_TOKENS + 4096
+    assert run() == hasher(fresh)
+    _run(benchmark, impl, f"request hasher, decode + extra keys {algo}, bs16", run, blocks, 4096)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FinishReason",
     "LoRARequest",
     "check_request_args",
     "MultiModalFeatureSpec",
@@ -23,24 +24,64 @@ __all__ = [
 ]
 
 
+class FinishReason(enum.IntEnum):
+    """Why a request finished, with vLLM's names and int values."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+    REPETITION = 4
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
 class RequestStatus(enum.IntEnum):
-    """Status of a request, with vLLM's names and order."""
+    """Status of a request, with vLLM 0.33.0's names and int values.
+
+    Managers compare a status by value, so vLLM's own ``RequestStatus`` (or
+    any int enum with these values) works the same as this one.
+    """
 
     WAITING = enum.auto()
-    WAITING_FOR_FSM = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
     WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
-    # Everything from here on is finished.
+    # Everything after PREEMPTED is finished.
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_IGNORED = enum.auto()
     FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    def __str__(self) -> str:
+        return self.name
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
         return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: RequestStatus) -> FinishReason | None:
+        """The finish reason a finished status reports (None for the others)."""
+        return _FINISHED_REASON_MAP.get(status)
+
+
+# Ignored requests had prompts longer than the model allows, hence "length";
+# a streaming request waiting for its next input reports its chunk as stopped.
+_FINISHED_REASON_MAP = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.WAITING_FOR_STREAMING_REQ: FinishReason.STOP,
+    RequestStatus.FINISHED_REPETITION: FinishReason.REPETITION,
+}
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 # The twin is read at call time (``_fast.hashing``), never at import: the
 # kv_cache twins import this module while ``kvcy._fast`` is still loading.
 from kvcy import _fast
+from kvcy.kv_events import default_use_int_block_hashes, external_block_hash
 
 if TYPE_CHECKING:
     from kvcy.request import Request
@@ -39,10 +40,22 @@ BlockHash = bytes
 BlockHashWithGroupId = bytes
 """A cache key: block hash followed by the KV-cache group id (4 bytes, big-endian)."""
 
+ExternalBlockHash = bytes | int
+"""A block hash as KV events publish it: the raw bytes, or their low 64 bits as an int."""
+
 __all__ = [
     "BlockHash",
+    "BlockHashList",
+    "BlockHashListWithBlockSize",
     "BlockHashWithGroupId",
+    "DEFAULT_NONE_HASH_SEED",
+    "ExternalBlockHash",
     "NONE_HASH",
+    "get_none_hash_seed",
+    "maybe_convert_block_hash",
+    "resolve_block_hashes",
+    "resolve_none_hash_seed",
+    "to_event_extra_keys",
     "generate_block_hash_extra_keys",
     "get_block_hash",
     "get_group_id",
@@ -155,29 +168,58 @@ def hash_fn_name(hash_fn: Callable[[Any], bytes]) -> str | None:
 NONE_HASH: bytes = b""
 """The parent hash of every request's first block; set by :func:`init_none_hash`."""
 
-_DEFAULT_SEED_FNS = ("sha256", "sha256_cbor")
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+"""The seed of ``NONE_HASH`` for collision-resistant algorithms when
+``PYTHONHASHSEED`` is unset: fixed, so that separate processes agree."""
+
+# Algorithms whose collisions can be searched for offline when the seed is
+# known: vLLM's two xxhash variants, and kvcy's xxh3_raw, builtin (Python's
+# hash) and the truncated sha256_cbor_64bit.  They get a random seed.
+_NON_CRYPTO_FN_NAMES = frozenset({"xxhash", "xxhash_cbor", "xxh3_raw", "builtin", "sha256_cbor_64bit"})
+
+_NONE_HASH_SEED: str | None = None
+
+
+def resolve_none_hash_seed(hash_fn: Callable[[Any], bytes]) -> str:
+    """The seed to derive ``NONE_HASH`` from for ``hash_fn``.
+
+    ``PYTHONHASHSEED`` when set; otherwise 32 fresh random bytes (as hex) for
+    the non-collision-resistant algorithms (xxhash, xxhash_cbor, xxh3_raw,
+    builtin, sha256_cbor_64bit), so that their seed stays unpredictable, and
+    :data:`DEFAULT_NONE_HASH_SEED` for every other function (sha256,
+    sha256_cbor and functions kvcy does not register), as vLLM does.
+    """
+    seed = os.environ.get("PYTHONHASHSEED")
+    if seed is not None:
+        return seed
+    if hash_fn_name(hash_fn) in _NON_CRYPTO_FN_NAMES:
+        return os.urandom(32).hex()
+    return DEFAULT_NONE_HASH_SEED
+
+
+def get_none_hash_seed() -> str:
+    """The seed the current ``NONE_HASH`` was derived from.
+
+    :data:`DEFAULT_NONE_HASH_SEED` before :func:`init_none_hash` has run.
+    """
+    return DEFAULT_NONE_HASH_SEED if _NONE_HASH_SEED is None else _NONE_HASH_SEED
 
 
 def init_none_hash(hash_fn: Callable[[Any], bytes]) -> bytes:
     """Set :data:`NONE_HASH` for ``hash_fn`` and return it.
 
-    The seed is ``PYTHONHASHSEED`` when set; otherwise ``"vllm-none-hash"`` for
-    sha256 and sha256_cbor, and 32 random bytes (as hex) for every other
-    algorithm, so that those are not reproducible across processes.
+    The seed comes from :func:`resolve_none_hash_seed` and is remembered for
+    :func:`get_none_hash_seed`.
     """
-    global NONE_HASH
-    seed = os.environ.get("PYTHONHASHSEED")
-    if seed is None:
-        name = hash_fn_name(hash_fn)
-        if name in _DEFAULT_SEED_FNS:
-            seed = "vllm-none-hash"
-        else:
-            if name == "sha256_cbor_64bit":
-                logger.warning(
-                    "PYTHONHASHSEED is not set; sha256_cbor_64bit block hashes "
-                    "will not be reproducible across processes"
-                )
-            seed = os.urandom(32).hex()
+    global NONE_HASH, _NONE_HASH_SEED
+    seed = resolve_none_hash_seed(hash_fn)
+    if os.environ.get("PYTHONHASHSEED") is None and hash_fn_name(hash_fn) in _NON_CRYPTO_FN_NAMES:
+        logger.warning(
+            "PYTHONHASHSEED is not set and %s is not collision resistant: NONE_HASH "
+            "uses a random per-process seed, so block hashes differ between processes",
+            hash_fn_name(hash_fn),
+        )
+    _NONE_HASH_SEED = seed
     NONE_HASH = hash_fn(seed)
     return NONE_HASH
 
@@ -193,6 +235,15 @@ def get_none_hash() -> bytes:
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     """The cache key: ``block_hash`` + ``group_id`` as 4 big-endian bytes."""
     return block_hash + group_id.to_bytes(4, "big", signed=False)
+
+
+def maybe_convert_block_hash(hash_bytes: bytes) -> ExternalBlockHash:
+    """A block hash as KV events publish it.
+
+    The low 64 bits as an int (big-endian) when ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``
+    says so (vLLM's default), else the bytes unchanged.
+    """
+    return external_block_hash(hash_bytes, default_use_int_block_hashes())
 
 
 def get_block_hash(key: bytes) -> bytes:
@@ -255,9 +306,123 @@ def generate_block_hash_extra_keys(
     )
 
 
+def to_event_extra_keys(
+    extra_keys: Iterable[tuple[Any, ...] | None] | None,
+) -> list[tuple[Any, ...] | None] | None:
+    """Per-block extra keys as KV events publish them (untagged).
+
+    Each entry of ``extra_keys`` is one block's keys as
+    :func:`generate_block_hash_extra_keys` returns them (or ``None``); an
+    ``("mm", identifier, offset)`` key becomes ``(identifier, offset)`` and
+    every other tagged key its bare value.
+
+    Returns:
+        One entry per block, or ``None`` when ``extra_keys`` is empty or None.
+    """
+    if not extra_keys:
+        return None
+    out = [
+        None if keys is None else tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+        for keys in extra_keys
+    ]
+    return out or None
+
+
+# --------------------------------------------------------------------------- coarser views
+class BlockHashListWithBlockSize:
+    """A request's block hashes seen at a coarser block size.
+
+    Hashes are computed every ``hash_block_size`` tokens and each one chains
+    over the whole prefix before it, so the hash of a ``target_block_size``
+    block is simply the last fine hash inside it: entry ``i`` of this view is
+    ``block_hashes[(i + 1) * scale_factor - 1]``.  The view is lazy and reads
+    the live list, so it grows as the request's hashes do.
+
+    Raises:
+        AssertionError: ``target_block_size`` is not a multiple of
+            ``hash_block_size`` (as in vLLM).
+    """
+
+    __slots__ = ("block_hashes", "scale_factor")
+
+    def __init__(self, block_hashes: list[bytes], hash_block_size: int, target_block_size: int) -> None:
+        self.block_hashes = block_hashes
+        assert target_block_size % hash_block_size == 0
+        self.scale_factor = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self.block_hashes) // self.scale_factor
+
+    @overload
+    def __getitem__(self, idx: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> list[bytes]: ...
+
+    def __getitem__(self, idx):
+        if isinstance(idx, int):
+            return self._get_value_at(idx)
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            return [self._get_value_at(i) for i in range(start, stop, step)]
+        raise TypeError(f"Invalid index type: {type(idx)!r}")
+
+    def __iter__(self) -> Iterator[bytes]:
+        for i in range(len(self)):
+            yield self._get_value_at(i)
+
+    def _get_value_at(self, idx: int) -> bytes:
+        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
+
+    def __repr__(self) -> str:
+        return f"BlockHashListWithBlockSize(scale_factor={self.scale_factor}, len={len(self)})"
+
+
+BlockHashList = list[bytes] | BlockHashListWithBlockSize
+"""Block hashes at some block size: the list itself or a coarser view of it."""
+
+
+def resolve_block_hashes(
+    block_hashes: BlockHashList,
+    hash_block_size: int,
+    block_size: int,
+    *,
+    supports_fine_grained_hash_lookup: bool = False,
+    alignment_tokens: int | None = None,
+) -> BlockHashList:
+    """``block_hashes`` (computed every ``hash_block_size`` tokens) at ``block_size``.
+
+    The list itself when the sizes are equal, or when a fine-grained lookup
+    (``supports_fine_grained_hash_lookup`` with ``alignment_tokens`` below
+    ``block_size`` and dividing it) wants the raw hashes for partial hits; a
+    view that is already coarse is returned as is; otherwise a
+    :class:`BlockHashListWithBlockSize`.
+
+    Raises:
+        AssertionError: ``block_size`` is not a multiple of
+            ``hash_block_size``, or a view of another scale is passed (as in vLLM).
+    """
+    if block_size == hash_block_size:
+        return block_hashes
+    if isinstance(block_hashes, BlockHashListWithBlockSize):
+        assert block_hashes.scale_factor == block_size // hash_block_size
+        return block_hashes
+    if (
+        supports_fine_grained_hash_lookup
+        and alignment_tokens is not None
+        and alignment_tokens < block_size
+        and block_size % alignment_tokens == 0
+    ):
+        return block_hashes
+    assert block_size % hash_block_size == 0
+    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)
+
+
 # --------------------------------------------------------------------------- the chain
 def get_request_block_hasher(
-    block_size: int, caching_hash_fn: Callable[[Any], bytes]
+    hash_block_size: int,
+    caching_hash_fn: Callable[[Any], bytes],
+    num_hash_lookahead_tokens: int = 0,
 ) -> Callable[[Request], list[bytes]]:
     """A callable that hashes a request's not-yet-hashed full blocks.
 
@@ -265,16 +430,27 @@ def get_request_block_hasher(
     ``request.block_hashes`` with the result.  The registered algorithms run in
     the selected ``_hashing`` twin's ``RequestBlockHasher`` (the whole chain and
     the extra keys in one call); any other function runs the same chain with
-    ``caching_hash_fn`` called once per block.  The callable has ``block_size``
-    and ``algo`` (``None`` for an unregistered function) attributes.
+    ``caching_hash_fn`` called once per block.  The callable has ``block_size``,
+    ``algo`` (``None`` for an unregistered function) and
+    ``num_hash_lookahead_tokens`` attributes.
+
+    With ``num_hash_lookahead_tokens`` (L) > 0, as for an EAGLE drafter whose
+    KV at a block's last position depends on the next L tokens, a block is
+    hashed only once those L tokens exist, and its extra keys become ``(E,
+    *those tokens)``, ``E`` being the extra keys of the block and those tokens.
 
     Raises:
-        ValueError: ``block_size`` is not a positive int.
+        ValueError: ``hash_block_size`` is not a positive int, or
+            ``num_hash_lookahead_tokens`` not a non-negative int.
     """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {hash_block_size!r}")
     twin = _fast.hashing
     algo = hash_fn_name(caching_hash_fn)
     if algo in twin.ALGORITHMS:
-        return twin.RequestBlockHasher(block_size, algo, get_none_hash)
-    return twin.RequestBlockHasher(block_size, None, get_none_hash, caching_hash_fn)
+        return twin.RequestBlockHasher(
+            hash_block_size, algo, get_none_hash, num_hash_lookahead_tokens=num_hash_lookahead_tokens
+        )
+    return twin.RequestBlockHasher(
+        hash_block_size, None, get_none_hash, caching_hash_fn, num_hash_lookahead_tokens
+    )

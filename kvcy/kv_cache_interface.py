@@ -10,17 +10,25 @@ byte buffer into per-layer ``[B, H, N, C]`` views for any of them.
 
 Nothing here needs torch except :func:`reshape_kv_cache` (and
 :attr:`AttentionSpec.torch_dtype`), which import it lazily.  A spec's ``dtype``
-may be given as a ``torch.dtype`` or as a name (``"float16"``, ``"bf16"``,
-``"fp8"`` ...); it is stored as the canonical torch attribute name
-(``"float16"``, ``"bfloat16"``, ``"float8_e4m3fn"`` ...) so that equal specs
-compare and hash equal however their dtype was spelt.
+may be given as a ``torch.dtype`` (kept as is, as vLLM keeps it) or as a name
+(``"float16"``, ``"bf16"``, ``"fp8"`` ...; stored as the canonical torch
+attribute name such as ``"bfloat16"`` or ``"float8_e4m3fn"``).  Specs compare
+and hash by that canonical name, so equal specs are equal however their dtype
+was given.
+
+Parameters of features kvcy leaves out (decode context parallelism, HiSparse,
+connector paths) are accepted at their "off" values and raise
+``NotImplementedError`` naming the feature otherwise.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, fields, replace
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum, IntEnum
+from fractions import Fraction
+from functools import cached_property
 from math import prod
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +63,9 @@ __all__ = [
     "get_kv_cache_spec_kind",
     "get_kv_cache_spec_sliding_window",
     "get_kv_quant_mode",
+    "is_full_attention_spec",
     "is_quantized_kv_cache",
+    "iter_layer_specs",
     "kv_cache_uses_per_token_head_scales",
     "num_states_for",
     "reshape_kv_cache",
@@ -126,7 +136,7 @@ def canonical_dtype(dtype: Any) -> str:
                 f"{sorted(set(_DTYPE_SIZES) | set(_DTYPE_ALIASES))}"
             )
         return name
-    if type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
+    if _is_torch_dtype(dtype):
         name = str(dtype).removeprefix("torch.")
         if name not in _DTYPE_SIZES:
             itemsize = getattr(dtype, "itemsize", None)
@@ -135,6 +145,10 @@ def canonical_dtype(dtype: Any) -> str:
             _DTYPE_SIZES[name] = itemsize
         return name
     raise TypeError(f"dtype must be a torch.dtype or a string, got {type(dtype).__name__}: {dtype!r}")
+
+
+def _is_torch_dtype(dtype: Any) -> bool:
+    return type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch"
 
 
 def get_dtype_size(dtype: Any) -> int:
@@ -160,12 +174,19 @@ class KVQuantMode(IntEnum):
     FP8_PER_TENSOR = 1
     INT8_PER_TOKEN_HEAD = 2
     FP8_PER_TOKEN_HEAD = 3
-    NVFP4 = 4
+    INT4_PER_TOKEN_HEAD = 4
+    """Two int4 values per byte with per-(token, head) scales; its page layout is
+    the attention backend's, which kvcy does not model (specs refuse it)."""
+    NVFP4 = 5
 
     @property
     def is_per_token_head(self) -> bool:
         """Whether every (token, head) carries its own dynamic scale."""
-        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD)
+        return self in (
+            KVQuantMode.INT8_PER_TOKEN_HEAD,
+            KVQuantMode.FP8_PER_TOKEN_HEAD,
+            KVQuantMode.INT4_PER_TOKEN_HEAD,
+        )
 
     @property
     def is_nvfp4(self) -> bool:
@@ -175,11 +196,13 @@ class KVQuantMode(IntEnum):
 
 def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
     """The :class:`KVQuantMode` of a cache-dtype name such as ``"fp8"`` or ``"auto"``."""
+    if kv_cache_dtype == "int4_per_token_head":
+        return KVQuantMode.INT4_PER_TOKEN_HEAD
     if kv_cache_dtype == "int8_per_token_head":
         return KVQuantMode.INT8_PER_TOKEN_HEAD
     if kv_cache_dtype == "fp8_per_token_head":
         return KVQuantMode.FP8_PER_TOKEN_HEAD
-    if kv_cache_dtype == "nvfp4":
+    if isinstance(kv_cache_dtype, str) and kv_cache_dtype.startswith("nvfp4"):
         return KVQuantMode.NVFP4
     if isinstance(kv_cache_dtype, str) and kv_cache_dtype.startswith("fp8"):
         return KVQuantMode.FP8_PER_TENSOR
@@ -214,6 +237,33 @@ def _check_int(owner: str, name: str, value: Any, *, minimum: int = 1, optional:
     if value < minimum:
         what = "positive" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{owner}.{name} must be {what}, got {value}")
+
+
+def _check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}.{name} must be a bool, got {type(value).__name__}: {value!r}")
+
+
+def _check_tokens_per_state(owner: str, value: Any) -> None:
+    if isinstance(value, Fraction):
+        if value <= 0:
+            raise ValueError(f"{owner}.tokens_per_state must be positive, got {value}")
+        return
+    _check_int(owner, "tokens_per_state", value)
+
+
+def _dcp_world_size(config: Any) -> int:
+    """``parallel_config.decode_context_parallel_size`` of a vLLM-style config (1 if absent)."""
+    parallel = getattr(config, "parallel_config", None)
+    return getattr(parallel, "decode_context_parallel_size", 1) or 1
+
+
+def _no_dcp(config: Any) -> None:
+    if _dcp_world_size(config) > 1:
+        raise NotImplementedError(
+            "decode context parallelism (dcp) is not supported: "
+            "parallel_config.decode_context_parallel_size must be 1"
+        )
 
 
 def _setting(config: Any, name: str, nested: str) -> Any:
@@ -252,9 +302,52 @@ class KVCacheSpec:
 
     block_size: int
     """Number of tokens in a block."""
+    dcp_sharded: bool = False
+    """Whether decode context parallelism would shard this cache's tokens
+    across ranks (only meaningful with dcp, which kvcy does not support)."""
+    is_draft: bool = field(default=False, compare=False)
+    """Whether a draft model owns the layer; never part of equality."""
 
     def __post_init__(self) -> None:
-        _check_int(type(self).__name__, "block_size", self.block_size)
+        owner = type(self).__name__
+        _check_int(owner, "block_size", self.block_size)
+        _check_bool(owner, "dcp_sharded", self.dcp_sharded)
+        _check_bool(owner, "is_draft", self.is_draft)
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether this spec's group takes part in prefix caching."""
+        return True
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        """Tokens a prefix hit must replay (bounded replay); 0 for every kvcy spec."""
+        return 0
+
+    @property
+    def has_layer_views(self) -> bool:
+        """Whether generic allocation makes per-layer ``[B, H, N, C]`` views of this spec."""
+        return True
+
+    @property
+    def uses_slot_mapping(self) -> bool:
+        """Whether the worker computes a per-token slot mapping for this spec."""
+        return True
+
+    @property
+    def num_states(self) -> int:
+        """States (``N``) in one block."""
+        return num_states_for(self.block_size, self.tokens_per_state)
+
+    def max_num_blocks_per_req(self, config: Any, max_len: int) -> int:
+        """Block-table entries one request needs for ``max_len`` tokens.
+
+        Args:
+            config: a :class:`kvcy.config.KVCacheSettings` or a vLLM-style config.
+            max_len: the longest sequence to size for (encoder length included
+                for encoder-decoder models).
+        """
+        return cdiv(max_len, self.block_size)
 
     @property
     def num_heads(self) -> int:
@@ -292,12 +385,13 @@ class KVCacheSpec:
         """One spec standing for several layers that must all be equal.
 
         Raises:
-            ValueError: ``specs`` is empty or its members differ.
+            ValueError: ``specs`` is empty.
+            AssertionError: its members differ (as in vLLM).
         """
         if not specs:
             raise ValueError("cannot merge an empty list of KV cache specs")
         if any(spec != specs[0] for spec in specs[1:]):
-            raise ValueError("All layers in the same KV cache group must have the same KV cache spec.")
+            raise AssertionError("All layers in the same KV cache group must have the same KV cache spec.")
         return copy.deepcopy(specs[0])
 
 
@@ -305,22 +399,42 @@ class KVCacheSpec:
 class AttentionSpec(KVCacheSpec):
     """An attention layer storing K and V of ``head_size`` per kv head and token."""
 
+    dcp_sharded: bool = True
+    max_tp_shards: int | None = None
+    """Distinct shards of this cache across tensor-parallel ranks (ranks
+    beyond it hold replicas); None: unknown, taken as not replicated."""
     num_kv_heads: int
     head_size: int
-    dtype: Any
-    """Element type: a ``torch.dtype`` or a name; stored as the canonical name."""
+    dtype: Any = field(compare=False)
+    """Element type: a ``torch.dtype`` (kept) or a name (stored canonical)."""
     kv_quant_mode: KVQuantMode = KVQuantMode.NONE
     page_size_padded: int | None = None
     """Page size rounded up by the caller (bytes), or None for the real size."""
+    tokens_per_state: int | Fraction = 1
+    """Tokens one stored state covers: 1 for standard attention, more for
+    compressed formats, a Fraction below 1 for several states per token."""
+    _dtype_name: str = field(init=False, repr=False, default="")
+    # The canonical name of dtype: what equality and hashing see.
 
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = type(self).__name__
         _check_int(owner, "num_kv_heads", self.num_kv_heads)
         _check_int(owner, "head_size", self.head_size)
-        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        _check_int(owner, "max_tp_shards", self.max_tp_shards, optional=True)
+        _check_tokens_per_state(owner, self.tokens_per_state)
+        num_states_for(self.block_size, self.tokens_per_state)  # whole states per block
+        name = canonical_dtype(self.dtype)
+        object.__setattr__(self, "_dtype_name", name)
+        if not _is_torch_dtype(self.dtype):
+            object.__setattr__(self, "dtype", name)
         if not isinstance(self.kv_quant_mode, KVQuantMode):
             object.__setattr__(self, "kv_quant_mode", KVQuantMode(self.kv_quant_mode))
+        if self.kv_quant_mode is KVQuantMode.INT4_PER_TOKEN_HEAD:
+            raise NotImplementedError(
+                f"{owner}: the INT4_PER_TOKEN_HEAD page layout is the attention backend's "
+                "and is not modelled by kvcy"
+            )
         self._post_init_head_sizes()
         _check_int(owner, "page_size_padded", self.page_size_padded, optional=True)
         if self.page_size_padded is not None:
@@ -337,20 +451,22 @@ class AttentionSpec(KVCacheSpec):
     @property
     def dtype_size(self) -> int:
         """Bytes per element of :attr:`dtype`."""
-        return _DTYPE_SIZES[self.dtype]
+        return _DTYPE_SIZES[self._dtype_name]
 
     @property
     def torch_dtype(self) -> torch.dtype:
         """:attr:`dtype` as a ``torch.dtype`` (imports torch)."""
-        return _torch_dtype(self.dtype)
+        if _is_torch_dtype(self.dtype):
+            return self.dtype
+        return _torch_dtype(self._dtype_name)
 
     @property
     def num_heads(self) -> int:
         return self.num_kv_heads
 
-    @property
-    def tokens_per_state(self) -> int:
-        return 1
+    def max_num_blocks_per_req(self, config: Any, max_len: int) -> int:
+        _no_dcp(config)
+        return cdiv(max_len, self.block_size)
 
     @property
     def state_content_size_bytes(self) -> int:
@@ -448,52 +564,62 @@ class FullAttentionSpec(AttentionSpec):
         """Merge full-attention specs that differ at most in their recorded windows.
 
         Raises:
-            ValueError: empty list, a spec that is not full attention (or is
-                MLA), differing attention parameters or window sizes, or both
-                sliding-window and chunked-local layers.
+            ValueError: an empty list, or differing window sizes (as in vLLM).
+            AssertionError: a spec that is not full attention (or is MLA),
+                differing attention parameters, or both sliding-window and
+                chunked-local layers (as in vLLM).
         """
         if not specs:
             raise ValueError("cannot merge an empty list of KV cache specs")
         if not all(isinstance(spec, FullAttentionSpec) for spec in specs):
-            raise ValueError("All attention layers in the same KV cache group must be FullAttentionSpec.")
+            raise AssertionError("All attention layers in the same KV cache group must be FullAttentionSpec.")
         if any(isinstance(spec, MLAAttentionSpec) for spec in specs):
-            raise ValueError("MLAAttentionSpec layers must be merged with MLAAttentionSpec.merge")
+            raise AssertionError("MLAAttentionSpec layers must be merged with MLAAttentionSpec.merge")
         windows = {s.sliding_window for s in specs if s.sliding_window is not None}
         chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
         first = specs[0]
         sliding_window = cls.merge_window_sizes(windows)
         attention_chunk_size = cls.merge_window_sizes(chunks)
         if sliding_window is not None and attention_chunk_size is not None:
-            raise ValueError(
+            raise AssertionError(
                 "Model with both sliding window layers and chunked local attention layers is not supported."
             )
         merged = cls(
             block_size=first.block_size,
+            dcp_sharded=first.dcp_sharded,
+            max_tp_shards=first.max_tp_shards,
             num_kv_heads=first.num_kv_heads,
             head_size=first.head_size,
             head_size_v=first.head_size_v,
             dtype=first.dtype,
             kv_quant_mode=first.kv_quant_mode,
             page_size_padded=first.page_size_padded,
+            tokens_per_state=first.tokens_per_state,
             sliding_window=sliding_window,
             attention_chunk_size=attention_chunk_size,
             **first._merge_extra(),
         )
-        compared = [f.name for f in fields(AttentionSpec)] + ["head_size_v"]
+        _assert_same_attention(specs, merged, ["head_size_v"])
         for spec in specs:
-            for name in compared:
-                if getattr(spec, name) != getattr(merged, name):
-                    raise ValueError(
-                        "All attention layers in the same KV cache group must have the same "
-                        f"attention spec; {name} differs ({getattr(spec, name)!r} != {getattr(merged, name)!r})."
-                    )
             for name, value in first._merge_extra().items():
                 if getattr(spec, name) != value:
-                    raise ValueError(
+                    raise AssertionError(
                         f"All layers in the same KV cache group must have the same {name} "
                         f"({getattr(spec, name)!r} != {value!r})."
                     )
         return merged
+
+
+def _assert_same_attention(specs: list, merged: Any, extra: list[str] = ()) -> None:
+    """Every compared attention field (and ``extra``) of every spec equals ``merged``'s."""
+    names = [f.name for f in fields(AttentionSpec) if f.compare] + list(extra)
+    for spec in specs:
+        for name in names:
+            if getattr(spec, name) != getattr(merged, name):
+                raise AssertionError(
+                    "All attention layers in the same KV cache group must have the same "
+                    f"attention spec; {name} differs ({getattr(spec, name)!r} != {getattr(merged, name)!r})."
+                )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -552,32 +678,35 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     @classmethod
     def merge(cls, specs: list):
-        """Merge MLA specs, which must agree on everything (including cache dtype)."""
+        """Merge MLA specs, which must agree on everything (including cache dtype).
+
+        Raises:
+            ValueError: an empty list.
+            AssertionError: a spec that is not MLA, or specs that differ (as in vLLM).
+        """
         if not specs:
             raise ValueError("cannot merge an empty list of KV cache specs")
         if not all(isinstance(spec, MLAAttentionSpec) for spec in specs):
-            raise ValueError("All attention layers in the same KV cache group must be MLAAttentionSpec.")
-        if len({spec.cache_dtype_str for spec in specs}) != 1:
-            raise ValueError(
-                "All attention layers in the same KV cache group must use the same quantization method."
+            raise AssertionError("All attention layers in the same KV cache group must be MLAAttentionSpec.")
+        if len({spec.cache_dtype_str for spec in specs}) != 1 or len({spec.tokens_per_state for spec in specs}) != 1:
+            raise AssertionError(
+                "All attention layers in the same KV cache group must use the same "
+                "quantization method and tokens per state."
             )
         first = specs[0]
         merged = cls(
             block_size=first.block_size,
+            dcp_sharded=first.dcp_sharded,
+            max_tp_shards=first.max_tp_shards,
             num_kv_heads=first.num_kv_heads,
             head_size=first.head_size,
             dtype=first.dtype,
             kv_quant_mode=first.kv_quant_mode,
             page_size_padded=first.page_size_padded,
+            tokens_per_state=first.tokens_per_state,
             cache_dtype_str=first.cache_dtype_str,
         )
-        for spec in specs:
-            for f in fields(AttentionSpec):
-                if getattr(spec, f.name) != getattr(merged, f.name):
-                    raise ValueError(
-                        "All attention layers in the same KV cache group must have the same "
-                        f"attention spec; {f.name} differs."
-                    )
+        _assert_same_attention(specs, merged)
         return merged
 
 
@@ -666,7 +795,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         if not specs:
             raise ValueError("cannot merge an empty list of KV cache specs")
         if not all(isinstance(spec, SlidingWindowMLASpec) for spec in specs):
-            raise ValueError("All attention layers in the same KV cache group must be SlidingWindowMLASpec.")
+            raise AssertionError("All attention layers in the same KV cache group must be SlidingWindowMLASpec.")
         return KVCacheSpec.merge.__func__(cls, specs)
 
 
@@ -745,6 +874,15 @@ class MambaSpec(KVCacheSpec):
             return self.page_size_bytes * (2 + self.num_speculative_blocks)
         return self.page_size_bytes * (1 + self.num_speculative_blocks)
 
+    def max_num_blocks_per_req(self, config: Any, max_len: int) -> int:
+        # Mamba state is never sharded across context-parallel ranks.  In align
+        # mode the block table is indexed by position over the whole sequence.
+        cache_config = getattr(config, "cache_config", None)
+        mode = getattr(cache_config, "mamba_cache_mode", None) or self.mamba_cache_mode
+        if mode == "align":
+            return cdiv(max_len, self.block_size) + self.num_speculative_blocks
+        return cdiv(self.max_memory_usage_bytes(config), self.page_size_bytes)
+
 
 @dataclass(frozen=True, kw_only=True)
 class EncoderOnlyAttentionSpec(AttentionSpec):
@@ -775,12 +913,38 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
 
     kv_cache_specs: dict[str, KVCacheSpec]
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kv_cache_specs:
+            object.__setattr__(self, "dcp_sharded", next(iter(self.kv_cache_specs.values())).dcp_sharded)
+
     def __hash__(self) -> int:
         return hash((self.block_size, tuple(sorted(self.kv_cache_specs.items(), key=lambda kv: kv[0]))))
 
     @property
+    def prefix_cacheable(self) -> bool:
+        return all(spec.prefix_cacheable for spec in self.kv_cache_specs.values())
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        return max(spec.prefix_replay_tokens for spec in self.kv_cache_specs.values())
+
+    @property
     def page_size_bytes(self) -> int:
         return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
+
+    def max_num_blocks_per_req(self, config: Any, max_len: int) -> int:
+        """The layers' common block-table width.
+
+        Raises:
+            AssertionError: the layers need different widths (as in vLLM).
+        """
+        widths = {spec.max_num_blocks_per_req(config, max_len) for spec in self.kv_cache_specs.values()}
+        assert len(widths) == 1, (
+            "All layers in the same KV cache group must need the same number "
+            f"of block table entries, got {sorted(widths)}."
+        )
+        return next(iter(widths))
 
     def max_memory_usage_bytes(self, config: Any) -> int:
         max_pages = max(
@@ -834,6 +998,27 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
             block_size = next(iter(kv_cache_specs.values())).block_size
             return cls(block_size=block_size, kv_cache_specs=dict(kv_cache_specs))
         return None
+
+
+def iter_layer_specs(kv_cache_spec: KVCacheSpec) -> Collection[KVCacheSpec]:
+    """The per-layer specs a group spec stands for.
+
+    A :class:`UniformTypeKVCacheSpecs` holds one spec per layer; any other
+    spec describes its whole group by itself.
+    """
+    if isinstance(kv_cache_spec, UniformTypeKVCacheSpecs):
+        return kv_cache_spec.kv_cache_specs.values()
+    return (kv_cache_spec,)
+
+
+def is_full_attention_spec(kv_cache_spec: KVCacheSpec) -> bool:
+    """Whether a group spec is, or wraps only, full attention.
+
+    A :class:`UniformTypeKVCacheSpecs` is not a :class:`FullAttentionSpec`
+    itself; it counts when every layer it holds is one (and it holds one).
+    """
+    layer_specs = iter_layer_specs(kv_cache_spec)
+    return len(layer_specs) > 0 and all(isinstance(spec, FullAttentionSpec) for spec in layer_specs)
 
 
 # ---------------------------------------------------------------------------
@@ -904,20 +1089,81 @@ def get_kv_cache_spec_sliding_window(kv_cache_spec: KVCacheSpec) -> int | None:
 # ---------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(init=False)
 class KVCacheTensor:
-    """One contiguous allocation of ``size`` bytes backing one or more layer slots.
+    """Where a set of same-shaped layers lives in one KV-cache allocation.
 
-    ``shared_by[i]`` lists the layers that alias slot ``i`` (the ``L`` axis of
-    the logical shape).  Layers in one inner list belong to different groups,
-    whose block tables are independent, so their block ids never collide.
+    vLLM's form: layer ``layers[l]``'s page for block ``b`` starts at byte
+    ``offset + l * layer_stride + b * block_stride`` of an allocation of
+    ``size`` bytes.  Tensors whose byte ranges overlap alias each other (cache
+    groups overlay, which is sound because a block id belongs to one group at
+    a time).
+
+    kvcy's sizing layer also writes an older form, ``KVCacheTensor(size=...,
+    shared_by=[[layer, ...], ...])``: one allocation with ``len(shared_by)``
+    layer slots, the layers of one slot aliasing each other and the physical
+    order left to :func:`reshape_kv_cache`; its ``layers`` list every layer
+    slot by slot and its strides are None.
+
+    Raises:
+        TypeError / ValueError: malformed sizes, strides or layer names, or
+            both forms (or neither) given.
+        NotImplementedError: ``host_resident=True`` (HiSparse host pool).
     """
 
     size: int
-    shared_by: list[list[str]]
+    layers: list[str]
+    layer_stride: int | None
+    block_stride: int | None
+    offset: int = 0
+    host_resident: bool = False
+    _shared_by: list[list[str]] | None = field(default=None, repr=False, init=False)
 
-    def __post_init__(self) -> None:
-        _check_int("KVCacheTensor", "size", self.size, minimum=0)
+    def __init__(
+        self,
+        size: int,
+        layers: list[str] | None = None,
+        layer_stride: int | None = None,
+        block_stride: int | None = None,
+        offset: int = 0,
+        host_resident: bool = False,
+        *,
+        shared_by: list[list[str]] | None = None,
+    ) -> None:
+        _check_int("KVCacheTensor", "size", size, minimum=0)
+        _check_int("KVCacheTensor", "offset", offset, minimum=0)
+        _check_bool("KVCacheTensor", "host_resident", host_resident)
+        if host_resident:
+            raise NotImplementedError("KVCacheTensor.host_resident: HiSparse host-resident KV is not supported")
+        if shared_by is not None:
+            if layers is not None or layer_stride is not None or block_stride is not None or offset:
+                raise ValueError("KVCacheTensor takes either shared_by or layers/layer_stride/block_stride/offset")
+            if not isinstance(shared_by, list) or not all(
+                isinstance(slot, list) and all(isinstance(n, str) for n in slot) for slot in shared_by
+            ):
+                raise TypeError("KVCacheTensor.shared_by must be a list of lists of layer names")
+            layers = [name for slot in shared_by for name in slot]
+        else:
+            if layers is None or layer_stride is None or block_stride is None:
+                raise TypeError("KVCacheTensor needs layers, layer_stride and block_stride (or shared_by)")
+            if not isinstance(layers, list) or not all(isinstance(n, str) for n in layers):
+                raise TypeError(f"KVCacheTensor.layers must be a list of layer names, got {layers!r}")
+            _check_int("KVCacheTensor", "layer_stride", layer_stride, minimum=0)
+            _check_int("KVCacheTensor", "block_stride", block_stride, minimum=0)
+        self.size = size
+        self.layers = layers
+        self.layer_stride = layer_stride
+        self.block_stride = block_stride
+        self.offset = offset
+        self.host_resident = host_resident
+        self._shared_by = shared_by
+
+    @property
+    def shared_by(self) -> list[list[str]]:
+        """The layer slots (``L``), each listing the layers that alias it."""
+        if self._shared_by is not None:
+            return self._shared_by
+        return [[name] for name in self.layers]
 
     @property
     def num_layer_slots(self) -> int:
@@ -929,6 +1175,12 @@ class KVCacheTensor:
         """Every layer backed by this allocation, slot by slot."""
         return [name for slot in self.shared_by for name in slot]
 
+    def page_offset(self, layer_index: int, block_id: int) -> int:
+        """Byte offset of layer ``layers[layer_index]``'s page of block ``block_id`` (vLLM's form)."""
+        if self.layer_stride is None or self.block_stride is None:
+            raise ValueError("a shared_by KVCacheTensor has no strides; its layout is reshape_kv_cache's")
+        return self.offset + layer_index * self.layer_stride + block_id * self.block_stride
+
 
 @dataclass
 class KVCacheGroupSpec:
@@ -938,6 +1190,14 @@ class KVCacheGroupSpec:
     kv_cache_spec: KVCacheSpec
     is_eagle_group: bool = False
     """Whether the group holds EAGLE/MTP draft layers."""
+    host_resident: bool = False
+    """Whether the group lives in the HiSparse host pool (not supported)."""
+    enable_kv_transfer: bool = True
+    """Whether the group is part of the KV state a connector transfers."""
+
+    def __post_init__(self) -> None:
+        if self.host_resident:
+            raise NotImplementedError("KVCacheGroupSpec.host_resident: HiSparse host-resident KV is not supported")
 
 
 @dataclass
@@ -950,14 +1210,53 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
     """Token interval of retained sliding-window / Mamba prefix-cache
     checkpoints; None retains them densely (the only mode kvcy implements)."""
+    hisparse_host_num_blocks: int | None = None
+    """Blocks of the HiSparse host pool; only None (HiSparse off) is supported."""
+
+    def __post_init__(self) -> None:
+        if self.hisparse_host_num_blocks is not None:
+            raise NotImplementedError(
+                "KVCacheConfig.hisparse_host_num_blocks: HiSparse host-resident KV is not supported"
+            )
+
+    @cached_property
+    def transfer_group_ids(self) -> tuple[int, ...]:
+        """Ids of the groups that take part in external KV transfer."""
+        return tuple(i for i, g in enumerate(self.kv_cache_groups) if g.enable_kv_transfer)
+
+    @cached_property
+    def prefix_cacheable_group_ids(self) -> tuple[int, ...]:
+        """Ids of the transferable groups whose spec takes part in prefix caching."""
+        return tuple(
+            i for i in self.transfer_group_ids if self.kv_cache_groups[i].kv_cache_spec.prefix_cacheable
+        )
 
     @property
     def has_mamba_layers(self) -> bool:
-        return any(isinstance(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
+        return any(
+            isinstance(spec, MambaSpec) for g in self.kv_cache_groups for spec in iter_layer_specs(g.kv_cache_spec)
+        )
+
+    @property
+    def has_mixed_precision_kv_cache(self) -> bool:
+        """Whether the attention layers use more than one (dtype, quant mode)."""
+        precisions = {
+            (spec._dtype_name, spec.kv_quant_mode)
+            for g in self.kv_cache_groups
+            for spec in iter_layer_specs(g.kv_cache_spec)
+            if isinstance(spec, AttentionSpec)
+        }
+        return len(precisions) > 1
 
     @property
     def needs_kv_cache_zeroing(self) -> bool:
-        return self.has_mamba_layers
+        """Whether new blocks must be zeroed before use.
+
+        Mamba state is read before it is fully written, and with mixed
+        precisions a block reused by another group would decode stale bytes
+        under another dtype.
+        """
+        return self.has_mamba_layers or self.has_mixed_precision_kv_cache
 
 
 # ---------------------------------------------------------------------------
@@ -1048,10 +1347,10 @@ def num_states_for(block_size: int, tokens_per_state: int) -> int:
     _check_int("num_states_for", "block_size", block_size)
     if tokens_per_state == -1:
         return 1
-    _check_int("num_states_for", "tokens_per_state", tokens_per_state)
+    _check_tokens_per_state("num_states_for", tokens_per_state)
     if block_size % tokens_per_state:
         raise ValueError(f"block_size {block_size} is not a multiple of tokens_per_state {tokens_per_state}")
-    return block_size // tokens_per_state
+    return int(block_size // tokens_per_state)
 
 
 def compute_layer_kv_cache_shape_bytes(

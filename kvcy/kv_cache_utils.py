@@ -54,6 +54,28 @@ else:
     KVCacheBlock = _impl.KVCacheBlock
     FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
 
+# --- vLLM 0.33.0 names added for the drop-in (issue 14).
+from kvcy.hashing import (  # noqa: E402,F401
+    DEFAULT_NONE_HASH_SEED,
+    BlockHashList,
+    BlockHashListWithBlockSize,
+    ExternalBlockHash,
+    get_none_hash_seed,
+    maybe_convert_block_hash,
+    resolve_block_hashes,
+    resolve_none_hash_seed,
+    to_event_extra_keys,
+)
+
+
+def __getattr__(name: str):
+    # NONE_HASH is read live from kvcy.hashing: init_none_hash rebinds it there.
+    if name == "NONE_HASH":
+        from kvcy import hashing
+
+        return hashing.NONE_HASH
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "BlockHash",
     "BlockHashWithGroupId",
@@ -93,4 +115,13 @@ __all__ = [
     "unify_hybrid_kv_cache_specs",
     "unify_kv_cache_configs",
     "unify_kv_cache_spec_page_size",
+    "DEFAULT_NONE_HASH_SEED",
+    "BlockHashList",
+    "BlockHashListWithBlockSize",
+    "ExternalBlockHash",
+    "get_none_hash_seed",
+    "maybe_convert_block_hash",
+    "resolve_block_hashes",
+    "resolve_none_hash_seed",
+    "to_event_extra_keys",
 ]

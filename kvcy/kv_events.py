@@ -1,10 +1,11 @@
 """KV-cache events, wire-compatible with vLLM's ``vllm.distributed.kv_events``.
 
 The structs are msgspec ``Struct``s with vLLM's class names, field names and
-field order (array-like, tagged by class name), so a consumer of vLLM's event
-stream decodes kvcy's events unchanged.  A block hash appears as its raw bytes,
-or, with ``use_int_block_hashes``, as the low 64 bits of the hash as an int
-(vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+field order, encoded as vLLM encodes them (a batch is array-like; each event is
+a map tagged with its class name under ``"type"``), so a consumer of vLLM's
+event stream decodes kvcy's events unchanged.  A block hash appears as the low
+64 bits of the hash as an int, or with ``use_int_block_hashes=False`` as its
+raw bytes (vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, on by default).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     """Base class of all KV-cache events."""
 
 
@@ -62,7 +63,30 @@ class BlockStored(KVCacheEvent):
     locality: str | None = None
     ownership: str | None = None
     session_id: str | None = None
-    lookahead_token_ids: list[int] | None = None
+    """The session of the request that stored (or re-reported) the blocks."""
+    lookahead_token_ids: list[list[int]] | None = None
+    """Per block, the tokens after it that its hash covers (hash lookahead);
+    None when lookahead hashing is off."""
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                tuple(self.block_hashes),
+                self.parent_block_hash,
+                tuple(self.token_ids),
+                self.block_size,
+                self.lora_id,
+                self.medium,
+                tuple(self.extra_keys) if self.extra_keys else None,
+                self.group_idx,
+                self.kv_cache_spec_kind,
+                self.kv_cache_spec_sliding_window,
+                self.locality,
+                self.ownership,
+                self.session_id,
+                None if self.lookahead_token_ids is None else tuple(map(tuple, self.lookahead_token_ids)),
+            )
+        )
 
 
 class BlockRemoved(KVCacheEvent):
@@ -74,6 +98,9 @@ class BlockRemoved(KVCacheEvent):
     locality: str | None = None
     ownership: str | None = None
 
+    def __hash__(self) -> int:
+        return hash((tuple(self.block_hashes), self.medium, self.group_idx, self.locality, self.ownership))
+
 
 class AllBlocksCleared(KVCacheEvent):
     """The whole prefix cache was reset."""
@@ -84,8 +111,18 @@ class KVEventBatch(EventBatch):
 
 
 def default_use_int_block_hashes() -> bool:
-    """vLLM's switch, read from ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``."""
-    return os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0") not in ("", "0", "false", "False")
+    """vLLM's switch, read from ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` (an int; on when unset).
+
+    Raises:
+        ValueError: the variable is set to something that is not an int.
+    """
+    raw = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ValueError(
+            f"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES must be an int (0 or 1), got {raw!r}"
+        ) from None
 
 
 def external_block_hash(block_hash: bytes, use_int: bool) -> ExternalBlockHash:

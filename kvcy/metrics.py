@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
 
-__all__ = ["CachingMetrics", "PrefixCacheStats", "PrefixCachingMetrics"]
+__all__ = ["CacheHitSource", "CachingMetrics", "PrefixCacheStats", "PrefixCachingMetrics"]
+
+logger = logging.getLogger(__name__)
+
+
+class CacheHitSource(str, Enum):
+    """The tier that supplied cached prompt tokens, nearest the accelerator first."""
+
+    DEVICE = "device"
+    HOST = "host"
+    P2P = "p2p"
+    DISK = "disk"
+    # An uninstrumented connector or remote store; last, so that mixing it
+    # with a known tier reports this one.
+    EXTERNAL_UNSPECIFIED = "external_unspecified"
+
+    @classmethod
+    def outermost(cls, sources: Iterable[CacheHitSource]) -> CacheHitSource:
+        """The tier in ``sources`` farthest from the accelerator."""
+        order = list(cls)
+        return max(sources, key=order.index)
 
 
 @dataclass
@@ -15,7 +38,9 @@ class PrefixCacheStats:
     ``requests`` / ``queries`` (tokens looked up) / ``hits`` (tokens found)
     count requests seen for the first time; the ``preempted_*`` fields count
     lookups of requests that were preempted before.  ``reset`` is set when the
-    prefix cache was reset in the interval.
+    prefix cache was reset in the interval.  ``hits_by_source`` splits the
+    hits of new requests by the tier that supplied them, when the caller
+    knows it (connector stats); it holds non-zero counts only.
     """
 
     reset: bool = False
@@ -25,17 +50,42 @@ class PrefixCacheStats:
     preempted_requests: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    hits_by_source: dict[CacheHitSource, int] = field(default_factory=dict)
 
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        """Count one lookup of ``num_tokens`` tokens of which ``num_hits`` hit."""
+    def record(
+        self,
+        num_tokens: int,
+        num_hits: int,
+        preempted: bool,
+        hits_by_source: dict[CacheHitSource, int] | None = None,
+    ) -> None:
+        """Count one lookup of ``num_tokens`` tokens of which ``num_hits`` hit.
+
+        ``hits_by_source`` (new requests only) must add up to ``num_hits``;
+        when it does not, all the hits are counted as
+        ``EXTERNAL_UNSPECIFIED`` and a warning is logged, as vLLM does.
+        """
         if preempted:
             self.preempted_requests += 1
             self.preempted_queries += num_tokens
             self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
+            return
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hits
+        if hits_by_source is None:
+            return
+        if sum(hits_by_source.values()) != num_hits:
+            logger.warning(
+                "hits_by_source %s does not add up to the %d cached tokens; counting them as %s",
+                hits_by_source,
+                num_hits,
+                CacheHitSource.EXTERNAL_UNSPECIFIED.value,
+            )
+            hits_by_source = {CacheHitSource.EXTERNAL_UNSPECIFIED: num_hits}
+        for source, n in hits_by_source.items():
+            if n:
+                self.hits_by_source[source] = self.hits_by_source.get(source, 0) + n
 
 
 class CachingMetrics:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from kvcy._fast import kv_cache as _impl
 from kvcy._request_types import (
+    FinishReason,
     LoRARequest,
     MultiModalFeatureSpec,
     PlaceholderRange,
@@ -32,6 +33,7 @@ else:
     Request = _impl.Request
 
 __all__ = [
+    "FinishReason",
     "LoRARequest",
     "MultiModalFeatureSpec",
     "PlaceholderRange",

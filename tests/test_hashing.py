@@ -453,16 +453,13 @@ def test_request_hasher_twins_agree(impl, algo, spec, bs):
     assert got == want
     tokens = reqs[1].all_token_ids
     assert len(got) == len(tokens) // bs
-    # The keys as vLLM computes them: per hasher call, the mm walk restarts at
-    # item 0 for a request's first block and at its last item otherwise.
+    # The keys as vLLM computes them for the whole token list at once: one walk
+    # over the mm items from the first block on (appending must not change them).
     keys: list = []
-    num_tokens = len(prompt)
-    for step in [0, *map(len, appends)]:
-        num_tokens += step
-        mm_idx = -1 if keys else 0
-        for i in range(len(keys), num_tokens // bs):
-            k, mm_idx = py.generate_block_hash_extra_keys(reqs[1], i * bs, (i + 1) * bs, mm_idx)
-            keys.append(k)
+    mm_idx = 0
+    for i in range(len(tokens) // bs):
+        k, mm_idx = py.generate_block_hash_extra_keys(reqs[1], i * bs, (i + 1) * bs, mm_idx)
+        keys.append(k)
     assert got == ref_chain(algo, none_hash, tokens, 0, len(got), bs, keys)
 
 
@@ -529,7 +526,9 @@ def test_prompt_embeds_keys(impl):
         assert keys == (("prompt_embeds", hashlib.sha256(embeds[4:8].numpy().tobytes()).digest()),)
         keys, _ = twin.generate_block_hash_extra_keys(req, 8, 12, 0)
         assert keys == (("prompt_embeds", hashlib.sha256(embeds[8:10].numpy().tobytes()).digest()),)
-        assert twin.generate_block_hash_extra_keys(req, 12, 16, 0)[0] is None
+        # Past the prompt vLLM hashes the empty slice (it does not clamp).
+        keys, _ = twin.generate_block_hash_extra_keys(req, 12, 16, 0)
+        assert keys == (("prompt_embeds", hashlib.sha256(b"").digest()),)
     assert hashes[0] == hashes[1] and len(hashes[0]) == 3
 
 

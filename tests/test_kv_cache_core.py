@@ -98,7 +98,7 @@ def test_pool_size_is_checked(impl):
 
 
 def test_lru_eviction_and_events(impl):
-    mgr = manager(impl, num_blocks=9, enable_kv_cache_events=True)
+    mgr = manager(impl, num_blocks=9, enable_kv_cache_events=True, use_int_block_hashes=False)
     req = Request("a", list(range(16)), block_hasher=hasher())  # 4 full blocks
     assert mgr.allocate_slots(req, 16).get_block_ids() == ([1, 2, 3, 4],)
     events = mgr.take_events()

@@ -35,11 +35,13 @@ class RequestBlockHasher:
     block_size: int
     algo: str | None
     hash_fn: Callable[[Any], bytes] | None
+    num_hash_lookahead_tokens: int
     def __init__(
         self,
         block_size: int,
         algo: str | None,
         none_hash: Callable[[], bytes],
         hash_fn: Callable[[Any], bytes] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None: ...
     def __call__(self, request: Any) -> list[bytes]: ...

@@ -390,16 +390,67 @@ def hash_blocks(
 
 # --------------------------------------------------------------------------- extra keys
 cdef list _prompt_embeds_key(object request, Py_ssize_t start, Py_ssize_t end):
+    # vLLM slices the embeddings without clamping: a block past the prompt
+    # hashes the empty slice (and still carries the key).
     embeds = request.prompt_embeds
-    num_prompt = request.num_prompt_tokens
-    if embeds is None or start >= num_prompt:
+    if embeds is None:
         return []
-    chunk = embeds[start:min(end, num_prompt)]
+    chunk = embeds[start:end]
     try:
-        raw = chunk.detach().cpu().contiguous().numpy().tobytes()
+        raw = chunk.detach().flatten().cpu().contiguous().view(_torch_uint8()).numpy().tobytes()
     except AttributeError:  # not a tensor: anything with the buffer protocol
         raw = bytes(memoryview(chunk))
     return [(_EMBEDS_TAG, _SHA256(raw).digest())]
+
+
+cdef object _torch_uint8():
+    # Imported lazily: torch is optional, and only tensors reach this.
+    import torch
+
+    return torch.uint8
+
+
+cdef Py_ssize_t _first_live_mm_idx(object features, Py_ssize_t pos) except -1:
+    """Index of the first multimodal item that ends after token ``pos``.
+
+    It is where the walk over a request's items stands once every block
+    ending at ``pos`` is hashed, so a hasher call that starts there resumes
+    the walk exactly where hashing the whole request at once would be.
+    """
+    cdef Py_ssize_t idx = 0
+    cdef Py_ssize_t n = len(features) if features else 0
+    while idx < n:
+        p = features[idx].mm_position
+        if p.offset + p.length > pos:
+            break
+        idx += 1
+    return idx
+
+
+cdef Py_ssize_t _rewind_mm_idx(object features, Py_ssize_t mm_idx, Py_ssize_t end) except -1:
+    """Step back over the items before ``mm_idx`` that reach past ``end``.
+
+    With lookahead a block's keys cover ``[start, end + lookahead)``, which
+    walks past items that the next block (starting at ``end``) still overlaps.
+    """
+    while mm_idx > 0:
+        p = features[mm_idx - 1].mm_position
+        if p.offset + p.length <= end:
+            break
+        mm_idx -= 1
+    return mm_idx
+
+
+cdef Py_ssize_t _resume_mm_idx(object features, Py_ssize_t start, Py_ssize_t lookahead) except -1:
+    """Where the walk over the items stands when the block at ``start`` is hashed."""
+    if start == 0 or not features:
+        return 0
+    last = features[len(features) - 1].mm_position
+    if last.offset + last.length <= start:
+        return len(features)  # every item is over (decode): nothing to scan
+    if not lookahead:
+        return _first_live_mm_idx(features, start)
+    return _rewind_mm_idx(features, _first_live_mm_idx(features, start + lookahead), start)
 
 
 cdef tuple _mm_extra_keys(object request, Py_ssize_t start, Py_ssize_t end, object start_mm_idx):
@@ -453,8 +504,8 @@ cdef inline bint _small_int(object x):
     return type(x) is int and -(1 << 60) < x < (1 << 60)
 
 
-cdef tuple _request_extra_keys(object request, Py_ssize_t start, Py_ssize_t num_blocks,
-                               Py_ssize_t block_size):
+cdef tuple _request_extra_keys(object request, object tokens, Py_ssize_t start,
+                               Py_ssize_t num_blocks, Py_ssize_t block_size, Py_ssize_t lookahead):
     """Per-block extra keys of num_blocks blocks from start; None when no block has any.
 
     The same keys as generate_block_hash_extra_keys block by block, built
@@ -466,10 +517,18 @@ cdef tuple _request_extra_keys(object request, Py_ssize_t start, Py_ssize_t num_
     features = request.mm_features
     salt = request.cache_salt
     embeds = request.prompt_embeds
-    if lora is None and not features and not salt and embeds is None:
+    if lora is None and not features and not salt and embeds is None and not lookahead:
         return None
     cdef Py_ssize_t nmm = len(features) if features else 0
     cdef Py_ssize_t i, lo, hi, idx, mm_idx
+    if nmm:
+        last = features[nmm - 1].mm_position
+        if last.offset + last.length <= start:
+            # Every item ended before the first block, so none enters any
+            # block's keys (vLLM's early exit): skip reading them (decode).
+            nmm = 0
+            if lora is None and embeds is None and not lookahead:
+                return None
     cdef Py_ssize_t *offs = NULL
     cdef Py_ssize_t *lens = NULL
     cdef list ids = None
@@ -478,14 +537,21 @@ cdef tuple _request_extra_keys(object request, Py_ssize_t start, Py_ssize_t num_
     cdef object lora_key = None
     cdef tuple base = None
     cdef bint salted = bool(salt)
-    if embeds is not None or nmm and not all(
+    if lookahead or embeds is not None or nmm and not all(
         _small_int(f.mm_position.offset) and _small_int(f.mm_position.length) for f in features
     ):
-        # Unusual inputs: the block-by-block recipe.
-        mm_obj = -1 if start > 0 else 0
+        # Lookahead or unusual inputs: the block-by-block recipe.
+        mm_obj = _resume_mm_idx(features, start, lookahead)
         for i in range(num_blocks):
             lo = start + i * block_size
-            k, mm_obj = generate_block_hash_extra_keys(request, lo, lo + block_size, mm_obj)
+            hi = lo + block_size
+            if lookahead:
+                k, mm_obj = generate_block_hash_extra_keys(request, lo, hi + lookahead, mm_obj)
+                if nmm:
+                    mm_obj = _rewind_mm_idx(features, mm_obj, hi)
+                k = (k, *tokens[hi:hi + lookahead])
+            else:
+                k, mm_obj = generate_block_hash_extra_keys(request, lo, hi, mm_obj)
             out.append(k)
         return tuple(out)
     if lora is not None:
@@ -507,7 +573,11 @@ cdef tuple _request_extra_keys(object request, Py_ssize_t start, Py_ssize_t num_
                 offs[i] = pos.offset
                 lens[i] = pos.length
                 ids.append(f.identifier)
-        mm_idx = -1 if start > 0 else 0
+        # Resume the walk at the first item still open at start: the item
+        # the previous call stopped at may be a later one.
+        mm_idx = 0
+        while mm_idx < nmm and offs[mm_idx] + lens[mm_idx] <= start:
+            mm_idx += 1
         for i in range(num_blocks):
             lo = start + i * block_size
             hi = lo + block_size
@@ -550,17 +620,24 @@ cdef class RequestBlockHasher:
     any other hash function (then each block is ``hash_fn((parent,
     tuple(tokens), extra_keys))``).  ``none_hash`` is a callable returning the
     current ``NONE_HASH``; it is read when a request's first block is hashed.
+    With ``num_hash_lookahead_tokens`` (L) > 0 a block is hashed only once the
+    L tokens after it exist, and its extra keys become ``(E, *those tokens)``
+    where ``E`` are the keys of the block and those tokens together.
     """
 
     cdef readonly Py_ssize_t block_size
     cdef readonly object algo
     cdef readonly object hash_fn
+    cdef readonly Py_ssize_t num_hash_lookahead_tokens
     cdef object _none_hash
     cdef int _code
 
-    def __init__(self, block_size, algo, none_hash, hash_fn=None):
+    def __init__(self, block_size, algo, none_hash, hash_fn=None, num_hash_lookahead_tokens=0):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        lookahead = num_hash_lookahead_tokens
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+            raise ValueError(f"num_hash_lookahead_tokens must be a non-negative int, got {lookahead!r}")
         if algo is None:
             if not callable(hash_fn):
                 raise ValueError("hash_fn must be callable when algo is None")
@@ -570,17 +647,19 @@ cdef class RequestBlockHasher:
         self.block_size = block_size
         self.algo = algo
         self.hash_fn = hash_fn
+        self.num_hash_lookahead_tokens = lookahead
         self._none_hash = none_hash
 
     def __call__(self, request):
         cdef Py_ssize_t bs = self.block_size
+        cdef Py_ssize_t lookahead = self.num_hash_lookahead_tokens
         hashes = request.block_hashes
         cdef Py_ssize_t nh = len(hashes)
         cdef Py_ssize_t start = nh * bs
         cdef Py_ssize_t num_tokens = request.num_tokens
-        if num_tokens - start < bs:
+        if num_tokens - lookahead - start < bs:
             return []
-        cdef Py_ssize_t num_blocks = (num_tokens - start) // bs
+        cdef Py_ssize_t num_blocks = (num_tokens - lookahead - start) // bs
         parent = hashes[nh - 1] if nh else None
         if not parent:
             parent = self._none_hash()
@@ -589,7 +668,7 @@ cdef class RequestBlockHasher:
             raise RuntimeError(
                 f"request.all_token_ids has {len(tokens)} tokens, num_tokens says {num_tokens}"
             )
-        extras = _request_extra_keys(request, start, num_blocks, bs)
+        extras = _request_extra_keys(request, tokens, start, num_blocks, bs, lookahead)
         if self._code >= 0:
             if type(tokens) is list or type(tokens) is tuple:
                 return _chain(self._code, parent, tokens, NULL, start, num_blocks, bs, extras)
@@ -606,4 +685,7 @@ cdef class RequestBlockHasher:
         return out
 
     def __repr__(self):
-        return f"RequestBlockHasher(block_size={self.block_size}, algo={self.algo!r})"
+        return (
+            f"RequestBlockHasher(block_size={self.block_size}, algo={self.algo!r}, "
+            f"num_hash_lookahead_tokens={self.num_hash_lookahead_tokens})"
+        )

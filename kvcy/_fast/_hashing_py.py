@@ -202,15 +202,67 @@ def hash_blocks(
 
 # --------------------------------------------------------------------------- extra keys
 def _prompt_embeds_key(request: Any, start: int, end: int) -> list:
+    # vLLM slices the embeddings without clamping: a block past the prompt
+    # hashes the empty slice (and still carries the key).
     embeds = request.prompt_embeds
-    if embeds is None or start >= request.num_prompt_tokens:
+    if embeds is None:
         return []
-    chunk = embeds[start : min(end, request.num_prompt_tokens)]
+    chunk = embeds[start:end]
     try:
-        raw = chunk.detach().cpu().contiguous().numpy().tobytes()
+        raw = chunk.detach().flatten().cpu().contiguous().view(_torch_uint8()).numpy().tobytes()
     except AttributeError:  # not a tensor: anything with the buffer protocol
         raw = bytes(memoryview(chunk))
     return [(_EMBEDS_TAG, hashlib.sha256(raw).digest())]
+
+
+def _torch_uint8() -> Any:
+    # Imported lazily: torch is optional, and only tensors reach this.
+    import torch
+
+    return torch.uint8
+
+
+def _first_live_mm_idx(features: Any, pos: int) -> int:
+    """Index of the first multimodal item that ends after token ``pos``.
+
+    It is where the walk over a request's items stands once every block
+    ending at ``pos`` is hashed, so a hasher call that starts there resumes
+    the walk exactly where hashing the whole request at once would be.
+    """
+    idx = 0
+    n = len(features) if features else 0
+    while idx < n:
+        p = features[idx].mm_position
+        if p.offset + p.length > pos:
+            break
+        idx += 1
+    return idx
+
+
+def _rewind_mm_idx(features: Any, mm_idx: int, end: int) -> int:
+    """Step back over the items before ``mm_idx`` that reach past ``end``.
+
+    With lookahead a block's keys cover ``[start, end + lookahead)``, which
+    walks past items that the next block (starting at ``end``) still overlaps.
+    """
+    while mm_idx > 0:
+        p = features[mm_idx - 1].mm_position
+        if p.offset + p.length <= end:
+            break
+        mm_idx -= 1
+    return mm_idx
+
+
+def _resume_mm_idx(features: Any, start: int, lookahead: int) -> int:
+    """Where the walk over the items stands when the block at ``start`` is hashed."""
+    if start == 0 or not features:
+        return 0
+    last = features[-1].mm_position
+    if last.offset + last.length <= start:
+        return len(features)  # every item is over (decode): nothing to scan
+    if not lookahead:
+        return _first_live_mm_idx(features, start)
+    return _rewind_mm_idx(features, _first_live_mm_idx(features, start + lookahead), start)
 
 
 def _mm_extra_keys(request: Any, start: int, end: int, start_mm_idx: int) -> tuple[list, int]:
@@ -269,9 +321,12 @@ class RequestBlockHasher:
     any other hash function (then each block is ``hash_fn((parent,
     tuple(tokens), extra_keys))``).  ``none_hash`` is a callable returning the
     current ``NONE_HASH``; it is read when a request's first block is hashed.
+    With ``num_hash_lookahead_tokens`` (L) > 0 a block is hashed only once the
+    L tokens after it exist, and its extra keys become ``(E, *those tokens)``
+    where ``E`` are the keys of the block and those tokens together.
     """
 
-    __slots__ = ("block_size", "algo", "hash_fn", "_none_hash", "_fn")
+    __slots__ = ("block_size", "algo", "hash_fn", "num_hash_lookahead_tokens", "_none_hash", "_fn")
 
     def __init__(
         self,
@@ -279,9 +334,13 @@ class RequestBlockHasher:
         algo: str | None,
         none_hash: Callable[[], bytes],
         hash_fn: Callable[[Any], bytes] | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        lookahead = num_hash_lookahead_tokens
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+            raise ValueError(f"num_hash_lookahead_tokens must be a non-negative int, got {lookahead!r}")
         if algo is None:
             if not callable(hash_fn):
                 raise ValueError("hash_fn must be callable when algo is None")
@@ -291,29 +350,39 @@ class RequestBlockHasher:
         self.block_size = block_size
         self.algo = algo
         self.hash_fn = hash_fn
+        self.num_hash_lookahead_tokens = lookahead
         self._none_hash = none_hash
         self._fn = fn
 
     def __call__(self, request: Any) -> list[bytes]:
         # vLLM's request_block_hasher, block by block.
         block_size = self.block_size
+        lookahead = self.num_hash_lookahead_tokens
         hashes = request.block_hashes
         start = len(hashes) * block_size
-        num_tokens = request.num_tokens
+        num_tokens = request.num_tokens - lookahead
         if start + block_size > num_tokens:
             return []
-        mm_idx = -1 if start > 0 else 0
+        features = request.mm_features
+        mm_idx = _resume_mm_idx(features, start, lookahead)
         parent = hashes[-1] if hashes else None
         tokens = request.all_token_ids
-        if len(tokens) < num_tokens:
+        if len(tokens) < num_tokens + lookahead:
             raise RuntimeError(
-                f"request.all_token_ids has {len(tokens)} tokens, num_tokens says {num_tokens}"
+                f"request.all_token_ids has {len(tokens)} tokens, "
+                f"num_tokens says {num_tokens + lookahead}"
             )
         fn = self._fn
         out: list[bytes] = []
         while start + block_size <= num_tokens:
             end = start + block_size
-            keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
+            if lookahead:
+                keys, mm_idx = generate_block_hash_extra_keys(request, start, end + lookahead, mm_idx)
+                if features:
+                    mm_idx = _rewind_mm_idx(features, mm_idx, end)
+                keys = (keys, *tokens[end : end + lookahead])
+            else:
+                keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
             if not parent:
                 parent = self._none_hash()
             parent = fn((parent, tuple(tokens[start:end]), keys))
@@ -322,4 +391,7 @@ class RequestBlockHasher:
         return out
 
     def __repr__(self) -> str:
-        return f"RequestBlockHasher(block_size={self.block_size}, algo={self.algo!r})"
+        return (
+            f"RequestBlockHasher(block_size={self.block_size}, algo={self.algo!r}, "
+            f"num_hash_lookahead_tokens={self.num_hash_lookahead_tokens})"
+        )

@@ -50,6 +50,19 @@ IMPLEMENTATION = "cython"
 
 cdef object _WAITING = RequestStatus.WAITING
 cdef object _PREEMPTED = RequestStatus.PREEMPTED
+cdef object _STATUS_TYPE = RequestStatus
+
+
+cdef inline bint _watermarked(object status) except -1:
+    # Waiting and preempted requests take the watermark.  A status is
+    # compared by value, as vLLM does: one from vLLM's own RequestStatus
+    # class counts the same.  kvcy's members are singletons, so for them
+    # identity decides without a rich comparison.
+    if status is _WAITING or status is _PREEMPTED:
+        return True
+    if type(status) is _STATUS_TYPE:
+        return False
+    return status == _WAITING or status == _PREEMPTED
 
 
 cdef inline Py_ssize_t _cdiv(Py_ssize_t a, Py_ssize_t b) noexcept:
@@ -3047,7 +3060,7 @@ cdef class KVCacheManager:
         if total_computed_tokens > self.max_model_len:
             total_computed_tokens = self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0
-        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
+        if has_scheduled_reqs and _watermarked(status):
             watermark_blocks = self.watermark_blocks
         cdef Py_ssize_t needed, full_num_tokens
         if full_sequence_must_fit:
@@ -3146,7 +3159,7 @@ cdef class KVCacheManager:
         cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0
         cdef object status = request.status
-        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
+        if has_scheduled_reqs and _watermarked(status):
             watermark_blocks = self.watermark_blocks
         cdef Py_ssize_t n_full_tokens, needed
         cdef Py_ssize_t bs = mgr.block_size

@@ -53,6 +53,9 @@ IMPLEMENTATION = "python"
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
+# Compared by value (``in`` falls back to ==), as vLLM does: a status from
+# vLLM's own RequestStatus class counts the same as kvcy's.
+_WATERMARK_STATUSES = (_WAITING, _PREEMPTED)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -1861,7 +1864,7 @@ class KVCacheManager:
         total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
         status = request.status
-        if has_scheduled_reqs and (status is _WAITING or status is _PREEMPTED):
+        if has_scheduled_reqs and status in _WATERMARK_STATUSES:
             watermark_blocks = self.watermark_blocks
         coordinator = self.coordinator
         if full_sequence_must_fit:

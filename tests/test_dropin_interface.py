@@ -1,0 +1,206 @@
+"""vLLM 0.33.0 drop-in, specs and configs (issue 14): the fields, defaults and errors
+vLLM's ``kv_cache_interface`` has."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from types import SimpleNamespace
+
+import pytest
+
+from kvcy.config import CacheConfig, KVCacheSettings
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    KVQuantMode,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    get_kv_quant_mode,
+    is_full_attention_spec,
+    iter_layer_specs,
+)
+
+torch = pytest.importorskip("torch")
+
+
+def full(**kw):
+    args = dict(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.float16)
+    return FullAttentionSpec(**{**args, **kw})
+
+
+def mla(**kw):
+    args = dict(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    return MLAAttentionSpec(**{**args, **kw})
+
+
+def swa(**kw):
+    args = dict(block_size=16, num_kv_heads=8, head_size=128, dtype="bf16", sliding_window=64)
+    return SlidingWindowSpec(**{**args, **kw})
+
+
+# --------------------------------------------------------------------------- item 3
+def test_torch_dtype_is_kept():
+    spec = full(dtype=torch.float32)
+    assert spec.dtype is torch.float32
+    assert spec.page_size_bytes == 16 * 8 * 256 * 4
+    assert dataclasses.replace(spec, block_size=32).dtype is torch.float32
+    assert FullAttentionSpec.merge([spec, spec]).dtype is torch.float32
+    assert MLAAttentionSpec.merge([mla(), mla()]).dtype is torch.bfloat16
+    assert spec == full(dtype="float32") and hash(spec) == hash(full(dtype="fp32"))
+    assert spec != full(dtype=torch.float16)
+
+
+def test_mismatched_mla_merge_asserts():
+    with pytest.raises(AssertionError):
+        MLAAttentionSpec.merge([mla(), mla(cache_dtype_str="fp8_ds_mla", dtype="uint8")])
+    with pytest.raises(AssertionError):
+        MLAAttentionSpec.merge([mla(), mla(head_size=512)])
+    with pytest.raises(AssertionError):
+        MLAAttentionSpec.merge([mla(), mla(tokens_per_state=4)])
+    with pytest.raises(AssertionError):
+        MLAAttentionSpec.merge([mla(), full()])
+    with pytest.raises(AssertionError):
+        SlidingWindowMLASpec.merge([swa()])
+
+
+# --------------------------------------------------------------------------- item 4: spec fields
+def test_spec_defaults_as_in_vllm():
+    spec = full()
+    assert (spec.dcp_sharded, spec.is_draft, spec.max_tp_shards, spec.tokens_per_state) == (True, False, None, 1)
+    assert (spec.prefix_cacheable, spec.prefix_replay_tokens, spec.has_layer_views, spec.uses_slot_mapping) == (
+        True, 0, True, True)
+    m = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=("float32",))
+    assert (m.dcp_sharded, m.is_draft, m.tokens_per_state, m.num_states) == (False, False, -1, 1)
+    assert spec.num_states == 16
+
+
+def test_is_draft_is_not_part_of_equality():
+    a, b = full(), full(is_draft=True)
+    assert a == b and hash(a) == hash(b) and b.is_draft
+    assert FullAttentionSpec.merge([a, b]) == a
+    with pytest.raises(TypeError, match="is_draft"):
+        full(is_draft=1)
+
+
+def test_max_tp_shards():
+    spec = mla(max_tp_shards=4)
+    assert spec.max_tp_shards == 4
+    assert MLAAttentionSpec.merge([spec, spec]).max_tp_shards == 4
+    assert FullAttentionSpec.merge([full(max_tp_shards=2), full(max_tp_shards=2)]).max_tp_shards == 2
+    with pytest.raises(AssertionError, match="max_tp_shards"):
+        FullAttentionSpec.merge([full(max_tp_shards=2), full()])
+    with pytest.raises(ValueError, match="max_tp_shards"):
+        mla(max_tp_shards=0)
+
+
+def test_tokens_per_state():
+    compressed = mla(tokens_per_state=4)
+    assert compressed.num_states == 4
+    assert compressed.page_size_bytes == mla().page_size_bytes // 4
+    pooled = full(tokens_per_state=Fraction(1, 2))
+    assert pooled.num_states == 32 and pooled.page_size_bytes == 2 * full().page_size_bytes
+    with pytest.raises(ValueError, match="tokens_per_state"):
+        full(tokens_per_state=0)
+    with pytest.raises(ValueError, match="multiple of tokens_per_state"):
+        full(tokens_per_state=3)
+
+
+def test_max_num_blocks_per_req():
+    settings = KVCacheSettings(cache_config=CacheConfig(), max_model_len=1000)
+    assert full().max_num_blocks_per_req(settings, 1000) == 63
+    assert swa().max_num_blocks_per_req(settings, 17) == 2
+    assert KVCacheSpec.max_num_blocks_per_req(full(), settings, 16) == 1
+    m = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=("float32",), num_speculative_blocks=2)
+    assert m.max_num_blocks_per_req(settings, 1000) == 3
+    align = KVCacheSettings(cache_config=CacheConfig(mamba_cache_mode="align"), max_model_len=1000)
+    assert m.max_num_blocks_per_req(align, 1000) == 63 + 2
+    uni = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full(), "b": mla()})
+    assert uni.max_num_blocks_per_req(settings, 100) == 7
+    dcp = SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=2))
+    with pytest.raises(NotImplementedError, match="dcp"):
+        full().max_num_blocks_per_req(dcp, 100)
+
+
+def test_int4_per_token_head():
+    assert KVQuantMode.INT4_PER_TOKEN_HEAD == 4 and KVQuantMode.NVFP4 == 5
+    assert KVQuantMode.INT4_PER_TOKEN_HEAD.is_per_token_head
+    assert get_kv_quant_mode("int4_per_token_head") is KVQuantMode.INT4_PER_TOKEN_HEAD
+    assert get_kv_quant_mode("nvfp4") is KVQuantMode.NVFP4
+    with pytest.raises(NotImplementedError, match="INT4_PER_TOKEN_HEAD"):
+        full(dtype="uint8", kv_quant_mode=KVQuantMode.INT4_PER_TOKEN_HEAD)
+
+
+def test_layer_spec_helpers():
+    uni = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full(), "b": mla()})
+    assert list(iter_layer_specs(uni)) == [full(), mla()]
+    assert tuple(iter_layer_specs(swa())) == (swa(),)
+    assert is_full_attention_spec(uni) and is_full_attention_spec(full())
+    assert not is_full_attention_spec(swa())
+    assert not is_full_attention_spec(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"s": swa()}))
+    assert not is_full_attention_spec(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={}))
+    assert uni.prefix_cacheable and uni.prefix_replay_tokens == 0
+
+
+# --------------------------------------------------------------------------- item 4: configs
+def test_kv_cache_tensor_vllm_form():
+    t = KVCacheTensor(size=4096, layers=["a", "b"], layer_stride=2048, block_stride=256, offset=0)
+    assert (t.offset, t.host_resident) == (0, False)
+    assert t.page_offset(1, 3) == 2048 + 3 * 256
+    assert t.shared_by == [["a"], ["b"]] and t.num_layer_slots == 2 and t.layer_names == ["a", "b"]
+    t2 = KVCacheTensor(4096, ["c"], 256, 512, 128)
+    assert t2.page_offset(0, 2) == 128 + 1024
+    assert t == KVCacheTensor(size=4096, layers=["a", "b"], layer_stride=2048, block_stride=256)
+    assert dataclasses.replace(t, offset=64).page_offset(0, 0) == 64
+    legacy = KVCacheTensor(size=100, shared_by=[["x", "y"]])
+    assert legacy.layers == ["x", "y"] and legacy.shared_by == [["x", "y"]] and legacy.layer_stride is None
+    with pytest.raises(ValueError, match="no strides"):
+        legacy.page_offset(0, 0)
+    with pytest.raises(TypeError, match="layer_stride"):
+        KVCacheTensor(size=10, layers=["a"])
+    with pytest.raises(ValueError, match="either shared_by"):
+        KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, shared_by=[["a"]])
+    with pytest.raises(TypeError, match="layers"):
+        KVCacheTensor(size=10, layers=[["a"]], layer_stride=1, block_stride=1)
+    with pytest.raises(ValueError, match="offset"):
+        KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, offset=-1)
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, host_resident=True)
+
+
+def test_kv_cache_config_fields():
+    groups = [
+        KVCacheGroupSpec(["f"], full()),
+        KVCacheGroupSpec(["s"], swa()),
+        KVCacheGroupSpec(["x"], full(), enable_kv_transfer=False),
+    ]
+    cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
+    assert cfg.hisparse_host_num_blocks is None
+    assert cfg.transfer_group_ids == (0, 1) and cfg.prefix_cacheable_group_ids == (0, 1)
+    assert not cfg.has_mamba_layers and cfg.has_mixed_precision_kv_cache  # float16 beside bfloat16
+    assert cfg.needs_kv_cache_zeroing
+    same = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups[:1])
+    assert not same.needs_kv_cache_zeroing
+    uni_mamba = UniformTypeKVCacheSpecs(
+        block_size=16, kv_cache_specs={"m": MambaSpec(block_size=16, shapes=((2,),), dtypes=("float32",))})
+    assert KVCacheConfig(1, [], [KVCacheGroupSpec(["m"], uni_mamba)]).has_mamba_layers
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups, hisparse_host_num_blocks=4)
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        KVCacheGroupSpec(["f"], full(), host_resident=True)
+
+
+def test_cross_and_chunked_specs_keep_new_fields():
+    c = CrossAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=torch.float16, max_tp_shards=2)
+    assert c.dtype is torch.float16 and c.max_tp_shards == 2
+    ch = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype="fp16",
+                                   attention_chunk_size=64, is_draft=True)
+    assert ch.is_draft and ch.dcp_sharded
