@@ -1,0 +1,1 @@
+"""The CPU offloading tier: chunk specs, metrics names, the manager and its cache policies."""
