@@ -14,6 +14,28 @@ vectors in ``shared/golden/offload.jsonl``.  Where vLLM fails a call half way
 twin checks every key first, so the same error is raised with no state
 changed.
 
+What both twins refuse, before changing anything, and how:
+
+* a key that is not ``bytes`` (``TypeError``) or shorter than 4 bytes
+  (``ValueError``), in every method; a bare ``bytes``/``str`` where a key list
+  is expected (``TypeError``);
+* a ``req_context`` that is not a ``ReqContext`` where it is used
+  (``prepare_store``, a recording ``prepare_load``, ``on_new_request``,
+  ``on_request_finished``): ``TypeError``;
+* a key offered twice in one ``prepare_store`` (``ValueError``: vLLM would
+  give it two chunks);
+* vLLM's own ``AssertionError``s, with its messages: ``Chunk {key!r} not found
+  in cache`` / ``is not ready for reading`` (``prepare_load``), ``Chunk {key!r}
+  not found`` / ``ref_cnt is already 0`` (``complete_load``, counting repeats
+  of a key within the call), ``New cache keys observed after request
+  finalization`` (``prepare_load`` / ``prepare_store``, for exactly the keys
+  vLLM would record);
+* bad constructor arguments: ``num_chunks``, ``store_threshold`` and
+  ``max_tracker_size`` must be non-negative ints (``TypeError`` /
+  ``ValueError``), an unknown policy name is the factory's ``ValueError``.
+
+``complete_store`` of keys that are not write-pending is a no-op, as in vLLM.
+
 The golden replayer's ``check`` reads the same internals vLLM's does:
 ``manager._policy``, ``_free_list``, ``_num_allocated_chunks``,
 ``_num_evictable_cache_chunks``, ``_num_write_pending_chunks``, ``counts``;
@@ -29,6 +51,8 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from kvcy.kv_offload.base import (
     CacheHitSource,
@@ -92,6 +116,13 @@ def _check_keys(keys: Any) -> list:
 def _check_context(req_context: Any) -> None:
     if not isinstance(req_context, ReqContext):
         raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
+
+
+def _chunk_spec(chunk_ids: list[int]) -> CPULoadStoreSpec:
+    """A CPULoadStoreSpec of chunk ids the manager handed out (already valid)."""
+    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
+    spec.block_ids = np.array(chunk_ids, dtype=np.int32)
+    return spec
 
 
 def _check_int(name: str, value: Any) -> int:
@@ -756,7 +787,7 @@ class CPUOffloadingManager(OffloadingManager):
             chunk.ref_cnt += 1
         if record is not None:
             self._record(record, keys, keys, req_context)
-        return CPULoadStoreSpec([chunk.chunk_id for chunk in chunks])
+        return _chunk_spec([chunk.chunk_id for chunk in chunks])
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Tell the policy the keys were used (the first key ends most recent)."""
@@ -860,7 +891,7 @@ class CPUOffloadingManager(OffloadingManager):
         # 3. the access record
         self._record(record, to_record, ready, req_context)
         if not new:
-            return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
+            return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec([]), evicted_keys=[])
 
         # 4. room: evict what the free chunks do not cover
         self.allocation_sizes_in_current_batch.append(len(new))
@@ -893,7 +924,7 @@ class CPUOffloadingManager(OffloadingManager):
             policy.insert(key, ChunkStatus(chunk_id), req_context)
         self._num_write_pending_chunks += num_new
         record.inserted.update(new)
-        return PrepareStoreOutput(keys_to_store=new, store_spec=CPULoadStoreSpec(chunk_ids), evicted_keys=evicted_keys)
+        return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(chunk_ids), evicted_keys=evicted_keys)
 
     def _update_tracker(self, keys: list) -> None:
         """Count one offer: offered keys move to the newest end, new ones enter
