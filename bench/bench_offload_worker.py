@@ -15,10 +15,17 @@ One group per (model size, layout, direction, GPU blocks per CPU block).  Rows:
 
 The module prints each row's throughput (bytes moved per second, one way)
 and the worker rows' speed relative to ``index_copy``, all from one run.
+
+Torch runs single-threaded here (``KVCY_BENCH_THREADS``, default 1): on the
+shared 2-core VMs this project runs on, torch's OpenMP regions stall whenever
+another process holds a core, which turned a 16 MiB ``copy_`` from 6 GB/s
+into 1 GB/s and ``index_copy`` into 0.01-0.1 GB/s; one thread measures the
+copies rather than the scheduler.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,11 +127,23 @@ class Setup:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _summary(write_summary):
+def _threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("KVCY_BENCH_THREADS", "1")))
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(write_summary, _threads):
     yield
     if not RESULTS.rows:
         return
-    lines = ["", "offload worker (CPU): bytes moved per second, worker rows vs index_copy (>1 = faster)"]
+    lines = [
+        "",
+        f"offload worker (CPU, {torch.get_num_threads()} torch thread(s)): bytes moved per second, "
+        "worker rows vs index_copy (>1 = faster)",
+    ]
     for group, rows in RESULTS.rows.items():
         parts = [f"{name} {nb / mean / 1e9:6.2f} GB/s" for name, (mean, nb) in rows.items()]
         for name in ("worker-cpp", "worker-ref"):

@@ -181,6 +181,7 @@ def round_trip(caches: Caches, bpc: int, seed: int, num_chunks: int = 16, reloca
     targets = list(rng.permutation(NUM_BLOCKS)[: len(gpu_ids)]) if relocate else list(gpu_ids)
     targets = [int(t) for t in targets]
     assert worker.submit_load(8, CPULoadStoreSpec(cpu_ids), GPULoadStoreSpec(targets, sizes, starts))
+    worker.wait({8})
     assert [(r.job_id, r.success) for r in worker.get_finished()] == [(8, True)]
     g_off = 0
     written = set()
@@ -423,9 +424,9 @@ BAD_JOBS = [
                        CPULoadStoreSpec([0, 1, 2])),
      ValueError, "block_indices has 1 entries but the KV caches have 2 groups"),
     ("store", lambda: (GPULoadStoreSpec([1, 2, 3, 4, 5], [3, 2], [1, 0]), CPULoadStoreSpec([0, 0, 2])),
-     ValueError, r"CPU block 0 \(GPU block 1 in it\) of tensor 0 is written more than once"),
+     ValueError, r"CPU block 0 \(GPU block 1 in it\) is written more than once by this job \(group 0\)"),
     ("load", lambda: (CPULoadStoreSpec([0, 1, 2]), GPULoadStoreSpec([1, 2, 1, 4, 5], [3, 2], [1, 0])),
-     ValueError, "GPU block 1 of tensor 0 is written more than once"),
+     ValueError, r"GPU block 1 is written more than once by this job \(group 0\)"),
     ("store", lambda: (CPULoadStoreSpec([0, 1, 2]), CPULoadStoreSpec([0, 1, 2])),
      ValueError, "no handler is registered for transfers CPULoadStoreSpec -> CPULoadStoreSpec"),
     ("store", lambda: (GPULoadStoreSpec([1], [1, 0], [0, 0]), GPULoadStoreSpec([2], [1, 0], [0, 0])),
@@ -448,6 +449,25 @@ def test_bad_job_raises_and_copies_nothing(two_groups, kind, make, exc, match):
     # the valid job goes through afterwards, with the same id
     assert worker.transfer_async(3, (GPULoadStoreSpec([1, 2, 3, 4, 5], [3, 2], [1, 0]), CPULoadStoreSpec([0, 1, 2])))
     assert [r.job_id for r in worker.get_finished()] == [3]
+
+
+def test_groups_sharing_a_tensor_cannot_write_one_block_twice():
+    caches = Caches(KVCacheLayout.BLNHC, torch.float32, group_layers=(1, 1), shared=True)
+    canon = canonicalize_kv_caches(caches.kv, caches.groups)
+    worker = CPUOffloadingWorker(canon, blocks_per_chunk=1, num_cpu_chunks=4)
+    worker.submit_store(1, GPULoadStoreSpec([1, 2], [1, 1], [0, 0]), CPULoadStoreSpec([0, 1]))
+    assert [r.job_id for r in worker.get_finished()] == [1]
+    before = caches.snapshot()
+    with pytest.raises(ValueError, match=r"GPU block 3 is written more than once by this job \(tensor 0, shared"):
+        worker.submit_load(2, CPULoadStoreSpec([0, 1]), GPULoadStoreSpec([3, 3], [1, 1], [0, 0]))
+    assert_bytes_equal(caches.raws, before)
+    # with an allocation per group, block 3 of each group is a different block
+    caches = Caches(KVCacheLayout.BLNHC, torch.float32, group_layers=(1, 1))
+    worker = CPUOffloadingWorker(canonicalize_kv_caches(caches.kv, caches.groups), 1, 4)
+    worker.submit_store(1, GPULoadStoreSpec([1, 2], [1, 1], [0, 0]), CPULoadStoreSpec([0, 1]))
+    want = [caches.block("g0.l0", 1), caches.block("g1.l0", 2)]
+    assert worker.submit_load(2, CPULoadStoreSpec([0, 1]), GPULoadStoreSpec([3, 3], [1, 1], [0, 0]))
+    assert torch.equal(caches.block("g0.l0", 3), want[0]) and torch.equal(caches.block("g1.l0", 3), want[1])
 
 
 def test_job_ids_are_unique_until_reported(two_groups):

@@ -19,7 +19,10 @@ bytes of each block are moved for each ref of the group.
 
 **Execution.**  A job is checked in full before any byte moves (ValueError /
 TypeError, nothing copied), then runs as one :func:`kvcy.ops.swap_blocks` per
-(tensor, page size).  With the GPU tier on CUDA the copies run on the
+group and *stack*: the canonical tensors of one GPU allocation that lie
+equally spaced (layers of one buffer, or heads cut out of each block) are one
+``[L, B, 1, 1, page]`` view, and :class:`CPUOffloadingWorker` lays their CPU
+tensors out the same way, so every layout moves a group in one call.  With the GPU tier on CUDA the copies run on the
 handler's own stream, after the work already queued on the current stream,
 between device memory and pinned host memory; a CUDA event per job tells
 :meth:`~SingleDirectionOffloadingHandler.get_finished` when it is done, and
@@ -161,7 +164,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
                 raise ValueError("all GPU tensors (and all CPU tensors) must have the same number of blocks")
         groups: list[list[tuple[int, int]]] = []
         for gi, refs in enumerate(layer_refs_per_group):
-            group = []
+            group: dict[int, int] = {}
             for ref in refs:
                 if not isinstance(ref, CanonicalKVCacheRef):
                     raise TypeError(f"group {gi}: refs must be CanonicalKVCacheRef, got {type(ref).__name__}")
@@ -174,8 +177,8 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
                         f"group {gi} moves {ref.page_size_bytes} bytes per block of tensor {ref.tensor_idx}, "
                         f"whose blocks hold {gpu_tensors[ref.tensor_idx].shape[1]}"
                     )
-                group.append((ref.tensor_idx, ref.page_size_bytes))
-            groups.append(group)
+                group[ref.tensor_idx] = max(group.get(ref.tensor_idx, 0), ref.page_size_bytes)
+            groups.append(sorted(group.items()))
         if not groups:
             raise ValueError("no KV cache groups")
 
@@ -186,8 +189,15 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         self._gpu = gpu_tensors
         # CPU tensors seen as (num_cpu_chunks * blocks_per_chunk) GPU-block-sized rows
         self._cpu = [c.view(self.num_cpu_chunks * bpc, g.shape[1]) for g, c in zip(gpu_tensors, cpu_tensors)]
-        self._groups = groups
-        self._views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # per group: its stacks (GPU view, CPU view, bytes per block), and the tensors it writes
+        self._stacks = [self._make_stacks(group) for group in groups]
+        self._group_bytes = [sum(page for _, page in group) for group in groups]
+        users: dict[int, int] = {}
+        for group in groups:
+            for t, _ in group:
+                users[t] = users.get(t, 0) + 1
+        # tensors written by several groups: their rows are checked across groups
+        self._shared = [[t for t, _ in group if users[t] > 1] for group in groups]
         self._cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device=device) if self._cuda else None
         self._device = device
@@ -198,18 +208,58 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
 
     # -- planning -----------------------------------------------------------
 
-    def _views_of(self, t: int, page: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(GPU, CPU) 4-D ``[blocks, 1, 1, page]`` views of tensor ``t``'s first ``page`` bytes per block."""
-        v = self._views.get((t, page))
-        if v is None:
-            v = self._views[(t, page)] = (
-                self._gpu[t][:, :page].unsqueeze(1).unsqueeze(1),
-                self._cpu[t][:, :page].unsqueeze(1).unsqueeze(1),
-            )
-        return v
+    @staticmethod
+    def _as_5d(t: torch.Tensor, page: int, count: int, step: int) -> torch.Tensor:
+        """``count`` equally spaced (``step`` bytes apart) copies of ``t[:, :page]`` as ``[L, B, 1, 1, page]``."""
+        return torch.empty(0, dtype=torch.int8, device=t.device).set_(
+            t.untyped_storage(),
+            t.storage_offset(),
+            (count, t.shape[0], 1, 1, page),
+            (step, t.stride(0), page, page, 1),
+        )
 
-    def _plan(self, src: LoadStoreSpec, dst: LoadStoreSpec) -> tuple[dict[tuple[int, int], np.ndarray], int]:
-        """Check a job and return its copies: (tensor, page) -> ``[n, 2]`` (src row, dst row), and its bytes."""
+    def _make_stacks(self, group: list[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Cut a group's (tensor, page) refs into stacks one swap_blocks call can move.
+
+        Tensors with the same page and row strides that lie equally spaced in
+        one GPU storage, with their CPU tensors equally spaced in one CPU
+        storage, become one ``[L, B, 1, 1, page]`` view per side (the L axis
+        walks the tensors).
+        """
+
+        def geometry(item):
+            t, page = item
+            g, c = self._gpu[t], self._cpu[t]
+            gpu_key = (g.untyped_storage().data_ptr(), g.shape[1], g.stride(0))
+            return (page, *gpu_key, c.untyped_storage().data_ptr(), g.storage_offset())
+
+        items = sorted(group, key=geometry)
+        stacks = []
+        i = 0
+        while i < len(items):
+            t0, page = items[i]
+            key0 = geometry(items[i])[:5]
+            j = i + 1
+            g_step = c_step = None
+            while j < len(items) and geometry(items[j])[:5] == key0:
+                tj, tp = items[j - 1][0], items[j][0]
+                dg = self._gpu[tp].storage_offset() - self._gpu[tj].storage_offset()
+                dc = self._cpu[tp].storage_offset() - self._cpu[tj].storage_offset()
+                if g_step is None and dg > 0 and dc > 0:
+                    g_step, c_step = dg, dc
+                elif dg != g_step or dc != c_step:
+                    break
+                j += 1
+            count = j - i
+            stacks.append((
+                self._as_5d(self._gpu[t0], page, count, g_step or 0),
+                self._as_5d(self._cpu[t0], page, count, c_step or 0),
+            ))
+            i = j
+        return stacks
+
+    def _plan(self, src: LoadStoreSpec, dst: LoadStoreSpec) -> tuple[list[tuple[int, torch.Tensor]], int]:
+        """Check a job and return its copies: (group, ``[n, 2]`` (src row, dst row)) pairs, and its bytes."""
         gpu_spec, cpu_spec = (src, dst) if self.gpu_to_cpu else (dst, src)
         gpu_side, cpu_side = ("src", "dst") if self.gpu_to_cpu else ("dst", "src")
         if not isinstance(gpu_spec, GPULoadStoreSpec):
@@ -218,7 +268,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             raise TypeError(f"the {cpu_side} spec must be a CPU block-ids spec, got {type(cpu_spec).__name__}")
         gpu_ids = _ids(gpu_spec, "GPU", self.num_gpu_blocks)
         cpu_ids = _ids(cpu_spec, "CPU", self.num_cpu_chunks)
-        num_groups = len(self._groups)
+        num_groups = len(self._stacks)
         if gpu_spec.group_sizes is None and num_groups != 1:
             raise ValueError(f"group_sizes is None (one group) but the KV caches have {num_groups} groups")
         sizes = _per_group("group_sizes", gpu_spec.group_sizes, num_groups, [len(gpu_ids)])
@@ -227,7 +277,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         starts = _per_group("block_indices", gpu_spec.block_indices, num_groups, [0] * num_groups)
 
         bpc = self.blocks_per_chunk
-        pieces: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        plan: list[tuple[int, np.ndarray]] = []
         g_off = c_off = 0
         num_bytes = 0
         for g, (n, start) in enumerate(zip(sizes, starts)):
@@ -240,32 +290,42 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
                     f"group {g} needs {num_chunks} CPU blocks ({n} GPU blocks from block index {start}, "
                     f"{bpc} per CPU block) but the CPU spec has {len(cpu_ids) - c_off} left"
                 )
-            pos = np.arange(skip, skip + n, dtype=np.int64)
-            cpu_rows = cpu_ids[c_off + pos // bpc] * bpc + pos % bpc
             gpu_rows = gpu_ids[g_off : g_off + n]
-            pair = (gpu_rows, cpu_rows) if self.gpu_to_cpu else (cpu_rows, gpu_rows)
-            for key in self._groups[g]:
-                pieces.setdefault(key, []).append(pair)
-                num_bytes += n * key[1]
+            if bpc == 1:
+                cpu_rows = cpu_ids[c_off : c_off + n]
+            else:
+                pos = np.arange(skip, skip + n, dtype=np.int64)
+                cpu_rows = cpu_ids[c_off + pos // bpc] * bpc + pos % bpc
+            m = np.stack((gpu_rows, cpu_rows) if self.gpu_to_cpu else (cpu_rows, gpu_rows), axis=1)
+            plan.append((g, m))
+            num_bytes += n * self._group_bytes[g]
             g_off += n
             c_off += num_chunks
         if c_off != len(cpu_ids):
             raise ValueError(f"the CPU spec has {len(cpu_ids)} block ids but the groups use {c_off}")
 
-        plan: dict[tuple[int, int], np.ndarray] = {}
-        dst_rows: dict[int, list[np.ndarray]] = {}
-        for key, pairs in pieces.items():
-            m = np.stack([np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])], axis=1)
-            plan[key] = m
-            dst_rows.setdefault(key[0], []).append(m[:, 1])
-        for t, rows in dst_rows.items():
-            flat = np.concatenate(rows)
-            uniq, counts = np.unique(flat, return_counts=True)
-            if len(uniq) != len(flat):
-                row = int(uniq[np.flatnonzero(counts > 1)[0]])
-                where = f"GPU block {row}" if not self.gpu_to_cpu else f"CPU block {row // bpc} (GPU block {row % bpc} in it)"
-                raise ValueError(f"{where} of tensor {t} is written more than once by one job")
-        return plan, num_bytes
+        # no destination row written twice: within a group, then across the groups sharing a tensor
+        for g, m in plan:
+            self._check_unique(m[:, 1], f"group {g}")
+        shared: dict[int, list[np.ndarray]] = {}
+        for g, m in plan:
+            for t in self._shared[g]:
+                shared.setdefault(t, []).append(m[:, 1])
+        for t, rows in shared.items():
+            if len(rows) > 1:
+                self._check_unique(np.concatenate(rows), f"tensor {t}, shared by several groups")
+        return [(g, torch.from_numpy(m)) for g, m in plan], num_bytes
+
+    def _check_unique(self, rows: np.ndarray, where: str) -> None:
+        if len(rows) < 2:
+            return
+        s = np.sort(rows)
+        dup = np.flatnonzero(s[1:] == s[:-1])
+        if dup.size:
+            row = int(s[dup[0]])
+            bpc = self.blocks_per_chunk
+            what = f"CPU block {row // bpc} (GPU block {row % bpc} in it)" if self.gpu_to_cpu else f"GPU block {row}"
+            raise ValueError(f"{what} is written more than once by this job ({where})")
 
     # -- OffloadingHandler --------------------------------------------------
 
@@ -287,35 +347,34 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
             raise ValueError(f"job {job_id} has not been reported finished yet; job ids must be unique")
         plan, num_bytes = self._plan(src, dst)
 
-        mappings = [(key, torch.from_numpy(m)) for key, m in plan.items()]
         job = _Job(job_id, num_bytes)
         if self._cuda:
             job.start = torch.cuda.Event(enable_timing=True)
             job.end = torch.cuda.Event(enable_timing=True)
-            job.keep_alive = [m for _, m in mappings]
+            job.keep_alive = [m for _, m in plan]
             stream = self._stream
             # Stores read what the model wrote; loads must not overtake writes
             # already queued to their destination blocks.
             stream.wait_stream(torch.cuda.current_stream(self._device))
             with torch.cuda.stream(stream):
                 job.start.record(stream)
-                self._run(mappings)
+                self._run(plan)
                 job.end.record(stream)
             self._jobs.append(job)
         else:
             t0 = time.perf_counter()
-            self._run(mappings)
+            self._run(plan)
             self._done.append(TransferResult(job_id, True, num_bytes, time.perf_counter() - t0))
         self._held.add(job_id)
         return True
 
-    def _run(self, mappings: list[tuple[tuple[int, int], torch.Tensor]]) -> None:
-        for (t, page), m in mappings:
-            gpu, cpu = self._views_of(t, page)
-            if self.gpu_to_cpu:
-                ops.swap_blocks(gpu, cpu, m)
-            else:
-                ops.swap_blocks(cpu, gpu, m)
+    def _run(self, plan: list[tuple[int, torch.Tensor]]) -> None:
+        for g, m in plan:
+            for gpu, cpu in self._stacks[g]:
+                if self.gpu_to_cpu:
+                    ops.swap_blocks(gpu, cpu, m)
+                else:
+                    ops.swap_blocks(cpu, gpu, m)
 
     def get_finished(self) -> list[TransferResult]:
         """Jobs finished since the last call, in submission order."""
@@ -342,7 +401,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
         self._jobs.clear()
         self._done.clear()
         self._held.clear()
-        self._views.clear()
+        self._stacks = []
         self._closed = True
 
 
@@ -383,10 +442,18 @@ class CPUOffloadingWorker(OffloadingWorker):
         gpu_tensors = [block_rows(t) for t in kv_caches.tensors]
         if pin_memory is None:
             pin_memory = gpu_tensors[0].is_cuda
-        self.cpu_tensors: list[torch.Tensor] = [
-            torch.zeros((chunks, g.shape[1] * bpc), dtype=torch.int8, pin_memory=bool(pin_memory))
-            for g in gpu_tensors
-        ]
+        # Tensors of one GPU allocation with one row geometry get one CPU
+        # buffer, in GPU memory order, so a job moves them in one call.
+        families: dict[tuple[int, int, int], list[int]] = {}
+        for t, g in enumerate(gpu_tensors):
+            families.setdefault((g.untyped_storage().data_ptr(), g.shape[1], g.stride(0)), []).append(t)
+        cpu: list[torch.Tensor | None] = [None] * len(gpu_tensors)
+        for (_, page, _), members in families.items():
+            members.sort(key=lambda t: gpu_tensors[t].storage_offset())
+            buf = torch.zeros((len(members), chunks, page * bpc), dtype=torch.int8, pin_memory=bool(pin_memory))
+            for rank, t in enumerate(members):
+                cpu[t] = buf[rank]
+        self.cpu_tensors: list[torch.Tensor] = cpu
         self.blocks_per_chunk: int = bpc
         self.num_cpu_chunks: int = chunks
 
