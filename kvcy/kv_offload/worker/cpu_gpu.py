@@ -221,10 +221,11 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
     def _make_stacks(self, group: list[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Cut a group's (tensor, page) refs into stacks one swap_blocks call can move.
 
-        Tensors with the same page and row strides that lie equally spaced in
-        one GPU storage, with their CPU tensors equally spaced in one CPU
-        storage, become one ``[L, B, 1, 1, page]`` view per side (the L axis
-        walks the tensors).
+        Tensors with the same page and row strides that lie equally spaced
+        (at least a page apart, so the stacked rows never overlap) in one GPU
+        storage, with their CPU tensors equally spaced in one CPU storage,
+        become one ``[L, B, 1, 1, page]`` view per side (the L axis walks the
+        tensors).
         """
 
         def geometry(item):
@@ -245,7 +246,7 @@ class SingleDirectionOffloadingHandler(OffloadingHandler):
                 tj, tp = items[j - 1][0], items[j][0]
                 dg = self._gpu[tp].storage_offset() - self._gpu[tj].storage_offset()
                 dc = self._cpu[tp].storage_offset() - self._cpu[tj].storage_offset()
-                if g_step is None and dg > 0 and dc > 0:
+                if g_step is None and dg >= page and dc >= page:
                     g_step, c_step = dg, dc
                 elif dg != g_step or dc != c_step:
                     break
