@@ -620,3 +620,13 @@ def test_cuda_transfers_wait_for_the_current_stream_and_report_by_event():
     row = block_rows(canon.tensors[0])[0].cpu()
     assert torch.equal(worker.cpu_tensors[0][0], row)
     assert torch.equal(row.view(torch.float16), torch.full((row.numel() // 2,), 1.5, dtype=torch.float16))
+
+
+def test_package_exposes_worker_and_canonical_names():
+    import kvcy.kv_offload as kv_offload
+
+    assert kv_offload.CanonicalKVCaches is CanonicalKVCaches
+    assert kv_offload.canonicalize_kv_caches is canonicalize_kv_caches
+    assert kv_offload.CPUOffloadingWorker is CPUOffloadingWorker
+    with pytest.raises(AttributeError):
+        kv_offload.NoSuchName  # noqa: B018
