@@ -1,4 +1,5 @@
-# cython: language_level=3
+# cython: language_level=3, embedsignature=False
+# (docstrings identical to the pure-Python twin's; inspect.signature still works)
 # distutils: language = c++
 """Compiled twin of the CPU offloading manager (see ``_offload_py.py``).
 
