@@ -8,7 +8,7 @@ PLACEHOLDER DOCSTRING (replaced by the Python twin's once it lands).
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItemWithError
+from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetDefault, PyDict_Size
 from cpython.object cimport PyObject
 from cython.operator cimport dereference as deref, preincrement as inc
 from libc.stdint cimport int64_t, uint32_t
@@ -435,7 +435,8 @@ cdef class CachePolicy:
             raise TypeError(f"{type(self).__name__}.get returned {type(got).__name__}, not a ChunkStatus")
         return <ChunkStatus>got
 
-    cdef int c_insert(self, bytes key, ChunkStatus chunk, object ctx, _Positions pos) except -1:
+    cdef int c_insert(self, bytes key, ChunkStatus chunk, object ctx, _Positions pos,
+                      bint absent=False) except -1:
         self.insert(key, chunk, ctx)
         return 0
 
@@ -580,7 +581,14 @@ cdef class LRUCachePolicy(CachePolicy):
     rank (taken at its first access), so within one request the tail goes
     before the head.  ``touch`` and a request's end give keys fresh ranks.
     """
-    cdef KvcyRankSet _order     # every resident key by (rank, key bytes)
+    # Ranks are (counter, 0) ("fresh": touch, a finished request, a key stored
+    # without position) or (request rank, -position).  A fresh rank is newer
+    # than every rank given before it, so fresh-ranked keys sit in a list in
+    # rank order, appended in O(1); only request-ranked keys need the ordered
+    # set.  Eviction merges the two (no rank is in both: each counter value is
+    # either one fresh rank or one request's rank).
+    cdef _DList _fresh          # fresh-ranked resident keys (where == 5), oldest first
+    cdef KvcyRankSet _order     # request-ranked resident keys by (rank, key bytes)
     cdef int64_t _counter
     cdef int64_t _epoch
     cdef int64_t _owner
@@ -588,6 +596,7 @@ cdef class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity):
         CachePolicy.__init__(self, cache_capacity)
         self._native = True
+        self._fresh = _DList()
         self._counter = 0
         self._epoch = 0
         self._owner = _next_owner()
@@ -597,11 +606,18 @@ cdef class LRUCachePolicy(CachePolicy):
 
     # -- rank bookkeeping (the set holds borrowed pointers: a status is in it
     #    only while _chunks holds it, and it holds its key)
-    cdef inline void _link(self, ChunkStatus st, int64_t a, int64_t b) except *:
+    cdef inline void _link_ranked(self, ChunkStatus st, int64_t a, int64_t b) except *:
         st.rank_a = a
         st.rank_b = b
         self._order.insert(kvcy_rank_entry(a, b, <PyObject *>st.key, <PyObject *>st))
         st.in_order = True
+
+    cdef inline void _link_fresh(self, ChunkStatus st) noexcept:
+        self._counter += 1
+        st.rank_a = self._counter
+        st.rank_b = 0
+        st.where = 5
+        self._fresh.append(st)
 
     cdef inline void _unlink(self, ChunkStatus st) noexcept:
         cdef KvcyRankEntry e
@@ -609,11 +625,17 @@ cdef class LRUCachePolicy(CachePolicy):
             e = kvcy_rank_entry(st.rank_a, st.rank_b, <PyObject *>st.key, <PyObject *>st)
             self._order.erase(e)
             st.in_order = False
+        elif st.where == 5:
+            self._fresh.unlink(st)
+            st.where = 0
 
     cdef inline void _refresh(self, ChunkStatus st) except *:
+        if st.where == 5 and st is self._fresh.tail:
+            self._counter += 1
+            st.rank_a = self._counter
+            return
         self._unlink(st)
-        self._counter += 1
-        self._link(st, self._counter, 0)
+        self._link_fresh(st)
 
     cdef int64_t _request_rank(self, object ctx) except -1:
         cdef _LRURequestRanks holder
@@ -631,24 +653,24 @@ cdef class LRUCachePolicy(CachePolicy):
         holder.ranks[self._owner] = (self._epoch, self._counter)
         return self._counter
 
-    cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos) except -1:
-        cdef int64_t p, a, b
-        if pos.get(key, &p):
+    cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos,
+                      bint absent=False) except -1:
+        cdef int64_t p, a = 0
+        cdef bint ranked = pos is not None and pos.get(key, &p)
+        if ranked:
             a = self._request_rank(ctx)
-            b = -p
-        else:
-            self._counter += 1
-            a = self._counter
-            b = 0
         # (nothing below calls back into Python)
-        old = self.c_get(key)
+        old = None if absent else self.c_get(key)
         if old is not None:
             self._unlink(old)
             old.owned = False
         st.key = key
         st.owned = True
         self._chunks[key] = st
-        self._link(st, a, b)
+        if ranked:
+            self._link_ranked(st, a, -p)
+        else:
+            self._link_fresh(st)
         return 0
 
     cdef int c_remove(self, bytes key) except -1:
@@ -682,7 +704,7 @@ cdef class LRUCachePolicy(CachePolicy):
             st = self.c_get(key)       # again: reading the position may run Python code
             if st is not None and (r > st.rank_a or (r == st.rank_a and -p > st.rank_b)):
                 self._unlink(st)
-                self._link(st, r, -p)
+                self._link_ranked(st, r, -p)
         return 0
 
     cdef int c_on_request_finished(self, list groups, set insertion_only, set reused,
@@ -704,21 +726,31 @@ cdef class LRUCachePolicy(CachePolicy):
 
     cdef list c_evict(self, Py_ssize_t n, set protected):
         cdef list out = []
-        cdef ChunkStatus st
+        cdef ChunkStatus st, f, r
+        cdef _Node fresh = self._fresh.head
         cdef KvcyRankSet.iterator it = self._order.begin()
         cdef KvcyRankSet.iterator end = self._order.end()
         cdef bint check = protected is not None and len(protected) > 0
         if n <= 0:
             return out
-        # The scan only reads C fields and tests bytes in a set of bytes: no
-        # Python code runs while the iterator is live.
-        while it != end:
-            st = <ChunkStatus>deref(it).status
+        # Merge the fresh list and the ranked set in rank order.  The scan only
+        # reads C fields and tests bytes in a set of bytes: no Python code runs
+        # while the iterator is live.
+        while True:
+            f = <ChunkStatus>fresh
+            r = <ChunkStatus>deref(it).status if it != end else None
+            if f is None and r is None:
+                break
+            if r is None or (f is not None and (f.rank_a < r.rank_a or (f.rank_a == r.rank_a and f.rank_b < r.rank_b))):
+                st = f
+                fresh = f.next
+            else:
+                st = r
+                inc(it)
             if st.ref_cnt == 0 and not (check and st.key in protected):
                 out.append(st)
                 if len(out) == n:
                     break
-            inc(it)
         if len(out) < n:
             return None
         for st in out:
@@ -729,6 +761,7 @@ cdef class LRUCachePolicy(CachePolicy):
 
     cdef int c_clear(self) except -1:
         self._order.clear()
+        self._fresh.clear()
         for st in self._chunks.values():
             (<ChunkStatus>st).in_order = False
             (<ChunkStatus>st).owned = False
@@ -843,10 +876,11 @@ cdef class ARCCachePolicy(CachePolicy):
             return self._b1
         return self._b2
 
-    cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos) except -1:
+    cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos,
+                      bint absent=False) except -1:
         cdef PyObject *g = PyDict_GetItemWithError(self._ghosts, key)
         cdef _Node gn
-        cdef ChunkStatus old = self.c_get(key)
+        cdef ChunkStatus old = None if absent else self.c_get(key)
         if old is not None:
             # (as an ordered dict does) a key inserted again keeps its place
             self._list_of(old).unlink(old)
@@ -1128,16 +1162,33 @@ _BUILTIN_POLICIES = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
 # =============================================================================
 # The manager
 # =============================================================================
+# What a request did with a key, as flags in its record (one dict op per key
+# instead of one per set).
+cdef enum:
+    _INSERTED = 1       # the request caused the key to be stored
+    _REUSED = 2         # it read or re-offered the key, ready, without having inserted it
+    _MISSED = 4         # the policy heard of the key as a store miss for this request
+
+cdef object _FLAG_NONE = 0
+
+
 @cython.final
 cdef class _AccessRecord:
     """What one request did with one manager, since the manager's last reset."""
     cdef int64_t generation
-    cdef dict key_groups        # group index -> keys, first seen first
-    cdef set seen
-    cdef set inserted
-    cdef set reused
-    cdef set store_missed
+    cdef dict keys              # every key seen, first seen first -> flags (_INSERTED...)
+    cdef list inserted_log      # keys inserted for the request, not yet in the flags
     cdef bint finished
+
+    cdef int fold(self) except -1:
+        """Move the logged insertions into the flags (each key is in ``keys``)."""
+        cdef PyObject *f
+        if self.inserted_log:
+            for key in self.inserted_log:
+                f = PyDict_GetItemWithError(self.keys, key)
+                self.keys[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _INSERTED
+            self.inserted_log = []
+        return 0
 
 
 @cython.final
@@ -1319,42 +1370,46 @@ cdef class CPUOffloadingManager:
             return None
         rec = _AccessRecord.__new__(_AccessRecord)
         rec.generation = self._generation_c
-        rec.key_groups = {}
-        rec.seen = set()
-        rec.inserted = set()
-        rec.reused = set()
-        rec.store_missed = set()
+        rec.keys = {}
+        rec.inserted_log = []
         holder.records[self._owner_c] = rec
         return rec
 
     cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,
-                     _Positions pos) except -1:
-        """Note keys a request loaded or offered; the policy hears of the new ones."""
-        cdef set seen = rec.seen
-        cdef dict groups = rec.key_groups
+                     _Positions pos, list statuses) except -1:
+        """Note keys a request loaded or offered; the policy hears of the new ones.
+
+        ``statuses`` (optional, parallel to ``keys``) are the keys' chunks as the
+        caller found them, ``None`` for a key that is not resident: the native
+        LRU policy then only looks at the resident ones (it ignores the others).
+        """
+        cdef dict flags = rec.keys
         cdef list new_keys = None
-        cdef PyObject *members
-        cdef set inserted
-        for key in keys:
-            if key in seen:
+        cdef PyObject *f
+        cdef Py_ssize_t i, n = len(keys)
+        cdef bint filter_resident = statuses is not None and self._pol._native
+        cdef Py_ssize_t size = PyDict_Size(flags)
+        for i in range(n):
+            key = keys[i]
+            PyDict_SetDefault(flags, key, _FLAG_NONE)
+            if PyDict_Size(flags) == size:
+                continue            # seen before
+            size += 1
+            if filter_resident and statuses[i] is None:
+                if new_keys is None:
+                    new_keys = []
                 continue
-            seen.add(key)
-            gi = _group_of(<bytes>key)
-            members = PyDict_GetItemWithError(groups, gi)
-            if members == NULL:
-                groups[gi] = [key]
-            else:
-                (<list>members).append(key)
             if new_keys is None:
                 new_keys = []
             new_keys.append(key)
         if new_keys is not None:
             self._pol.c_on_request_access(new_keys, ctx, pos)
         if reused:
-            inserted = rec.inserted
-            for key in reused:
-                if key not in inserted:
-                    rec.reused.add(key)
+            rec.fold()
+        for key in reused:
+            f = PyDict_GetItemWithError(flags, key)
+            if f != NULL and not ((<Py_ssize_t><object>f) & (_INSERTED | _REUSED)):
+                flags[key] = (<Py_ssize_t><object>f) | _REUSED
         return 0
 
     cdef int _update_tracker(self, list keys) except -1:
@@ -1448,7 +1503,7 @@ cdef class CPUOffloadingManager:
             rec = self._get_record(req_context, True)
             if rec.finished:
                 for key in ks:
-                    if key not in rec.seen:
+                    if key not in rec.keys:
                         raise AssertionError(_FINALIZED)
         ids.reserve(len(ks))
         for i in range(len(ks)):
@@ -1460,7 +1515,7 @@ cdef class CPUOffloadingManager:
             st.ref_cnt += 1
             ids.push_back(st.chunk_id)
         if rec is not None:
-            self._record(rec, ks, ks, req_context, _positions(req_context))
+            self._record(rec, ks, ks, req_context, _positions(req_context), None)
         return _chunk_spec(ids)
 
     def touch(self, keys, req_context):
@@ -1523,19 +1578,23 @@ cdef class CPUOffloadingManager:
         """
         cdef list offer = _check_keys(keys)
         cdef CachePolicy policy = self._pol
+        cdef Py_ssize_t n_offer = len(offer)
         cdef list new = []
         cdef list ready = []
-        cdef list to_record, misses, evicted_keys, evicted
-        cdef set offered, kept = None, store_missed
+        cdef list statuses = []         # per offered key: its chunk, or None
+        cdef list to_record, misses, evicted_keys, evicted, record_statuses
+        cdef set offered, kept = None
+        cdef dict flags
         cdef ChunkStatus st
         cdef Py_ssize_t n, need, i, num_fresh, threshold = self._threshold
         cdef _AccessRecord rec
         cdef _Positions pos
+        cdef PyObject *f
         cdef vector[Py_ssize_t] ids
         counts = self._counts
         _check_context(req_context)
         offered = set(offer)
-        if len(offered) != len(offer):
+        if len(offered) != n_offer:
             offered = set()
             for key in offer:
                 if key in offered:
@@ -1543,6 +1602,7 @@ cdef class CPUOffloadingManager:
                 offered.add(key)
         for key in offer:
             st = policy.c_get(key)
+            statuses.append(st)
             if st is None:
                 new.append(key)
                 if counts is not None:
@@ -1556,22 +1616,24 @@ cdef class CPUOffloadingManager:
             elif st.ref_cnt >= 0:
                 ready.append(key)
         rec = self._get_record(req_context, True)
-        if counts is None:
-            if len(new) + len(ready) == len(offer):
-                to_record = offer
-            else:
-                chosen = set(new)
-                chosen.update(ready)
-                to_record = [k for k in offer if k in chosen]
+        flags = rec.keys
+        if counts is None and len(new) + len(ready) == n_offer:
+            to_record = offer
+            record_statuses = statuses
         else:
+            # offered keys that are kept (new, past the threshold) or ready
             if kept is None:
-                kept = set()
-            chosen = set(ready)
-            chosen.update(kept)
-            to_record = [k for k in offer if k in chosen]
+                kept = set() if counts is not None else set(new)
+            to_record = []
+            record_statuses = []
+            for i in range(n_offer):
+                st = <ChunkStatus>statuses[i]
+                if (st is None and offer[i] in kept) or (st is not None and st.ref_cnt >= 0):
+                    to_record.append(offer[i])
+                    record_statuses.append(st)
         if rec.finished:
             for key in to_record:
-                if key not in rec.seen:
+                if key not in flags:
                     raise AssertionError(_FINALIZED)
         pos = _positions(req_context)
 
@@ -1582,14 +1644,22 @@ cdef class CPUOffloadingManager:
                 self._skipped += len(new) - len(kept)
                 new = [k for k in new if k in kept]
         # 2. the policy hears of each miss once per request
-        if new:
-            store_missed = rec.store_missed
-            misses = [k for k in new if k not in store_missed]
+        misses = None
+        if new and type(policy) is not LRUCachePolicy:
+            # (the native LRU policy ignores store misses: nothing to track)
+            misses = []
+            for key in new:
+                f = PyDict_GetItemWithError(flags, key)
+                if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
+                    misses.append(key)
             if misses:
                 policy.c_on_store_miss(misses, req_context)
-                store_missed.update(misses)
         # 3. the access record
-        self._record(rec, to_record, ready, req_context, pos)
+        self._record(rec, to_record, ready, req_context, pos, record_statuses)
+        if misses:
+            for key in misses:      # (every miss is in the record now)
+                f = PyDict_GetItemWithError(flags, key)
+                flags[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _MISSED
         n = len(new)
         if n == 0:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
@@ -1601,7 +1671,12 @@ cdef class CPUOffloadingManager:
         if need > 0:
             if need > self._n_evictable:
                 return None
-            evicted = policy.c_evict(need, offered)
+            # only resident, ready keys of the offer could be evicted: they are
+            # the ones to protect (new keys are not resident, pending ones not evictable)
+            if policy._native:
+                evicted = policy.c_evict(need, set(ready) if ready else None)
+            else:
+                evicted = policy.c_evict(need, offered)
             if evicted is None:
                 return None
             self._n_evictable -= need
@@ -1624,9 +1699,9 @@ cdef class CPUOffloadingManager:
             self._free.pop_back()
         for i in range(n):
             st = _new_status(ids[i])
-            policy.c_insert(<bytes>new[i], st, req_context, pos)
+            policy.c_insert(<bytes>new[i], st, req_context, pos, True)
         self._n_pending += n
-        rec.inserted.update(new)
+        rec.inserted_log.extend(new)
         return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(ids), evicted_keys=evicted_keys)
 
     def complete_store(self, keys, req_context, success=True):
@@ -1685,10 +1760,25 @@ cdef class CPUOffloadingManager:
         if rec is None or rec.finished:
             return
         rec.finished = True
+        rec.fold()
         pos = _positions(req_context)
+        by_group = {}
+        insertion_only = set()
+        reused = set()
+        for key, fl in rec.keys.items():
+            gi = _group_of(<bytes>key)
+            members = by_group.get(gi)
+            if members is None:
+                by_group[gi] = [key]
+            else:
+                (<list>members).append(key)
+            if (<Py_ssize_t>fl) & _REUSED:
+                reused.add(key)
+            elif (<Py_ssize_t>fl) & _INSERTED:
+                insertion_only.add(key)
         groups = []
-        for gi in sorted(rec.key_groups):
-            members = <list>rec.key_groups[gi]
+        for gi in sorted(by_group):
+            members = <list>by_group[gi]
             keyed = []
             all_pos = True
             for i in range(len(members)):
@@ -1701,8 +1791,7 @@ cdef class CPUOffloadingManager:
                 groups.append([members[<Py_ssize_t>t[1]] for t in keyed])
             else:
                 groups.append(list(members))
-        self._pol.c_on_request_finished(groups, rec.inserted - rec.reused, set(rec.reused),
-                                        req_context, pos)
+        self._pol.c_on_request_finished(groups, insertion_only, reused, req_context, pos)
 
     def take_events(self):
         """Yield the queued events, oldest first (a generator).
