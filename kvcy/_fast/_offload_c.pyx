@@ -878,19 +878,18 @@ cdef class ARCCachePolicy(CachePolicy):
 
     cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos,
                       bint absent=False) except -1:
-        cdef PyObject *g = PyDict_GetItemWithError(self._ghosts, key)
         cdef _Node gn
         cdef ChunkStatus old = None if absent else self.c_get(key)
         if old is not None:
-            # (as an ordered dict does) a key inserted again keeps its place
             self._list_of(old).unlink(old)
             old.where = 0
             old.owned = False
-        if g != NULL:
-            gn = <_Node>g
-            self._list_of(gn).unlink(gn)
-            gn.where = 0
-            del self._ghosts[key]
+        if self._ghosts:
+            g = self._ghosts.pop(key, None)
+            if g is not None:
+                gn = <_Node>g
+                self._list_of(gn).unlink(gn)
+                gn.where = 0
         st.key = key
         st.owned = True
         self._chunks[key] = st
@@ -1170,6 +1169,7 @@ cdef enum:
     _MISSED = 4         # the policy heard of the key as a store miss for this request
 
 cdef object _FLAG_NONE = 0
+cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
 
 
 @cython.final
@@ -1376,24 +1376,33 @@ cdef class CPUOffloadingManager:
         return rec
 
     cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,
-                     _Positions pos, list statuses) except -1:
+                     _Positions pos, list statuses, bint track_missed=False) except -1:
         """Note keys a request loaded or offered; the policy hears of the new ones.
 
         ``statuses`` (optional, parallel to ``keys``) are the keys' chunks as the
         caller found them, ``None`` for a key that is not resident: the native
         LRU policy then only looks at the resident ones (it ignores the others).
+        With ``track_missed`` the non-resident ones are this offer's store
+        misses, noted in their flags here.
         """
         cdef dict flags = rec.keys
         cdef list new_keys = None
         cdef PyObject *f
         cdef Py_ssize_t i, n = len(keys)
         cdef bint filter_resident = statuses is not None and self._pol._native
+        cdef bint missed
         cdef Py_ssize_t size = PyDict_Size(flags)
         for i in range(n):
             key = keys[i]
-            PyDict_SetDefault(flags, key, _FLAG_NONE)
+            missed = track_missed and statuses[i] is None
+            PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
             if PyDict_Size(flags) == size:
-                continue            # seen before
+                # seen before
+                if missed:
+                    f = PyDict_GetItemWithError(flags, key)
+                    if f != NULL and not ((<Py_ssize_t><object>f) & _MISSED):
+                        flags[key] = (<Py_ssize_t><object>f) | _MISSED
+                continue
             size += 1
             if filter_resident and statuses[i] is None:
                 if new_keys is None:
@@ -1654,12 +1663,8 @@ cdef class CPUOffloadingManager:
                     misses.append(key)
             if misses:
                 policy.c_on_store_miss(misses, req_context)
-        # 3. the access record
-        self._record(rec, to_record, ready, req_context, pos, record_statuses)
-        if misses:
-            for key in misses:      # (every miss is in the record now)
-                f = PyDict_GetItemWithError(flags, key)
-                flags[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _MISSED
+        # 3. the access record (and the misses, in it)
+        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None)
         n = len(new)
         if n == 0:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
