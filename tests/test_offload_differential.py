@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 CHAINS = 3
-CHAIN_LEN = 6
+CHAIN_LEN = 5
 TOKENS_PER_CHUNK = 16
 REQS = ("a", "b", "c", "d")
 
@@ -80,6 +80,14 @@ def _normal(value):
     raise TypeError(f"cannot compare a {type(value).__name__}")
 
 
+PICKS = st.lists(st.integers(0, 10**6), min_size=1, max_size=6)
+
+
+def _pick(pool: list, picks: list[int]) -> list:
+    """Keys of ``pool`` chosen by ``picks`` (indices, taken modulo the pool size)."""
+    return [pool[i % len(pool)] for i in picks]
+
+
 def _bookkeeping(manager) -> dict:
     state = offload_check_state(manager)
     state["allocation_sizes"] = list(manager.allocation_sizes_in_current_batch)
@@ -99,7 +107,7 @@ class TwinOffloadMachine(RuleBasedStateMachine):
     # -- set-up ----------------------------------------------------------------------
     @initialize(
         policy=st.sampled_from(["lru", "arc"]),
-        num_chunks=st.sampled_from([0, 1, 2, 3, 3, 4, 4, 5, 6]),
+        num_chunks=st.sampled_from([0, 1, 2, 3, 3, 4, 4, 5]),
         events=st.booleans(),
         threshold=st.sampled_from([0, 1, 1, 2, 3]),
         tracker=st.integers(1, 8),
@@ -187,11 +195,10 @@ class TwinOffloadMachine(RuleBasedStateMachine):
         if out[0] == "ok" and out[1] is not None:
             self._both("complete_store", req, out[1][1])
 
-    @rule(req=st.sampled_from(REQS), data=st.data(), success=st.integers(0, 3))
-    def complete_pending(self, req, data, success):
+    @rule(req=st.sampled_from(REQS), picks=PICKS, success=st.integers(0, 3))
+    def complete_pending(self, req, picks, success):
         pending = sorted(k for k, r in self._resident().items() if r < 0)
-        extra = self._chain_keys(data.draw(st.integers(0, CHAINS - 1)), 0, 2)
-        keys = data.draw(st.lists(st.sampled_from(pending + extra), min_size=1, max_size=6))
+        keys = _pick(pending + self._chain_keys(picks[0] % CHAINS, 0, 2), picks)
         self._both("complete_store", req, keys, success=success != 0)
 
     @rule(req=st.sampled_from(REQS), chain=st.integers(0, CHAINS - 1), upto=st.integers(1, CHAIN_LEN),
@@ -213,11 +220,10 @@ class TwinOffloadMachine(RuleBasedStateMachine):
         if complete and out[0] == "ok":
             self._both("complete_load", req, hits)
 
-    @rule(req=st.sampled_from(REQS), data=st.data(), record=st.booleans(), complete=st.integers(0, 3))
-    def load_any(self, req, data, record, complete):
+    @rule(req=st.sampled_from(REQS), picks=PICKS, record=st.booleans(), complete=st.integers(0, 3))
+    def load_any(self, req, picks, record, complete):
         """prepare_load of any resident or unknown keys (not-ready and missing keys raise)."""
-        pool = sorted(self._resident()) + self._chain_keys(data.draw(st.integers(0, CHAINS - 1)), 0, 2)
-        keys = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=5))
+        keys = _pick(sorted(self._resident()) + self._chain_keys(picks[0] % CHAINS, 0, 2), picks)
         if record:
             out = self._both("prepare_load", req, keys)
         else:
@@ -225,17 +231,18 @@ class TwinOffloadMachine(RuleBasedStateMachine):
         if complete and out[0] == "ok":
             self._both("complete_load", req, keys)
 
-    @rule(req=st.sampled_from(REQS), data=st.data())
-    def complete_load(self, req, data):
+    @rule(req=st.sampled_from(REQS), picks=PICKS)
+    def complete_load(self, req, picks):
         pinned = sorted(k for k, r in self._resident().items() for _ in range(max(r, 0)))
-        pool = pinned + self._chain_keys(0, 0, 1)
-        keys = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4))
+        keys = _pick(pinned + self._chain_keys(0, 0, 1), picks[:4])
         self._both("complete_load", req, keys)
 
-    @rule(req=st.sampled_from(REQS), chain=st.integers(0, CHAINS - 1), start=st.integers(0, CHAIN_LEN - 1),
-          length=st.integers(1, 4))
-    def touch(self, req, chain, start, length):
-        self._both("touch", req, self._chain_keys(chain, start, min(start + length, CHAIN_LEN)))
+    @rule(req=st.sampled_from(REQS), picks=PICKS)
+    def touch(self, req, picks):
+        """A touch of resident keys and others (ARC: ghost hits), in any order."""
+        universe = [k for c in range(CHAINS) for k in self._chain_keys(c, 0, CHAIN_LEN)]
+        keys = _pick(sorted(self._resident()) * 2 + universe, picks)
+        self._both("touch", req, list(dict.fromkeys(keys)))
 
     @rule(req=st.sampled_from(REQS))
     def finish(self, req):
@@ -263,12 +270,52 @@ class TwinOffloadMachine(RuleBasedStateMachine):
 
 
 TwinOffloadMachine.TestCase.settings = settings(
-    max_examples=30,
-    stateful_step_count=80,
+    max_examples=50,
+    stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_twins_agree_on_random_sequences = TwinOffloadMachine.TestCase
+
+
+def _random_step(machine: TwinOffloadMachine, rng: random.Random) -> None:
+    """One step of the machine's rules, with arguments drawn from ``rng``."""
+    req = rng.choice(REQS)
+    chain = rng.randrange(CHAINS)
+
+    def picks() -> list[int]:
+        return [rng.randrange(10**6) for _ in range(rng.randint(1, 6))]
+
+    steps = [
+        (4, lambda: machine.store(req, chain, rng.randrange(CHAIN_LEN), rng.randint(1, CHAIN_LEN),
+                                  rng.randrange(4), rng.randrange(6))),
+        (3, lambda: machine.store_prefix(req, chain, rng.randint(1, CHAIN_LEN))),
+        (3, lambda: machine.load(req, chain, rng.randint(1, CHAIN_LEN), rng.randrange(5), rng.randrange(6))),
+        (2, lambda: machine.arrive(req, rng.random() < 0.5, rng.randrange(3))),
+        (1, lambda: machine.set_positions(req, chain, rng.randint(1, CHAIN_LEN), rng.randrange(4))),
+        (2, lambda: machine.complete_pending(req, picks(), rng.randrange(4))),
+        (1, lambda: machine.load_any(req, picks(), rng.random() < 0.5, rng.randrange(4))),
+        (2, lambda: machine.complete_load(req, picks())),
+        (2, lambda: machine.touch(req, picks())),
+        (2, lambda: machine.finish(req)),
+        (1, lambda: machine.reset_cache(rng.randrange(10))),
+        (2, lambda: machine.step_end(rng.random() < 0.5)),
+    ]
+    rng.choices([f for _, f in steps], weights=[w for w, _ in steps])[0]()
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("seed", range(4))
+def test_twins_agree_on_long_random_walks(policy, seed):
+    """Longer seeded walks through the same rules (deeper states than short examples reach:
+    steady eviction, ARC ghosts and target moves, LRU request ranks raised by later requests)."""
+    rng = random.Random(seed * 7919 + (policy == "arc"))
+    machine = TwinOffloadMachine()
+    machine.setup(policy, rng.choice([2, 3, 4, 5]), rng.random() < 0.7, rng.choice([0, 1, 2, 3]),
+                  rng.randint(2, 10), rng.randint(1, 2))
+    for _ in range(600):
+        _random_step(machine, rng)
+        machine.same_bookkeeping()
 
 
 # =============================================================================
