@@ -420,6 +420,22 @@ _TAMPER_SCRIPT = textwrap.dedent(
                 attempt(p.remove, keys[0])
                 attempt(p.clear)
                 call_everything(p)
+        for name in dir(mod):             # module-level helpers, built from Python
+            helper = getattr(mod, name)
+            if isinstance(helper, type) and name.startswith("_"):
+                obj = None
+                attempt(lambda: helper())
+                try:
+                    obj = helper.__new__(helper)
+                except Exception:
+                    pass
+                if obj is not None:
+                    forged = ReqContext(req_id="forged")
+                    attempt(forged.set_state, obj)
+                    m = mod.CPUOffloadingManager(2, policy)
+                    legal_round(m, forged)
+                    tamper(obj)
+                    call_everything(obj)
         c = mod.ChunkStatus(3)
         tamper(c)
         call_everything(c)

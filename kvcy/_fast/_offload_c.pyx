@@ -570,6 +570,9 @@ cdef class _LRURequestRanks:
     """Kept on a ReqContext: LRU policy owner id -> (policy epoch, request rank)."""
     cdef dict ranks
 
+    def __cinit__(self):
+        self.ranks = {}
+
 
 @cython.final
 cdef class LRUCachePolicy(CachePolicy):
@@ -647,7 +650,7 @@ cdef class LRUCachePolicy(CachePolicy):
         else:
             holder = <_LRURequestRanks?>state
         got = holder.ranks.get(self._owner)
-        if got is not None and (<tuple>got)[0] == self._epoch:
+        if type(got) is tuple and (<tuple>got)[0] == self._epoch:
             return <int64_t>(<tuple>got)[1]
         self._counter += 1
         holder.ranks[self._owner] = (self._epoch, self._counter)
@@ -1180,6 +1183,10 @@ cdef class _AccessRecord:
     cdef list inserted_log      # keys inserted for the request, not yet in the flags
     cdef bint finished
 
+    def __cinit__(self):
+        self.keys = {}
+        self.inserted_log = []
+
     cdef int fold(self) except -1:
         """Move the logged insertions into the flags (each key is in ``keys``)."""
         cdef PyObject *f
@@ -1195,6 +1202,9 @@ cdef class _AccessRecord:
 cdef class _AccessRecords:
     """Kept on a ReqContext: manager owner id -> its _AccessRecord for the request."""
     cdef dict records
+
+    def __cinit__(self):
+        self.records = {}
 
 
 @cython.final
@@ -1364,7 +1374,7 @@ cdef class CPUOffloadingManager:
         else:
             holder = <_AccessRecords?>state
         got = holder.records.get(self._owner_c)
-        if got is not None and (<_AccessRecord>got).generation == self._generation_c:
+        if type(got) is _AccessRecord and (<_AccessRecord>got).generation == self._generation_c:
             return <_AccessRecord>got
         if not create:
             return None
