@@ -24,7 +24,7 @@ import itertools
 
 import pytest
 
-from kvcy.kv_offload.base import ReqContext, make_offload_key
+from kvcy.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
 N_KEYS = 256
 CAPACITY = 4096
@@ -110,20 +110,25 @@ def test_connector_step(benchmark, impl, policy, freeze_startup_heap):
     ctx = ReqContext(req_id="warm")
     out = manager.prepare_store(prefix, ctx)
     manager.complete_store(out.keys_to_store, ctx)
+    # Each request's keys and positions, built once: a ring long enough that a
+    # request's own 16 chunks were evicted before the ring comes back to it.
+    requests = []
+    for n in range(CAPACITY // 16 + 8):
+        keys = prefix + _keys(f"req{n}", 16)
+        requests.append((f"req{n}", keys, {k: (i + 1) * TOKENS_PER_CHUNK for i, k in enumerate(keys)}))
     serial = itertools.count()
+    hit = LookupResult.HIT
     freeze_startup_heap()
 
     def run():
         for _ in range(4):
-            n = next(serial)
-            keys = prefix + _keys(f"req{n}", 16)
-            ctx = ReqContext(req_id=f"req{n}")
-            for i, key in enumerate(keys):
-                ctx.set_offload_key_position(key, (i + 1) * TOKENS_PER_CHUNK)
+            req_id, keys, positions = requests[next(serial) % len(requests)]
+            ctx = ReqContext(req_id=req_id)
+            ctx._offload_key_positions.update(positions)  # (set_offload_key_position, per key)
             manager.on_new_request(ctx)
             hits = []
             for key in keys:
-                if manager.lookup(key, ctx).name != "HIT":
+                if manager.lookup(key, ctx) is not hit:
                     break
                 hits.append(key)
             if hits:
@@ -136,7 +141,7 @@ def test_connector_step(benchmark, impl, policy, freeze_startup_heap):
         list(manager.take_events())
 
     _run(benchmark, impl, f"offload connector step, 4 requests x 32 chunks ({policy})", run, 4 * 32)
-    assert manager.lookup(prefix[0], ReqContext(req_id="x")).name == "HIT"
+    assert manager.lookup(prefix[0], ReqContext(req_id="x")) is hit
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,6 +13,8 @@ from cpython.object cimport PyObject
 from cython.operator cimport dereference as deref, preincrement as inc
 from libc.stdint cimport int64_t, uint32_t
 from libcpp.vector cimport vector
+from libcpp.utility cimport pair
+from libcpp.algorithm cimport sort as cpp_sort
 
 cdef extern from *:
     """
@@ -384,21 +386,37 @@ def order_request_keys(key_groups, req_context):
     return [keys[i] for i in order]
 
 
+cdef list _by_position(list keys, _Positions pos):
+    """``keys`` stably sorted by position, or None when a key has none."""
+    cdef vector[pair[int64_t, Py_ssize_t]] order
+    cdef int64_t p
+    cdef Py_ssize_t i, n = len(keys)
+    cdef bint is_sorted = True
+    order.reserve(n)
+    for i in range(n):
+        if not pos.get(keys[i], &p):
+            return None
+        if i and p < order.back().first:
+            is_sorted = False
+        order.push_back(pair[int64_t, Py_ssize_t](p, i))
+    if is_sorted:
+        return list(keys)
+    cpp_sort(order.begin(), order.end())   # (position, index): a stable order
+    return [keys[order[i].second] for i in range(n)]
+
+
 cdef list _ordered(list groups, _Positions pos):
     """order_request_keys for groups of valid keys, positions read through ``pos``."""
-    cdef list keys = []
-    cdef list keyed
-    cdef int64_t p
-    cdef Py_ssize_t i
-    for group in groups:
-        keys.extend(<list>group)
-    keyed = []
-    for i in range(len(keys)):
-        if not pos.get(keys[i], &p):
-            return keys
-        keyed.append((p, i))
-    keyed.sort()
-    return [keys[<Py_ssize_t>t[1]] for t in keyed]
+    cdef list keys
+    cdef list out
+    if len(groups) == 1:
+        keys = <list>groups[0]
+    else:
+        keys = []
+        for group in groups:
+            keys.extend(<list>group)
+    out = _by_position(keys, pos)
+    return keys if out is None else out
 
 
 # =============================================================================
@@ -1794,18 +1812,8 @@ cdef class CPUOffloadingManager:
         groups = []
         for gi in sorted(by_group):
             members = <list>by_group[gi]
-            keyed = []
-            all_pos = True
-            for i in range(len(members)):
-                if not pos.get(members[i], &p):
-                    all_pos = False
-                    break
-                keyed.append((p, i))
-            if all_pos:
-                keyed.sort()
-                groups.append([members[<Py_ssize_t>t[1]] for t in keyed])
-            else:
-                groups.append(list(members))
+            ordered = _by_position(members, pos)
+            groups.append(members if ordered is None else ordered)
         self._pol.c_on_request_finished(groups, insertion_only, reused, req_context, pos)
 
     def take_events(self):
