@@ -3,7 +3,9 @@
 from collections import OrderedDict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from threading import RLock
-from typing import Any
+from typing import Any, final
+
+from typing_extensions import disjoint_base
 
 from kvcy.kv_offload.base import (
     CacheHitSource,
@@ -30,6 +32,7 @@ __all__ = [
 
 IMPLEMENTATION: str
 
+@final
 class ChunkStatus:
     @property
     def chunk_id(self) -> int: ...
@@ -43,6 +46,7 @@ def order_request_keys(
     key_groups: Sequence[Sequence[OffloadKey]], req_context: ReqContext
 ) -> list[OffloadKey]: ...
 
+@disjoint_base
 class CachePolicy:
     @property
     def cache_capacity(self) -> int: ...
@@ -67,12 +71,14 @@ class CachePolicy:
     def mark_evictable(self, key: OffloadKey) -> None: ...
     def mark_non_evictable(self, key: OffloadKey) -> None: ...
 
+@final
 class LRUCachePolicy(CachePolicy):
     @property
     def chunks(self) -> Mapping[OffloadKey, ChunkStatus]: ...
     @property
     def _ranks(self) -> dict[OffloadKey, tuple[int, int]]: ...
 
+@final
 class ARCCachePolicy(CachePolicy):
     @property
     def t1(self) -> OrderedDict[OffloadKey, ChunkStatus]: ...
@@ -85,6 +91,7 @@ class ARCCachePolicy(CachePolicy):
     @property
     def target_t1_size(self) -> float: ...
 
+@final
 class CPUOffloadingManager:
     def __init__(
         self,
