@@ -49,9 +49,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcy.request import Request, RequestStatus
-from kvcy.sim.traces import Trace, TraceRequest
+from kvcy.sim.traces import MAX_ARRIVAL_MS, Trace, TraceRequest
 
 __all__ = [
+    "MAX_BLOCK_SIZE",
+    "MAX_NUM_BLOCKS",
+    "MAX_STEP_MS",
+    "MAX_TOKEN_US",
     "ReplayConfig",
     "ReplayResult",
     "Divergence",
@@ -61,6 +65,15 @@ __all__ = [
     "replay",
     "timer_overhead_ns",
 ]
+
+#: Largest pool a replay builds (16 Mi blocks: 256 Gi tokens at block size 16).
+MAX_NUM_BLOCKS = 1 << 24
+#: Largest block size, in tokens.
+MAX_BLOCK_SIZE = 1 << 16
+#: Largest fixed simulated time per step (one hour, in ms).
+MAX_STEP_MS = 3.6e6
+#: Largest simulated time per scheduled token (one second, in µs).
+MAX_TOKEN_US = 1e6
 
 # Decision codes folded into the per-step digest.
 _LOOKUP, _ALLOC, _PREEMPT, _FINISH = 1, 2, 3, 4
@@ -100,18 +113,26 @@ class ReplayConfig:
     reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
-        if self.num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if not 2 <= self.num_blocks <= MAX_NUM_BLOCKS:
+            raise ValueError(
+                f"num_blocks must be >= 2 (block 0 is the null block) and <= {MAX_NUM_BLOCKS:,}, got {self.num_blocks}"
+            )
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be from 1 to {MAX_BLOCK_SIZE:,}, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.step_ms < 0 or self.token_us < 0:
-            raise ValueError("step_ms and token_us must be >= 0")
+        if not 0.0 <= self.step_ms <= MAX_STEP_MS:  # NaN fails too
+            raise ValueError(f"step_ms must be a number from 0 to {MAX_STEP_MS:g}, got {self.step_ms!r}")
+        if not 0.0 <= self.token_us <= MAX_TOKEN_US:
+            raise ValueError(f"token_us must be a number from 0 to {MAX_TOKEN_US:g}, got {self.token_us!r}")
 
     @property
     def pool_tokens(self) -> int:
@@ -319,7 +340,7 @@ def replay(
     impl: str = "cython",
     *,
     manager: Any = None,
-    progress: bool = False,
+    progress: bool | Any = False,
     expected_digests: list[bytes] | None = None,
     capture_step: int | None = None,
     stop_after_step: int | None = None,
@@ -332,7 +353,10 @@ def replay(
         config: pool and scheduler settings.
         impl: which twin's manager to build (``"cython"`` / ``"python"``).
         manager: use this manager instead of building one (tests).
-        progress: show a tqdm bar (one tick per finished request) on stderr.
+        progress: ``True``: show a tqdm bar on stderr; or an object with
+            tqdm's ``update(n)`` (a bar shared by several replays): it gets
+            one tick per finished request and one per rejected request, so
+            a whole replay advances it by ``len(trace)``.
         expected_digests: another run's ``step_digests``; the replay raises
             :class:`Divergence` at the first step whose decisions differ.
         capture_step: keep that step's decisions, readable, in ``captured``.
@@ -342,8 +366,15 @@ def replay(
             raw times).
 
     Raises:
+        ValueError: a request whose arrival time is not a number from 0 to
+            :data:`~kvcy.sim.traces.MAX_ARRIVAL_MS`, or that arrives before
+            the request ahead of it in the trace.
         Divergence: see ``expected_digests``.
-        RuntimeError: the loop stopped making progress (a manager bug).
+        RuntimeError: the loop stopped making progress (a manager bug): a
+            step that schedules nothing, or more steps without a finished
+            request than the oldest running request can take (it gets at
+            least one token a step and is never the one preempted unless it
+            runs alone, so it finishes within ``max_model_len`` steps).
     """
     from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 
@@ -361,6 +392,22 @@ def replay(
     request_cls = getattr(sys.modules.get(type(mgr).__module__), "Request", Request)
     res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
 
+    # Refuse times the simulated clock cannot follow (NaN never compares as
+    # arrived) before anything runs.
+    last_arrival = 0.0
+    for tr in trace:
+        a = tr.arrival_ms
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= MAX_ARRIVAL_MS:
+            raise ValueError(
+                f"request {tr.request_id!r}: arrival_ms must be a number from 0 to {MAX_ARRIVAL_MS:g}, got {a!r}"
+            )
+        if a < last_arrival:
+            raise ValueError(
+                f"request {tr.request_id!r} arrives at {a!r} ms, before the request ahead of it ({last_arrival!r} ms): "
+                "a trace is in arrival order"
+            )
+        last_arrival = a
+
     accepted: list[TraceRequest] = []
     for tr in trace:
         if tr.num_prompt_tokens + tr.num_output_tokens > max_model_len:
@@ -368,13 +415,19 @@ def replay(
         else:
             accepted.append(tr)
     res.requests = len(accepted)
-    names = {tr.index: tr.request_id for tr in trace} if capture_step is not None or expected_digests is not None else None
+    names = None
+    if capture_step is not None or expected_digests is not None:
+        names = {tr.index: tr.request_id for tr in trace}
 
-    bar = None
-    if progress:
+    bar = own_bar = None
+    if progress is True:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(accepted), unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
+        bar = own_bar = tqdm(total=len(trace), unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
+    elif progress is not False and progress is not None:
+        bar = progress
+    if bar is not None and res.rejected:
+        bar.update(res.rejected)
 
     res.timer_overhead_ns = timer_overhead
     raw_ns = 0
@@ -397,6 +450,11 @@ def replay(
     clock = 0.0
     step = 0
     calls = 0
+    # The stall guard: the oldest running request finishes within
+    # max_model_len steps (see Raises), so more steps than that without a
+    # finished request mean the loop is not getting anywhere.
+    last_finish_step = 0
+    stall_steps = max_model_len + 2
 
     gc.collect()
     wall0 = time.perf_counter()
@@ -405,7 +463,9 @@ def replay(
             while pending and pending[0].arrival_ms <= clock:
                 waiting.append(_Live(pending.popleft()))
             if not waiting and not running:
-                clock = pending[0].arrival_ms
+                clock = pending[0].arrival_ms  # idle: jump to the next arrival
+                if not pending[0].arrival_ms <= clock:  # pragma: no cover - arrivals are checked above
+                    raise RuntimeError(f"the simulated clock cannot reach the arrival of {pending[0].request_id!r}")
                 continue
 
             dec: list[int] = []
@@ -552,6 +612,12 @@ def replay(
                         bar.update(1)
             if done:
                 running = [lv for lv in running if lv.req is not None]
+                last_finish_step = step
+            elif step - last_finish_step > stall_steps:
+                raise RuntimeError(
+                    f"the scheduler made no progress: no request finished in {step - last_finish_step:,} steps "
+                    f"(step {step}, {len(running)} running, {len(waiting)} waiting, max_model_len {max_model_len:,})"
+                )
 
             raw_ns += ns
             ns -= (calls - step_calls0) * timer_overhead
@@ -569,8 +635,8 @@ def replay(
             if stop_after_step is not None and step > stop_after_step:
                 break
     finally:
-        if bar is not None:
-            bar.close()
+        if own_bar is not None:
+            own_bar.close()
 
     res.wall_s = time.perf_counter() - wall0
     if expected_digests is not None and stop_after_step is None and step != len(expected_digests):
