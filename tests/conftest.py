@@ -44,6 +44,36 @@ def impl(request) -> SimpleNamespace:
     return SimpleNamespace(name=request.param, **mods)
 
 
+def _offload_param(name: str):
+    """A pytest param for one offloading twin, skipped when it does not import here.
+
+    The compiled offloading twin is optional until "offload" joins
+    ``kvcy._fast.TWINS``; from then on it follows the rules of the other twins.
+    """
+    from kvcy.kv_offload import _twin
+
+    if name == "cython" and "offload" in _fast.TWINS:
+        return _impl_param(name)
+    marks = []
+    if name == "cython":
+        if _fast.NO_EXTENSIONS:
+            marks.append(pytest.mark.skip(reason="KVCY_NO_EXTENSIONS=1: pure-Python run"))
+        else:
+            try:
+                _twin.load("cython")
+            except ImportError:
+                marks.append(pytest.mark.skip(reason="compiled offloading twin not built"))
+    return pytest.param(name, id=name, marks=marks)
+
+
+@pytest.fixture(params=[_offload_param(n) for n in IMPLS])
+def offload_impl(request):
+    """The offloading twin module of one implementation (``.IMPLEMENTATION`` names it)."""
+    from kvcy.kv_offload import _twin
+
+    return _twin.load(request.param)
+
+
 @pytest.fixture
 def golden_dir() -> Path:
     path = shared_dir() / "golden"

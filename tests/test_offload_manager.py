@@ -1,0 +1,353 @@
+"""CPUOffloadingManager edge cases, from section 5.4-5.5 of shared/golden/README.md.
+
+Pinning during loads, write-pending chunks, the store threshold, failed stores,
+reset_cache, events and stats, and the two policies' orders; each case is
+run against every available offloading twin.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcy.kv_offload.base import LookupResult, ReqContext, make_offload_key
+from kvcy.testing.golden import offload_check_state
+
+USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
+ALLOC = "vllm:kv_offload_cpu_allocation_size"
+WRITE = "vllm:kv_offload_cpu_cache_write_usage_perc"
+READ = "vllm:kv_offload_cpu_cache_read_usage_perc"
+SKIPPED = "vllm:kv_offload_stores_skipped"
+
+
+def k(name: str, group: int = 0) -> bytes:
+    return make_offload_key(name.encode(), group)
+
+
+def ks(names: str) -> list[bytes]:
+    return [k(n) for n in names.split()]
+
+
+def stats(manager) -> dict:
+    return {name: by_label[()] for name, by_label in manager.get_stats().data["data"].items()}
+
+
+def stored(manager, names: str, ctx: ReqContext) -> list[int]:
+    """Offer, then complete, a store of every key; return the chunk ids."""
+    out = manager.prepare_store(ks(names), ctx)
+    assert out is not None
+    manager.complete_store(out.keys_to_store, ctx)
+    return out.store_spec.block_ids.tolist()
+
+
+def evict_one(manager, ctx: ReqContext, name: str) -> list[bytes] | None:
+    out = manager.prepare_store([k(name)], ctx)
+    return None if out is None else out.evicted_keys
+
+
+@pytest.fixture(params=["lru", "arc"])
+def policy(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def ctx() -> ReqContext:
+    return ReqContext(req_id="r")
+
+
+# =============================================================================
+# Pinning during loads
+# =============================================================================
+def test_a_pinned_chunk_is_not_evicted_until_its_last_load_completes(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(2, cache_policy=policy)
+    stored(m, "a b", ctx)
+    assert m.prepare_load(ks("a a"), ctx).block_ids.tolist() == [0, 0]  # pinned twice
+    assert evict_one(m, ctx, "c") == ks("b")
+    m.complete_store(ks("c"), ctx)
+    m.prepare_load(ks("c"), ctx)
+    assert m.prepare_store(ks("d"), ctx) is None  # a and c pinned
+    m.complete_load(ks("a"), ctx)
+    assert m.prepare_store(ks("d"), ctx) is None  # a still pinned once
+    m.complete_load(ks("a"), ctx)
+    assert evict_one(m, ctx, "d") == ks("a")
+    assert m.lookup(k("c"), ctx) is LookupResult.HIT
+
+
+def test_a_refused_store_still_counts_its_allocation_size(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(1, cache_policy=policy)
+    stored(m, "a", ctx)
+    m.prepare_load(ks("a"), ctx)
+    stats(m)
+    assert m.prepare_store(ks("b c"), ctx) is None
+    got = stats(m)
+    assert got[ALLOC] == [2]
+    assert got[USAGE] == pytest.approx(1.0) and got[READ] == pytest.approx(1.0) and got[WRITE] == 0.0
+
+
+def test_the_offer_itself_is_never_evicted(offload_impl, policy, ctx):
+    """Readable keys of the offer are kept even when they are the only candidates."""
+    m = offload_impl.CPUOffloadingManager(2, cache_policy=policy)
+    stored(m, "a b", ctx)
+    assert m.prepare_store(ks("a b c"), ctx) is None
+    out = m.prepare_store(ks("b c"), ctx)
+    assert out.keys_to_store == ks("c") and out.evicted_keys == ks("a")
+    state = offload_check_state(m)
+    assert (state["num_evictable"], state["num_write_pending"]) == (1, 1)  # b; c
+
+
+# =============================================================================
+# Write-pending chunks
+# =============================================================================
+def test_write_pending_chunks_are_not_read_stored_again_or_evicted(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(2, cache_policy=policy)
+    out = m.prepare_store(ks("a"), ctx)
+    assert out.keys_to_store == ks("a") and out.store_spec.block_ids.tolist() == [0]
+    assert m.lookup(k("a"), ctx) is LookupResult.HIT_PENDING
+    with pytest.raises(AssertionError, match="is not ready for reading"):
+        m.prepare_load(ks("a"), ctx)
+    again = m.prepare_store(ks("a"), ctx)  # in flight: neither stored again nor allocated
+    assert again.keys_to_store == [] and again.evicted_keys == []
+    stored(m, "b", ctx)
+    assert m.prepare_store(ks("c d"), ctx) is None  # only b is evictable
+    state = offload_check_state(m)
+    assert state["num_write_pending"] == 1 and state["num_evictable"] == 1
+    m.complete_store(ks("a"), ctx)
+    assert m.lookup(k("a"), ctx) is LookupResult.HIT
+    assert m.prepare_store(ks("c d"), ctx).evicted_keys != []
+
+
+# =============================================================================
+# Store threshold and the offer tracker
+# =============================================================================
+def test_a_new_key_is_stored_on_its_threshold_th_offer(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy=policy, store_threshold=3)
+    assert stats(m)[SKIPPED] == 0
+    for _ in range(2):
+        out = m.prepare_store(ks("a b"), ctx)
+        assert out.keys_to_store == []
+    assert stats(m)[SKIPPED] == 4
+    out = m.prepare_store(ks("a b"), ctx)
+    assert out.keys_to_store == ks("a b")
+    assert stats(m)[SKIPPED] == 0
+    assert offload_check_state(m)["tracker"] == [[k("a").hex(), 3], [k("b").hex(), 3]]
+
+
+def test_stored_keys_bypass_the_threshold_but_are_counted(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(4, store_threshold=2)
+    m.prepare_store(ks("a"), ctx)
+    stored(m, "a", ctx)
+    out = m.prepare_store(ks("a"), ctx)
+    assert out.keys_to_store == [] and m.lookup(k("a"), ctx) is LookupResult.HIT
+    assert m.counts[k("a")] == 3
+
+
+def test_a_full_tracker_drops_its_oldest_key_outside_the_offer(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(4, store_threshold=2, max_tracker_size=2)
+    m.prepare_store(ks("a"), ctx)
+    m.prepare_store(ks("b"), ctx)
+    m.prepare_store(ks("c"), ctx)  # a is dropped
+    assert list(m.counts) == ks("b c")
+    # b and c are offered again (protected); d finds the tracker full of them.
+    m.prepare_store(ks("b c d"), ctx)
+    assert dict(m.counts) == {k("b"): 2, k("c"): 2}
+    m.prepare_store(ks("d"), ctx)  # b is the oldest outside this offer
+    assert list(m.counts) == ks("c d")
+
+
+def test_readable_keys_of_an_offer_stay_protected_under_the_threshold(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(1, store_threshold=2)
+    m.prepare_store(ks("x"), ctx)
+    m.prepare_store(ks("x"), ctx)
+    m.complete_store(ks("x"), ctx)
+    m.prepare_store(ks("y"), ctx)
+    # y reaches the threshold and needs x's chunk; x is in the offer, so no room.
+    assert m.prepare_store(ks("x y"), ctx) is None
+    assert m.prepare_store(ks("y"), ctx).evicted_keys == ks("x")
+
+
+# =============================================================================
+# Failed stores
+# =============================================================================
+def test_a_failed_store_frees_its_chunk_for_reuse(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(3, cache_policy=policy, enable_events=True)
+    m.prepare_store(ks("a b c"), ctx)
+    m.complete_store(ks("b a"), ctx, success=False)  # freed in call order: 1, then 0
+    m.complete_store(ks("c"), ctx)
+    state = offload_check_state(m)
+    assert state["free_list"] == [1, 0] and state["num_write_pending"] == 0
+    assert m.lookup(k("a"), ctx) is LookupResult.MISS
+    out = m.prepare_store(ks("d e"), ctx)
+    assert out.store_spec.block_ids.tolist() == [0, 1]  # last freed first
+    events = list(m.take_events())
+    assert [(e.keys, e.removed, e.metadata_only) for e in events] == [
+        (ks("b a"), True, True),
+        (ks("c"), False, False),
+    ]
+
+
+def test_a_failed_store_event_keeps_only_keys_still_missing_at_drain(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy=policy, enable_events=True)
+    m.prepare_store(ks("a b"), ctx)
+    m.complete_store(ks("a b"), ctx, success=False)
+    stored(m, "a", ctx)  # a is stored after all, before the drain
+    events = list(m.take_events())
+    assert [(e.keys, e.removed, e.metadata_only) for e in events] == [
+        (ks("b"), True, True),
+        (ks("a"), False, False),
+    ]
+    m.prepare_store(ks("c"), ctx)
+    m.complete_store(ks("c"), ctx, success=False)
+    stored(m, "c", ctx)
+    assert [(e.keys, e.removed) for e in m.take_events()] == [(ks("c"), False)]
+
+
+def test_arc_keeps_no_ghost_of_a_failed_store(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc")
+    m.prepare_store(ks("a"), ctx)
+    m.complete_store(ks("a"), ctx, success=False)
+    assert offload_check_state(m)["arc"] == {"t1": [], "t2": [], "b1": [], "b2": [], "target_t1_size": 0.0}
+
+
+# =============================================================================
+# reset_cache
+# =============================================================================
+def test_reset_cache_restarts_chunk_ids_and_keeps_events_tracker_and_stats(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy=policy, enable_events=True, store_threshold=2)
+    m.prepare_store(ks("a b"), ctx)
+    m.prepare_store(ks("a b"), ctx)
+    m.complete_store(ks("a"), ctx)
+    m.prepare_load(ks("a"), ctx)
+    m.reset_cache()
+    state = offload_check_state(m)
+    assert state["resident"] == [] and state["free_list"] == [] and state["num_allocated_chunks"] == 0
+    assert state["num_evictable"] == 0 and state["num_write_pending"] == 0
+    assert state["tracker"] == [[k("a").hex(), 2], [k("b").hex(), 2]]
+    assert m.lookup(k("a"), ctx) is LookupResult.MISS
+    # In-flight work from before the reset is forgotten: completing it is ignored.
+    m.complete_store(ks("b"), ctx)
+    with pytest.raises(AssertionError, match="not found"):
+        m.complete_load(ks("a"), ctx)
+    assert [(e.keys, e.removed) for e in m.take_events()] == [(ks("a"), False)]
+    assert stats(m)[ALLOC] == [2]
+    out = m.prepare_store(ks("c d"), ReqContext(req_id="s"))
+    assert out.keys_to_store == [] and m.counts[k("c")] == 1  # new keys: counted once
+    out = m.prepare_store(ks("a"), ReqContext(req_id="s"))
+    assert out.store_spec.block_ids.tolist() == [0]
+
+
+def test_reset_cache_abandons_finished_requests_records(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy=policy)
+    stored(m, "a", ctx)
+    m.on_request_finished(ctx)
+    with pytest.raises(AssertionError, match="finalization"):
+        m.prepare_store(ks("b"), ctx)
+    m.reset_cache()
+    assert m.prepare_store(ks("b"), ctx).keys_to_store == ks("b")
+
+
+# =============================================================================
+# Events and stats
+# =============================================================================
+def test_take_events_is_a_generator_that_detaches_the_queue_when_started(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(4, enable_events=True)
+    m.prepare_store(ks("a"), ctx)
+    pending = m.take_events()
+    m.complete_store(ks("a"), ctx)  # queued before iteration starts: included
+    first = next(pending)
+    assert first.keys == ks("a") and not first.removed
+    stored(m, "b", ctx)  # queued after the queue was taken: for the next call
+    assert list(pending) == []
+    assert [e.keys for e in m.take_events()] == [ks("b")]
+    assert list(m.take_events()) == []
+
+
+def test_events_disabled_yield_nothing(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(1)
+    stored(m, "a", ctx)
+    evict_one(m, ctx, "b")
+    assert list(m.take_events()) == []
+
+
+def test_stats_report_and_clear(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(4)
+    assert stats(m) == {USAGE: 0.0, WRITE: 0.0, READ: 0.0}  # no histogram, no skipped counter
+    stored(m, "a b", ctx)
+    m.prepare_store(ks("c"), ctx)
+    m.prepare_load(ks("a"), ctx)
+    got = stats(m)
+    assert got[ALLOC] == [2, 1]
+    assert got[USAGE] == pytest.approx(0.5) and got[WRITE] == pytest.approx(0.25)
+    assert got[READ] == pytest.approx(0.25)
+    assert ALLOC not in stats(m)
+
+
+def test_capacity_zero_stores_nothing(offload_impl, policy, ctx):
+    m = offload_impl.CPUOffloadingManager(0, cache_policy=policy, enable_events=True)
+    assert m.prepare_store(ks("a"), ctx) is None
+    assert m.lookup(k("a"), ctx) is LookupResult.MISS
+    assert stats(m) == {USAGE: 0.0, ALLOC: [1], WRITE: 0.0, READ: 0.0}
+    assert list(m.take_events()) == []
+
+
+# =============================================================================
+# Policy order
+# =============================================================================
+def test_lru_evicts_a_requests_tail_before_its_head(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(3)
+    for i, name in enumerate("abc"):
+        ctx.set_offload_key_position(k(name), 16 * (i + 1))
+    stored(m, "a b c", ctx)
+    other = ReqContext(req_id="o")
+    assert evict_one(m, other, "x") == ks("c")
+    m.complete_store(ks("x"), other)
+    assert evict_one(m, other, "y") == ks("b")
+
+
+def test_lru_touch_makes_the_first_key_most_recent(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(3)
+    stored(m, "a b c", ctx)  # no positions: fresh ranks in order
+    m.touch(ks("a c"), ctx)
+    assert offload_check_state(m)["lru_order"] == [1, 2, 0]  # b, then c, then a
+
+
+def test_lru_finish_ranks_the_head_most_recent(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(3)
+    for i, name in enumerate("abc"):
+        ctx.set_offload_key_position(k(name), 16 * (i + 1))
+    stored(m, "a b c", ctx)
+    m.touch(ks("c b a"), ctx)  # a oldest of the three now
+    assert offload_check_state(m)["lru_order"] == [0, 1, 2]
+    m.on_request_finished(ctx)
+    assert offload_check_state(m)["lru_order"] == [2, 1, 0]
+    m.on_request_finished(ctx)  # a second finish is a no-op
+    assert offload_check_state(m)["lru_order"] == [2, 1, 0]
+
+
+def test_pin_only_reads_do_not_record_the_request(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(2)
+    writer = ReqContext(req_id="w")
+    stored(m, "a b", writer)
+    m._prepare_load(ks("b"), ctx, record_access=False)
+    m.complete_load(ks("b"), ctx)
+    before = offload_check_state(m)["lru_order"]
+    m.on_request_finished(ctx)  # ctx has no record: nothing happens
+    assert offload_check_state(m)["lru_order"] == before
+    assert m.prepare_load(ks("a"), ctx).block_ids.tolist() == [0]  # not finalized
+
+
+def test_arc_touch_promotes_ready_keys_and_keeps_pending_ones_in_t1(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy="arc")
+    stored(m, "a b", ctx)
+    m.prepare_store(ks("c"), ctx)
+    m.touch(ks("c a"), ctx)
+    arc = offload_check_state(m)["arc"]
+    assert arc["t1"] == [1, 2] and arc["t2"] == [0]
+
+
+def test_arc_ghost_hits_move_the_target(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc")
+    stored(m, "a b", ctx)
+    other = ReqContext(req_id="o")
+    assert evict_one(m, other, "c") == ks("a")
+    assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()]
+    m.prepare_store(ks("a"), ReqContext(req_id="p"))  # a store miss on a ghost of t1
+    assert offload_check_state(m)["arc"]["target_t1_size"] == 1.0
