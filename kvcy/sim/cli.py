@@ -123,6 +123,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     sched.add_argument("--token-us", metavar="US", type=float_arg(0.0, MAX_TOKEN_US), default=12.5,
                        help="simulated time per scheduled token (default 12.5 µs)")
 
+    off = p.add_argument_group("CPU offloading (a CPU tier behind the GPU pool, as vLLM's offloading connector)")
+    off.add_argument("--cpu-offload", metavar="SIZE|Nx",
+                     help="add a CPU tier of this size: a memory size (e.g. 64GiB, turned into blocks with the "
+                     "model shape above) or a multiple of the GPU pool (e.g. 8x)")
+    off.add_argument("--offload-policy", choices=["lru", "arc"], default="lru",
+                     help="the CPU tier's eviction policy (default lru)")
+    off.add_argument("--offload-sweep", type=_fractions, default=[1.0, 2.0, 4.0, 8.0, 16.0], metavar="F,F,...",
+                     help="CPU-tier sizes of the --plot offloading panel, as multiples of the GPU pool, each run "
+                     "with lru and with arc (default 1,2,4,8,16)")
+
     out = p.add_argument_group("implementation and output")
     out.add_argument("--impl", choices=["cython", "python", "both"],
                      help="manager implementation (default: the live one); 'both' runs each and checks "
@@ -151,22 +161,27 @@ def _load_trace(args: argparse.Namespace) -> Trace:
     return read_mooncake(spec, limit=args.limit)
 
 
-def _num_blocks(args: argparse.Namespace) -> int:
-    if args.num_blocks is not None:
-        return args.num_blocks
-    if args.kv_memory is None:
-        return DEFAULT_NUM_BLOCKS
+def _bytes_per_block(args: argparse.Namespace) -> tuple[int, int]:
+    """Bytes of one block over all layers of the model shape, and of one layer's page."""
     from kvcy.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(
         block_size=args.block_size, num_kv_heads=args.num_kv_heads, head_size=args.head_size, dtype=args.dtype
     )
-    per_block = spec.page_size_bytes * args.num_layers
+    return spec.page_size_bytes * args.num_layers, spec.page_size_bytes
+
+
+def _num_blocks(args: argparse.Namespace) -> int:
+    if args.num_blocks is not None:
+        return args.num_blocks
+    if args.kv_memory is None:
+        return DEFAULT_NUM_BLOCKS
+    per_block, page = _bytes_per_block(args)
     n = args.kv_memory // per_block
     if n < 2:
         raise ValueError(
             f"--kv-memory {args.kv_memory:,} bytes holds {n} block(s) of {per_block:,} bytes "
-            f"({args.num_layers} layers x {spec.page_size_bytes:,}); need at least 2 (block 0 is the null block)"
+            f"({args.num_layers} layers x {page:,}); need at least 2 (block 0 is the null block)"
         )
     if n > MAX_NUM_BLOCKS:
         raise ValueError(
@@ -252,8 +267,18 @@ def _run(args: argparse.Namespace) -> int:
     trace = _load_trace(args)
     if not len(trace):
         raise ValueError("the trace has no requests")
+    num_blocks = _num_blocks(args)
+    cpu_blocks = 0
+    bytes_per_block = None
+    if args.cpu_offload is not None:
+        from kvcy.sim.offload import cpu_blocks_from_spec
+
+        bytes_per_block = _bytes_per_block(args)[0]
+        cpu_blocks = cpu_blocks_from_spec(args.cpu_offload, num_blocks - 1, bytes_per_block)
+        if args.no_prefix_caching:
+            raise ValueError("--cpu-offload needs prefix caching (its keys are block hashes): drop --no-prefix-caching")
     config = ReplayConfig(
-        num_blocks=_num_blocks(args),
+        num_blocks=num_blocks,
         block_size=args.block_size,
         hash_algo=args.hash,
         max_num_seqs=args.max_num_seqs,
@@ -263,13 +288,17 @@ def _run(args: argparse.Namespace) -> int:
         token_us=args.token_us,
         enable_caching=not args.no_prefix_caching,
         reserve_full_isl=not args.no_reserve_full_isl,
+        cpu_offload_blocks=cpu_blocks,
+        offload_policy=args.offload_policy,
     )
     # Every run (each implementation, then the --plot sweep) is built before
     # the first starts, so that a bad sweep size fails in a second, not after
     # the main replay; one progress bar covers them all.
     sweep_configs: list[ReplayConfig] = []
     if plot_path is not None:
-        sizes = {config.num_blocks}
+        # With a CPU tier the run's own GPU hit rate is not a GPU-only one:
+        # the sweep then replays the run's pool size without the tier too.
+        sizes = set() if cpu_blocks else {config.num_blocks}
         for f in args.sweep:
             n = max(2, int(round(config.num_blocks * f)))
             if n > MAX_NUM_BLOCKS:
@@ -278,7 +307,15 @@ def _run(args: argparse.Namespace) -> int:
                 )
             if n not in sizes:
                 sizes.add(n)
-                sweep_configs.append(ReplayConfig(**{**config.__dict__, "num_blocks": n}))
+                # the GPU sweep is GPU-only: hit rate against the GPU pool's size
+                sweep_configs.append(ReplayConfig(**{**config.__dict__, "num_blocks": n, "cpu_offload_blocks": 0}))
+        if cpu_blocks:
+            # total hit rate against the CPU tier's size, for both policies
+            for policy in ("lru", "arc"):
+                for f in sorted(set(args.offload_sweep)):
+                    n = max(1, int(round((config.num_blocks - 1) * f)))
+                    sweep_configs.append(ReplayConfig(**{**config.__dict__, "cpu_offload_blocks": n,
+                                                         "offload_policy": policy}))
     runs = [(impl, config) for impl in impls] + [(impls[0], cfg) for cfg in sweep_configs]
     bar = _progress_bar(not args.no_progress and sys.stderr.isatty(), total=len(trace) * len(runs))
     progress = bar if bar is not None else False
@@ -286,10 +323,12 @@ def _run(args: argparse.Namespace) -> int:
     def describe(k: int, impl: str, cfg: ReplayConfig) -> None:
         if bar is not None:
             what = "sweep" if k > len(impls) else "replay"
-            bar.set_description(f"{what} {k}/{len(runs)} [{impl}, {cfg.num_blocks:,} blocks]")
+            cpu = f" + {cfg.cpu_offload_blocks:,} CPU {cfg.offload_policy}" if cfg.cpu_offload_blocks else ""
+            bar.set_description(f"{what} {k}/{len(runs)} [{impl}, {cfg.num_blocks:,} blocks{cpu}]")
 
     results: list[ReplayResult] = []
     sweep = []
+    offload_sweep = []
     try:
         timer_overhead = timer_overhead_ns()  # once, the same for every implementation
         for k, (impl, cfg) in enumerate(runs[: len(impls)], 1):
@@ -303,11 +342,15 @@ def _run(args: argparse.Namespace) -> int:
                     bar.close()
                 print(_divergence_message(trace, config, results[0].impl, err), file=sys.stderr)
                 return 1
-        sweep.append((config.num_blocks, results[0].hit_rate, results[0].rejected))
+        if not cpu_blocks:
+            sweep.append((config.num_blocks, results[0].hit_rate, results[0].rejected))
         for k, (impl, cfg) in enumerate(runs[len(impls):], len(impls) + 1):
             describe(k, impl, cfg)
             r = replay(trace, cfg, impl, progress=progress, timer_overhead=timer_overhead)
-            sweep.append((cfg.num_blocks, r.hit_rate, r.rejected))
+            if cfg.cpu_offload_blocks:
+                offload_sweep.append((cfg.offload_policy, cfg.cpu_offload_blocks, r.total_hit_rate, r.hit_rate))
+            else:
+                sweep.append((cfg.num_blocks, r.hit_rate, r.rejected))
     finally:
         if bar is not None:
             bar.close()
@@ -318,11 +361,12 @@ def _run(args: argparse.Namespace) -> int:
             print("DECISIONS DIFFER between implementations", file=sys.stderr)
             return 1
 
-    rep = build_report(trace, results, identical)
+    rep = build_report(trace, results, identical, bytes_per_block=bytes_per_block)
     if plot_path is not None:
         from kvcy.sim.plot import plot_replay
         from kvcy.sim.traces import hit_rate_upper_bound
 
+        gpu_only_rate = next((h for n, h, _ in sweep if n == config.num_blocks), None)
         plot_replay(
             plot_path,
             [(n, h) for n, h, _ in sweep],
@@ -331,10 +375,18 @@ def _run(args: argparse.Namespace) -> int:
             chosen_blocks=config.num_blocks,
             upper_bound=hit_rate_upper_bound(trace, config.block_size),
             title=f"kvcy replay: {trace.name}, {len(trace):,} requests, block size {config.block_size}",
+            offload_sweep=[(p, n, t) for p, n, t, _ in offload_sweep] if cpu_blocks else None,
+            chosen_cpu_blocks=cpu_blocks or None,
+            gpu_only_rate=gpu_only_rate,
         )
         rep["plot"] = {"path": str(plot_path), "sweep": [
             {"num_blocks": n, "hit_rate": h, "rejected": rej} for n, h, rej in sorted(sweep)
         ]}
+        if cpu_blocks:
+            rep["plot"]["offload_sweep"] = [
+                {"policy": p, "cpu_blocks": n, "total_hit_rate": t, "gpu_hit_rate": g}
+                for p, n, t, g in offload_sweep
+            ]
 
     if args.json:
         print(json.dumps(rep, indent=2, allow_nan=False))

@@ -24,6 +24,16 @@ prefill, recompute preemption), synchronously and without a model:
    simulated milliseconds; an idle engine jumps to the next arrival.  Only the
    interleaving of arrivals and steps depends on this model, and it never reads
    the wall clock, so a replay is deterministic.
+6. **CPU tier** (``ReplayConfig.cpu_offload_blocks``): admission looks the
+   blocks after the GPU hit up in a ``CPUOffloadingManager`` and loads the hit
+   (``num_external_computed_tokens``); every step offers the new prompt blocks
+   for storing; see :mod:`kvcy.sim.offload`.  Its calls are timed apart
+   (``offload_ns``).
+
+No input makes the loop spin: arrival times are checked before it starts
+(finite, in order), an idle engine must reach the next arrival, a step must
+schedule something, and more steps than ``max_model_len`` without a finished
+request stop it (the oldest running request gets a token every step).
 
 Manager CPU time is ``time.perf_counter_ns()`` around the manager calls only
 (``get_computed_blocks``, ``allocate_slots``, ``free``), summed per step, less
@@ -53,6 +63,7 @@ from kvcy.sim.traces import MAX_ARRIVAL_MS, Trace, TraceRequest
 
 __all__ = [
     "MAX_BLOCK_SIZE",
+    "MAX_CPU_OFFLOAD_BLOCKS",
     "MAX_NUM_BLOCKS",
     "MAX_STEP_MS",
     "MAX_TOKEN_US",
@@ -68,6 +79,8 @@ __all__ = [
 
 #: Largest pool a replay builds (16 Mi blocks: 256 Gi tokens at block size 16).
 MAX_NUM_BLOCKS = 1 << 24
+#: Largest CPU tier, in blocks.
+MAX_CPU_OFFLOAD_BLOCKS = 1 << 28
 #: Largest block size, in tokens.
 MAX_BLOCK_SIZE = 1 << 16
 #: Largest fixed simulated time per step (one hour, in ms).
@@ -99,6 +112,9 @@ class ReplayConfig:
             (``allocate_slots(..., full_sequence_must_fit=True)``), vLLM 0.33's
             default (``scheduler_reserve_full_isl``); off: only the first chunk
             has to fit.
+        cpu_offload_blocks: blocks of a CPU tier behind the GPU pool (a
+            ``CPUOffloadingManager``, see :mod:`kvcy.sim.offload`); 0: none.
+        offload_policy: the CPU tier's cache policy, ``"lru"`` or ``"arc"``.
     """
 
     num_blocks: int
@@ -111,9 +127,11 @@ class ReplayConfig:
     token_us: float = 12.5
     enable_caching: bool = True
     reserve_full_isl: bool = True
+    cpu_offload_blocks: int = 0
+    offload_policy: str = "lru"
 
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "cpu_offload_blocks"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -129,6 +147,14 @@ class ReplayConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not 0 <= self.cpu_offload_blocks <= MAX_CPU_OFFLOAD_BLOCKS:
+            raise ValueError(
+                f"cpu_offload_blocks must be from 0 to {MAX_CPU_OFFLOAD_BLOCKS:,}, got {self.cpu_offload_blocks}"
+            )
+        if self.offload_policy not in ("lru", "arc"):
+            raise ValueError(f"offload_policy must be 'lru' or 'arc', got {self.offload_policy!r}")
+        if self.cpu_offload_blocks and not self.enable_caching:
+            raise ValueError("a CPU tier needs prefix caching (its keys are the block hashes)")
         if not 0.0 <= self.step_ms <= MAX_STEP_MS:  # NaN fails too
             raise ValueError(f"step_ms must be a number from 0 to {MAX_STEP_MS:g}, got {self.step_ms!r}")
         if not 0.0 <= self.token_us <= MAX_TOKEN_US:
@@ -183,10 +209,28 @@ class ReplayResult:
     free_blocks_at_end: int = 0
     manager_prefix_cache_stats: dict[str, int] | None = None
     captured: list[str] | None = None
+    # The CPU tier (with config.cpu_offload_blocks); tokens as hit_tokens.
+    offload_impl: str | None = None
+    cpu_hit_tokens: int = 0
+    recompute_cpu_hit_tokens: int = 0
+    cpu_blocks_loaded: int = 0
+    cpu_blocks_stored: int = 0
+    cpu_evictions: int = 0
+    cpu_stores_refused: int = 0
+    offload_calls: int = 0
+    offload_ns: int = 0
+    offload_ns_raw: int = 0
+    offload_step_ns: array = field(default_factory=lambda: array("q"))
 
     @property
     def hit_rate(self) -> float:
+        """GPU prefix-cache hits over prompt tokens (first admissions)."""
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def total_hit_rate(self) -> float:
+        """GPU and CPU-tier hits over prompt tokens (first admissions)."""
+        return (self.hit_tokens + self.cpu_hit_tokens) / self.query_tokens if self.query_tokens else 0.0
 
     @property
     def decisions_digest(self) -> str:
@@ -270,14 +314,15 @@ def build_manager(impl: str, config: ReplayConfig, max_model_len: int) -> Any:
 
 
 class _Live:
-    """Scheduler-side state of one request."""
+    """Scheduler-side state of one request (``off``: its CPU-tier state)."""
 
-    __slots__ = ("trace", "req", "outputs")
+    __slots__ = ("trace", "req", "outputs", "off")
 
     def __init__(self, trace: TraceRequest) -> None:
         self.trace = trace
         self.req: Request | None = None
         self.outputs: list[int] = []
+        self.off: Any = None
 
 
 def _put_ids(dec: list[int], block_ids: Any) -> None:
@@ -440,6 +485,15 @@ def replay(
     max_seqs = config.max_num_seqs
     step_ms, token_ms = config.step_ms, config.token_us / 1000.0
     reserve_full_isl = config.reserve_full_isl
+    tier = None
+    if config.cpu_offload_blocks:
+        from kvcy.sim.offload import CPUTier
+
+        tier = CPUTier(impl, config.cpu_offload_blocks, config.offload_policy, config.block_size)
+        res.offload_impl = tier.impl
+    off_step_ns = res.offload_step_ns
+    off_raw_ns = 0
+    off_calls = 0
 
     pending = deque(accepted)
     waiting: deque[_Live] = deque()
@@ -470,6 +524,8 @@ def replay(
 
             dec: list[int] = []
             ns = 0
+            off_ns = 0
+            off_calls0 = off_calls
             step_calls0 = calls
             budget = budget_per_step
             scheduled: list[tuple[_Live, int]] = []
@@ -535,27 +591,63 @@ def replay(
                         )
                         live.req = req
                         live.outputs = tr.output_token_ids()
+                        if tier is not None:
+                            t0 = perf()
+                            live.off = tier.state(tr.request_id, tr.num_prompt_tokens, tr.index)
+                            off_ns += perf() - t0
+                            off_calls += 1
                     t0 = perf()
                     blocks, hit, _boundary = get_computed_blocks(req)
                     ns += perf() - t0
                     calls += 1
-                    n = req.num_tokens - hit
-                    if n > budget:
-                        n = budget
-                    t0 = perf()
-                    new = allocate_slots(
-                        req,
-                        n,
-                        num_new_computed_tokens=hit,
-                        new_computed_blocks=blocks,
-                        num_lookahead_tokens=0,
-                        full_sequence_must_fit=reserve_full_isl,
-                        has_scheduled_reqs=bool(running),
-                    )
-                    ns += perf() - t0
-                    calls += 1
                     dec += (_LOOKUP, live.trace.index, hit)
                     _put_ids(dec, blocks.get_block_ids())
+                    if tier is None:
+                        ext = 0
+                        n = req.num_tokens - hit
+                        if n > budget:
+                            n = budget
+                        t0 = perf()
+                        new = allocate_slots(
+                            req,
+                            n,
+                            num_new_computed_tokens=hit,
+                            new_computed_blocks=blocks,
+                            num_lookahead_tokens=0,
+                            full_sequence_must_fit=reserve_full_isl,
+                            has_scheduled_reqs=bool(running),
+                        )
+                        ns += perf() - t0
+                        calls += 1
+                    else:
+                        t0 = perf()
+                        ext, cpu_keys = tier.lookup(live.off, req, hit, dec)
+                        off_ns += perf() - t0
+                        off_calls += 1
+                        n = req.num_tokens - hit - ext
+                        if n > budget:
+                            n = budget
+                        t0 = perf()
+                        new = allocate_slots(
+                            req,
+                            n,
+                            num_new_computed_tokens=hit,
+                            new_computed_blocks=blocks,
+                            num_lookahead_tokens=0,
+                            num_external_computed_tokens=ext,
+                            full_sequence_must_fit=reserve_full_isl,
+                            has_scheduled_reqs=bool(running),
+                        )
+                        ns += perf() - t0
+                        calls += 1
+                        if new is not None:
+                            t0 = perf()
+                            if ext:
+                                tier.load(live.off, cpu_keys, hit + ext, dec)
+                            else:
+                                tier.admitted(live.off)
+                            off_ns += perf() - t0
+                            off_calls += 1
                     dec += (_ALLOC, live.trace.index, n)
                     _put_ids(dec, None if new is None else new.get_block_ids())
                     if new is None:
@@ -563,13 +655,15 @@ def replay(
                     waiting.popleft()
                     running.append(live)
                     req.status = RUNNING
-                    req.num_computed_tokens = hit
+                    req.num_computed_tokens = hit + ext
                     if req.num_preemptions:
                         res.recompute_query_tokens += req.num_tokens
                         res.recompute_hit_tokens += hit
+                        res.recompute_cpu_hit_tokens += ext
                     else:
                         res.query_tokens += req.num_tokens
                         res.hit_tokens += hit
+                        res.cpu_hit_tokens += ext
                     scheduled.append((live, n))
                     budget -= n
 
@@ -582,6 +676,17 @@ def replay(
             usage_sum += usage
             if usage > res.peak_usage:
                 res.peak_usage = usage
+
+            # The connector's store offers (build_connector_meta): this step's
+            # blocks, then the ends of the requests that finished last step.
+            if tier is not None:
+                t0 = perf()
+                offer = tier.offer
+                for live, n in scheduled:
+                    offer(live.off, live.req.num_computed_tokens + n, dec)
+                tier.end_previous(dec)
+                off_ns += perf() - t0
+                off_calls += 1
 
             # Model step: advance computed tokens, sample, finish.
             num_scheduled = 0
@@ -605,6 +710,8 @@ def replay(
                     res.finished += 1
                     res.prompt_tokens += req.num_prompt_tokens
                     res.output_tokens += req.num_output_tokens
+                    if tier is not None:
+                        tier.finished(live.off)
                     live.req = None  # drop the tokens
                     live.outputs = []
                     done = True
@@ -622,6 +729,19 @@ def replay(
             raw_ns += ns
             ns -= (calls - step_calls0) * timer_overhead
             step_ns.append(ns if ns > 0 else 0)
+            if tier is not None:
+                t0 = perf()
+                tier.step_end()  # the worker reports this step's stores and loads done
+                if not (pending or waiting or running) and tier.has_pending:
+                    # The last step: the requests that finished in it end now
+                    # rather than at a next step that never comes.
+                    tier.end_previous(dec)
+                    tier.step_end()
+                off_ns += perf() - t0
+                off_calls += 1
+                off_raw_ns += off_ns
+                off_ns -= (off_calls - off_calls0) * timer_overhead
+                off_step_ns.append(off_ns if off_ns > 0 else 0)
             digest = hashlib.blake2b(array("q", dec).tobytes(), digest_size=8).digest()
             digests.append(digest)
             if capture_step == step:
@@ -649,6 +769,14 @@ def replay(
     res.manager_ns = sum(step_ns)
     res.manager_ns_raw = raw_ns
     res.free_blocks_at_end = mgr.block_pool.get_num_free_blocks()
+    if tier is not None:
+        res.offload_calls = off_calls
+        res.offload_ns = sum(off_step_ns)
+        res.offload_ns_raw = off_raw_ns
+        res.cpu_blocks_loaded = tier.blocks_loaded
+        res.cpu_blocks_stored = tier.blocks_stored
+        res.cpu_evictions = tier.evictions
+        res.cpu_stores_refused = tier.stores_refused
     res.evictions = getattr(mgr.block_pool, "num_evictions", None)
     stats = mgr.make_prefix_cache_stats() if hasattr(mgr, "make_prefix_cache_stats") else None
     if stats is not None:
