@@ -11,7 +11,7 @@ from kvcy import _fast
 from kvcy.sim import offload as offload_mod
 from kvcy.sim.cli import main
 from kvcy.sim.offload import cpu_blocks_from_spec
-from kvcy.sim.scheduler import Divergence, ReplayConfig, replay
+from kvcy.sim.scheduler import CPU_STORE_REFUSED, Divergence, ReplayConfig, replay
 from kvcy.sim.synthetic import SyntheticConfig, synthetic_trace
 from kvcy.sim.traces import Trace, TraceRequest, fresh_tokens
 
@@ -142,13 +142,18 @@ def test_an_offloading_decision_that_differs_is_a_divergence(monkeypatch):
     def refuse_once(self, st, computed_tokens, dec):  # the same GPU decisions, one CPU offer less
         if not getattr(self, "_refused", False) and computed_tokens // self.block_size > st.next_stored:
             self._refused = True
-            dec += (14, st.index, 0)
+            dec += (CPU_STORE_REFUSED, st.index, 0)
             return None
         return real_offer(self, st, computed_tokens, dec)
 
     monkeypatch.setattr(offload_mod.CPUTier, "offer", refuse_once)
-    with pytest.raises(Divergence):
+    with pytest.raises(Divergence) as err:
         replay(trace, cfg, "python", expected_digests=ref.step_digests)
+    lines = err.value.result.captured  # the divergence report reads the CPU tier's decisions too
+    assert any("CPU tier prepare_store(" in x and "-> None" in x for x in lines)
+    assert not any(x.startswith("?op") for x in lines)
+    ok = replay(trace, cfg, "python", capture_step=len(ref.step_digests) - 1)
+    assert any(x.startswith("CPU tier on_request_finished(") for x in ok.captured)  # the last step ends them
 
 
 @pytest.mark.parametrize(

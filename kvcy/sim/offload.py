@@ -33,12 +33,12 @@ decision list, so the replay's digest covers offloading too.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-__all__ = ["CPUTier", "cpu_blocks_from_spec", "offload_twin"]
+from kvcy.sim.scheduler import CPU_FINISH, CPU_LOAD, CPU_LOOKUP, CPU_STORE, CPU_STORE_REFUSED
 
-# Decision codes (the scheduler's are 1-4).
-_CPU_LOOKUP, _CPU_LOAD, _CPU_STORE, _CPU_STORE_REFUSED, _CPU_FINISH = 11, 12, 13, 14, 15
+__all__ = ["CPUTier", "cpu_blocks_from_spec", "offload_twin"]
 
 
 def offload_twin(impl: str) -> tuple[str, Any]:
@@ -57,9 +57,11 @@ def offload_twin(impl: str) -> tuple[str, Any]:
     return "python", _twin.load("python")
 
 
-def _key_code(key: bytes) -> int:
-    """A signed 64-bit stand-in for a key in the decision list (its first 8 bytes)."""
-    return int.from_bytes(key[:8], "little", signed=True)
+def _keys_code(keys: list[bytes]) -> int:
+    """A signed 64-bit stand-in for a list of keys in the decision list (a hash of them, in order)."""
+    if not keys:
+        return 0
+    return int.from_bytes(hashlib.blake2b(b"".join(keys), digest_size=8).digest(), "little", signed=True)
 
 
 class _ReqState:
@@ -144,15 +146,14 @@ class CPUTier:
                 if lookup(keys[i], ctx) is not hit:
                     break
                 hits.append(keys[i])
-        dec += (_CPU_LOOKUP, st.index, len(hits))
+        dec += (CPU_LOOKUP, st.index, len(hits))
         return len(hits) * bs, hits
 
     def load(self, st: _ReqState, keys: list[bytes], computed_tokens: int, dec: list[int]) -> None:
         """The request was admitted with ``keys`` from the CPU tier: load them (complete at step end)."""
         spec = self.manager.prepare_load(keys, st.ctx)
         ids = spec.block_ids.tolist()
-        dec.append(_CPU_LOAD)
-        dec.append(len(ids))
+        dec += (CPU_LOAD, st.index, len(ids))
         dec += ids
         self._loads.append((st, keys))
         self.hit_blocks += len(keys)
@@ -174,16 +175,15 @@ class CPUTier:
         out = self.manager.prepare_store(offer, st.ctx)
         if out is None:
             self.stores_refused += 1
-            dec += (_CPU_STORE_REFUSED, st.index, end - start)
+            dec += (CPU_STORE_REFUSED, st.index, end - start)
             return
         st.next_stored = end
         stored = out.keys_to_store
         ids = out.store_spec.block_ids.tolist()
         evicted = out.evicted_keys
-        dec += (_CPU_STORE, st.index, len(ids))
+        dec += (CPU_STORE, st.index, len(ids))
         dec += ids
-        dec.append(len(evicted))
-        dec += [_key_code(k) for k in evicted]
+        dec += (len(evicted), _keys_code(evicted))
         if stored:
             self._stores.append((st, stored))
             self.blocks_stored += len(stored)
@@ -200,7 +200,7 @@ class CPUTier:
             for st in self._finished:
                 self.offer(st, st.prompt_blocks * self.block_size, dec)
                 on_request_finished(st.ctx)
-                dec += (_CPU_FINISH, st.index)
+                dec += (CPU_FINISH, st.index)
             self._finished = []
 
     def step_end(self) -> None:

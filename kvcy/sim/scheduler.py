@@ -90,6 +90,8 @@ MAX_TOKEN_US = 1e6
 
 # Decision codes folded into the per-step digest.
 _LOOKUP, _ALLOC, _PREEMPT, _FINISH = 1, 2, 3, 4
+# ... and the CPU tier's (kvcy.sim.offload), each followed by the request's index.
+CPU_LOOKUP, CPU_LOAD, CPU_STORE, CPU_STORE_REFUSED, CPU_FINISH = 11, 12, 13, 14, 15
 
 
 @dataclass(frozen=True)
@@ -373,6 +375,25 @@ def decode_decisions(dec: list[int], names: Mapping[int, str] | None = None) -> 
             out.append(f"preempt {name(idx)} (free)")
         elif op == _FINISH:
             out.append(f"finish {name(idx)}: block table {take_ids()} (free)")
+        elif op == CPU_LOOKUP:
+            out.append(f"CPU tier lookup({name(idx)}) -> hit {dec[pos]} blocks")
+            pos += 1
+        elif op == CPU_LOAD:
+            n = dec[pos]
+            out.append(f"CPU tier prepare_load({name(idx)}) -> chunks {dec[pos + 1 : pos + 1 + n]}")
+            pos += 1 + n
+        elif op == CPU_STORE:
+            n = dec[pos]
+            ids = dec[pos + 1 : pos + 1 + n]
+            evicted, evicted_digest = dec[pos + 1 + n], dec[pos + 2 + n]
+            pos += 3 + n
+            out.append(f"CPU tier prepare_store({name(idx)}) -> store in chunks {ids}, evict {evicted} keys "
+                       f"(digest {evicted_digest & 0xFFFFFFFFFFFFFFFF:016x})")
+        elif op == CPU_STORE_REFUSED:
+            out.append(f"CPU tier prepare_store({name(idx)}, {dec[pos]} keys) -> None")
+            pos += 1
+        elif op == CPU_FINISH:
+            out.append(f"CPU tier on_request_finished({name(idx)})")
         else:  # pragma: no cover - corrupt encoding
             out.append(f"?op {op}")
             break
