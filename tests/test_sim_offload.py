@@ -47,6 +47,7 @@ class _Recording:
         self.inner = cls(**kwargs)
         self.calls: dict[str, int] = {}
         self.finished: list[str] = []
+        self.contexts: dict[str, object] = {}
         _Recording.made.append(self)
 
     def __getattr__(self, name):
@@ -58,6 +59,8 @@ class _Recording:
             self.calls[name] = self.calls.get(name, 0) + 1
             if name == "on_request_finished":
                 self.finished.append(args[0].req_id)
+            if name == "on_new_request":
+                self.contexts[args[0].req_id] = args[0]
             return attr(*args, **kwargs)
 
         return call
@@ -100,6 +103,16 @@ def test_a_prompt_evicted_from_the_gpu_is_loaded_from_the_cpu_tier(impl, evicted
     assert mgr.calls["prepare_load"] == mgr.calls["complete_load"] == 1
     assert mgr.calls["complete_store"] == 2  # A and B; the third loaded its whole offer
     assert mgr.has_pending_work() is False
+    # Every prompt key of A carries the end-token position of its block, as set_offload_key_position records it.
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher
+    from kvcy.kv_offload import make_offload_key
+    from kvcy.request import Request
+
+    a = evicted_then_back.requests[0]
+    hashes = Request("a", a.prompt_token_ids(), max_tokens=1,
+                     block_hasher=get_request_block_hasher(16, get_hash_fn_by_name("sha256"))).block_hashes
+    ctx = mgr.contexts["q0"]
+    assert [ctx.get_offload_key_position(make_offload_key(h, 0)) for h in hashes] == [16, 32, 48, 64, 80, 96]
 
 
 def test_a_small_tier_evicts_and_the_policies_differ(impl):
