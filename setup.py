@@ -53,6 +53,7 @@ def _hashing_build_options() -> dict:
 CYTHON_MODULES: dict[str, dict] = {
     "kvcy._fast._kv_cache_c": {},
     "kvcy._fast._hashing_c": _hashing_build_options(),
+    "kvcy._fast._offload_c": {},
 }
 
 CYTHON_DIRECTIVES = {

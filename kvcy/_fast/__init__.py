@@ -10,18 +10,27 @@ imports a twin directly.  The choice is made once, at import:
 * ``KVCY_REQUIRE_EXTENSIONS=1`` turns a missing compiled twin into an error.
 
 Tests and benchmarks that want both twins side by side call :func:`load`.
+
+The offloading twin (``offload``) is imported on first use of ``kvcy._fast.offload``
+rather than here: it needs ``kvcy.kv_offload``, whose ``cpu`` package imports the
+live twin back from this module (and numpy), which ``import kvcy`` should not pay
+for.  Whether its compiled twin exists still counts towards the choice above.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from types import ModuleType
 
 __all__ = ["IMPLEMENTATION", "NO_EXTENSIONS", "REQUIRE_EXTENSIONS", "TWINS", "load", "available"]
 
 #: The twin modules, by concept.  Each has ``_<name>_c`` and ``_<name>_py``.
-TWINS = ("hashing", "kv_cache")
+TWINS = ("hashing", "kv_cache", "offload")
+
+#: Twins imported on first use (see the module docstring).
+_LAZY = ("offload",)
 
 
 def _flag(name: str) -> bool:
@@ -37,6 +46,10 @@ if NO_EXTENSIONS and REQUIRE_EXTENSIONS:
 
 def _import(name: str, impl: str) -> ModuleType:
     suffix = "c" if impl == "cython" else "py"
+    if name == "offload":
+        # The API package first: its cpu package binds the live twin through
+        # this module, and a twin imported before it would be imported half-way.
+        importlib.import_module("kvcy.kv_offload.cpu")
     return importlib.import_module(f"kvcy._fast._{name}_{suffix}")
 
 
@@ -64,18 +77,45 @@ def available() -> list[str]:
     return impls
 
 
+def _load_eager(impl: str) -> dict[str, ModuleType]:
+    """The twins imported at import time; for the lazy ones, only a check that
+    the compiled module exists."""
+    mods = {name: _import(name, impl) for name in TWINS if name not in _LAZY}
+    if impl == "cython":
+        for name in _LAZY:
+            if importlib.util.find_spec(f"kvcy._fast._{name}_c") is None:
+                raise ImportError(f"No module named 'kvcy._fast._{name}_c'")
+    return mods
+
+
 def _select() -> tuple[str, dict[str, ModuleType]]:
     if NO_EXTENSIONS:
-        return "python", load("python")
+        return "python", _load_eager("python")
     try:
-        return "cython", load("cython")
+        return "cython", _load_eager("cython")
     except ImportError:
         if REQUIRE_EXTENSIONS:
             raise
-        return "python", load("python")
+        return "python", _load_eager("python")
 
 
 IMPLEMENTATION, _modules = _select()
 
+
+def __getattr__(name: str) -> ModuleType:
+    # A lazy twin, imported on first use: the live implementation's, or (unless
+    # KVCY_REQUIRE_EXTENSIONS) the pure-Python one when the compiled one fails.
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        mod = _import(name, IMPLEMENTATION)
+    except ImportError:
+        if IMPLEMENTATION == "python" or REQUIRE_EXTENSIONS:
+            raise
+        mod = _import(name, "python")
+    globals()[name] = mod
+    return mod
+
 hashing: ModuleType = _modules["hashing"]
 kv_cache: ModuleType = _modules["kv_cache"]
+offload: ModuleType  # bound on first use, by __getattr__ above
