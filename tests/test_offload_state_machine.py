@@ -319,6 +319,79 @@ def test_twins_agree_on_long_random_walks(policy, seed):
 
 
 # =============================================================================
+# A policy written in Python, on the compiled manager (the factory's path)
+# =============================================================================
+class FIFOPolicy(_fast.load("cython")["offload"].CachePolicy if "cython" in _fast.available() else object):
+    """First in, first out: a Python subclass of the compiled twin's CachePolicy."""
+
+    def __init__(self, cache_capacity):
+        super().__init__(cache_capacity)
+        self.order = {}
+
+    def get(self, key):
+        return self.order.get(key)
+
+    def insert(self, key, chunk, req_context):
+        self.order[key] = chunk
+
+    def remove(self, key):
+        del self.order[key]
+
+    def touch(self, keys, req_context):
+        pass
+
+    def evict(self, n, protected):
+        out = [(k, c) for k, c in self.order.items() if c.ref_cnt == 0 and k not in protected][:n]
+        if len(out) < n:
+            return None
+        for k, _ in out:
+            del self.order[k]
+        return out
+
+    def clear(self):
+        self.order.clear()
+
+
+@pytest.mark.skipif(_fast.IMPLEMENTATION != "cython",
+                    reason="the factory takes subclasses of the live twin's CachePolicy: here the Python one")
+def test_python_policy_subclass_runs_on_both_managers():
+    """A registered-by-module Python policy: the compiled manager calls its methods and
+    decides exactly as the pure-Python manager does with the same policy."""
+    results = []
+    for impl in ("cython", "python"):
+        mod = _fast.load(impl)["offload"]
+        manager = mod.CPUOffloadingManager(3, cache_policy="FIFOPolicy", cache_policy_module_path=__name__,
+                                           enable_events=True)
+        assert type(manager._policy) is FIFOPolicy
+        ctx = ReqContext(req_id="r")
+        keys = [_key(0, i, 0) for i in range(6)]
+        out = []
+        for i in range(0, 6, 2):
+            got = manager.prepare_store(keys[i : i + 2], ctx)
+            out.append(_normal(got))
+            if got is not None:
+                manager.complete_store(got.keys_to_store[:1], ctx)
+                manager.complete_store(got.keys_to_store[1:], ctx, success=False)
+        out.append(_normal(manager.prepare_load(keys[4:5], ctx)))
+        out.append(_outcome(lambda: manager.prepare_load(keys[:1], ctx)))
+        out.append(_normal(manager.prepare_store(keys[:2], ctx)))
+        manager.complete_load(keys[4:5], ctx)
+        manager.on_request_finished(ctx)
+        out.append([encode_offload_event(e) for e in manager.take_events()])
+        out.append({
+            "resident": [(k, c.chunk_id, c.ref_cnt) for k, c in manager._policy.order.items()],
+            "free_list": list(manager._free_list),
+            "num_allocated_chunks": manager._num_allocated_chunks,
+            "num_evictable": manager._num_evictable_cache_chunks,
+            "num_write_pending": manager._num_write_pending_chunks,
+        })
+        results.append(out)
+    assert results[0] == results[1]
+    assert results[0][-1]["num_allocated_chunks"] == 3
+    assert any(step[3] for step in results[0][:3] if step)  # an offer evicted (FIFO order)
+
+
+# =============================================================================
 # Tampering with the compiled classes never crashes the interpreter
 # =============================================================================
 _TAMPER_SCRIPT = textwrap.dedent(

@@ -1,9 +1,25 @@
 # cython: language_level=3, embedsignature=False
 # (docstrings identical to the pure-Python twin's; inspect.signature still works)
 # distutils: language = c++
-"""Compiled twin of the CPU offloading manager (see ``_offload_py.py``).
+"""Compiled twin of the CPU offloading tier's scheduler-side hot paths (see ``_offload_py.py``).
 
-PLACEHOLDER DOCSTRING (replaced by the Python twin's once it lands).
+The same classes, methods, arguments, docstrings and error messages as the
+pure-Python twin (``CPUOffloadingManager``, ``LRUCachePolicy``,
+``ARCCachePolicy``, ``ChunkStatus``, ``CachePolicy``, ``order_request_keys``),
+as typed ``cdef class``es returning the shared API objects of
+``kvcy.kv_offload``.  What differs is the bookkeeping:
+
+* each policy keeps one dict key -> ``ChunkStatus``; a status is also the node
+  of the intrusive lists (ARC's t1/t2, and b1/b2 ghost nodes; LRU's fresh ranks);
+* LRU keys ranked with their request live in a C++ ``std::set`` ordered by
+  ``(rank, key bytes)``, and eviction merges it with the fresh-rank list;
+* a request's record is one insertion-ordered dict key -> flags;
+* every public call checks its arguments first (bounds checks are off in the
+  build), and the state Python can see is read-only (``chunks``, ``t1``... are
+  views or snapshots), so no Python-level call or assignment can corrupt it.
+
+With a policy class from ``CachePolicyFactory`` (a Python subclass of this
+module's ``CachePolicy``) the manager calls the policy's Python methods.
 """
 
 cimport cython
@@ -1783,11 +1799,8 @@ cdef class CPUOffloadingManager:
         or one already finished.
         """
         cdef _AccessRecord rec
-        cdef list groups, members, keyed
+        cdef list groups, members, ordered
         cdef _Positions pos
-        cdef int64_t p
-        cdef Py_ssize_t i
-        cdef bint all_pos
         _check_context(req_context)
         rec = self._get_record(req_context, False)
         if rec is None or rec.finished:
