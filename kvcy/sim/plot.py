@@ -131,14 +131,16 @@ def plot_replay(
     if offload_sweep:
         policy_colors = {"lru": "tab:purple", "arc": "tab:brown"}
         tops = []
-        for policy in sorted({p for p, _, _ in offload_sweep}):
+        for k, policy in enumerate(sorted({p for p, _, _ in offload_sweep})):
             pts = sorted((n, h) for p, n, h in offload_sweep if p == policy)
             xs = [n * block_size for n, _ in pts]
             ys = [100.0 * h for _, h in pts]
             tops += ys
-            ax3.plot(xs, ys, "o-", color=policy_colors.get(policy), label=f"GPU + CPU, {policy}")
-            for x, y in zip(xs, ys):
-                ax3.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+            color = policy_colors.get(policy)
+            ax3.plot(xs, ys, "o-", color=color, label=f"GPU + CPU, {policy}")
+            for x, y in zip(xs, ys):  # one policy's labels above its points, the other's below
+                ax3.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7 if k == 0 else -13),
+                             ha="center", fontsize=7, color=color)
         xs = sorted({n * block_size for _, n, _ in offload_sweep})
         ax3.set_xscale("log", base=2)
         ax3.set_xticks(xs)
