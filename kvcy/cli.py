@@ -1,39 +1,168 @@
-"""The ``kvcy`` command: ``kvcy replay ...`` and ``kvcy plan ...``."""
+"""The ``kvcy`` command and the argument types its sub-commands share.
+
+``kvcy replay ...`` lives in :mod:`kvcy.sim.cli`, ``kvcy plan ...`` in
+:mod:`kvcy.plan`; each module adds its sub-parser with ``add_parser`` and
+runs the parsed arguments with ``run``.  Both take sizes and counts through
+the one set of parsers below, so ``32GiB`` or ``0`` means the same (and is
+refused the same way) in every command.
+
+Exit status everywhere: 0 done, 1 the run itself failed (a plan that does not
+fit, two implementations that disagree), 2 bad arguments or input.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import math
+import re
 import sys
 
+__all__ = [
+    "MAX_MEMORY_BYTES",
+    "float_arg",
+    "int_arg",
+    "main",
+    "parse_size",
+    "positive_int",
+    "size_arg",
+]
+
+#: Sub-command name -> the module that adds its parser and runs it.
 _COMMANDS = {
-    "replay": ("kvcy.sim.cli", "replay a request trace through the KV-cache manager"),
-    "plan": ("kvcy.plan", "how many KV-cache blocks, tokens and requests fit in memory"),
+    "replay": "kvcy.sim.cli",
+    "plan": "kvcy.plan",
+}
+
+#: The largest memory size accepted (1 PiB): anything above is a typo, not a GPU.
+MAX_MEMORY_BYTES = 1 << 50
+
+_SIZE_RE = re.compile(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 10**12,
 }
 
 
+def parse_size(text: str) -> int:
+    """Bytes in a memory size: ``32GiB``, ``32G`` and ``32Gi`` (binary), ``40GB`` (decimal), ``5e9``, ``4096``.
+
+    Units are case-insensitive; a fraction is rounded down to whole bytes.
+
+    Raises:
+        ValueError: not a size, or not between 1 byte and 1 PiB.
+    """
+    match = _SIZE_RE.fullmatch(str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a memory size: {text!r} (e.g. 32GiB, 512MiB, 40GB, 5e9, 1073741824)")
+    number = float(match.group(1))
+    if not math.isfinite(number):
+        raise ValueError(f"not a memory size: {text!r} (the number is too large)")
+    value = number * _SIZE_UNITS[match.group(2).lower()]
+    if value > MAX_MEMORY_BYTES:
+        raise ValueError(f"memory size {text!r} is larger than 1 PiB")
+    if value < 1:
+        raise ValueError(f"memory size must be at least 1 byte, got {text!r}")
+    return int(value)
+
+
+def size_arg(text: str) -> int:
+    """:func:`parse_size` as an argparse ``type``."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def int_arg(minimum: int, maximum: int | None = None, why: str = ""):
+    """An argparse ``type``: an integer in ``[minimum, maximum]``; ``why`` is added to the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            if maximum is not None:
+                wanted = f"an integer from {minimum} to {maximum:,}"
+            elif minimum == 1:
+                wanted = "a positive integer"
+            else:
+                wanted = f"an integer >= {minimum}"
+            raise argparse.ArgumentTypeError(f"expected {wanted}{why}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in some messages
+    return parse
+
+
+#: An integer >= 1, as an argparse ``type``.
+positive_int = int_arg(1)
+
+
+def float_arg(minimum: float, maximum: float, *, include_minimum: bool = True):
+    """An argparse ``type``: a finite number in ``[minimum, maximum]``.
+
+    Without ``include_minimum`` the range is ``(minimum, maximum]``.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        low_ok = value >= minimum if include_minimum else value > minimum
+        if not (low_ok and value <= maximum):  # NaN fails both
+            low = "[" if include_minimum else "("
+            raise argparse.ArgumentTypeError(
+                f"expected a number in {low}{minimum:g}, {maximum:g}], got {text!r}"
+            )
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvcy`` parser with every sub-command's parser."""
+    import kvcy
+
+    parser = argparse.ArgumentParser(
+        prog="kvcy",
+        description="kvcy: vLLM 0.33.0's v1 KV-cache manager with compiled hot paths. "
+        "Run 'kvcy COMMAND --help' for a command's options.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"kvcy {kvcy.__version__} ({kvcy.IMPLEMENTATION})",
+        help="print the version and the live implementation (cython or python), then exit",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
+    for module_name in _COMMANDS.values():
+        importlib.import_module(module_name).add_parser(sub)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch to a sub-command's own ``main(argv)``."""
+    """Run ``kvcy``; return the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog="kvcy", description=__doc__)
-    parser.add_argument("--version", action="store_true", help="print the version and the live implementation")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in _COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
-    if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
-        return 0
-    if argv[0] == "--version":
-        import kvcy
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.run(args) or 0)
+    except SystemExit as exc:  # argparse has printed the usage and the message (or the help)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except BrokenPipeError:  # e.g. piped into head: stop quietly
+        import os
 
-        print(f"kvcy {kvcy.__version__} ({kvcy.IMPLEMENTATION})")
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in _COMMANDS:
-        parser.error(f"unknown command {name!r}; choose from {', '.join(_COMMANDS)}")
-    import importlib
-
-    module = importlib.import_module(_COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        prog = f"kvcy {argv[0]}" if argv and argv[0] in _COMMANDS else "kvcy"
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from kvcy.kv_cache_interface import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "NotEnoughKVCacheMemory",
     "check_enough_kv_cache_memory",
     "create_kv_cache_group_specs",
     "estimate_max_model_len",
@@ -112,6 +113,36 @@ def estimate_max_model_len(
     return _binary_search_max_len(config.max_model_len, fits)
 
 
+class NotEnoughKVCacheMemory(ValueError):
+    """The KV-cache memory does not hold one request of ``max_model_len`` tokens.
+
+    A ``ValueError`` (what vLLM raises) that also carries the numbers:
+
+    Attributes:
+        available_memory: the bytes that were available.
+        needed_memory: the bytes one max-length request needs (``None`` when
+            no memory was available at all).
+        max_model_len: the length asked for.
+        estimated_max_model_len: the longest request that fits (0: not one
+            token's blocks fit).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        available_memory: int,
+        needed_memory: int | None,
+        max_model_len: int,
+        estimated_max_model_len: int,
+    ) -> None:
+        super().__init__(message)
+        self.available_memory = available_memory
+        self.needed_memory = needed_memory
+        self.max_model_len = max_model_len
+        self.estimated_max_model_len = estimated_max_model_len
+
+
 def _raise_not_enough_memory(
     available_memory: int,
     get_needed_memory: Callable[[], int],
@@ -119,25 +150,31 @@ def _raise_not_enough_memory(
     estimate: Callable[[int], int],
 ) -> None:
     if available_memory <= 0:
-        raise ValueError(
-            "No available memory for the cache blocks "
-            f"({available_memory} bytes). Try increasing `gpu_memory_utilization` "
-            "when initializing the engine."
+        raise NotEnoughKVCacheMemory(
+            f"No available memory for the KV cache: {available_memory} bytes.",
+            available_memory=available_memory,
+            needed_memory=None,
+            max_model_len=max_model_len,
+            estimated_max_model_len=0,
         )
     needed_memory = get_needed_memory()
     if needed_memory > available_memory:
         estimated_max_len = estimate(available_memory)
-        estimated_msg = ""
         if estimated_max_len > 0:
-            estimated_msg = (
-                f"Based on the available memory, the estimated maximum model length is {estimated_max_len}. "
+            advice = (
+                f"the estimated maximum model length is {estimated_max_len}. "
+                "Lower max_model_len or give the KV cache more memory."
             )
-        raise ValueError(
-            f"To serve at least one request with the models's max seq len ({max_model_len}), "
-            f"({_format_gib(needed_memory)} GiB KV cache is needed, which is larger than the available "
-            f"KV cache memory ({_format_gib(available_memory)} GiB). {estimated_msg}"
-            "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
-            "when initializing the engine."
+        else:
+            advice = "not even one token's blocks fit. Give the KV cache more memory."
+        raise NotEnoughKVCacheMemory(
+            f"One request of max_model_len ({max_model_len}) does not fit: "
+            f"{_format_gib(needed_memory)} GiB KV cache is needed, larger than the available "
+            f"{_format_gib(available_memory)} GiB; {advice}",
+            available_memory=available_memory,
+            needed_memory=needed_memory,
+            max_model_len=max_model_len,
+            estimated_max_model_len=estimated_max_len,
         )
 
 

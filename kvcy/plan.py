@@ -8,22 +8,23 @@ padding, block count and concurrency as :func:`kvcy.kv_cache_sizing.get_kv_cache
 
 Examples::
 
-    kvcy plan --preset llama-3-8b --memory 20GiB
+    kvcy plan --preset llama-3-8b --kv-memory 20GiB
+    kvcy plan --preset llama-3-8b --gpu-memory 80GiB --model-memory 16GiB
     kvcy plan --full-layers 8 --sliding-window-layers 40 --sliding-window 4096 \\
-        --num-kv-heads 8 --head-size 128 --max-model-len 32768 --memory 16GiB --json
+        --num-kv-heads 8 --head-size 128 --max-model-len 32768 --kv-memory 16GiB --json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
 from kvcy.config import CACHE_DTYPES, CacheConfig, KVCacheSettings
 from kvcy.kv_cache_interface import (
     AttentionSpec,
@@ -42,37 +43,26 @@ from kvcy.kv_cache_interface import (
     get_kv_quant_mode,
 )
 from kvcy.kv_cache_sizing import (
+    NotEnoughKVCacheMemory,
     get_kv_cache_config,
     get_max_concurrency_for_kv_cache_config,
     get_num_tokens_for_kv_cache_config,
 )
 
-__all__ = ["ModelDescription", "build_kv_cache_spec", "load_presets", "main", "make_plan", "parse_size"]
+__all__ = [
+    "ModelDescription",
+    "add_parser",
+    "build_kv_cache_spec",
+    "load_presets",
+    "main",
+    "make_plan",
+    "parse_size",
+    "run",
+]
 
 LAYER_KINDS = ("full", "sliding_window", "chunked_local", "mla", "mamba")
 #: Attention block sizes are kept a multiple of this when grown to fit a Mamba state.
 KERNEL_BLOCK_ALIGNMENT = 16
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
-    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
-}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"20GiB"``, ``"20G"`` (binary), ``"20GB"`` (decimal), ``"1.5TiB"`` or ``"4096"``.
-
-    Raises:
-        ValueError: not a size, or negative.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a memory size: {text!r} (examples: 20GiB, 512MiB, 40GB, 1073741824)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
 
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -93,7 +83,7 @@ def load_presets() -> dict[str, dict[str, Any]]:
     return json.loads(text)
 
 
-def _positive_int(where: str, value: Any) -> int:
+def _require_positive_int(where: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{where} must be an integer, got {value!r}")
     if value <= 0:
@@ -150,7 +140,7 @@ class ModelDescription:
             if not isinstance(layers, list) or not layers:
                 raise ValueError(f"{where}: 'layers' must be a non-empty list of layer type names")
         else:
-            num_layers = _positive_int(f"{where}: num_layers", data.get("num_layers"))
+            num_layers = _require_positive_int(f"{where}: num_layers", data.get("num_layers"))
             pattern = data.get("layer_pattern")
             if not isinstance(pattern, list) or not pattern:
                 raise ValueError(f"{where}: give 'layers' or 'num_layers' with a non-empty 'layer_pattern'")
@@ -166,9 +156,9 @@ class ModelDescription:
         return cls(
             name=name,
             description=str(data.get("description", "")),
-            max_model_len=_positive_int(f"{where}: max_model_len", data.get("max_model_len")),
+            max_model_len=_require_positive_int(f"{where}: max_model_len", data.get("max_model_len")),
             dtype=dtype,
-            block_size=_positive_int(f"{where}: block_size", data.get("block_size", 16)),
+            block_size=_require_positive_int(f"{where}: block_size", data.get("block_size", 16)),
             attention=dict(attention),
             layers=list(layers),
         )
@@ -188,15 +178,15 @@ def _check_layer_type(where: str, params: Any) -> None:
             if not isinstance(shape, list) or not shape:
                 raise ValueError(f"{where}: every shape must be a non-empty list of sizes")
             for d in shape:
-                _positive_int(f"{where}: shape size", d)
+                _require_positive_int(f"{where}: shape size", d)
         return
-    _positive_int(f"{where}: head_size", params.get("head_size"))
+    _require_positive_int(f"{where}: head_size", params.get("head_size"))
     if kind != "mla":
-        _positive_int(f"{where}: num_kv_heads", params.get("num_kv_heads"))
+        _require_positive_int(f"{where}: num_kv_heads", params.get("num_kv_heads"))
     if kind == "sliding_window":
-        _positive_int(f"{where}: sliding_window", params.get("sliding_window"))
+        _require_positive_int(f"{where}: sliding_window", params.get("sliding_window"))
     if kind == "chunked_local":
-        _positive_int(f"{where}: attention_chunk_size", params.get("attention_chunk_size"))
+        _require_positive_int(f"{where}: attention_chunk_size", params.get("attention_chunk_size"))
 
 
 def interleave_layers(counts: dict[str, int]) -> list[str]:
@@ -231,7 +221,7 @@ def build_kv_cache_spec(
     """
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"Unknown kv cache dtype: {cache_dtype}")
-    bs = model.block_size if block_size is None else _positive_int("block_size", block_size)
+    bs = model.block_size if block_size is None else _require_positive_int("block_size", block_size)
     dtype, quant = _attention_dtype(model, cache_dtype)
 
     def attention_spec(params: dict[str, Any], block: int) -> AttentionSpec:
@@ -383,7 +373,7 @@ def _with_len(model: ModelDescription, max_model_len: int) -> ModelDescription:
     return ModelDescription(
         name=model.name,
         description=model.description,
-        max_model_len=_positive_int("max_model_len", max_model_len),
+        max_model_len=_require_positive_int("max_model_len", max_model_len),
         dtype=model.dtype,
         block_size=model.block_size,
         attention=model.attention,
@@ -402,6 +392,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(f"{label:<22}{value}")
 
     row("KV-cache memory", f"{_human_bytes(plan['available_memory_bytes'])} ({plan['available_memory_bytes']:,} bytes)")
+    budget = plan.get("memory_budget")
+    if budget:
+        model = _human_bytes(budget["model_memory_bytes"])
+        if budget["model_memory_assumed"]:
+            model += " (assumed: give --model-memory)"
+        row("", f"= GPU {_human_bytes(budget['gpu_memory_bytes'])} x {budget['gpu_memory_utilization']:g} "
+            f"- model {model}")
     row("max model length", f"{plan['max_model_len']:,} tokens ({plan['max_num_batched_tokens']:,} batched per step)")
     row("KV-cache dtype", plan["kv_dtype"] + ("" if plan["cache_dtype"] == "auto" else f" ({plan['cache_dtype']})"))
     kinds = ", ".join(f"{n} {k}" for k, n in plan["layers_by_kind"].items())
@@ -448,79 +445,87 @@ def format_plan(plan: dict[str, Any]) -> str:
 # Command line
 # ---------------------------------------------------------------------------
 
+#: Flags that describe a model; with --preset or --model they would be ignored.
+_LAYER_FLAGS = {
+    "full_layers": "--full-layers",
+    "sliding_window_layers": "--sliding-window-layers",
+    "sliding_window": "--sliding-window",
+    "chunked_layers": "--chunked-layers",
+    "chunk_size": "--chunk-size",
+    "mla_layers": "--mla-layers",
+    "num_kv_heads": "--num-kv-heads",
+    "head_size": "--head-size",
+    "name": "--name",
+}
 
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_EPILOG = """\
+The KV-cache budget is --kv-memory SIZE, or --gpu-memory SIZE x --gpu-memory-utilization
+- --model-memory SIZE (weights and activations; 0 when not given, and the plan says so).
+SIZE: 20GiB, 20G or 20Gi (binary), 40GB (decimal), 5e9 or 1073741824 (bytes).
 
+exit status: 0 planned, 1 one max-length request does not fit (the message gives the longest
+that does), 2 bad arguments (the budget holds not even one block, for instance).
 
-def _fraction_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def _int_arg(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
+examples:
+  kvcy plan --preset llama-3-8b --kv-memory 20GiB
+  kvcy plan --preset gemma-3-27b --gpu-memory 80GiB --model-memory 54GiB --json
+  kvcy plan --full-layers 8 --sliding-window-layers 40 --sliding-window 4096 \
+      --num-kv-heads 8 --head-size 128 --max-model-len 32768 --kv-memory 16GiB"""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvcy plan",
-        usage="kvcy plan (--preset NAME | --model FILE | layer flags) (--memory SIZE | --gpu-memory SIZE) [options]",
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``plan`` to the ``kvcy`` sub-parsers; return its parser."""
+    p = subparsers.add_parser(
+        "plan",
+        help="how many KV-cache blocks, tokens and requests fit in memory",
+        usage="kvcy plan (--preset NAME | --model FILE | layer flags) (--kv-memory SIZE | --gpu-memory SIZE) "
+        "[options]",
         description="How many KV-cache blocks, tokens and concurrent max-length requests fit in a memory budget "
         "(vLLM 0.33.0's planning).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-        "  kvcy plan --preset llama-3-8b --memory 20GiB\n"
-        "  kvcy plan --preset gemma-3-27b --gpu-memory 80GiB --model-memory 54GiB --json\n"
-        "  kvcy plan --full-layers 8 --sliding-window-layers 40 --sliding-window 4096 \\\n"
-        "      --num-kv-heads 8 --head-size 128 --max-model-len 32768 --memory 16GiB",
+        epilog=_EPILOG,
     )
-    src = p.add_argument_group("model")
+    p.set_defaults(run=run, _parser=p)
+    src = p.add_argument_group("model (a preset, a file, or layer flags)")
     src.add_argument("--preset", help="a bundled model description (see --list-presets)")
     src.add_argument("--model", type=Path, help="a JSON model description (same format as the presets)")
     src.add_argument("--list-presets", action="store_true", help="list the presets and exit")
-    src.add_argument("--full-layers", type=_int_arg(0), default=0, help="number of full-attention layers")
-    src.add_argument("--sliding-window-layers", type=_int_arg(0), default=0, help="number of sliding-window layers")
-    src.add_argument("--sliding-window", type=_int_arg(1), help="sliding window, in tokens")
-    src.add_argument("--chunked-layers", type=_int_arg(0), default=0, help="number of chunked-local layers")
-    src.add_argument("--chunk-size", type=_int_arg(1), help="local attention chunk, in tokens")
-    src.add_argument("--mla-layers", type=_int_arg(0), default=0, help="number of MLA layers (--head-size = latent)")
-    src.add_argument("--num-kv-heads", type=_int_arg(1), help="KV heads per attention layer")
-    src.add_argument("--head-size", type=_int_arg(1), help="head size (MLA: latent size)")
-    src.add_argument("--dtype", default=None, help="model dtype (default bfloat16)")
-    src.add_argument("--name", default="custom", help="name of a model given by flags")
+    count = int_arg(0)
+    src.add_argument("--full-layers", type=count, metavar="N", help="number of full-attention layers")
+    src.add_argument("--sliding-window-layers", type=count, metavar="N", help="number of sliding-window layers")
+    src.add_argument("--sliding-window", type=positive_int, metavar="TOKENS", help="sliding window, in tokens")
+    src.add_argument("--chunked-layers", type=count, metavar="N", help="number of chunked-local layers")
+    src.add_argument("--chunk-size", type=positive_int, metavar="TOKENS", help="local attention chunk, in tokens")
+    src.add_argument("--mla-layers", type=count, metavar="N", help="number of MLA layers (--head-size = latent)")
+    src.add_argument("--num-kv-heads", type=positive_int, metavar="N", help="KV heads per attention layer")
+    src.add_argument("--head-size", type=positive_int, metavar="N", help="head size (MLA: latent size)")
+    src.add_argument("--name", help="name of a model given by layer flags (default custom)")
+    src.add_argument("--dtype", default=None, help="model dtype (default: the model's, else bfloat16)")
 
-    run = p.add_argument_group("serving")
-    run.add_argument("--memory", type=_size_arg, help="memory for the KV cache, e.g. 20GiB, 40GB, 1073741824")
-    run.add_argument("--gpu-memory", type=_size_arg, help="GPU memory (KV memory = this x utilization - model memory)")
-    run.add_argument("--gpu-memory-utilization", type=_fraction_arg, default=CacheConfig.gpu_memory_utilization,
+    mem = p.add_argument_group("memory budget")
+    mem.add_argument("--kv-memory", "--memory", dest="kv_memory", type=size_arg, metavar="SIZE",
+                     help="memory of the KV cache itself, as in 'kvcy replay --kv-memory'")
+    mem.add_argument("--gpu-memory", type=size_arg, metavar="SIZE",
+                     help="total GPU memory: the KV cache gets SIZE x --gpu-memory-utilization - --model-memory")
+    mem.add_argument("--gpu-memory-utilization", type=float_arg(0.0, 1.0, include_minimum=False), metavar="F",
+                     default=CacheConfig.gpu_memory_utilization,
                      help="fraction of --gpu-memory this instance may use (default %(default)s)")
-    run.add_argument("--model-memory", type=_size_arg, default=0, help="weights and activations, with --gpu-memory")
-    run.add_argument("--max-model-len", type=_int_arg(1), help="longest request in tokens (default: the model's)")
-    run.add_argument("--block-size", type=_int_arg(1), help="tokens per block (default: the model's, else 16)")
-    run.add_argument("--kv-cache-dtype", default="auto", choices=CACHE_DTYPES, help="KV-cache dtype (default auto)")
-    run.add_argument("--max-num-batched-tokens", type=_int_arg(1), help="tokens scheduled per step (default 2048)")
-    run.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
-                     help="manage sliding-window and chunked layers as full attention")
-    run.add_argument("--num-gpu-blocks-override", type=_int_arg(1), help="use this many blocks")
-    run.add_argument("--json", action="store_true", help="print the plan as JSON")
+    mem.add_argument("--model-memory", type=size_arg, metavar="SIZE",
+                     help="weights and activations, with --gpu-memory (default 0, which the plan points out)")
+
+    run_ = p.add_argument_group("serving")
+    run_.add_argument("--max-model-len", type=positive_int, metavar="N", help="longest request in tokens "
+                      "(default: the model's)")
+    run_.add_argument("--block-size", type=positive_int, metavar="N", help="tokens per block "
+                      "(default: the model's, else 16)")
+    run_.add_argument("--kv-cache-dtype", default="auto", choices=CACHE_DTYPES, help="KV-cache dtype (default auto)")
+    run_.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
+                      help="tokens scheduled per step (default 2048)")
+    run_.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                      help="manage sliding-window and chunked layers as full attention")
+    run_.add_argument("--num-gpu-blocks-override", type=int_arg(2, why=" (block 0 is the null block)"), metavar="N",
+                      help="use this many blocks, the null block included")
+    run_.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
 
@@ -554,10 +559,10 @@ def _model_from_flags(args: argparse.Namespace, p: argparse.ArgumentParser) -> M
             params["attention_chunk_size"] = args.chunk_size
         attention[kind] = params
     if args.max_model_len is None:
-        p.error("give --max-model-len for a model given by flags")
+        p.error("give --max-model-len for a model given by layer flags")
     described = ", ".join(f"{n} {k}" for k, n in counts.items())
     return ModelDescription.from_dict(
-        args.name,
+        args.name or "custom",
         {
             "description": f"{described} layers",
             "max_model_len": args.max_model_len,
@@ -569,16 +574,15 @@ def _model_from_flags(args: argparse.Namespace, p: argparse.ArgumentParser) -> M
     )
 
 
-def main(argv: list[str]) -> int:
-    """Run ``kvcy plan``; 0 on success, 1 when the model does not fit, 2 on bad arguments."""
-    p = _parser()
-    args = p.parse_args(argv)
-    if args.list_presets:
-        for name, data in load_presets().items():
-            print(f"{name:<18}{data.get('description', '')}")
-        return 0
+def _load_model(args: argparse.Namespace, p: argparse.ArgumentParser) -> ModelDescription:
     if args.preset and args.model:
         p.error("give either --preset or --model, not both")
+    if args.preset or args.model:
+        given = [flag for dest, flag in _LAYER_FLAGS.items() if getattr(args, dest) is not None]
+        if given:
+            source = f"--preset {args.preset}" if args.preset else f"--model {args.model}"
+            p.error(f"layer flags ({', '.join(given)}) describe a model, and {source} describes one already: "
+                    "give one or the other (--max-model-len, --block-size and --dtype do apply to a preset or file)")
     try:
         if args.preset:
             presets = load_presets()
@@ -597,16 +601,57 @@ def main(argv: list[str]) -> int:
             model.dtype = canonical_dtype(args.dtype)
     except ValueError as exc:
         p.error(str(exc))
+    return model
 
-    if args.memory is not None and args.gpu_memory is not None:
-        p.error("give either --memory or --gpu-memory, not both")
-    if args.memory is not None:
-        available = args.memory
-    elif args.gpu_memory is not None:
-        available = int(args.gpu_memory * args.gpu_memory_utilization) - args.model_memory
-    else:
-        p.error("give the KV-cache budget with --memory SIZE (or --gpu-memory SIZE [--model-memory SIZE])")
 
+def _memory_budget(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[int, dict[str, Any] | None]:
+    """The KV-cache bytes, and how they were worked out from GPU memory (``None`` with --kv-memory)."""
+    if args.kv_memory is not None and args.gpu_memory is not None:
+        p.error("give either --kv-memory or --gpu-memory, not both")
+    if args.kv_memory is not None:
+        if args.model_memory is not None:
+            p.error("--model-memory goes with --gpu-memory; --kv-memory is the KV cache's memory already")
+        return args.kv_memory, None
+    if args.gpu_memory is None:
+        p.error("give the KV-cache budget: --kv-memory SIZE, or --gpu-memory SIZE [--model-memory SIZE]")
+    usable = int(args.gpu_memory * args.gpu_memory_utilization)
+    model_memory = 0 if args.model_memory is None else args.model_memory
+    if model_memory >= usable:
+        p.error(
+            f"--model-memory {_human_bytes(model_memory)} leaves nothing for the KV cache: "
+            f"--gpu-memory {_human_bytes(args.gpu_memory)} x {args.gpu_memory_utilization:g} is "
+            f"{_human_bytes(usable)}"
+        )
+    return usable - model_memory, {
+        "gpu_memory_bytes": args.gpu_memory,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "model_memory_bytes": model_memory,
+        "model_memory_assumed": args.model_memory is None,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Run ``kvcy plan`` with ``argv`` (the arguments after ``plan``); return the exit status."""
+    from kvcy.cli import main as kvcy_main
+
+    return kvcy_main(["plan", *argv])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``kvcy plan``: 0 planned, 1 a max-length request does not fit, 2 bad arguments."""
+    p: argparse.ArgumentParser = args._parser
+    if args.list_presets:
+        for name, data in load_presets().items():
+            print(f"{name:<18}{data.get('description', '')}")
+        return 0
+    model = _load_model(args, p)
+    available, budget = _memory_budget(args, p)
+    if budget is not None and budget["model_memory_assumed"]:
+        print(
+            f"kvcy plan: note: no --model-memory given, so the KV cache is planned in all of "
+            f"{_human_bytes(available)} (GPU memory x utilization), as if the weights took no memory",
+            file=sys.stderr,
+        )
     try:
         plan = make_plan(
             model,
@@ -618,11 +663,17 @@ def main(argv: list[str]) -> int:
             disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
         )
-    except ValueError as exc:
+    except NotEnoughKVCacheMemory as exc:
+        if exc.estimated_max_model_len == 0:  # not one block per layer: the budget is wrong, not the length
+            p.error(f"a KV-cache budget of {_human_bytes(available)} is too small for {model.name}: {exc}")
         if args.json:
             print(json.dumps({"model": model.name, "error": str(exc)}, indent=2))
         print(f"kvcy plan: {model.name} does not fit: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:
+        p.error(str(exc))
+    if budget is not None:
+        plan["memory_budget"] = budget
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
     return 0
 

@@ -9,17 +9,14 @@ import sys
 import pytest
 
 from kvcy import plan as plan_mod
-from kvcy.plan import ModelDescription, build_kv_cache_spec, interleave_layers, load_presets, make_plan, parse_size
+from kvcy.plan import ModelDescription, build_kv_cache_spec, interleave_layers, load_presets, make_plan
 
 GiB = 1 << 30
 MiB = 1 << 20
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = plan_mod.main(list(argv))
-    except SystemExit as exc:  # argparse errors
-        rc = exc.code
+    rc = plan_mod.main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -28,26 +25,6 @@ def run_json(capsys, *argv: str) -> dict:
     rc, out, err = run(capsys, *argv, "--json")
     assert rc == 0, err
     return json.loads(out)
-
-
-# ---------------------------------------------------------------------------
-# Sizes
-# ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [("20GiB", 20 * GiB), ("20G", 20 * GiB), ("20GB", 20 * 10**9), ("512MiB", 512 * MiB), ("1.5TiB", 3 * 2**39),
-     ("4096", 4096), ("64 KiB", 65536), ("2gib", 2 * GiB)],
-)
-def test_parse_size(text, expected):
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["abc", "-1G", "10XB", "", "1e3"])
-def test_parse_size_rejects(text):
-    with pytest.raises(ValueError, match="not a memory size"):
-        parse_size(text)
 
 
 # ---------------------------------------------------------------------------
@@ -258,15 +235,16 @@ def test_make_plan_raises_value_error():
     "argv, message",
     [
         (["--preset", "nope", "--memory", "1G"], "unknown preset 'nope'"),
-        (["--preset", "llama-3-8b"], "--memory"),
+        (["--preset", "llama-3-8b"], "--kv-memory SIZE, or --gpu-memory SIZE"),
         (["--preset", "llama-3-8b", "--memory", "lots"], "not a memory size"),
-        (["--preset", "llama-3-8b", "--memory", "1G", "--block-size", "0"], "must be >= 1"),
+        (["--preset", "llama-3-8b", "--memory", "1G", "--block-size", "0"], "expected a positive integer, got '0'"),
         (["--preset", "llama-3-8b", "--memory", "1G", "--gpu-memory", "2G"], "not both"),
         (["--sliding-window-layers", "4", "--num-kv-heads", "8", "--head-size", "64", "--max-model-len", "64",
           "--memory", "1G"], "needs --sliding-window"),
         (["--full-layers", "4", "--head-size", "64", "--max-model-len", "64", "--memory", "1G"], "--num-kv-heads"),
         (["--memory", "1G"], "layer counts"),
-        (["--preset", "llama-3-8b", "--memory", "1G", "--gpu-memory-utilization", "1.5"], "must be in"),
+        (["--preset", "llama-3-8b", "--memory", "1G", "--gpu-memory-utilization", "1.5"],
+         "expected a number in (0, 1]"),
         (["--preset", "llama-3-8b", "--memory", "1G", "--dtype", "float13"], "unknown dtype"),
     ],
 )
@@ -317,3 +295,71 @@ def test_cli_dispatch_and_module_entry_point():
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["num_blocks"] == 10240
+
+
+# ---------------------------------------------------------------------------
+# The memory budget and the exit status (issue 16)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # not one block per layer: a bad budget (exit 2, as replay's --kv-memory 1MiB), not "does not fit" (1)
+        (["--preset", "llama-3-8b", "--kv-memory", "1KiB"], "a KV-cache budget of 1.00 KiB is too small"),
+        (["--preset", "llama-3-8b", "--gpu-memory", "1KiB"], "a KV-cache budget of 921 B is too small"),
+        (["--preset", "llama-3-8b", "--gpu-memory", "10GiB", "--model-memory", "20GiB"],
+         "--model-memory 20.00 GiB leaves nothing for the KV cache: --gpu-memory 10.00 GiB x 0.9 is 9.00 GiB"),
+        (["--preset", "llama-3-8b", "--gpu-memory", "10GiB", "--model-memory", "9GiB"], "leaves nothing"),
+        (["--preset", "llama-3-8b", "--kv-memory", "10GiB", "--model-memory", "9GiB"],
+         "--model-memory goes with --gpu-memory"),
+        (["--preset", "llama-3-8b", "--kv-memory", "20GiB", "--full-layers", "3"],
+         "layer flags (--full-layers) describe a model, and --preset llama-3-8b describes one already"),
+        (["--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-kv-heads", "4", "--head-size", "64"],
+         "layer flags (--num-kv-heads, --head-size)"),
+        (["--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "1"],
+         "expected an integer >= 2 (block 0 is the null block), got '1'"),
+    ],
+)
+def test_bad_budgets_and_ignored_flags_exit_2(capsys, argv, message):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert message in err
+
+
+def test_a_model_file_with_layer_flags_exits_2(capsys, tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(load_presets()["llama-3-8b"]))
+    rc, _, err = run(capsys, "--model", str(path), "--kv-memory", "20GiB", "--sliding-window", "128")
+    assert rc == 2 and f"--model {path} describes one already" in err
+
+
+def test_gpu_memory_without_model_memory_says_what_it_assumed(capsys):
+    rc, out, err = run(capsys, "--preset", "llama-3-8b", "--gpu-memory", "40GiB")
+    assert rc == 0
+    assert "= GPU 40.00 GiB x 0.9 - model 0 B (assumed: give --model-memory)" in out
+    assert "no --model-memory given" in err and "as if the weights took no memory" in err
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--gpu-memory", "40GiB")
+    assert plan["memory_budget"] == {
+        "gpu_memory_bytes": 40 * GiB, "gpu_memory_utilization": 0.9, "model_memory_bytes": 0,
+        "model_memory_assumed": True,
+    }
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--gpu-memory", "40GiB", "--model-memory", "16GiB")
+    assert plan["memory_budget"]["model_memory_assumed"] is False
+    assert plan["available_memory_bytes"] == 36 * GiB - 16 * GiB
+    rc, out, err = run(capsys, "--preset", "llama-3-8b", "--gpu-memory", "40GiB", "--model-memory", "16GiB")
+    assert "- model 16.00 GiB\n" in out and "assumed" not in out + err
+    assert "memory_budget" not in run_json(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB")
+
+
+def test_does_not_fit_is_said_in_kvcy_words(capsys):
+    rc, out, err = run(capsys, "--preset", "llama-3-8b", "--kv-memory", "512MiB", "--json")
+    assert rc == 1
+    assert "One request of max_model_len (8192) does not fit" in err
+    assert "models's" not in err and "engine" not in err and "gpu_memory_utilization" not in err
+    assert "estimated maximum model length is 4096" in json.loads(out)["error"]
+
+
+def test_override_of_two_blocks_is_the_smallest_plan(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "2")
+    assert plan["num_blocks"] == 2 and plan["usable_blocks"] == 1

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvcy import _fast
-from kvcy.sim.cli import main, parse_size
+from kvcy.sim.cli import main
 from kvcy.sim.scheduler import Divergence, ReplayConfig, replay, timer_overhead_ns
 from kvcy.sim.synthetic import SyntheticConfig, synthetic_trace
 from kvcy.sim.traces import Trace, TraceRequest, fresh_tokens, hit_rate_upper_bound, read_mooncake
@@ -197,7 +197,7 @@ def test_cli_json(capsys):
 
 
 def test_cli_table_on_the_bundled_trace(capsys):
-    assert main(["--limit", "3", "--impl", "python", "--no-progress", "--gpu-memory", "2GiB",
+    assert main(["--limit", "3", "--impl", "python", "--no-progress", "--kv-memory", "2GiB",
                  "--no-reserve-full-isl"]) == 0
     out = capsys.readouterr().out
     assert "bundled" in out and "first 3 of 2,000" in out
@@ -233,18 +233,22 @@ def test_cli_plot_python(capsys, tmp_path):
     "argv, message",
     [
         (["/no/such/trace.jsonl"], "trace file not found"),
-        (["--num-blocks", "0"], "positive integer"),
-        (["--num-blocks", "1", "--limit", "1"], "num_blocks must be >= 2"),
-        (["--gpu-memory", "lots"], "not a memory size"),
-        (["--gpu-memory", "1MiB"], "holds 0 block"),
-        (["--num-blocks", "8", "--gpu-memory", "1GiB"], "not allowed with"),
+        (["--num-blocks", "0"], "expected an integer from 2"),
+        (["--num-blocks", "1", "--limit", "1"], "(block 0 is the null block)"),
+        (["--kv-memory", "lots"], "not a memory size"),
+        (["--kv-memory", "1MiB"], "holds 0 block"),
+        (["--num-blocks", "8", "--kv-memory", "1GiB"], "not allowed with"),
+        (["--gpu-memory", "24GiB"], "--kv-memory SIZE"),
         (["--hash", "md5"], "invalid choice"),
         (["--impl", "rust"], "invalid choice"),
         (["synthetic:nope=1"], "bad synthetic option"),
         (["--plot", "x.svg"], "give a .png"),
         (["--plot", "/no/such/dir/x.png"], "does not exist"),
-        (["--dtype", "float7", "--gpu-memory", "1GiB"], "dtype"),
-        (["--sweep", "0,1"], "positive"),
+        (["--dtype", "float7", "--kv-memory", "1GiB"], "dtype"),
+        (["--sweep", "0,1"], "each > 0"),
+        (["--sweep", "nan"], "each > 0"),
+        (["--step-ms", "inf"], "expected a number in [0, 3.6e+06]"),
+        (["--token-us", "nan"], "expected a number in [0, 1e+06]"),
     ],
 )
 def test_cli_bad_input(capsys, argv, message):
@@ -265,18 +269,6 @@ def test_cli_bad_trace_file(tmp_path, capsys):
 def test_cli_help(capsys):
     assert main(["--help"]) == 0
     assert "--num-blocks" in capsys.readouterr().out
-
-
-def test_parse_size():
-    assert parse_size("32GiB") == 32 * 2**30
-    assert parse_size("32G") == 32 * 2**30
-    assert parse_size("40GB") == 40 * 10**9
-    assert parse_size("1.5MiB") == 3 * 2**19
-    assert parse_size("5e9") == 5 * 10**9
-    assert parse_size("4096") == 4096
-    for bad in ("", "GiB", "-1G", "1XB", "0"):
-        with pytest.raises(ValueError):
-            parse_size(bad)
 
 
 def test_cli_fails_loudly_when_decisions_differ(monkeypatch, capsys):

@@ -99,6 +99,13 @@ def test_arrivals_sorted_stably(tmp_path):
         ({"timestamp": 0, "input_length": 1, "output_length": -2, "hash_ids": [0]}, "output_length"),
         ({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": ["a"]}, "hash_ids"),
         ([1, 2], "JSON object"),
+        # json reads NaN and Infinity: a NaN arrival never compares as arrived (the replay spun forever)
+        ({"timestamp": float("nan"), "input_length": 1, "output_length": 1, "hash_ids": [0]}, "got nan"),
+        ({"timestamp": float("inf"), "input_length": 1, "output_length": 1, "hash_ids": [0]}, "got inf"),
+        ({"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [0]}, "from 0 to 1e\\+13"),
+        ({"timestamp": 0, "input_length": 2**40, "output_length": 1, "hash_ids": [0]}, "input_length"),
+        ({"timestamp": 0, "input_length": 1, "output_length": 10**12, "hash_ids": [0]}, "output_length"),
+        ({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [2**63]}, "hash_ids"),
     ],
 )
 def test_read_mooncake_rejects_bad_lines(tmp_path, row, message):
@@ -213,3 +220,30 @@ def test_synthetic_spec():
         parse_synthetic_spec("synthetic:user_min=10,user_max=5")
     with pytest.raises(ValueError):
         parse_synthetic_spec("synthetic:rate=0")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("synthetic:rate=nan", "rate must be a number"),
+        ("synthetic:rate=inf", "rate must be a number"),
+        ("synthetic:think_ms=inf", "think_ms must be a number"),
+        ("synthetic:think_ms=-1", "think_ms must be a number"),
+        ("synthetic:conversations=1000000000", "conversations must be a number"),
+        ("synthetic:user_max=1000000000", "user_max must be a number"),
+    ],
+)
+def test_synthetic_spec_rejects_non_finite_and_absurd_values(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_synthetic_spec(spec)
+
+
+def test_synthetic_trace_refuses_what_a_replay_could_not_follow(monkeypatch):
+    with pytest.raises(ValueError, match="would arrive after"):
+        synthetic_trace(0, SyntheticConfig(conversations=2, rate=1e-300))
+    import kvcy.sim.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "MAX_TOTAL_PROMPT_TOKENS", 20_000)  # the real cap is 64 Mi tokens
+    with pytest.raises(ValueError, match="more than 20,000 prompt tokens"):
+        synthetic_trace(0, SyntheticConfig(conversations=100, max_turns=8, system_len=1000))
+    assert len(synthetic_trace(0, SyntheticConfig(conversations=2, max_turns=1, system_len=1000))) == 2

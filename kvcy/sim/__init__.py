@@ -3,6 +3,8 @@
 * :mod:`kvcy.sim.traces`: the Mooncake JSONL reader and the bundled trace head;
 * :mod:`kvcy.sim.synthetic`: a seeded shared-prefix / multi-turn generator;
 * :mod:`kvcy.sim.scheduler`: the continuous-batching loop (:func:`replay`);
+* :mod:`kvcy.sim.offload`: an optional CPU tier behind the GPU pool, driven as
+  vLLM's offloading connector drives ``CPUOffloadingManager``;
 * :mod:`kvcy.sim.report`, :mod:`kvcy.sim.plot`, :mod:`kvcy.sim.cli`: ``kvcy replay``.
 """
 

@@ -4,7 +4,7 @@ Examples::
 
     kvcy replay                                   # the bundled Mooncake trace head
     kvcy replay --impl both --plot replay.png     # Cython vs Python, same decisions?
-    kvcy replay conversation_trace.jsonl --limit 500 --gpu-memory 24GiB
+    kvcy replay conversation_trace.jsonl --limit 500 --kv-memory 24GiB
     kvcy replay synthetic:conversations=200,max_turns=6 --seed 7 --num-blocks 2048
 """
 
@@ -12,114 +12,126 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from kvcy.sim.scheduler import Divergence, ReplayConfig, ReplayResult, replay, timer_overhead_ns
+from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
+from kvcy.sim.scheduler import (
+    MAX_BLOCK_SIZE,
+    MAX_NUM_BLOCKS,
+    MAX_STEP_MS,
+    MAX_TOKEN_US,
+    Divergence,
+    ReplayConfig,
+    ReplayResult,
+    replay,
+    timer_overhead_ns,
+)
 from kvcy.sim.traces import Trace, bundled_trace_path, read_mooncake
 
-__all__ = ["DEFAULT_NUM_BLOCKS", "main", "parse_size"]
+__all__ = ["DEFAULT_NUM_BLOCKS", "add_parser", "main", "parse_size", "run"]
 
-#: Pool size when neither --num-blocks nor --gpu-memory is given: 32,768 blocks
+#: Pool size when neither --num-blocks nor --kv-memory is given: 32,768 blocks
 #: (512 Ki tokens at block size 16: a Llama-3-8B-shaped KV cache in 64 GiB).
 DEFAULT_NUM_BLOCKS = 32768
 
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_DESCRIPTION = (
+    "Replay a request trace through kvcy's KVCacheManager with a continuous-batching scheduler loop; "
+    "report prefix-cache hits, evictions, preemptions, usage and manager CPU time."
+)
+_EPILOG = (
+    "TRACE is a Mooncake JSONL file (.jsonl or .jsonl.gz), 'synthetic[:key=value,...]' "
+    "(keys: conversations, max_turns, system_prompts, system_len, user_min, user_max, output_min, "
+    "output_max, rate, think_ms), or omitted: the bundled head of Mooncake's conversation trace. "
+    "Requests arrive at the trace's times on a simulated clock; a scheduler step takes "
+    "STEP_MS + TOKEN_US x (tokens scheduled) of simulated time, and an idle engine jumps to the next arrival. "
+    "Exit status: 0 done, 1 the implementations made different decisions, 2 bad arguments or input."
+)
 
 
-def parse_size(text: str) -> int:
-    """Bytes in ``"32GiB"``, ``"32G"`` (binary), ``"40GB"`` (decimal), ``"5e9"``.
+class _RenamedOption(argparse.Action):
+    """An option that no longer exists here: refuse it, saying what to use instead."""
 
-    Raises:
-        ValueError: not a size.
-    """
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"not a memory size: {text!r} (e.g. 32GiB, 40GB, 5e9)")
-    number, unit, binary, byte = m.groups()
-    power = " kmgt".index(unit.lower()) if unit else 0
-    base = 1000 if (byte and not binary and unit) else 1024
-    value = int(float(number) * base**power)
-    if value <= 0:
-        raise ValueError(f"memory size must be positive, got {text!r}")
-    return value
+    def __init__(self, option_strings, dest, hint: str = "", **kwargs) -> None:
+        self.hint = hint
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return value
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} is not an option of kvcy replay: {self.hint}")
 
 
 def _fractions(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive comma-separated numbers, got {text!r}")
+        values = []
+    if not values or any(not 0 < v <= 1024 for v in values):  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated multiples of the pool size, each > 0 and <= 1024, got {text!r}"
+        )
     return values
 
 
-def _parser() -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``replay`` to the ``kvcy`` sub-parsers; return its parser."""
     from kvcy.hashing import _HASH_FNS
 
-    p = argparse.ArgumentParser(
-        prog="kvcy replay",
-        description="Replay a request trace through kvcy's KVCacheManager with a continuous-batching "
-        "scheduler loop; report prefix-cache hits, evictions, preemptions, usage and manager CPU time.",
-        epilog="TRACE is a Mooncake JSONL file (.jsonl or .jsonl.gz), 'synthetic[:key=value,...]' "
-        "(keys: conversations, max_turns, system_prompts, system_len, user_min, user_max, output_min, "
-        "output_max, rate, think_ms), or omitted: the bundled head of Mooncake's conversation trace. "
-        "Requests arrive at the trace's times on a simulated clock; a scheduler step takes "
-        "STEP_MS + TOKEN_US x (tokens scheduled) of simulated time, and an idle engine jumps to the next arrival.",
+    p = subparsers.add_parser(
+        "replay", help="replay a request trace through the KV-cache manager",
+        description=_DESCRIPTION, epilog=_EPILOG,
     )
+    p.set_defaults(run=run)
     p.add_argument("trace", nargs="?", metavar="TRACE", help="trace to replay (default: the bundled trace)")
-    p.add_argument("--limit", type=_positive_int, metavar="K", help="replay only the first K requests")
+    p.add_argument("--limit", type=positive_int, metavar="K", help="replay only the first K requests")
     p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the synthetic trace (default 0)")
 
     pool = p.add_argument_group("KV-cache pool (default: %d blocks)" % DEFAULT_NUM_BLOCKS)
     size = pool.add_mutually_exclusive_group()
-    size.add_argument("--num-blocks", type=_positive_int, metavar="N", help="blocks in the pool (block 0 is the null block)")
-    size.add_argument("--gpu-memory", metavar="SIZE", help="KV-cache memory (e.g. 32GiB); blocks = SIZE / bytes per block "
-                      "of the model shape below")
-    pool.add_argument("--num-layers", metavar="N", type=_positive_int, default=32, help="model layers (default 32, Llama-3-8B)")
-    pool.add_argument("--num-kv-heads", metavar="N", type=_positive_int, default=8, help="KV heads per layer (default 8)")
-    pool.add_argument("--head-size", metavar="N", type=_positive_int, default=128, help="head size (default 128)")
+    size.add_argument("--num-blocks", type=int_arg(2, MAX_NUM_BLOCKS, " (block 0 is the null block)"), metavar="N",
+                      help="blocks in the pool, block 0 (the null block) included")
+    size.add_argument("--kv-memory", "--memory", dest="kv_memory", type=size_arg, metavar="SIZE",
+                      help="memory of the KV cache itself (e.g. 32GiB, 40GB, 5e9), as in 'kvcy plan --kv-memory': "
+                      "blocks = SIZE / bytes per block of the model shape below")
+    p.add_argument("--gpu-memory", action=_RenamedOption, metavar="SIZE",
+                   hint="give the KV-cache memory with --kv-memory SIZE ('kvcy plan' turns GPU memory, "
+                   "utilization and model memory into a KV-cache budget)")
+    pool.add_argument("--num-layers", metavar="N", type=positive_int, default=32,
+                      help="model layers (default 32, Llama-3-8B)")
+    pool.add_argument("--num-kv-heads", metavar="N", type=positive_int, default=8,
+                      help="KV heads per layer (default 8)")
+    pool.add_argument("--head-size", metavar="N", type=positive_int, default=128, help="head size (default 128)")
     pool.add_argument("--dtype", metavar="NAME", default="bfloat16", help="KV-cache dtype (default bfloat16)")
-    pool.add_argument("--block-size", metavar="N", type=_positive_int, default=16, help="tokens per block (default 16)")
+    pool.add_argument("--block-size", metavar="N", type=int_arg(1, MAX_BLOCK_SIZE), default=16,
+                      help="tokens per block (default 16)")
     pool.add_argument("--hash", default="sha256", choices=sorted(_HASH_FNS), metavar="NAME",
                       help=f"prefix-cache hash: {', '.join(sorted(_HASH_FNS))} (default sha256)")
     pool.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
 
     sched = p.add_argument_group("scheduler")
-    sched.add_argument("--max-num-seqs", metavar="N", type=_positive_int, default=256, help="cap on running requests (default 256)")
-    sched.add_argument("--max-num-batched-tokens", metavar="N", type=_positive_int, default=8192,
+    sched.add_argument("--max-num-seqs", metavar="N", type=positive_int, default=256,
+                       help="cap on running requests (default 256)")
+    sched.add_argument("--max-num-batched-tokens", metavar="N", type=positive_int, default=8192,
                        help="token budget per step (default 8192)")
-    sched.add_argument("--max-model-len", metavar="N", type=_positive_int,
+    sched.add_argument("--max-model-len", metavar="N", type=int_arg(2),
                        help="reject longer requests (default: the trace's longest, capped at the pool)")
     sched.add_argument("--no-reserve-full-isl", action="store_true",
                        help="admit a request when its first chunk fits, not its whole prompt "
                        "(vLLM's scheduler_reserve_full_isl=False)")
-    sched.add_argument("--step-ms", metavar="MS", type=_non_negative_float, default=10.0,
+    sched.add_argument("--step-ms", metavar="MS", type=float_arg(0.0, MAX_STEP_MS), default=10.0,
                        help="simulated time per step, fixed part (default 10 ms)")
-    sched.add_argument("--token-us", metavar="US", type=_non_negative_float, default=12.5,
+    sched.add_argument("--token-us", metavar="US", type=float_arg(0.0, MAX_TOKEN_US), default=12.5,
                        help="simulated time per scheduled token (default 12.5 µs)")
+
+    off = p.add_argument_group("CPU offloading (a CPU tier behind the GPU pool, as vLLM's offloading connector)")
+    off.add_argument("--cpu-offload", metavar="SIZE|Nx",
+                     help="add a CPU tier of this size: a memory size (e.g. 64GiB, turned into blocks with the "
+                     "model shape above) or a multiple of the GPU pool (e.g. 8x)")
+    off.add_argument("--offload-policy", choices=["lru", "arc"], default="lru",
+                     help="the CPU tier's eviction policy (default lru)")
+    off.add_argument("--offload-sweep", type=_fractions, default=[1.0, 2.0, 4.0, 8.0, 16.0], metavar="F,F,...",
+                     help="CPU-tier sizes of the --plot offloading panel, as multiples of the GPU pool, each run "
+                     "with lru and with arc (default 1,2,4,8,16)")
 
     out = p.add_argument_group("implementation and output")
     out.add_argument("--impl", choices=["cython", "python", "both"],
@@ -149,21 +161,32 @@ def _load_trace(args: argparse.Namespace) -> Trace:
     return read_mooncake(spec, limit=args.limit)
 
 
-def _num_blocks(args: argparse.Namespace) -> int:
-    if args.num_blocks is not None:
-        return args.num_blocks
-    if args.gpu_memory is None:
-        return DEFAULT_NUM_BLOCKS
+def _bytes_per_block(args: argparse.Namespace) -> tuple[int, int]:
+    """Bytes of one block over all layers of the model shape, and of one layer's page."""
     from kvcy.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(
         block_size=args.block_size, num_kv_heads=args.num_kv_heads, head_size=args.head_size, dtype=args.dtype
     )
-    per_block = spec.page_size_bytes * args.num_layers
-    n = parse_size(args.gpu_memory) // per_block
+    return spec.page_size_bytes * args.num_layers, spec.page_size_bytes
+
+
+def _num_blocks(args: argparse.Namespace) -> int:
+    if args.num_blocks is not None:
+        return args.num_blocks
+    if args.kv_memory is None:
+        return DEFAULT_NUM_BLOCKS
+    per_block, page = _bytes_per_block(args)
+    n = args.kv_memory // per_block
     if n < 2:
         raise ValueError(
-            f"--gpu-memory {args.gpu_memory} holds {n} block(s) of {per_block:,} bytes; need at least 2"
+            f"--kv-memory {args.kv_memory:,} bytes holds {n} block(s) of {per_block:,} bytes "
+            f"({args.num_layers} layers x {page:,}); need at least 2 (block 0 is the null block)"
+        )
+    if n > MAX_NUM_BLOCKS:
+        raise ValueError(
+            f"--kv-memory {args.kv_memory:,} bytes holds {n:,} blocks of {per_block:,} bytes; "
+            f"the replay takes at most {MAX_NUM_BLOCKS:,}"
         )
     return int(n)
 
@@ -201,27 +224,31 @@ def _divergence_message(trace: Trace, config: ReplayConfig, ref_impl: str, err: 
 
 
 def main(argv: list[str]) -> int:
-    """Run ``kvcy replay``; return the exit status."""
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed the usage and the error
-        return int(e.code or 0)
+    """Run ``kvcy replay`` with ``argv`` (the arguments after ``replay``); return the exit status."""
+    from kvcy.cli import main as kvcy_main
+
+    return kvcy_main(["replay", *argv])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``kvcy replay``; return the exit status."""
     from kvcy.sim.plot import MissingMatplotlib
 
     try:
         return _run(args)
-    except BrokenPipeError:  # e.g. piped into head: stop quietly
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:
+        raise  # kvcy.cli.main stops quietly
     except (ValueError, OSError, MissingMatplotlib) as e:
         print(f"kvcy replay: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("kvcy replay: interrupted", file=sys.stderr)
-        return 130
+
+
+def _progress_bar(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", leave=False, mininterval=0.25)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -240,8 +267,18 @@ def _run(args: argparse.Namespace) -> int:
     trace = _load_trace(args)
     if not len(trace):
         raise ValueError("the trace has no requests")
+    num_blocks = _num_blocks(args)
+    cpu_blocks = 0
+    bytes_per_block = None
+    if args.cpu_offload is not None:
+        from kvcy.sim.offload import cpu_blocks_from_spec
+
+        bytes_per_block = _bytes_per_block(args)[0]
+        cpu_blocks = cpu_blocks_from_spec(args.cpu_offload, num_blocks - 1, bytes_per_block)
+        if args.no_prefix_caching:
+            raise ValueError("--cpu-offload needs prefix caching (its keys are block hashes): drop --no-prefix-caching")
     config = ReplayConfig(
-        num_blocks=_num_blocks(args),
+        num_blocks=num_blocks,
         block_size=args.block_size,
         hash_algo=args.hash,
         max_num_seqs=args.max_num_seqs,
@@ -251,56 +288,108 @@ def _run(args: argparse.Namespace) -> int:
         token_us=args.token_us,
         enable_caching=not args.no_prefix_caching,
         reserve_full_isl=not args.no_reserve_full_isl,
+        cpu_offload_blocks=cpu_blocks,
+        offload_policy=args.offload_policy,
     )
-    progress = not args.no_progress and sys.stderr.isatty()
+    # Every run (each implementation, then the --plot sweep) is built before
+    # the first starts, so that a bad sweep size fails in a second, not after
+    # the main replay; one progress bar covers them all.
+    sweep_configs: list[ReplayConfig] = []
+    if plot_path is not None:
+        # With a CPU tier the run's own GPU hit rate is not a GPU-only one:
+        # the sweep then replays the run's pool size without the tier too.
+        sizes = set() if cpu_blocks else {config.num_blocks}
+        for f in args.sweep:
+            n = max(2, int(round(config.num_blocks * f)))
+            if n > MAX_NUM_BLOCKS:
+                raise ValueError(
+                    f"--sweep {f:g} x {config.num_blocks:,} blocks is more than the replay takes ({MAX_NUM_BLOCKS:,})"
+                )
+            if n not in sizes:
+                sizes.add(n)
+                # the GPU sweep is GPU-only: hit rate against the GPU pool's size
+                sweep_configs.append(ReplayConfig(**{**config.__dict__, "num_blocks": n, "cpu_offload_blocks": 0}))
+        if cpu_blocks:
+            # total hit rate against the CPU tier's size, for both policies
+            for policy in ("lru", "arc"):
+                for f in sorted(set(args.offload_sweep)):
+                    n = max(1, int(round((config.num_blocks - 1) * f)))
+                    sweep_configs.append(ReplayConfig(**{**config.__dict__, "cpu_offload_blocks": n,
+                                                         "offload_policy": policy}))
+    runs = [(impl, config) for impl in impls] + [(impls[0], cfg) for cfg in sweep_configs]
+    bar = _progress_bar(not args.no_progress and sys.stderr.isatty(), total=len(trace) * len(runs))
+    progress = bar if bar is not None else False
+
+    def describe(k: int, impl: str, cfg: ReplayConfig) -> None:
+        if bar is not None:
+            what = "sweep" if k > len(impls) else "replay"
+            cpu = f" + {cfg.cpu_offload_blocks:,} CPU {cfg.offload_policy}" if cfg.cpu_offload_blocks else ""
+            bar.set_description(f"{what} {k}/{len(runs)} [{impl}, {cfg.num_blocks:,} blocks{cpu}]")
 
     results: list[ReplayResult] = []
+    sweep = []
+    offload_sweep = []
+    try:
+        timer_overhead = timer_overhead_ns()  # once, the same for every implementation
+        for k, (impl, cfg) in enumerate(runs[: len(impls)], 1):
+            describe(k, impl, cfg)
+            expected = results[0].step_digests if results else None
+            try:
+                results.append(replay(trace, cfg, impl, progress=progress, expected_digests=expected,
+                                      timer_overhead=timer_overhead))
+            except Divergence as err:
+                if bar is not None:
+                    bar.close()
+                print(_divergence_message(trace, config, results[0].impl, err), file=sys.stderr)
+                return 1
+        if not cpu_blocks:
+            sweep.append((config.num_blocks, results[0].hit_rate, results[0].rejected))
+        for k, (impl, cfg) in enumerate(runs[len(impls):], len(impls) + 1):
+            describe(k, impl, cfg)
+            r = replay(trace, cfg, impl, progress=progress, timer_overhead=timer_overhead)
+            if cfg.cpu_offload_blocks:
+                offload_sweep.append((cfg.offload_policy, cfg.cpu_offload_blocks, r.total_hit_rate, r.hit_rate))
+            else:
+                sweep.append((cfg.num_blocks, r.hit_rate, r.rejected))
+    finally:
+        if bar is not None:
+            bar.close()
     identical: bool | None = None
-    timer_overhead = timer_overhead_ns()  # once, the same for every implementation
-    for impl in impls:
-        expected = results[0].step_digests if results else None
-        try:
-            results.append(replay(trace, config, impl, progress=progress, expected_digests=expected,
-                                  timer_overhead=timer_overhead))
-        except Divergence as err:
-            print(_divergence_message(trace, config, results[0].impl, err), file=sys.stderr)
-            return 1
     if len(results) > 1:
         identical = all(r.step_digests == results[0].step_digests for r in results[1:])
         if not identical:  # pragma: no cover - replay raises Divergence first
             print("DECISIONS DIFFER between implementations", file=sys.stderr)
             return 1
 
-    rep = build_report(trace, results, identical)
+    rep = build_report(trace, results, identical, bytes_per_block=bytes_per_block)
     if plot_path is not None:
         from kvcy.sim.plot import plot_replay
         from kvcy.sim.traces import hit_rate_upper_bound
 
-        sweep = [(config.num_blocks, results[0].hit_rate)]
-        rejected = {config.num_blocks: results[0].rejected}
-        for f in args.sweep:
-            n = max(2, int(round(config.num_blocks * f)))
-            if any(n == m for m, _ in sweep):
-                continue
-            cfg = ReplayConfig(**{**config.__dict__, "num_blocks": n})
-            r = replay(trace, cfg, impls[0], progress=progress)
-            sweep.append((n, r.hit_rate))
-            rejected[n] = r.rejected
+        gpu_only_rate = next((h for n, h, _ in sweep if n == config.num_blocks), None)
         plot_replay(
             plot_path,
-            sweep,
+            [(n, h) for n, h, _ in sweep],
             {r.impl: r.step_ns for r in results},
             block_size=config.block_size,
             chosen_blocks=config.num_blocks,
             upper_bound=hit_rate_upper_bound(trace, config.block_size),
             title=f"kvcy replay: {trace.name}, {len(trace):,} requests, block size {config.block_size}",
+            offload_sweep=[(p, n, t) for p, n, t, _ in offload_sweep] if cpu_blocks else None,
+            chosen_cpu_blocks=cpu_blocks or None,
+            gpu_only_rate=gpu_only_rate,
         )
         rep["plot"] = {"path": str(plot_path), "sweep": [
-            {"num_blocks": n, "hit_rate": h, "rejected": rejected[n]} for n, h in sorted(sweep)
+            {"num_blocks": n, "hit_rate": h, "rejected": rej} for n, h, rej in sorted(sweep)
         ]}
+        if cpu_blocks:
+            rep["plot"]["offload_sweep"] = [
+                {"policy": p, "cpu_blocks": n, "total_hit_rate": t, "gpu_hit_rate": g}
+                for p, n, t, g in offload_sweep
+            ]
 
     if args.json:
-        print(json.dumps(rep, indent=2))
+        print(json.dumps(rep, indent=2, allow_nan=False))
     else:
         print(format_report(rep))
         if plot_path is not None:

@@ -1,4 +1,4 @@
-"""``--plot``: hit rate against cache size, and per-step manager time per implementation.
+"""``--plot``: hit rate against cache size, per-step manager time per implementation, and the CPU tier.
 
 matplotlib is optional (``pip install kvcy[plot]``); it is imported only here,
 only when a plot is asked for.
@@ -53,8 +53,11 @@ def plot_replay(
     chosen_blocks: int | None = None,
     upper_bound: float | None = None,
     title: str = "",
+    offload_sweep: Sequence[tuple[str, int, float]] | None = None,
+    chosen_cpu_blocks: int | None = None,
+    gpu_only_rate: float | None = None,
 ) -> Path:
-    """Write a two-panel PNG.
+    """Write a two-panel PNG, three with ``offload_sweep``.
 
     Args:
         path: the output file.
@@ -64,9 +67,16 @@ def plot_replay(
         chosen_blocks: the run's own pool size, marked on the sweep.
         upper_bound: the hit rate with every earlier block cached, drawn as a line.
         title: figure title.
+        offload_sweep: ``(policy, cpu_blocks, total_hit_rate)`` points: total
+            (GPU + CPU) hit rate against the CPU tier's size, per policy.
+        chosen_cpu_blocks: the run's own CPU-tier size, marked on that panel.
+        gpu_only_rate: the hit rate without a CPU tier, drawn as a line there.
     """
     plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    if offload_sweep:
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 4.6))
+    else:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
 
     pts = sorted(sweep)
     if pts:
@@ -117,6 +127,41 @@ def plot_replay(
     ax2.set_ylabel("steps")
     ax2.set_title("per-step manager time")
     ax2.grid(True, alpha=0.3)
+
+    if offload_sweep:
+        policy_colors = {"lru": "tab:purple", "arc": "tab:brown"}
+        tops = []
+        for k, policy in enumerate(sorted({p for p, _, _ in offload_sweep})):
+            pts = sorted((n, h) for p, n, h in offload_sweep if p == policy)
+            xs = [n * block_size for n, _ in pts]
+            ys = [100.0 * h for _, h in pts]
+            tops += ys
+            color = policy_colors.get(policy)
+            ax3.plot(xs, ys, "o-", color=color, label=f"GPU + CPU, {policy}")
+            for x, y in zip(xs, ys):  # one policy's labels above its points, the other's below
+                ax3.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7 if k == 0 else -13),
+                             ha="center", fontsize=7, color=color)
+        xs = sorted({n * block_size for _, n, _ in offload_sweep})
+        ax3.set_xscale("log", base=2)
+        ax3.set_xticks(xs)
+        ax3.xaxis.set_major_formatter(_token_formatter())
+        ax3.xaxis.set_minor_formatter(plt.NullFormatter())
+        if chosen_cpu_blocks is not None:
+            ax3.axvline(chosen_cpu_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
+        if gpu_only_rate is not None:
+            ax3.axhline(100.0 * gpu_only_rate, color="tab:blue", ls="--", lw=1.2,
+                        label=f"GPU only: {100.0 * gpu_only_rate:.1f}%")
+            tops.append(100.0 * gpu_only_rate)
+        if upper_bound is not None:
+            ax3.axhline(100.0 * upper_bound, color="tab:red", ls=":", lw=1.2,
+                        label=f"every earlier block cached: {100.0 * upper_bound:.1f}%")
+            tops.append(100.0 * upper_bound)
+        ax3.set_ylim(0, max(5.0, max(tops) * 1.2))
+        ax3.legend(loc="upper left", fontsize=8)
+        ax3.set_xlabel(f"CPU-tier size (tokens; block size {block_size})")
+        ax3.set_ylabel("total hit rate (% of prompt tokens)")
+        ax3.set_title("GPU + CPU hit rate against CPU-tier size")
+        ax3.grid(True, alpha=0.3)
 
     if title:
         fig.suptitle(title, fontsize=10)

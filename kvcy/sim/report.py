@@ -20,14 +20,32 @@ def _per_step(res: ReplayResult) -> dict[str, float]:
     }
 
 
-def build_report(trace: Trace, results: list[ReplayResult], identical: bool | None = None) -> dict[str, Any]:
+def _offload_per_step(res: ReplayResult) -> dict[str, float]:
+    n = len(res.offload_step_ns)
+    both = [a + b for a, b in zip(res.step_ns, res.offload_step_ns)]
+    both.sort()
+    return {
+        "offload_mean_us": (res.offload_ns / n / 1e3) if n else 0.0,
+        "manager_and_offload_mean_us": (sum(both) / n / 1e3) if n else 0.0,
+        "manager_and_offload_p50_us": both[n // 2] / 1e3 if n else 0.0,
+        "manager_and_offload_p99_us": both[min(n - 1, int(0.99 * n))] / 1e3 if n else 0.0,
+    }
+
+
+def build_report(
+    trace: Trace, results: list[ReplayResult], identical: bool | None = None, *, bytes_per_block: int | None = None
+) -> dict[str, Any]:
     """Everything the replay measured, as plain JSON types.
 
     The workload and cache numbers come from the first result (with
     ``identical`` true every implementation made the same decisions, so they
     are the same); timings are per implementation.  ``speedup`` is Python's
     manager CPU time over Cython's when both ran; ``speedup_timer_included``
-    the same with the timer's own cost left in the times.
+    the same with the timer's own cost left in the times.  With a CPU tier,
+    ``offload`` says what it did (bytes with ``bytes_per_block``, the bytes of
+    one block over all layers) and each implementation's timings add the
+    offloading work (the offloading manager's calls and the connector work
+    around them).
     """
     if not results:
         raise ValueError("no replay results to report")
@@ -44,12 +62,41 @@ def build_report(trace: Trace, results: list[ReplayResult], identical: bool | No
             "replay_wall_s": res.wall_s,
             "decisions_digest": res.decisions_digest,
         }
+        if res.offload_impl is not None:
+            impls[res.impl]["offload"] = {
+                "twin": res.offload_impl,
+                "cpu_s": res.offload_ns / 1e9,
+                "cpu_s_timer_included": res.offload_ns_raw / 1e9,
+                "timed_calls": res.offload_calls,
+                "per_step": _offload_per_step(res),
+            }
     speedup = speedup_raw = None
     by = {res.impl: res for res in results}
     if "cython" in by and "python" in by and by["cython"].manager_ns > 0:
         speedup = by["python"].manager_ns / by["cython"].manager_ns
         if by["cython"].manager_ns_raw > 0:
             speedup_raw = by["python"].manager_ns_raw / by["cython"].manager_ns_raw
+    upper_bound = hit_rate_upper_bound(trace, cfg.block_size)
+    offload = None
+    if cfg.cpu_offload_blocks:
+        offload = {
+            "cpu_blocks": cfg.cpu_offload_blocks,
+            "cpu_tokens": cfg.cpu_offload_blocks * cfg.block_size,
+            "times_gpu_pool": cfg.cpu_offload_blocks / (cfg.num_blocks - 1),
+            "policy": cfg.offload_policy,
+            "cpu_hit_tokens": r.cpu_hit_tokens,
+            "cpu_hit_rate": r.cpu_hit_tokens / r.query_tokens if r.query_tokens else 0.0,
+            "total_hit_rate": r.total_hit_rate,
+            "hit_rate_upper_bound": upper_bound,
+            "recompute_cpu_hit_tokens": r.recompute_cpu_hit_tokens,
+            "blocks_stored": r.cpu_blocks_stored,
+            "blocks_loaded": r.cpu_blocks_loaded,
+            "bytes_per_block": bytes_per_block,
+            "bytes_stored": None if bytes_per_block is None else r.cpu_blocks_stored * bytes_per_block,
+            "bytes_loaded": None if bytes_per_block is None else r.cpu_blocks_loaded * bytes_per_block,
+            "evictions": r.cpu_evictions,
+            "stores_refused": r.cpu_stores_refused,
+        }
     return {
         "trace": {
             "name": trace.name,
@@ -69,18 +116,21 @@ def build_report(trace: Trace, results: list[ReplayResult], identical: bool | No
             "token_us": cfg.token_us,
             "enable_caching": cfg.enable_caching,
             "reserve_full_isl": cfg.reserve_full_isl,
+            "cpu_offload_blocks": cfg.cpu_offload_blocks,
+            "offload_policy": cfg.offload_policy if cfg.cpu_offload_blocks else None,
         },
         "requests": {"admitted": r.requests, "finished": r.finished, "rejected": r.rejected},
         "tokens": {"prompt": r.prompt_tokens, "output": r.output_tokens},
         "prefix_cache": {
             "hit_rate": r.hit_rate,
-            "hit_rate_upper_bound": hit_rate_upper_bound(trace, cfg.block_size),
+            "hit_rate_upper_bound": upper_bound,
             "hit_tokens": r.hit_tokens,
             "query_tokens": r.query_tokens,
             "recompute_hit_tokens": r.recompute_hit_tokens,
             "recompute_query_tokens": r.recompute_query_tokens,
             "manager_stats": r.manager_prefix_cache_stats,
         },
+        "offload": offload,
         "evictions": r.evictions,
         "preemptions": r.preemptions,
         "usage": {"peak": r.peak_usage, "mean": r.mean_usage},
@@ -107,6 +157,32 @@ def _pct(x: float) -> str:
     return f"{100.0 * x:.1f} %"
 
 
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f" ({n / div:,.1f} {unit})"
+    return f" ({n} B)"
+
+
+def _offload_rows(off: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not off:
+        return []
+    bound = off.get("hit_rate_upper_bound")
+    return [
+        ("CPU tier", f"{off['cpu_blocks']:,} blocks ({off['cpu_tokens']:,} tokens, "
+         f"{off['times_gpu_pool']:.1f}x the GPU pool), {off['policy']}"),
+        ("  CPU-tier hits", f"{_pct(off['cpu_hit_rate'])} of prompt tokens ({off['cpu_hit_tokens']:,} tokens loaded"
+         + (f"; {off['recompute_cpu_hit_tokens']:,} more for re-admissions)" if off["recompute_cpu_hit_tokens"] else ")")),
+        ("total hit rate", f"{_pct(off['total_hit_rate'])} GPU + CPU"
+         + (f" (upper bound {_pct(bound)})" if bound is not None else "")),
+        ("  blocks stored", f"{off['blocks_stored']:,}{_bytes(off['bytes_stored'])}"),
+        ("  blocks loaded", f"{off['blocks_loaded']:,}{_bytes(off['bytes_loaded'])}"),
+        ("  CPU evictions", f"{off['evictions']:,} blocks; {off['stores_refused']:,} offers refused (tier full)"),
+    ]
+
+
 def format_report(rep: dict[str, Any]) -> str:
     """The report as an aligned text table."""
     t, c, pc = rep["trace"], rep["config"], rep["prefix_cache"]
@@ -131,6 +207,7 @@ def format_report(rep: dict[str, Any]) -> str:
          f"({pc['hit_tokens']:,} of {pc['query_tokens']:,})"),
         *([("  upper bound", f"{_pct(pc['hit_rate_upper_bound'])} if every earlier prompt block stayed cached")]
           if pc.get("hit_rate_upper_bound") is not None else []),
+        *_offload_rows(rep.get("offload")),
         ("evictions", "n/a" if rep["evictions"] is None else f"{rep['evictions']:,} cached blocks"),
         ("preemptions", f"{rep['preemptions']:,}"
          + (f" (re-admissions hit {_pct(pc['recompute_hit_tokens'] / pc['recompute_query_tokens'])})"
@@ -158,6 +235,17 @@ def format_report(rep: dict[str, Any]) -> str:
     lines.append(row("timer cost removed", lambda d: format_duration(
         d["manager_cpu_s_timer_included"] - d["manager_cpu_s"])))
     lines.append(row("  per timed call", lambda d: f"{d['timer_overhead_ns_per_call']} ns"))
+    if any("offload" in d for d in impls.values()):
+        def off(fn):
+            return lambda d: fn(d["offload"]) if "offload" in d else "-"
+
+        lines.append(row("offloading, total", off(lambda o: format_duration(o["cpu_s"]))))
+        lines.append(row("  per step, mean", off(lambda o: format_duration(o["per_step"]["offload_mean_us"] / 1e6))))
+        lines.append(row("  twin", off(lambda o: o["twin"])))
+        lines.append(row("manager + offloading", off(lambda o: format_duration(
+            o["per_step"]["manager_and_offload_mean_us"] / 1e6))))
+        lines.append(row("  per step, p99", off(lambda o: format_duration(
+            o["per_step"]["manager_and_offload_p99_us"] / 1e6))))
     lines.append(row("replay wall time", lambda d: format_duration(d["replay_wall_s"])))
     if rep["speedup"] is not None:
         raw = rep.get("speedup_timer_included")

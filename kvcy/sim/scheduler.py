@@ -24,6 +24,16 @@ prefill, recompute preemption), synchronously and without a model:
    simulated milliseconds; an idle engine jumps to the next arrival.  Only the
    interleaving of arrivals and steps depends on this model, and it never reads
    the wall clock, so a replay is deterministic.
+6. **CPU tier** (``ReplayConfig.cpu_offload_blocks``): admission looks the
+   blocks after the GPU hit up in a ``CPUOffloadingManager`` and loads the hit
+   (``num_external_computed_tokens``); every step offers the new prompt blocks
+   for storing; see :mod:`kvcy.sim.offload`.  Its calls are timed apart
+   (``offload_ns``).
+
+No input makes the loop spin: arrival times are checked before it starts
+(finite, in order), an idle engine must reach the next arrival, a step must
+schedule something, and more steps than ``max_model_len`` without a finished
+request stop it (the oldest running request gets a token every step).
 
 Manager CPU time is ``time.perf_counter_ns()`` around the manager calls only
 (``get_computed_blocks``, ``allocate_slots``, ``free``), summed per step, less
@@ -49,9 +59,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcy.request import Request, RequestStatus
-from kvcy.sim.traces import Trace, TraceRequest
+from kvcy.sim.traces import MAX_ARRIVAL_MS, Trace, TraceRequest
 
 __all__ = [
+    "MAX_BLOCK_SIZE",
+    "MAX_CPU_OFFLOAD_BLOCKS",
+    "MAX_NUM_BLOCKS",
+    "MAX_STEP_MS",
+    "MAX_TOKEN_US",
     "ReplayConfig",
     "ReplayResult",
     "Divergence",
@@ -62,8 +77,21 @@ __all__ = [
     "timer_overhead_ns",
 ]
 
+#: Largest pool a replay builds (16 Mi blocks: 256 Gi tokens at block size 16).
+MAX_NUM_BLOCKS = 1 << 24
+#: Largest CPU tier, in blocks.
+MAX_CPU_OFFLOAD_BLOCKS = 1 << 28
+#: Largest block size, in tokens.
+MAX_BLOCK_SIZE = 1 << 16
+#: Largest fixed simulated time per step (one hour, in ms).
+MAX_STEP_MS = 3.6e6
+#: Largest simulated time per scheduled token (one second, in µs).
+MAX_TOKEN_US = 1e6
+
 # Decision codes folded into the per-step digest.
 _LOOKUP, _ALLOC, _PREEMPT, _FINISH = 1, 2, 3, 4
+# ... and the CPU tier's (kvcy.sim.offload), each followed by the request's index.
+CPU_LOOKUP, CPU_LOAD, CPU_STORE, CPU_STORE_REFUSED, CPU_FINISH = 11, 12, 13, 14, 15
 
 
 @dataclass(frozen=True)
@@ -86,6 +114,9 @@ class ReplayConfig:
             (``allocate_slots(..., full_sequence_must_fit=True)``), vLLM 0.33's
             default (``scheduler_reserve_full_isl``); off: only the first chunk
             has to fit.
+        cpu_offload_blocks: blocks of a CPU tier behind the GPU pool (a
+            ``CPUOffloadingManager``, see :mod:`kvcy.sim.offload`); 0: none.
+        offload_policy: the CPU tier's cache policy, ``"lru"`` or ``"arc"``.
     """
 
     num_blocks: int
@@ -98,20 +129,38 @@ class ReplayConfig:
     token_us: float = 12.5
     enable_caching: bool = True
     reserve_full_isl: bool = True
+    cpu_offload_blocks: int = 0
+    offload_policy: str = "lru"
 
     def __post_init__(self) -> None:
-        if self.num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {self.num_blocks}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "cpu_offload_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if not 2 <= self.num_blocks <= MAX_NUM_BLOCKS:
+            raise ValueError(
+                f"num_blocks must be >= 2 (block 0 is the null block) and <= {MAX_NUM_BLOCKS:,}, got {self.num_blocks}"
+            )
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be from 1 to {MAX_BLOCK_SIZE:,}, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.step_ms < 0 or self.token_us < 0:
-            raise ValueError("step_ms and token_us must be >= 0")
+        if not 0 <= self.cpu_offload_blocks <= MAX_CPU_OFFLOAD_BLOCKS:
+            raise ValueError(
+                f"cpu_offload_blocks must be from 0 to {MAX_CPU_OFFLOAD_BLOCKS:,}, got {self.cpu_offload_blocks}"
+            )
+        if self.offload_policy not in ("lru", "arc"):
+            raise ValueError(f"offload_policy must be 'lru' or 'arc', got {self.offload_policy!r}")
+        if self.cpu_offload_blocks and not self.enable_caching:
+            raise ValueError("a CPU tier needs prefix caching (its keys are the block hashes)")
+        if not 0.0 <= self.step_ms <= MAX_STEP_MS:  # NaN fails too
+            raise ValueError(f"step_ms must be a number from 0 to {MAX_STEP_MS:g}, got {self.step_ms!r}")
+        if not 0.0 <= self.token_us <= MAX_TOKEN_US:
+            raise ValueError(f"token_us must be a number from 0 to {MAX_TOKEN_US:g}, got {self.token_us!r}")
 
     @property
     def pool_tokens(self) -> int:
@@ -162,10 +211,28 @@ class ReplayResult:
     free_blocks_at_end: int = 0
     manager_prefix_cache_stats: dict[str, int] | None = None
     captured: list[str] | None = None
+    # The CPU tier (with config.cpu_offload_blocks); tokens as hit_tokens.
+    offload_impl: str | None = None
+    cpu_hit_tokens: int = 0
+    recompute_cpu_hit_tokens: int = 0
+    cpu_blocks_loaded: int = 0
+    cpu_blocks_stored: int = 0
+    cpu_evictions: int = 0
+    cpu_stores_refused: int = 0
+    offload_calls: int = 0
+    offload_ns: int = 0
+    offload_ns_raw: int = 0
+    offload_step_ns: array = field(default_factory=lambda: array("q"))
 
     @property
     def hit_rate(self) -> float:
+        """GPU prefix-cache hits over prompt tokens (first admissions)."""
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def total_hit_rate(self) -> float:
+        """GPU and CPU-tier hits over prompt tokens (first admissions)."""
+        return (self.hit_tokens + self.cpu_hit_tokens) / self.query_tokens if self.query_tokens else 0.0
 
     @property
     def decisions_digest(self) -> str:
@@ -249,14 +316,15 @@ def build_manager(impl: str, config: ReplayConfig, max_model_len: int) -> Any:
 
 
 class _Live:
-    """Scheduler-side state of one request."""
+    """Scheduler-side state of one request (``off``: its CPU-tier state)."""
 
-    __slots__ = ("trace", "req", "outputs")
+    __slots__ = ("trace", "req", "outputs", "off")
 
     def __init__(self, trace: TraceRequest) -> None:
         self.trace = trace
         self.req: Request | None = None
         self.outputs: list[int] = []
+        self.off: Any = None
 
 
 def _put_ids(dec: list[int], block_ids: Any) -> None:
@@ -307,6 +375,25 @@ def decode_decisions(dec: list[int], names: Mapping[int, str] | None = None) -> 
             out.append(f"preempt {name(idx)} (free)")
         elif op == _FINISH:
             out.append(f"finish {name(idx)}: block table {take_ids()} (free)")
+        elif op == CPU_LOOKUP:
+            out.append(f"CPU tier lookup({name(idx)}) -> hit {dec[pos]} blocks")
+            pos += 1
+        elif op == CPU_LOAD:
+            n = dec[pos]
+            out.append(f"CPU tier prepare_load({name(idx)}) -> chunks {dec[pos + 1 : pos + 1 + n]}")
+            pos += 1 + n
+        elif op == CPU_STORE:
+            n = dec[pos]
+            ids = dec[pos + 1 : pos + 1 + n]
+            evicted, evicted_digest = dec[pos + 1 + n], dec[pos + 2 + n]
+            pos += 3 + n
+            out.append(f"CPU tier prepare_store({name(idx)}) -> store in chunks {ids}, evict {evicted} keys "
+                       f"(digest {evicted_digest & 0xFFFFFFFFFFFFFFFF:016x})")
+        elif op == CPU_STORE_REFUSED:
+            out.append(f"CPU tier prepare_store({name(idx)}, {dec[pos]} keys) -> None")
+            pos += 1
+        elif op == CPU_FINISH:
+            out.append(f"CPU tier on_request_finished({name(idx)})")
         else:  # pragma: no cover - corrupt encoding
             out.append(f"?op {op}")
             break
@@ -319,7 +406,7 @@ def replay(
     impl: str = "cython",
     *,
     manager: Any = None,
-    progress: bool = False,
+    progress: bool | Any = False,
     expected_digests: list[bytes] | None = None,
     capture_step: int | None = None,
     stop_after_step: int | None = None,
@@ -332,7 +419,10 @@ def replay(
         config: pool and scheduler settings.
         impl: which twin's manager to build (``"cython"`` / ``"python"``).
         manager: use this manager instead of building one (tests).
-        progress: show a tqdm bar (one tick per finished request) on stderr.
+        progress: ``True``: show a tqdm bar on stderr; or an object with
+            tqdm's ``update(n)`` (a bar shared by several replays): it gets
+            one tick per finished request and one per rejected request, so
+            a whole replay advances it by ``len(trace)``.
         expected_digests: another run's ``step_digests``; the replay raises
             :class:`Divergence` at the first step whose decisions differ.
         capture_step: keep that step's decisions, readable, in ``captured``.
@@ -342,8 +432,15 @@ def replay(
             raw times).
 
     Raises:
+        ValueError: a request whose arrival time is not a number from 0 to
+            :data:`~kvcy.sim.traces.MAX_ARRIVAL_MS`, or that arrives before
+            the request ahead of it in the trace.
         Divergence: see ``expected_digests``.
-        RuntimeError: the loop stopped making progress (a manager bug).
+        RuntimeError: the loop stopped making progress (a manager bug): a
+            step that schedules nothing, or more steps without a finished
+            request than the oldest running request can take (it gets at
+            least one token a step and is never the one preempted unless it
+            runs alone, so it finishes within ``max_model_len`` steps).
     """
     from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 
@@ -361,6 +458,22 @@ def replay(
     request_cls = getattr(sys.modules.get(type(mgr).__module__), "Request", Request)
     res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
 
+    # Refuse times the simulated clock cannot follow (NaN never compares as
+    # arrived) before anything runs.
+    last_arrival = 0.0
+    for tr in trace:
+        a = tr.arrival_ms
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= MAX_ARRIVAL_MS:
+            raise ValueError(
+                f"request {tr.request_id!r}: arrival_ms must be a number from 0 to {MAX_ARRIVAL_MS:g}, got {a!r}"
+            )
+        if a < last_arrival:
+            raise ValueError(
+                f"request {tr.request_id!r} arrives at {a!r} ms, before the request ahead of it ({last_arrival!r} ms): "
+                "a trace is in arrival order"
+            )
+        last_arrival = a
+
     accepted: list[TraceRequest] = []
     for tr in trace:
         if tr.num_prompt_tokens + tr.num_output_tokens > max_model_len:
@@ -368,13 +481,19 @@ def replay(
         else:
             accepted.append(tr)
     res.requests = len(accepted)
-    names = {tr.index: tr.request_id for tr in trace} if capture_step is not None or expected_digests is not None else None
+    names = None
+    if capture_step is not None or expected_digests is not None:
+        names = {tr.index: tr.request_id for tr in trace}
 
-    bar = None
-    if progress:
+    bar = own_bar = None
+    if progress is True:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(accepted), unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
+        bar = own_bar = tqdm(total=len(trace), unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
+    elif progress is not False and progress is not None:
+        bar = progress
+    if bar is not None and res.rejected:
+        bar.update(res.rejected)
 
     res.timer_overhead_ns = timer_overhead
     raw_ns = 0
@@ -387,6 +506,15 @@ def replay(
     max_seqs = config.max_num_seqs
     step_ms, token_ms = config.step_ms, config.token_us / 1000.0
     reserve_full_isl = config.reserve_full_isl
+    tier = None
+    if config.cpu_offload_blocks:
+        from kvcy.sim.offload import CPUTier
+
+        tier = CPUTier(impl, config.cpu_offload_blocks, config.offload_policy, config.block_size)
+        res.offload_impl = tier.impl
+    off_step_ns = res.offload_step_ns
+    off_raw_ns = 0
+    off_calls = 0
 
     pending = deque(accepted)
     waiting: deque[_Live] = deque()
@@ -397,6 +525,11 @@ def replay(
     clock = 0.0
     step = 0
     calls = 0
+    # The stall guard: the oldest running request finishes within
+    # max_model_len steps (see Raises), so more steps than that without a
+    # finished request mean the loop is not getting anywhere.
+    last_finish_step = 0
+    stall_steps = max_model_len + 2
 
     gc.collect()
     wall0 = time.perf_counter()
@@ -405,11 +538,15 @@ def replay(
             while pending and pending[0].arrival_ms <= clock:
                 waiting.append(_Live(pending.popleft()))
             if not waiting and not running:
-                clock = pending[0].arrival_ms
+                clock = pending[0].arrival_ms  # idle: jump to the next arrival
+                if not pending[0].arrival_ms <= clock:  # pragma: no cover - arrivals are checked above
+                    raise RuntimeError(f"the simulated clock cannot reach the arrival of {pending[0].request_id!r}")
                 continue
 
             dec: list[int] = []
             ns = 0
+            off_ns = 0
+            off_calls0 = off_calls
             step_calls0 = calls
             budget = budget_per_step
             scheduled: list[tuple[_Live, int]] = []
@@ -475,27 +612,63 @@ def replay(
                         )
                         live.req = req
                         live.outputs = tr.output_token_ids()
+                        if tier is not None:
+                            t0 = perf()
+                            live.off = tier.state(tr.request_id, tr.num_prompt_tokens, tr.index)
+                            off_ns += perf() - t0
+                            off_calls += 1
                     t0 = perf()
                     blocks, hit, _boundary = get_computed_blocks(req)
                     ns += perf() - t0
                     calls += 1
-                    n = req.num_tokens - hit
-                    if n > budget:
-                        n = budget
-                    t0 = perf()
-                    new = allocate_slots(
-                        req,
-                        n,
-                        num_new_computed_tokens=hit,
-                        new_computed_blocks=blocks,
-                        num_lookahead_tokens=0,
-                        full_sequence_must_fit=reserve_full_isl,
-                        has_scheduled_reqs=bool(running),
-                    )
-                    ns += perf() - t0
-                    calls += 1
                     dec += (_LOOKUP, live.trace.index, hit)
                     _put_ids(dec, blocks.get_block_ids())
+                    if tier is None:
+                        ext = 0
+                        n = req.num_tokens - hit
+                        if n > budget:
+                            n = budget
+                        t0 = perf()
+                        new = allocate_slots(
+                            req,
+                            n,
+                            num_new_computed_tokens=hit,
+                            new_computed_blocks=blocks,
+                            num_lookahead_tokens=0,
+                            full_sequence_must_fit=reserve_full_isl,
+                            has_scheduled_reqs=bool(running),
+                        )
+                        ns += perf() - t0
+                        calls += 1
+                    else:
+                        t0 = perf()
+                        ext, cpu_keys = tier.lookup(live.off, req, hit, dec)
+                        off_ns += perf() - t0
+                        off_calls += 1
+                        n = req.num_tokens - hit - ext
+                        if n > budget:
+                            n = budget
+                        t0 = perf()
+                        new = allocate_slots(
+                            req,
+                            n,
+                            num_new_computed_tokens=hit,
+                            new_computed_blocks=blocks,
+                            num_lookahead_tokens=0,
+                            num_external_computed_tokens=ext,
+                            full_sequence_must_fit=reserve_full_isl,
+                            has_scheduled_reqs=bool(running),
+                        )
+                        ns += perf() - t0
+                        calls += 1
+                        if new is not None:
+                            t0 = perf()
+                            if ext:
+                                tier.load(live.off, cpu_keys, hit + ext, dec)
+                            else:
+                                tier.admitted(live.off)
+                            off_ns += perf() - t0
+                            off_calls += 1
                     dec += (_ALLOC, live.trace.index, n)
                     _put_ids(dec, None if new is None else new.get_block_ids())
                     if new is None:
@@ -503,13 +676,15 @@ def replay(
                     waiting.popleft()
                     running.append(live)
                     req.status = RUNNING
-                    req.num_computed_tokens = hit
+                    req.num_computed_tokens = hit + ext
                     if req.num_preemptions:
                         res.recompute_query_tokens += req.num_tokens
                         res.recompute_hit_tokens += hit
+                        res.recompute_cpu_hit_tokens += ext
                     else:
                         res.query_tokens += req.num_tokens
                         res.hit_tokens += hit
+                        res.cpu_hit_tokens += ext
                     scheduled.append((live, n))
                     budget -= n
 
@@ -522,6 +697,17 @@ def replay(
             usage_sum += usage
             if usage > res.peak_usage:
                 res.peak_usage = usage
+
+            # The connector's store offers (build_connector_meta): this step's
+            # blocks, then the ends of the requests that finished last step.
+            if tier is not None:
+                t0 = perf()
+                offer = tier.offer
+                for live, n in scheduled:
+                    offer(live.off, live.req.num_computed_tokens + n, dec)
+                tier.end_previous(dec)
+                off_ns += perf() - t0
+                off_calls += 1
 
             # Model step: advance computed tokens, sample, finish.
             num_scheduled = 0
@@ -545,6 +731,8 @@ def replay(
                     res.finished += 1
                     res.prompt_tokens += req.num_prompt_tokens
                     res.output_tokens += req.num_output_tokens
+                    if tier is not None:
+                        tier.finished(live.off)
                     live.req = None  # drop the tokens
                     live.outputs = []
                     done = True
@@ -552,10 +740,29 @@ def replay(
                         bar.update(1)
             if done:
                 running = [lv for lv in running if lv.req is not None]
+                last_finish_step = step
+            elif step - last_finish_step > stall_steps:
+                raise RuntimeError(
+                    f"the scheduler made no progress: no request finished in {step - last_finish_step:,} steps "
+                    f"(step {step}, {len(running)} running, {len(waiting)} waiting, max_model_len {max_model_len:,})"
+                )
 
             raw_ns += ns
             ns -= (calls - step_calls0) * timer_overhead
             step_ns.append(ns if ns > 0 else 0)
+            if tier is not None:
+                t0 = perf()
+                tier.step_end()  # the worker reports this step's stores and loads done
+                if not (pending or waiting or running) and tier.has_pending:
+                    # The last step: the requests that finished in it end now
+                    # rather than at a next step that never comes.
+                    tier.end_previous(dec)
+                    tier.step_end()
+                off_ns += perf() - t0
+                off_calls += 1
+                off_raw_ns += off_ns
+                off_ns -= (off_calls - off_calls0) * timer_overhead
+                off_step_ns.append(off_ns if off_ns > 0 else 0)
             digest = hashlib.blake2b(array("q", dec).tobytes(), digest_size=8).digest()
             digests.append(digest)
             if capture_step == step:
@@ -569,8 +776,8 @@ def replay(
             if stop_after_step is not None and step > stop_after_step:
                 break
     finally:
-        if bar is not None:
-            bar.close()
+        if own_bar is not None:
+            own_bar.close()
 
     res.wall_s = time.perf_counter() - wall0
     if expected_digests is not None and stop_after_step is None and step != len(expected_digests):
@@ -583,6 +790,14 @@ def replay(
     res.manager_ns = sum(step_ns)
     res.manager_ns_raw = raw_ns
     res.free_blocks_at_end = mgr.block_pool.get_num_free_blocks()
+    if tier is not None:
+        res.offload_calls = off_calls
+        res.offload_ns = sum(off_step_ns)
+        res.offload_ns_raw = off_raw_ns
+        res.cpu_blocks_loaded = tier.blocks_loaded
+        res.cpu_blocks_stored = tier.blocks_stored
+        res.cpu_evictions = tier.evictions
+        res.cpu_stores_refused = tier.stores_refused
     res.evictions = getattr(mgr.block_pool, "num_evictions", None)
     stats = mgr.make_prefix_cache_stats() if hasattr(mgr, "make_prefix_cache_stats") else None
     if stats is not None:

@@ -16,9 +16,28 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, fields
 
-from kvcy.sim.traces import Trace, TraceRequest, fresh_tokens
+from kvcy.sim.traces import MAX_ARRIVAL_MS, Trace, TraceRequest, fresh_tokens
 
-__all__ = ["SyntheticConfig", "parse_synthetic_spec", "synthetic_trace"]
+__all__ = ["MAX_TOTAL_PROMPT_TOKENS", "SyntheticConfig", "parse_synthetic_spec", "synthetic_trace"]
+
+
+#: Upper bounds of the parameters: beyond them a trace would not fit in memory
+#: or its times would leave the range a trace may use.
+_LIMITS = {
+    "conversations": 1_000_000,
+    "max_turns": 1000,
+    "system_prompts": 10_000,
+    "system_len": 1 << 20,
+    "user_min": 1 << 20,
+    "user_max": 1 << 20,
+    "output_min": 1 << 20,
+    "output_max": 1 << 20,
+    "rate": 1e9,
+    "think_ms": 3.6e9,  # 1,000 hours
+}
+#: Most prompt tokens a synthetic trace may hold in all (64 Mi, about 2.4 times
+#: the bundled trace; each prompt is kept as a list: this is about 0.5 GiB).
+MAX_TOTAL_PROMPT_TOKENS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -43,8 +62,10 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or value < 0:
-                raise ValueError(f"synthetic {f.name} must be >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"synthetic {f.name} must be a number, got {value!r}")
+            if not 0 <= value <= _LIMITS[f.name]:  # NaN fails too
+                raise ValueError(f"synthetic {f.name} must be a number from 0 to {_LIMITS[f.name]:g}, got {value!r}")
         if self.max_turns < 1 or self.system_prompts < 1:
             raise ValueError("synthetic max_turns and system_prompts must be >= 1")
         if self.user_min < 1 or self.user_min > self.user_max:
@@ -91,6 +112,11 @@ def synthetic_trace(seed: int = 0, config: SyntheticConfig | None = None, limit:
         seed: the random seed; equal seeds and configs give equal traces.
         config: the generator parameters (defaults: :class:`SyntheticConfig`).
         limit: keep only the first ``limit`` requests by arrival.
+
+    Raises:
+        ValueError: the trace would hold more than
+            :data:`MAX_TOTAL_PROMPT_TOKENS` prompt tokens, or a request would
+            arrive after :data:`~kvcy.sim.traces.MAX_ARRIVAL_MS`.
     """
     cfg = config or SyntheticConfig()
     rng = random.Random(seed)
@@ -101,6 +127,7 @@ def synthetic_trace(seed: int = 0, config: SyntheticConfig | None = None, limit:
     systems = [tokens(cfg.system_len) for _ in range(cfg.system_prompts)]
     requests: list[TraceRequest] = []
     t_ms = 0.0
+    total_prompt = 0
     for c in range(cfg.conversations):
         t_ms += rng.expovariate(cfg.rate) * 1000.0
         history = list(systems[rng.randrange(cfg.system_prompts)])
@@ -109,6 +136,17 @@ def synthetic_trace(seed: int = 0, config: SyntheticConfig | None = None, limit:
             if turn:
                 arrival += rng.expovariate(1.0 / cfg.think_ms) if cfg.think_ms > 0 else 0.0
             history += tokens(rng.randint(cfg.user_min, cfg.user_max))
+            total_prompt += len(history)
+            if total_prompt > MAX_TOTAL_PROMPT_TOKENS:
+                raise ValueError(
+                    f"the synthetic trace would hold more than {MAX_TOTAL_PROMPT_TOKENS:,} prompt tokens; "
+                    "ask for fewer conversations, turns or tokens"
+                )
+            if not arrival <= MAX_ARRIVAL_MS:
+                raise ValueError(
+                    f"synthetic conversation {c} would arrive after {MAX_ARRIVAL_MS:g} ms; "
+                    "raise rate or lower think_ms"
+                )
             output = tokens(rng.randint(cfg.output_min, cfg.output_max))
             requests.append(
                 TraceRequest(

@@ -29,6 +29,8 @@ from importlib import resources
 from pathlib import Path
 
 __all__ = [
+    "MAX_ARRIVAL_MS",
+    "MAX_TOKENS_PER_REQUEST",
     "MOONCAKE_BLOCK",
     "BUNDLED_TRACE",
     "Trace",
@@ -43,6 +45,16 @@ __all__ = [
 
 #: Tokens per Mooncake hash id.
 MOONCAKE_BLOCK = 512
+
+#: Latest arrival time a trace may give, in ms (about 317 years: Unix-epoch
+#: milliseconds fit; at this size a double still resolves 2 µs).
+MAX_ARRIVAL_MS = 1e13
+
+#: Longest prompt, and longest output, a trace request may have (16 Mi tokens).
+MAX_TOKENS_PER_REQUEST = 1 << 24
+
+#: Largest Mooncake hash id (a signed 64-bit token id: it is a block's first token).
+_MAX_HASH_ID = (1 << 63) - 1
 
 #: File name of the trace head shipped in ``kvcy/data/traces``.
 BUNDLED_TRACE = "conversation_trace_head2000.jsonl"
@@ -201,12 +213,12 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
-def _int_field(row: dict, key: str, where: str, minimum: int) -> int:
+def _int_field(row: dict, key: str, where: str, minimum: int, maximum: int) -> int:
     value = row.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{where}: {key!r} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{where}: {key!r} must be >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{where}: {key!r} must be from {minimum} to {maximum:,}, got {value}")
     return value
 
 
@@ -248,15 +260,18 @@ def read_mooncake(path: str | Path, limit: int | None = None, name: str | None =
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: expected a JSON object")
             ts = row.get("timestamp")
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0:
-                raise ValueError(f"{where}: 'timestamp' must be a non-negative number, got {ts!r}")
-            n_in = _int_field(row, "input_length", where, 1)
-            n_out = _int_field(row, "output_length", where, 0)
+            # json reads NaN and Infinity; NaN never compares, so check the range the positive way.
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts <= MAX_ARRIVAL_MS:
+                raise ValueError(
+                    f"{where}: 'timestamp' must be a number of ms from 0 to {MAX_ARRIVAL_MS:g}, got {ts!r}"
+                )
+            n_in = _int_field(row, "input_length", where, 1, MAX_TOKENS_PER_REQUEST)
+            n_out = _int_field(row, "output_length", where, 0, MAX_TOKENS_PER_REQUEST)
             ids = row.get("hash_ids")
             if not isinstance(ids, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids
+                isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= _MAX_HASH_ID for h in ids
             ):
-                raise ValueError(f"{where}: 'hash_ids' must be a list of non-negative integers")
+                raise ValueError(f"{where}: 'hash_ids' must be a list of integers from 0 to 2**63 - 1")
             expected = -(-n_in // MOONCAKE_BLOCK)
             if len(ids) != expected:
                 raise ValueError(
