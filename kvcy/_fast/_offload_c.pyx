@@ -814,6 +814,32 @@ cdef class LRUCachePolicy(CachePolicy):
                 self._refresh(st)
         return 0
 
+    cdef int c_finish_keys(self, list keys, _Positions pos) except -1:
+        """c_on_request_finished for a request's keys, first seen first (the
+        manager's record): grouped by group index in index order, keeping
+        that order within a group, as the manager would pass them."""
+        cdef Py_ssize_t i, n = len(keys)
+        cdef uint32_t g0
+        cdef bint one_group = True
+        if n == 0:
+            return 0
+        g0 = _group_of(<bytes>keys[0])
+        for i in range(1, n):
+            if _group_of(<bytes>keys[i]) != g0:
+                one_group = False
+                break
+        if one_group:
+            return self.c_on_request_finished([keys], None, None, None, pos)
+        by_group = {}
+        for key in keys:
+            by_group.setdefault(_group_of(<bytes>key), []).append(key)
+        groups = []
+        for gi in sorted(by_group):
+            members = <list>by_group[gi]
+            ordered = _by_position(members, pos)
+            groups.append(members if ordered is None else ordered)
+        return self.c_on_request_finished(groups, None, None, None, pos)
+
     cdef int c_mark_evictable(self, bytes key) except -1:
         return 0
 
@@ -1866,6 +1892,11 @@ cdef class CPUOffloadingManager:
         rec.finished = True
         rec.fold()
         pos = _positions(req_context)
+        if type(self._pol) is LRUCachePolicy:
+            # the native LRU ranks the keys by position only: no flag sets,
+            # and one group in the common case
+            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos)
+            return
         by_group = {}
         insertion_only = set()
         reused = set()
