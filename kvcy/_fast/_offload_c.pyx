@@ -289,6 +289,12 @@ cdef _Positions _positions(object req_context):
 # =============================================================================
 # Chunk state and intrusive lists
 # =============================================================================
+# _Node, ChunkStatus and _DList are not tracked by the cycle collector: a
+# node refers only to its key (bytes) and its neighbours, and those links are
+# broken whenever it leaves a list (unlink, clear, and a list's __dealloc__).
+# Untracked, the hundreds of thousands of chunks of a large tier cost nothing
+# in each collection, and making one does not count toward the next.
+@cython.no_gc
 cdef class _Node:
     """A link of an intrusive doubly linked list (ARC's lists and ghosts)."""
     cdef _Node prev
@@ -298,11 +304,17 @@ cdef class _Node:
 
 
 @cython.final
+@cython.no_gc
 cdef class _DList:
     """An intrusive doubly linked list of _Node, oldest first."""
     cdef _Node head
     cdef _Node tail
     cdef Py_ssize_t size
+
+    def __dealloc__(self):
+        # unlink every node (iteratively: no deep chain of deallocations, and
+        # no cycle of nodes left behind for a collector that cannot see them)
+        self.clear()
 
     cdef inline void append(self, _Node n) noexcept:
         n.prev = self.tail
@@ -342,6 +354,7 @@ cdef class _DList:
 
 
 @cython.final
+@cython.no_gc
 cdef class ChunkStatus(_Node):
     """One chunk of the CPU cache and how it is used.
 
