@@ -526,3 +526,89 @@ def test_tampering_with_compiled_classes_never_crashes():
     )
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "survived" in proc.stdout
+
+
+# =============================================================================
+# Chunks outside the cycle collector (compiled twin)
+# =============================================================================
+_DROP_SCRIPT = textwrap.dedent(
+    """
+    import gc, sys
+    from kvcy._fast import _offload_c as m
+    from kvcy.kv_offload.base import ReqContext, make_offload_key
+
+    assert not gc.is_tracked(m.ChunkStatus(0))
+    for policy in ("lru", "arc"):
+        keys = [make_offload_key(i.to_bytes(8, "big"), 0) for i in range(200_000)]
+        before = [sys.getrefcount(k) for k in keys[:: 997]]
+        manager = m.CPUOffloadingManager(num_chunks=100_000, cache_policy=policy)
+        ranked = ReqContext(req_id="ranked")
+        for i, k in enumerate(keys[:50_000]):
+            ranked.set_offload_key_position(k, 16 * (i + 1))
+        for start in range(0, len(keys), 10_000):  # fresh and ranked keys; ARC ghosts
+            ctx = ranked if start < 50_000 else ReqContext(req_id=str(start))
+            out = manager.prepare_store(keys[start : start + 10_000], ctx)
+            manager.complete_store(out.keys_to_store, ctx)
+        held = manager._policy.get(keys[-1])   # a chunk that outlives its policy
+        del manager, ranked, ctx, out
+        gc.collect()
+        after = [sys.getrefcount(k) for k in keys[:: 997]]
+        assert after == before, (policy, sum(a - b for a, b in zip(after, before)))
+        assert held.chunk_id >= 0
+    print("released")
+    """
+)
+
+
+def test_dropped_policies_release_every_chunk_and_ghost():
+    """_Node / ChunkStatus / _DList are untracked by the cycle collector (allocation speed):
+    dropping a manager whose lists hold 100,000 linked chunks (and ARC ghosts) must unlink
+    them all (no leaked cycle) without a deep chain of deallocations (no stack overflow)."""
+    proc = subprocess.run([sys.executable, "-c", _DROP_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "released" in proc.stdout
+
+
+class _MeddlingKey(bytes):
+    """A positions-dict key equal to a plain key, whose ``__eq__`` removes resident keys."""
+
+    victims: list = []
+    policy = None
+
+    def __eq__(self, other):
+        while self.victims:
+            key = self.victims.pop()
+            if self.policy.get(key) is not None:
+                self.policy.remove(key)
+        return bytes.__eq__(self, other)
+
+    __hash__ = bytes.__hash__
+
+
+@pytest.mark.parametrize("twin", ["cython", "python"])
+def test_lru_offer_survives_position_lookups_that_remove_keys(twin):
+    """prepare_store inserts an offer's keys into the LRU's ordered set with the previous key
+    as hint; Python code run by a position lookup (a bytes subclass's __eq__) that takes
+    entries out of the set must not leave a stale hint (the compiled twin would crash)."""
+    mod = _fast.load(twin)["offload"]
+    manager = mod.CPUOffloadingManager(num_chunks=64, cache_policy="lru")
+    ctx = ReqContext(req_id="a")
+    first = [_key(1, i, 0) for i in range(8)]
+    for i, k in enumerate(first):
+        ctx.set_offload_key_position(k, 16 * (i + 1))
+    out = manager.prepare_store(first, ctx)
+    manager.complete_store(out.keys_to_store, ctx)
+    offer = [_key(2, i, 0) for i in range(8)]
+    _MeddlingKey.policy = manager._policy
+    _MeddlingKey.victims = list(first) + [offer[2]]  # offer[2]: the hint when offer[3] is placed
+    for i, k in enumerate(offer):
+        # the meddling twin of the 4th key is what the positions dict holds
+        ctx._offload_key_positions[_MeddlingKey(k) if i == 3 else k] = 16 * (9 + i)
+    out = manager.prepare_store(offer, ctx)
+    assert out.keys_to_store == offer
+    assert not _MeddlingKey.victims
+    kept = offer[:2] + offer[3:]
+    assert sorted(manager._policy.chunks) == sorted(kept)
+    manager.complete_store(offer, ctx)
+    # ranked with the request, tail first: the set's order is intact
+    assert [k for k, _ in manager._policy.evict(7, set())] == kept[::-1]

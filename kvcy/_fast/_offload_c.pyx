@@ -75,8 +75,8 @@ cdef extern from *:
         KvcyRankSet() except +
         iterator begin()
         iterator end()
-        void insert(KvcyRankEntry&) except +
-        size_t erase(KvcyRankEntry&)
+        iterator insert(iterator, KvcyRankEntry&) except +
+        void erase(iterator)
         void clear()
         size_t size()
 
@@ -289,6 +289,12 @@ cdef _Positions _positions(object req_context):
 # =============================================================================
 # Chunk state and intrusive lists
 # =============================================================================
+# _Node, ChunkStatus and _DList are not tracked by the cycle collector: a
+# node refers only to its key (bytes) and its neighbours, and those links are
+# broken whenever it leaves a list (unlink, clear, and a list's __dealloc__).
+# Untracked, the hundreds of thousands of chunks of a large tier cost nothing
+# in each collection, and making one does not count toward the next.
+@cython.no_gc
 cdef class _Node:
     """A link of an intrusive doubly linked list (ARC's lists and ghosts)."""
     cdef _Node prev
@@ -298,11 +304,17 @@ cdef class _Node:
 
 
 @cython.final
+@cython.no_gc
 cdef class _DList:
     """An intrusive doubly linked list of _Node, oldest first."""
     cdef _Node head
     cdef _Node tail
     cdef Py_ssize_t size
+
+    def __dealloc__(self):
+        # unlink every node (iteratively: no deep chain of deallocations, and
+        # no cycle of nodes left behind for a collector that cannot see them)
+        self.clear()
 
     cdef inline void append(self, _Node n) noexcept:
         n.prev = self.tail
@@ -342,6 +354,7 @@ cdef class _DList:
 
 
 @cython.final
+@cython.no_gc
 cdef class ChunkStatus(_Node):
     """One chunk of the CPU cache and how it is used.
 
@@ -356,6 +369,7 @@ cdef class ChunkStatus(_Node):
     cdef readonly Py_ssize_t ref_cnt
     cdef int64_t rank_a             # LRU rank, while in_order
     cdef int64_t rank_b
+    cdef KvcyRankSet.iterator order_it  # its entry in that set, while in_order
     cdef bint in_order              # in an LRU policy's order set
     cdef bint owned                 # resident in some policy
 
@@ -472,6 +486,14 @@ cdef class CachePolicy:
     cdef int c_insert(self, bytes key, ChunkStatus chunk, object ctx, _Positions pos,
                       bint absent=False) except -1:
         self.insert(key, chunk, ctx)
+        return 0
+
+    cdef int c_insert_new(self, list keys, vector[Py_ssize_t]& ids, object ctx,
+                          _Positions pos) except -1:
+        """Insert non-resident ``keys[i]`` with a new write-pending chunk ``ids[i]``, in order."""
+        cdef Py_ssize_t i
+        for i in range(len(keys)):
+            self.c_insert(<bytes>keys[i], _new_status(ids[i]), ctx, pos, True)
         return 0
 
     cdef int c_remove(self, bytes key) except -1:
@@ -629,6 +651,7 @@ cdef class LRUCachePolicy(CachePolicy):
     cdef int64_t _counter
     cdef int64_t _epoch
     cdef int64_t _owner
+    cdef int64_t _erased        # entries ever taken out of _order (hints older than a change are dropped)
 
     def __init__(self, cache_capacity):
         CachePolicy.__init__(self, cache_capacity)
@@ -644,9 +667,15 @@ cdef class LRUCachePolicy(CachePolicy):
     # -- rank bookkeeping (the set holds borrowed pointers: a status is in it
     #    only while _chunks holds it, and it holds its key)
     cdef inline void _link_ranked(self, ChunkStatus st, int64_t a, int64_t b) except *:
+        self._link_ranked_at(st, a, b, self._order.end())
+
+    cdef inline void _link_ranked_at(self, ChunkStatus st, int64_t a, int64_t b,
+                                     KvcyRankSet.iterator hint) except *:
+        # ``hint``: an entry of the set the new one is expected just before
+        # (amortized O(1) then; a wrong hint costs an ordinary O(log n) insert)
         st.rank_a = a
         st.rank_b = b
-        self._order.insert(kvcy_rank_entry(a, b, <PyObject *>st.key, <PyObject *>st))
+        st.order_it = self._order.insert(hint, kvcy_rank_entry(a, b, <PyObject *>st.key, <PyObject *>st))
         st.in_order = True
 
     cdef inline void _link_fresh(self, ChunkStatus st) noexcept:
@@ -657,11 +686,11 @@ cdef class LRUCachePolicy(CachePolicy):
         self._fresh.append(st)
 
     cdef inline void _unlink(self, ChunkStatus st) noexcept:
-        cdef KvcyRankEntry e
         if st.in_order:
-            e = kvcy_rank_entry(st.rank_a, st.rank_b, <PyObject *>st.key, <PyObject *>st)
-            self._order.erase(e)
+            # (a status is in_order only in the set of the policy whose _chunks holds it)
+            self._order.erase(st.order_it)
             st.in_order = False
+            self._erased += 1
         elif st.where == 5:
             self._fresh.unlink(st)
             st.where = 0
@@ -710,6 +739,49 @@ cdef class LRUCachePolicy(CachePolicy):
             self._link_fresh(st)
         return 0
 
+    cdef int c_insert_new(self, list keys, vector[Py_ssize_t]& ids, object ctx,
+                          _Positions pos) except -1:
+        # c_insert per key, with the request's rank taken once (at the first
+        # key with a position, as c_insert would) and each ranked key inserted
+        # with the previous one as hint: an offer's keys come head first, so
+        # each sorts just before the one inserted before it.  Only for a plain
+        # ReqContext with its positions dict: then nothing in the loop runs
+        # Python code after the rank is taken, so the hint stays valid.
+        cdef Py_ssize_t i, n = len(keys)
+        cdef int64_t p, a = 0
+        cdef bint have_rank = False
+        cdef ChunkStatus st
+        cdef bytes key
+        cdef KvcyRankSet.iterator hint
+        cdef int64_t erased = self._erased
+        if type(ctx) is not _ReqContext or pos is None or pos.d is None:
+            return CachePolicy.c_insert_new(self, keys, ids, ctx, pos)
+        for i in range(n):
+            key = <bytes>keys[i]
+            st = _new_status(ids[i])
+            if pos.get(key, &p):
+                if not have_rank:
+                    a = self._request_rank(ctx)
+                    have_rank = True
+                    hint = self._order.end()
+                    erased = self._erased
+                elif erased != self._erased:
+                    # (a key equal to a position's key ran Python code that
+                    # took an entry out: the hint may be gone)
+                    hint = self._order.end()
+                    erased = self._erased
+                st.key = key
+                st.owned = True
+                self._chunks[key] = st
+                self._link_ranked_at(st, a, -p, hint)
+                hint = st.order_it
+            else:
+                st.key = key
+                st.owned = True
+                self._chunks[key] = st
+                self._link_fresh(st)
+        return 0
+
     cdef int c_remove(self, bytes key) except -1:
         cdef ChunkStatus st = self.c_get(key)
         if st is None:
@@ -755,6 +827,32 @@ cdef class LRUCachePolicy(CachePolicy):
                 self._refresh(st)
         return 0
 
+    cdef int c_finish_keys(self, list keys, _Positions pos) except -1:
+        """c_on_request_finished for a request's keys, first seen first (the
+        manager's record): grouped by group index in index order, keeping
+        that order within a group, as the manager would pass them."""
+        cdef Py_ssize_t i, n = len(keys)
+        cdef uint32_t g0
+        cdef bint one_group = True
+        if n == 0:
+            return 0
+        g0 = _group_of(<bytes>keys[0])
+        for i in range(1, n):
+            if _group_of(<bytes>keys[i]) != g0:
+                one_group = False
+                break
+        if one_group:
+            return self.c_on_request_finished([keys], None, None, None, pos)
+        by_group = {}
+        for key in keys:
+            by_group.setdefault(_group_of(<bytes>key), []).append(key)
+        groups = []
+        for gi in sorted(by_group):
+            members = <list>by_group[gi]
+            ordered = _by_position(members, pos)
+            groups.append(members if ordered is None else ordered)
+        return self.c_on_request_finished(groups, None, None, None, pos)
+
     cdef int c_mark_evictable(self, bytes key) except -1:
         return 0
 
@@ -798,6 +896,7 @@ cdef class LRUCachePolicy(CachePolicy):
 
     cdef int c_clear(self) except -1:
         self._order.clear()
+        self._erased += 1
         self._fresh.clear()
         for st in self._chunks.values():
             (<ChunkStatus>st).in_order = False
@@ -1746,9 +1845,7 @@ cdef class CPUOffloadingManager:
         for i in range(n - num_fresh):
             ids.push_back(self._free.back())
             self._free.pop_back()
-        for i in range(n):
-            st = _new_status(ids[i])
-            policy.c_insert(<bytes>new[i], st, req_context, pos, True)
+        policy.c_insert_new(new, ids, req_context, pos)
         self._n_pending += n
         rec.inserted_log.extend(new)
         return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(ids), evicted_keys=evicted_keys)
@@ -1808,6 +1905,11 @@ cdef class CPUOffloadingManager:
         rec.finished = True
         rec.fold()
         pos = _positions(req_context)
+        if type(self._pol) is LRUCachePolicy:
+            # the native LRU ranks the keys by position only: no flag sets,
+            # and one group in the common case
+            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos)
+            return
         by_group = {}
         insertion_only = set()
         reused = set()
