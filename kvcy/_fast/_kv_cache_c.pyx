@@ -1665,7 +1665,8 @@ cdef class BlockPool:
 
         Raises:
             TypeError: an element is not a KVCacheBlock.
-            RuntimeError: a block would be freed more times than it was taken.
+            RuntimeError: a block would be freed more times than it was taken,
+                or would be queued while it is in a free queue already.
             In both cases nothing changes.
         """
         cdef list blocks_list = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
@@ -1699,6 +1700,13 @@ cdef class BlockPool:
             if (<KVCacheBlock>p).ref_cnt <= 0:
                 self._undo_free(blocks_list, i, n_head, n_tail)
                 raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
+            if (<KVCacheBlock>p).ref_cnt == 1 and (<KVCacheBlock>p)._queue_id != 0 and (
+                    queue._holds(<KVCacheBlock>p) if (<KVCacheBlock>p)._queue_id == queue_id
+                    else queue._queued_anywhere(<KVCacheBlock>p)):
+                # (its public ref_cnt was raised while it sat in a free queue:
+                # queueing it again would hand it out twice)
+                self._undo_free(blocks_list, i, n_head, n_tail)
+                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
             (<KVCacheBlock>p).ref_cnt = (<KVCacheBlock>p).ref_cnt - 1
             if (<KVCacheBlock>p).ref_cnt == 0:
                 Py_INCREF_RAW(p)

@@ -784,8 +784,10 @@ class BlockPool:
         given order.
 
         Raises:
-            RuntimeError: a block would be freed more times than it was taken
-                (nothing changes then).
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block would be freed more times than it was taken,
+                or would be queued while it is in a free queue already.
+            In both cases nothing changes.
         """
         blocks_list = list(ordered_blocks)
         to_tail: list[KVCacheBlock] = []
@@ -800,6 +802,11 @@ class BlockPool:
             if block.ref_cnt <= 0:
                 self._undo_free(blocks_list, i)
                 raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
+            if block.ref_cnt == 1 and (block.prev_free_block is not None or block.next_free_block is not None):
+                # (its public ref_cnt was raised while it sat in a free queue:
+                # queueing it again would hand it out twice)
+                self._undo_free(blocks_list, i)
+                raise RuntimeError(f"block {block.block_id} is already in the free queue")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if caching and block._block_hash is not None:
