@@ -130,3 +130,72 @@ def test_freeing_a_block_queued_in_another_pool_is_refused(impl):
     assert stray.ref_cnt == 1
     assert ids(pool_a.free_block_queue.get_all_free_blocks()) == [1, 2, 3]
     assert ids(pool_b.free_block_queue.get_all_free_blocks()) == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- item 6
+def _tamper(req, how, index=5):
+    if how == "not bytes":
+        req.block_hashes[index] = 12345
+    elif how == "removed":
+        del req.block_hashes[index + 1:]
+    elif how == "None":
+        req.block_hashes[index] = None
+
+
+TAMPERINGS = {"not bytes": TypeError, "removed": RuntimeError, "None": TypeError}
+
+
+@pytest.mark.parametrize("how", list(TAMPERINGS))
+@pytest.mark.parametrize("layout", ["full", "hybrid"])
+def test_tampered_hashes_are_refused_before_allocating(impl, how, layout):
+    """Caching runs after allocating: a request whose hashes it cannot read must be refused
+    before anything is taken (it used to leave 13 blocks held)."""
+    mgr = manager(impl, config=hybrid_config() if layout == "hybrid" else None)
+    other = impl.kv_cache.Request("other", list(range(100, 118)), block_hasher=hasher())
+    mgr.allocate_slots(other, other.num_tokens)
+    req = impl.kv_cache.Request("a", list(range(50)), block_hasher=hasher())
+    _tamper(req, how)
+    before = snapshot(mgr)
+    with pytest.raises(TAMPERINGS[how]):
+        mgr.allocate_slots(req, 50)
+    assert snapshot(mgr) == before
+    assert not mgr.coordinator.holds("a")
+
+
+@pytest.mark.parametrize("how", list(TAMPERINGS))
+def test_tampered_hashes_of_a_running_request(impl, how):
+    """The same on a later step of a running request (the compiled decode path) and with prefix
+    hits handed in: nothing is touched, allocated or recorded."""
+    mgr = manager(impl)
+    warm = impl.kv_cache.Request("warm", list(range(40)), block_hasher=hasher())
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    req = impl.kv_cache.Request("a", list(range(50)), block_hasher=hasher())
+    hits, n_hit, _ = mgr.get_computed_blocks(req)
+    assert n_hit == 40
+    _tamper(req, how, index=10)  # (the hits' hashes are not read again: the new blocks' are)
+    before = snapshot(mgr)
+    with pytest.raises(TAMPERINGS[how]):
+        mgr.allocate_slots(req, 10, num_new_computed_tokens=n_hit, new_computed_blocks=hits)
+    assert snapshot(mgr) == before
+    # A running request: 8 tokens cached, then its hashes go bad before the next block fills.
+    run = impl.kv_cache.Request("b", list(range(200, 208)), block_hasher=hasher())
+    mgr.allocate_slots(run, 8)
+    run.num_computed_tokens = 8
+    run.append_output_token_ids([1, 2, 3, 4])
+    run.block_hashes[2] = "x"
+    before = snapshot(mgr)
+    with pytest.raises(TypeError, match="block hashes must be bytes, got str"):
+        mgr.allocate_slots(run, 4)
+    assert snapshot(mgr) == before
+    run.block_hashes[2] = b"y" * 32
+    assert mgr.allocate_slots(run, 4) is not None
+
+
+def test_wrong_length_digests_still_cache(impl):
+    """A digest of another length is still a cache key (nothing reads its length): accepted."""
+    mgr = manager(impl)
+    req = impl.kv_cache.Request("a", list(range(8)), block_hasher=hasher())
+    req.block_hashes[1] = b"xx"
+    mgr.allocate_slots(req, 8)
+    assert mgr.block_pool.blocks[2].block_hash == b"xx" + (0).to_bytes(4, "big")

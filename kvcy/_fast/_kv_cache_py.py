@@ -651,6 +651,31 @@ class BlockPool:
                 )
             )
 
+    def _check_hashes_to_cache(self, request: Request, num_cached_blocks: int, num_full_blocks: int,
+                               block_size: int) -> None:
+        # What cache_full_blocks(request, ..., num_cached_blocks, num_full_blocks,
+        # block_size, ...) reads of the request's hashes, checked before the
+        # caller changes anything (it caches after allocating): enough of
+        # them, and those it reads bytes.  The same errors.
+        if num_cached_blocks >= num_full_blocks:
+            return
+        num_cached_blocks = max(num_cached_blocks, 0)
+        hashes = request.block_hashes
+        scale = 1
+        if block_size != self.hash_block_size:
+            resolve_block_hashes((), self.hash_block_size, block_size)  # (its ValueError for a bad size)
+            scale = block_size // self.hash_block_size
+        n = len(hashes) // scale
+        if n < num_full_blocks:
+            raise RuntimeError(
+                f"request {_request_id(request)!r} has {n} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+            h = hashes[j]
+            if h.__class__ is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+
     def _uncache(self, blocks: list, start: int, end: int) -> None:
         """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it)."""
         cache = self.cached_block_hash_to_block
@@ -1011,6 +1036,22 @@ class SingleTypeKVCacheManager:
         )
         self.num_cached_block[request_id] = num_full_blocks
 
+    def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
+                            attaching: bool, total_computed_tokens: int) -> None:
+        # What cache_blocks(request, num_tokens) will read once this
+        # allocation is made, checked before it: the cached count is the
+        # request's entry, or, for a request taking its hits now (attaching),
+        # what add_local_computed_blocks will record.
+        num_cached = self.num_cached_block.get(request_id)
+        if num_cached is None:
+            if attaching:
+                skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+                num_cached = max(skipped, len(hits))
+            else:
+                num_cached = 0
+        self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
+                                               self.block_size)
+
     # -------------------------------------------------------------- freeing
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self.num_cached_block.pop(request_id, None)
@@ -1229,6 +1270,9 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         return None
 
+    def _check_cache_inputs(self, request, request_id, num_tokens, hits, attaching, total_computed_tokens) -> None:
+        return None  # (never cached)
+
 
 spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
@@ -1413,6 +1457,18 @@ class KVCacheCoordinator:
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens)
 
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        # The num_tokens cache_blocks hands this manager.
+        return num_computed_tokens
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_computed_tokens: int,
+                            new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
+        # cache_blocks(request, num_computed_tokens) after this allocation,
+        # checked for every group before any change.
+        for manager, hits in zip(self.single_type_managers, new_computed_blocks):
+            manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
+                                        hits, attaching, total_computed_tokens)
+
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
             manager.free(request_id)
@@ -1555,6 +1611,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if manager.use_eagle and aligned > 0:
                 n = min(num_computed_tokens, aligned + manager.block_size)
             manager.cache_blocks(request, n)
+
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         num_groups = len(self.kv_cache_config.kv_cache_groups)
@@ -1882,6 +1944,12 @@ class KVCacheManager:
 
         num_tokens_main_model = total_computed_tokens + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
+            coordinator._check_cache_inputs(
+                request, request_id, min(total_computed_tokens + num_new_tokens, request.num_tokens),
+                new_blocks_list, has_new_computed or num_external_computed_tokens > 0,
+                num_local_computed_tokens + num_external_computed_tokens,
+            )
         coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens))
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
