@@ -199,3 +199,42 @@ def test_wrong_length_digests_still_cache(impl):
     req.block_hashes[1] = b"xx"
     mgr.allocate_slots(req, 8)
     assert mgr.block_pool.blocks[2].block_hash == b"xx" + (0).to_bytes(4, "big")
+
+
+# --------------------------------------------------------------------------- item 5
+@pytest.mark.parametrize("held", [False, True], ids=["free hits", "held hits"])
+def test_hits_from_another_manager_are_refused(impl, held):
+    """Prefix hits looked up in one manager and handed to another: a clear error, both managers
+    unchanged (the Python twin used to take them, listing block 1 twice and corrupting both
+    pools; both twins took another pool's held blocks)."""
+    m1, m2 = manager(impl), manager(impl)
+    warm = impl.kv_cache.Request("w", list(range(20)), block_hasher=hasher())
+    m2.allocate_slots(warm, 20)
+    if not held:
+        m2.free(warm)
+    req = impl.kv_cache.Request("r", list(range(20)), block_hasher=hasher())
+    hits, n_hit, _ = m2.get_computed_blocks(req)
+    assert n_hit == 16
+    before1, before2 = snapshot(m1), snapshot(m2)
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        m1.allocate_slots(req, 4, num_new_computed_tokens=n_hit, new_computed_blocks=hits)
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        m1.block_pool.touch(hits.blocks[0])
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        m1.coordinator.allocate_new_computed_blocks("r", hits.blocks, n_hit, 0)
+    assert snapshot(m1) == before1 and snapshot(m2) == before2
+    # Its own hits are fine.
+    assert m2.allocate_slots(req, 4, num_new_computed_tokens=n_hit, new_computed_blocks=hits) is not None
+
+
+def test_queue_remove_of_another_queues_block_is_refused(impl):
+    m = impl.kv_cache
+    q1 = m.FreeKVCacheBlockQueue([m.KVCacheBlock(i) for i in range(3)])
+    other = [m.KVCacheBlock(i) for i in range(3)]
+    q2 = m.FreeKVCacheBlockQueue(other)
+    with pytest.raises(RuntimeError, match="remove\\(\\) called on an invalid block"):
+        q1.remove(other[1])
+    assert (q1.num_free_blocks, ids(q1.get_all_free_blocks())) == (3, [0, 1, 2])
+    assert (q2.num_free_blocks, ids(q2.get_all_free_blocks())) == (3, [0, 1, 2])
+    q2.remove(other[1])
+    assert ids(q2.get_all_free_blocks()) == [0, 2]

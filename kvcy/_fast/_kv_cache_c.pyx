@@ -1665,7 +1665,7 @@ cdef class BlockPool:
             groups = [list(blocks)]
         cdef list group
         for group in groups:  # check everything before any change
-            _check_hit_blocks(group, NULL, self.free_block_queue)
+            _check_hit_blocks(group, NULL, self.free_block_queue, self.blocks)
         for group in groups:
             self._touch(group)
 
@@ -1975,7 +1975,8 @@ cdef class SingleTypeKVCacheManager:
         cdef Py_ssize_t skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         if skipped > 0:
             blocks = blocks[skipped:]
-        return _check_hit_blocks(blocks, NULL, self.block_pool.free_block_queue if self.enable_caching else None)
+        return _check_hit_blocks(blocks, NULL, self.block_pool.free_block_queue if self.enable_caching else None,
+                                 self.block_pool.blocks)
 
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
                                             Py_ssize_t num_external_computed_tokens):
@@ -2825,19 +2826,26 @@ cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size
     return needed if needed > 0 else 0
 
 
-cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None):
+cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None,
+                            list pool_blocks=None):
     # Blocks to touch (prefix-cache hits) as a list, checked before any
     # change: every one a KVCacheBlock (the manager reads their C fields), or
-    # TypeError; with a queue, every free one (ref_cnt 0, not null) in it, or
+    # TypeError; with pool_blocks (a pool's blocks), every one that pool's, or
+    # RuntimeError (a hit from another pool would take a reference there);
+    # with a queue, every free one (ref_cnt 0, not null) in it, or
     # RuntimeError (touch() would fail half-way).  n_evictable, if given,
     # receives how many are free: touching them takes them out of the pool.
     cdef list out = blocks if type(blocks) is list else list(blocks)
-    cdef Py_ssize_t i, n_free = 0
+    cdef Py_ssize_t i, n_free = 0, bid
     cdef PyObject *bp
     for i in range(PyList_GET_SIZE(out)):
         bp = _PyList_GET_ITEM_RAW(out, i)
         if not _is_block(bp):
             raise TypeError(f"blocks must be KVCacheBlock, got {type(<object>bp).__name__}")
+        if pool_blocks is not None:
+            bid = (<KVCacheBlock>bp).block_id
+            if not (0 <= bid < PyList_GET_SIZE(pool_blocks) and _PyList_GET_ITEM_RAW(pool_blocks, bid) == bp):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
         if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
             if queue is not None and not queue._holds(<KVCacheBlock>bp):
                 raise RuntimeError(f"remove() called on an invalid block: {<object>bp}")
@@ -3125,7 +3133,7 @@ cdef class KVCacheManager:
                         "a request's first allocation"
                     )
                 for g in new_blocks_list:
-                    _check_hit_blocks(g)
+                    _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
 
         cdef Py_ssize_t total_computed_tokens = num_local_computed_tokens + n_ext
         if total_computed_tokens > self.max_model_len:
@@ -3231,7 +3239,8 @@ cdef class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
-            hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None)
+            hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
+                                         pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
         cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0

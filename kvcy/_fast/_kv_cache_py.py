@@ -201,11 +201,13 @@ class KVCacheBlock:
         "prev_free_block",
         "next_free_block",
         "is_null",
+        "_queue",
     )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
+        self._queue: FreeKVCacheBlockQueue | None = None  # the queue it was last put in
         self._block_hash: bytes | None = None
         self.block_hash_num_tokens: int | None = None
         self.prev_free_block: KVCacheBlock | None = None
@@ -253,6 +255,7 @@ class FreeKVCacheBlockQueue:
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self.num_free_blocks = len(blocks)
         for i in range(self.num_free_blocks):
+            blocks[i]._queue = self
             if i > 0:
                 blocks[i].prev_free_block = blocks[i - 1]
             if i < self.num_free_blocks - 1:
@@ -313,7 +316,7 @@ class FreeKVCacheBlockQueue:
         Raises:
             RuntimeError: the block is not in the queue.
         """
-        if block.prev_free_block is None or block.next_free_block is None:
+        if block._queue is not self or block.prev_free_block is None or block.next_free_block is None:
             raise RuntimeError(f"remove() called on an invalid block: {block}")
         block.prev_free_block.next_free_block = block.next_free_block
         block.next_free_block.prev_free_block = block.prev_free_block
@@ -344,10 +347,12 @@ class FreeKVCacheBlockQueue:
                     raise RuntimeError(f"block {block.block_id} appears twice in one batch")
                 raise RuntimeError(f"block {block.block_id} is already in the free queue")
             block.prev_free_block = head
+            block._queue = self
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (freed last, evicted last)."""
         self._check_not_queued(block)
+        block._queue = self
         last = self.fake_free_list_tail.prev_free_block
         last.next_free_block = block
         block.prev_free_block = last
@@ -502,15 +507,22 @@ def _request_id(request: Any) -> str:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
-def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None) -> None:
+def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
-    KVCacheBlock and, with no references (and not the null block), sits in the free queue
-    (``queue`` None: the types only)."""
+    KVCacheBlock, one of ``pool_blocks`` (a pool's blocks, if given: a hit from another pool
+    would take a reference there) and, with no references (and not the null block), sits in
+    the free queue (``queue`` None: not checked)."""
+    n_pool = -1 if pool_blocks is None else len(pool_blocks)
     for block in blocks:
         if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
             raise TypeError(f"blocks must be KVCacheBlock, got {type(block).__name__}")
+        if n_pool >= 0:
+            bid = block.block_id
+            if not (0 <= bid < n_pool and pool_blocks[bid] is block):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
         if (block.ref_cnt == 0 and queue is not None and not block.is_null
-                and (block.prev_free_block is None or block.next_free_block is None)):
+                and (block._queue is not queue or block.prev_free_block is None
+                     or block.next_free_block is None)):
             raise RuntimeError(f"remove() called on an invalid block: {block}")
 
 
@@ -788,7 +800,7 @@ class BlockPool:
         else:
             groups = [list(blocks)]
         for group in groups:  # check everything before any change
-            _check_touchable(group, self.free_block_queue)
+            _check_touchable(group, self.free_block_queue, self.blocks)
         for group in groups:
             self._touch(group)
 
@@ -943,13 +955,14 @@ class SingleTypeKVCacheManager:
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
         skip_new = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable = 0
-        caching = self.enable_caching
+        queue = self.block_pool.free_block_queue if self.enable_caching else None
         try:
             for i in range(skip_new, len(new_computed_blocks)):
                 blk = new_computed_blocks[i]
                 if blk.ref_cnt == 0 and not blk.is_null:
                     # (a free hit must be in the free queue, or touching it fails half-way)
-                    if caching and (blk.prev_free_block is None or blk.next_free_block is None):
+                    if queue is not None and (blk._queue is not queue or blk.prev_free_block is None
+                                              or blk.next_free_block is None):
                         raise RuntimeError(f"remove() called on an invalid block: {blk}")
                     num_evictable += 1
         except AttributeError:
@@ -979,7 +992,8 @@ class SingleTypeKVCacheManager:
         # add_local_computed_blocks' checks of the hits it will take (those past the skipped ones).
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         _check_touchable(new_computed_blocks[skipped:] if skipped > 0 else new_computed_blocks,
-                         self.block_pool.free_block_queue if self.enable_caching else None)
+                         self.block_pool.free_block_queue if self.enable_caching else None,
+                         self.block_pool.blocks)
 
     def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
                                    num_external_computed_tokens) -> None:
@@ -1926,6 +1940,8 @@ class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
+            for g in new_blocks_list:
+                _check_touchable(g, None, self.block_pool.blocks)
 
         total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
