@@ -2050,10 +2050,12 @@ cdef class SingleTypeKVCacheManager:
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, BlockPool block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens):
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
+        group_ids = list(kv_cache_group_ids)
+        if not group_ids:  # _find_hit reads the first group's list unchecked
+            raise ValueError("kv_cache_group_ids must not be empty")
         cdef SingleTypeKVCacheManager probe = cls(kv_cache_spec, block_pool, True, 0,
                                                   alignment_tokens, None)
-        return probe._find_hit(block_hashes, max_length, list(kv_cache_group_ids), drop_eagle_block,
-                               alignment_tokens)
+        return probe._find_hit(block_hashes, max_length, group_ids, drop_eagle_block, alignment_tokens)
 
 
 cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_blocks, uint32_t gid,

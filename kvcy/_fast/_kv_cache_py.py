@@ -502,6 +502,12 @@ def _request_id(request: Any) -> str:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
+def _check_group_ids(kv_cache_group_ids) -> None:
+    # find_longest_cache_hit returns one block list per group: at least one is needed.
+    if not len(kv_cache_group_ids):
+        raise ValueError("kv_cache_group_ids must not be empty")
+
+
 def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
     KVCacheBlock and, with no references (and not the null block), sits in the free queue
@@ -1062,6 +1068,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_group_ids(kv_cache_group_ids)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         n_groups = len(kv_cache_group_ids)
@@ -1105,6 +1112,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_group_ids(kv_cache_group_ids)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
@@ -1155,6 +1163,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_group_ids(kv_cache_group_ids)
         if drop_eagle_block:
             raise ValueError("EAGLE is not supported with chunked local attention")
         block_size = kv_cache_spec.block_size
@@ -1188,6 +1197,7 @@ class MambaManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_group_ids(kv_cache_group_ids)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         max_blocks = min(max_length // block_size, len(hashes))
@@ -1217,6 +1227,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_group_ids(kv_cache_group_ids)
         raise ValueError("cross attention does not support prefix caching")
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:

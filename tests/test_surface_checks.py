@@ -1,0 +1,50 @@
+"""Targeted checks for crashes and twin disagreements the surface fuzzer (tests/_api_fuzz.py) found.
+
+A check that crashed the compiled twin runs in a subprocess, so that a regression fails
+the test instead of ending the session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(impl_name: str, code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    prelude = f"from kvcy import _fast\nkv = _fast.load({impl_name!r})['kv_cache']\n"
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", prelude + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_find_longest_cache_hit_refuses_no_groups(impl):
+    """Every manager's find_longest_cache_hit returns one list per group; with no group the
+    compiled twin read past an empty tuple (SIGSEGV).  Both twins now refuse it alike."""
+    proc = _run(impl.name, """
+        from kvcy.kv_cache_interface import (ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec,
+                                             MambaSpec, SlidingWindowSpec)
+        attn = dict(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+        specs = [FullAttentionSpec(**attn), SlidingWindowSpec(sliding_window=6, **attn),
+                 ChunkedLocalAttentionSpec(attention_chunk_size=8, **attn), CrossAttentionSpec(**attn),
+                 MambaSpec(block_size=4, shapes=((2,),), dtypes=("float32",))]
+        pool = kv.BlockPool(8, True, 4)
+        for spec in specs:
+            for empty in ([], (), set(), b""):
+                try:
+                    kv._manager_class(spec).find_longest_cache_hit([b"x" * 32] * 4, 12, empty, pool, spec, False, 4)
+                except ValueError as exc:
+                    print(type(spec).__name__, exc)
+                else:
+                    print(type(spec).__name__, "accepted")
+    """)
+    assert proc.returncode == 0, f"the interpreter died ({proc.returncode}):\n{proc.stderr[-2000:]}"
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 20
+    assert all(line.endswith(" kv_cache_group_ids must not be empty") for line in lines), lines
