@@ -476,6 +476,11 @@ def run_agree(seed: int, iterations: int) -> dict:
 
 
 def _main(argv: list[str]) -> None:
+    if argv and argv[0] in ("surface", "agree"):
+        # Counts nobody bounds (a token count of 2**40 makes a list of 2**38 null blocks, in
+        # either twin, as in vLLM) must fail fast as MemoryError, not swap a shared machine.
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
     if argv and argv[0] == "surface":
         # surface IMPL SEED ITERATIONS [LOG|-] [START]
         impl, seed, iterations = argv[1], int(argv[2]), int(argv[3])
