@@ -1510,6 +1510,35 @@ cdef class BlockPool:
                 )
             )
 
+    cdef int _check_hashes_to_cache(self, object request, Py_ssize_t num_cached_blocks,
+                                    Py_ssize_t num_full_blocks, Py_ssize_t block_size) except -1:
+        # What cache_full_blocks(request, ..., num_cached_blocks, num_full_blocks,
+        # block_size, ...) reads of the request's hashes, checked before the
+        # caller changes anything (it caches after allocating): enough of
+        # them, and those it reads bytes.  The same errors.
+        if num_cached_blocks >= num_full_blocks:
+            return 0
+        if num_cached_blocks < 0:
+            num_cached_blocks = 0
+        hashes = _block_hashes_of(request)
+        cdef Py_ssize_t scale = 1
+        if block_size != self.hash_block_size:
+            _resolve((), self.hash_block_size, block_size)  # (its ValueError for a bad size)
+            scale = block_size // self.hash_block_size
+        cdef Py_ssize_t n = len(hashes) // scale
+        if n < num_full_blocks:
+            raise RuntimeError(
+                f"request {_rid(request)!r} has {n} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        cdef Py_ssize_t j
+        cdef object h
+        for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+            h = hashes[j]
+            if type(h) is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+        return 0
+
     cdef object _block_stored(self, request, list hashes, parent, Py_ssize_t start, Py_ssize_t end,
                               Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list):
         lora = request.lora_request
@@ -1636,7 +1665,7 @@ cdef class BlockPool:
             groups = [list(blocks)]
         cdef list group
         for group in groups:  # check everything before any change
-            _check_hit_blocks(group, NULL, self.free_block_queue)
+            _check_hit_blocks(group, NULL, self.free_block_queue, self.blocks)
         for group in groups:
             self._touch(group)
 
@@ -1665,7 +1694,8 @@ cdef class BlockPool:
 
         Raises:
             TypeError: an element is not a KVCacheBlock.
-            RuntimeError: a block would be freed more times than it was taken.
+            RuntimeError: a block would be freed more times than it was taken,
+                or would be queued while it is in a free queue already.
             In both cases nothing changes.
         """
         cdef list blocks_list = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
@@ -1699,6 +1729,13 @@ cdef class BlockPool:
             if (<KVCacheBlock>p).ref_cnt <= 0:
                 self._undo_free(blocks_list, i, n_head, n_tail)
                 raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
+            if (<KVCacheBlock>p).ref_cnt == 1 and (<KVCacheBlock>p)._queue_id != 0 and (
+                    queue._holds(<KVCacheBlock>p) if (<KVCacheBlock>p)._queue_id == queue_id
+                    else queue._queued_anywhere(<KVCacheBlock>p)):
+                # (its public ref_cnt was raised while it sat in a free queue:
+                # queueing it again would hand it out twice)
+                self._undo_free(blocks_list, i, n_head, n_tail)
+                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
             (<KVCacheBlock>p).ref_cnt = (<KVCacheBlock>p).ref_cnt - 1
             if (<KVCacheBlock>p).ref_cnt == 0:
                 Py_INCREF_RAW(p)
@@ -1938,7 +1975,8 @@ cdef class SingleTypeKVCacheManager:
         cdef Py_ssize_t skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         if skipped > 0:
             blocks = blocks[skipped:]
-        return _check_hit_blocks(blocks, NULL, self.block_pool.free_block_queue if self.enable_caching else None)
+        return _check_hit_blocks(blocks, NULL, self.block_pool.free_block_queue if self.enable_caching else None,
+                                 self.block_pool.blocks)
 
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
                                             Py_ssize_t num_external_computed_tokens):
@@ -1989,6 +2027,26 @@ cdef class SingleTypeKVCacheManager:
         )
         self._gen = _next_gen()
         self.num_cached_block[request_id] = num_full_blocks
+
+    cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
+                                 bint attaching, Py_ssize_t total_computed_tokens) except -1:
+        # What cache_blocks(request, num_tokens) will read once this
+        # allocation is made, checked before it: the cached count is the
+        # request's entry, or, for a request taking its hits now (attaching),
+        # what add_local_computed_blocks will record.
+        cdef PyObject *p = PyDict_GetItem(self.num_cached_block, request_id)
+        cdef Py_ssize_t num_cached, skipped
+        if p != NULL:
+            num_cached = <object>p
+        elif attaching:
+            skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            num_cached = len(hits)
+            if skipped > num_cached:
+                num_cached = skipped
+        else:
+            num_cached = 0
+        return self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
+                                                      self.block_size)
 
     # -------------------------------------------------------------- freeing
     cpdef list pop_blocks_for_free(self, str request_id):
@@ -2268,6 +2326,10 @@ cdef class CrossAttentionManager(SingleTypeKVCacheManager):
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
         return None
 
+    cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
+                                 bint attaching, Py_ssize_t total_computed_tokens) except -1:
+        return 0  # (never cached)
+
 
 spec_manager_map = {
     FullAttentionSpec: FullAttentionManager,
@@ -2447,6 +2509,23 @@ cdef class KVCacheCoordinator:
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens)
 
+    cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
+        # The num_tokens cache_blocks hands this manager.
+        return num_computed_tokens
+
+    cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_computed_tokens,
+                                 tuple new_computed_blocks, bint attaching,
+                                 Py_ssize_t total_computed_tokens) except -1:
+        # cache_blocks(request, num_computed_tokens) after this allocation,
+        # checked for every group before any change.
+        cdef Py_ssize_t i
+        cdef SingleTypeKVCacheManager manager
+        for i in range(self._n_managers):
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
+            manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
+                                        new_computed_blocks[i], attaching, total_computed_tokens)
+        return 0
+
     cpdef free(self, str request_id):
         cdef SingleTypeKVCacheManager manager
         for manager in self.single_type_managers:
@@ -2597,6 +2676,12 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                 n = min(num_computed_tokens, aligned + manager.block_size)
             manager.cache_blocks(request, n)
 
+    cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
+        cdef Py_ssize_t aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
+
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
         cdef Py_ssize_t num_groups = len(self.kv_cache_config.kv_cache_groups)
         cdef Py_ssize_t hit_length = max_cache_hit_length
@@ -2743,19 +2828,26 @@ cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size
     return needed if needed > 0 else 0
 
 
-cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None):
+cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None,
+                            list pool_blocks=None):
     # Blocks to touch (prefix-cache hits) as a list, checked before any
     # change: every one a KVCacheBlock (the manager reads their C fields), or
-    # TypeError; with a queue, every free one (ref_cnt 0, not null) in it, or
+    # TypeError; with pool_blocks (a pool's blocks), every one that pool's, or
+    # RuntimeError (a hit from another pool would take a reference there);
+    # with a queue, every free one (ref_cnt 0, not null) in it, or
     # RuntimeError (touch() would fail half-way).  n_evictable, if given,
     # receives how many are free: touching them takes them out of the pool.
     cdef list out = blocks if type(blocks) is list else list(blocks)
-    cdef Py_ssize_t i, n_free = 0
+    cdef Py_ssize_t i, n_free = 0, bid
     cdef PyObject *bp
     for i in range(PyList_GET_SIZE(out)):
         bp = _PyList_GET_ITEM_RAW(out, i)
         if not _is_block(bp):
             raise TypeError(f"blocks must be KVCacheBlock, got {type(<object>bp).__name__}")
+        if pool_blocks is not None:
+            bid = (<KVCacheBlock>bp).block_id
+            if not (0 <= bid < PyList_GET_SIZE(pool_blocks) and _PyList_GET_ITEM_RAW(pool_blocks, bid) == bp):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
         if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
             if queue is not None and not queue._holds(<KVCacheBlock>bp):
                 raise RuntimeError(f"remove() called on an invalid block: {<object>bp}")
@@ -3043,7 +3135,7 @@ cdef class KVCacheManager:
                         "a request's first allocation"
                     )
                 for g in new_blocks_list:
-                    _check_hit_blocks(g)
+                    _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
 
         cdef Py_ssize_t total_computed_tokens = num_local_computed_tokens + n_ext
         if total_computed_tokens > self.max_model_len:
@@ -3067,6 +3159,13 @@ cdef class KVCacheManager:
         cdef Py_ssize_t num_tokens_need_slot = num_tokens_main_model + n_look
         if num_tokens_need_slot > self.max_model_len:
             num_tokens_need_slot = self.max_model_len
+        cdef Py_ssize_t n_cache, req_tokens
+        if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
+            n_cache = total_computed_tokens + n_new
+            req_tokens = _num_tokens(request)
+            coordinator._check_cache_inputs(request, request_id, n_cache if n_cache < req_tokens else req_tokens,
+                                            new_blocks_list, has_new_computed or n_ext > 0,
+                                            num_local_computed_tokens + n_ext)
         cdef Py_ssize_t processed = total_computed_tokens - num_in_flight
         coordinator.remove_skipped_blocks(request_id, processed if processed > 0 else 0)
         needed = coordinator.get_num_blocks_to_allocate(
@@ -3080,7 +3179,6 @@ cdef class KVCacheManager:
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext
             )
         cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
-        cdef Py_ssize_t n_cache, req_tokens
         if self.enable_caching and not delay_cache_blocks:
             n_cache = total_computed_tokens + n_new
             req_tokens = _num_tokens(request)
@@ -3143,7 +3241,8 @@ cdef class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
-            hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None)
+            hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
+                                         pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
         cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
         cdef Py_ssize_t watermark_blocks = 0
@@ -3165,6 +3264,21 @@ cdef class KVCacheManager:
         needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
         if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
             return None
+        cdef Py_ssize_t n_cache, req_tokens, num_full, num_cached
+        if self.enable_caching and not delay_cache_blocks:
+            # What the caching below reads of the request's hashes, checked now.
+            n_cache = total_computed + n_new
+            req_tokens = PyList_GET_SIZE(request._all_token_ids)
+            if n_cache > req_tokens:
+                n_cache = req_tokens
+            num_full = n_cache // bs
+            if request._kv_ncached < num_full:
+                if n_hits > 0:
+                    num_cached = n_hits
+                else:
+                    p = PyDict_GetItem(mgr.num_cached_block, request_id)
+                    num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+                pool._check_hashes_to_cache(request, num_cached, num_full, bs)
         # From here on nothing can fail but a broken invariant.
         if n_hits > 0:
             if request._kv_ncached >= 0:
@@ -3191,7 +3305,6 @@ cdef class KVCacheManager:
         if n_more > 0:
             new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
-        cdef Py_ssize_t n_cache, req_tokens, num_full, num_cached
         if self.enable_caching and not delay_cache_blocks:
             n_cache = total_computed + n_new
             req_tokens = PyList_GET_SIZE(request._all_token_ids)

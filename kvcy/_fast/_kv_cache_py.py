@@ -201,11 +201,13 @@ class KVCacheBlock:
         "prev_free_block",
         "next_free_block",
         "is_null",
+        "_queue",
     )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
+        self._queue: FreeKVCacheBlockQueue | None = None  # the queue it was last put in
         self._block_hash: bytes | None = None
         self.block_hash_num_tokens: int | None = None
         self.prev_free_block: KVCacheBlock | None = None
@@ -253,6 +255,7 @@ class FreeKVCacheBlockQueue:
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self.num_free_blocks = len(blocks)
         for i in range(self.num_free_blocks):
+            blocks[i]._queue = self
             if i > 0:
                 blocks[i].prev_free_block = blocks[i - 1]
             if i < self.num_free_blocks - 1:
@@ -313,7 +316,7 @@ class FreeKVCacheBlockQueue:
         Raises:
             RuntimeError: the block is not in the queue.
         """
-        if block.prev_free_block is None or block.next_free_block is None:
+        if block._queue is not self or block.prev_free_block is None or block.next_free_block is None:
             raise RuntimeError(f"remove() called on an invalid block: {block}")
         block.prev_free_block.next_free_block = block.next_free_block
         block.next_free_block.prev_free_block = block.prev_free_block
@@ -344,10 +347,12 @@ class FreeKVCacheBlockQueue:
                     raise RuntimeError(f"block {block.block_id} appears twice in one batch")
                 raise RuntimeError(f"block {block.block_id} is already in the free queue")
             block.prev_free_block = head
+            block._queue = self
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (freed last, evicted last)."""
         self._check_not_queued(block)
+        block._queue = self
         last = self.fake_free_list_tail.prev_free_block
         last.next_free_block = block
         block.prev_free_block = last
@@ -508,15 +513,22 @@ def _check_group_ids(kv_cache_group_ids) -> None:
         raise ValueError("kv_cache_group_ids must not be empty")
 
 
-def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None) -> None:
+def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
-    KVCacheBlock and, with no references (and not the null block), sits in the free queue
-    (``queue`` None: the types only)."""
+    KVCacheBlock, one of ``pool_blocks`` (a pool's blocks, if given: a hit from another pool
+    would take a reference there) and, with no references (and not the null block), sits in
+    the free queue (``queue`` None: not checked)."""
+    n_pool = -1 if pool_blocks is None else len(pool_blocks)
     for block in blocks:
         if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
             raise TypeError(f"blocks must be KVCacheBlock, got {type(block).__name__}")
+        if n_pool >= 0:
+            bid = block.block_id
+            if not (0 <= bid < n_pool and pool_blocks[bid] is block):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
         if (block.ref_cnt == 0 and queue is not None and not block.is_null
-                and (block.prev_free_block is None or block.next_free_block is None)):
+                and (block._queue is not queue or block.prev_free_block is None
+                     or block.next_free_block is None)):
             raise RuntimeError(f"remove() called on an invalid block: {block}")
 
 
@@ -657,6 +669,31 @@ class BlockPool:
                 )
             )
 
+    def _check_hashes_to_cache(self, request: Request, num_cached_blocks: int, num_full_blocks: int,
+                               block_size: int) -> None:
+        # What cache_full_blocks(request, ..., num_cached_blocks, num_full_blocks,
+        # block_size, ...) reads of the request's hashes, checked before the
+        # caller changes anything (it caches after allocating): enough of
+        # them, and those it reads bytes.  The same errors.
+        if num_cached_blocks >= num_full_blocks:
+            return
+        num_cached_blocks = max(num_cached_blocks, 0)
+        hashes = request.block_hashes
+        scale = 1
+        if block_size != self.hash_block_size:
+            resolve_block_hashes((), self.hash_block_size, block_size)  # (its ValueError for a bad size)
+            scale = block_size // self.hash_block_size
+        n = len(hashes) // scale
+        if n < num_full_blocks:
+            raise RuntimeError(
+                f"request {_request_id(request)!r} has {n} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+            h = hashes[j]
+            if h.__class__ is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+
     def _uncache(self, blocks: list, start: int, end: int) -> None:
         """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it)."""
         cache = self.cached_block_hash_to_block
@@ -769,7 +806,7 @@ class BlockPool:
         else:
             groups = [list(blocks)]
         for group in groups:  # check everything before any change
-            _check_touchable(group, self.free_block_queue)
+            _check_touchable(group, self.free_block_queue, self.blocks)
         for group in groups:
             self._touch(group)
 
@@ -790,8 +827,10 @@ class BlockPool:
         given order.
 
         Raises:
-            RuntimeError: a block would be freed more times than it was taken
-                (nothing changes then).
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block would be freed more times than it was taken,
+                or would be queued while it is in a free queue already.
+            In both cases nothing changes.
         """
         blocks_list = list(ordered_blocks)
         to_tail: list[KVCacheBlock] = []
@@ -806,6 +845,11 @@ class BlockPool:
             if block.ref_cnt <= 0:
                 self._undo_free(blocks_list, i)
                 raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
+            if block.ref_cnt == 1 and (block.prev_free_block is not None or block.next_free_block is not None):
+                # (its public ref_cnt was raised while it sat in a free queue:
+                # queueing it again would hand it out twice)
+                self._undo_free(blocks_list, i)
+                raise RuntimeError(f"block {block.block_id} is already in the free queue")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if caching and block._block_hash is not None:
@@ -917,13 +961,14 @@ class SingleTypeKVCacheManager:
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
         skip_new = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable = 0
-        caching = self.enable_caching
+        queue = self.block_pool.free_block_queue if self.enable_caching else None
         try:
             for i in range(skip_new, len(new_computed_blocks)):
                 blk = new_computed_blocks[i]
                 if blk.ref_cnt == 0 and not blk.is_null:
                     # (a free hit must be in the free queue, or touching it fails half-way)
-                    if caching and (blk.prev_free_block is None or blk.next_free_block is None):
+                    if queue is not None and (blk._queue is not queue or blk.prev_free_block is None
+                                              or blk.next_free_block is None):
                         raise RuntimeError(f"remove() called on an invalid block: {blk}")
                     num_evictable += 1
         except AttributeError:
@@ -953,7 +998,8 @@ class SingleTypeKVCacheManager:
         # add_local_computed_blocks' checks of the hits it will take (those past the skipped ones).
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         _check_touchable(new_computed_blocks[skipped:] if skipped > 0 else new_computed_blocks,
-                         self.block_pool.free_block_queue if self.enable_caching else None)
+                         self.block_pool.free_block_queue if self.enable_caching else None,
+                         self.block_pool.blocks)
 
     def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
                                    num_external_computed_tokens) -> None:
@@ -1009,6 +1055,22 @@ class SingleTypeKVCacheManager:
             self.kv_cache_group_id,
         )
         self.num_cached_block[request_id] = num_full_blocks
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
+                            attaching: bool, total_computed_tokens: int) -> None:
+        # What cache_blocks(request, num_tokens) will read once this
+        # allocation is made, checked before it: the cached count is the
+        # request's entry, or, for a request taking its hits now (attaching),
+        # what add_local_computed_blocks will record.
+        num_cached = self.num_cached_block.get(request_id)
+        if num_cached is None:
+            if attaching:
+                skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+                num_cached = max(skipped, len(hits))
+            else:
+                num_cached = 0
+        self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
+                                               self.block_size)
 
     # -------------------------------------------------------------- freeing
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
@@ -1233,6 +1295,9 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         return None
 
+    def _check_cache_inputs(self, request, request_id, num_tokens, hits, attaching, total_computed_tokens) -> None:
+        return None  # (never cached)
+
 
 spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
@@ -1417,6 +1482,18 @@ class KVCacheCoordinator:
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens)
 
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        # The num_tokens cache_blocks hands this manager.
+        return num_computed_tokens
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_computed_tokens: int,
+                            new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
+        # cache_blocks(request, num_computed_tokens) after this allocation,
+        # checked for every group before any change.
+        for manager, hits in zip(self.single_type_managers, new_computed_blocks):
+            manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
+                                        hits, attaching, total_computed_tokens)
+
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
             manager.free(request_id)
@@ -1559,6 +1636,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if manager.use_eagle and aligned > 0:
                 n = min(num_computed_tokens, aligned + manager.block_size)
             manager.cache_blocks(request, n)
+
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         num_groups = len(self.kv_cache_config.kv_cache_groups)
@@ -1868,6 +1951,8 @@ class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
+            for g in new_blocks_list:
+                _check_touchable(g, None, self.block_pool.blocks)
 
         total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
@@ -1886,6 +1971,12 @@ class KVCacheManager:
 
         num_tokens_main_model = total_computed_tokens + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
+            coordinator._check_cache_inputs(
+                request, request_id, min(total_computed_tokens + num_new_tokens, request.num_tokens),
+                new_blocks_list, has_new_computed or num_external_computed_tokens > 0,
+                num_local_computed_tokens + num_external_computed_tokens,
+            )
         coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens))
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
