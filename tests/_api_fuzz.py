@@ -405,7 +405,10 @@ def run_surface(impl: str, seed: int, iterations: int, log_path: str | None = No
     init_none_hash(get_hash_fn_by_name("sha256"))
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if log_path else None
 
+    last = [""]
+
     def log(line: str) -> None:
+        last[0] = line
         if fd is not None:
             os.write(fd, (line + "\n").encode())
 
@@ -423,7 +426,7 @@ def run_surface(impl: str, seed: int, iterations: int, log_path: str | None = No
             try:
                 surface.step(k < tamper)
             except SystemError as exc:  # the C API misused: a bug even when it did not crash
-                key = f"SystemError: {exc} (seed {seed} iteration {i})"[:200]
+                key = f"SystemError: {exc} (seed {seed} iteration {i}, at {last[0][:200]})"
                 unexpected[key] = unexpected.get(key, 0) + 1
             except Exception:  # noqa: BLE001 - any other answer is an answer
                 pass

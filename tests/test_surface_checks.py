@@ -48,3 +48,28 @@ def test_find_longest_cache_hit_refuses_no_groups(impl):
     lines = proc.stdout.splitlines()
     assert len(lines) == 20
     assert all(line.endswith(" kv_cache_group_ids must not be empty") for line in lines), lines
+
+
+def test_allocate_external_computed_blocks_refuses_a_negative_count(impl):
+    """A request already holding more blocks than its token count needs: the Python twin's
+    get_new_blocks refused the negative count, the compiled twin handed it to the unchecked
+    pop (SystemError from PyList_New).  Both now raise the same ValueError, nothing popped."""
+    proc = _run(impl.name, """
+        from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+        cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+        mgr = kv.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+                                enable_caching=False)
+        req = kv.Request("r0", list(range(20)))
+        assert mgr.allocate_slots(req, 20) is not None
+        stm = mgr.coordinator.single_type_managers[0]
+        free = [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
+        try:
+            stm.allocate_external_computed_blocks("r0", 3, 7)
+        except ValueError as exc:
+            print("ValueError", exc)
+        assert [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()] == free
+        assert len(stm.req_to_blocks["r0"]) == 5
+    """)
+    assert proc.returncode == 0, f"failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+    assert proc.stdout.splitlines() == ["ValueError num_blocks must be non-negative, got -2"]
