@@ -95,7 +95,7 @@ def run_isolated(impl, body: str) -> subprocess.CompletedProcess:
 
 def assert_clean_exit(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, (
-        f"exit {proc.returncode} (negative: killed by signal {-proc.returncode})\n"
+        f"exit status {proc.returncode} (a negative one: killed by that signal)\n"
         f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     )
 
@@ -238,3 +238,203 @@ def test_queue_remove_of_another_queues_block_is_refused(impl):
     assert (q2.num_free_blocks, ids(q2.get_all_free_blocks())) == (3, [0, 1, 2])
     q2.remove(other[1])
     assert ids(q2.get_all_free_blocks()) == [0, 2]
+
+
+# --------------------------------------------------------------------------- item 1
+CRASHERS = {
+    # What used to kill the compiled twin (SIGSEGV / SIGFPE) from plain Python.
+    "free_block_queue = None, then free": """
+        mgr = m.KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+        r = m.Request("r", list(range(10)), block_hasher=hasher)
+        mgr.allocate_slots(r, 10)
+        try:
+            mgr.block_pool.free_block_queue = None
+        except AttributeError:
+            pass
+        mgr.free(r)
+    """,
+    "cached_block_hash_to_block = None, then get_computed_blocks": """
+        mgr = m.KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+        try:
+            mgr.block_pool.cached_block_hash_to_block = None
+        except AttributeError:
+            pass
+        mgr.get_computed_blocks(m.Request("r", list(range(10)), block_hasher=hasher))
+    """,
+    "manager.block_pool = None, then free": """
+        mgr = m.KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+        r = m.Request("r", list(range(10)), block_hasher=hasher)
+        mgr.allocate_slots(r, 10)
+        try:
+            mgr.coordinator.single_type_managers[0].block_pool = None
+        except AttributeError:
+            pass
+        mgr.free(r)
+    """,
+    "manager.block_size = 0, then allocate_slots": """
+        mgr = m.KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+        try:
+            mgr.coordinator.single_type_managers[0].block_size = 0
+        except AttributeError:
+            pass
+        mgr.allocate_slots(m.Request("r", list(range(10)), block_hasher=hasher), 10)
+    """,
+}
+
+
+@pytest.mark.parametrize("case", list(CRASHERS))
+def test_assigning_internals_cannot_crash(impl, case):
+    assert_clean_exit(run_isolated(impl, textwrap.dedent(CRASHERS[case]) + "print('survived')\n"))
+
+
+def _objects(impl):
+    """One of each object whose attributes a user can reach, by a name for the tables below."""
+    mod = impl.kv_cache
+    mgr = manager(impl)
+    hybrid = manager(impl, config=hybrid_config())
+    no_cache = manager(impl, enable_caching=False)
+    req = mod.Request("r", list(range(10)), block_hasher=hasher())
+    mgr.allocate_slots(req, 10)
+    stms = hybrid.coordinator.single_type_managers
+    return {
+        "request": req,
+        "block": mgr.block_pool.blocks[1],
+        "queue": mgr.block_pool.free_block_queue,
+        "pool": mgr.block_pool,
+        "full_manager": mgr.coordinator.single_type_managers[0],
+        "sliding_manager": stms[1],
+        "unitary": mgr.coordinator,
+        "hybrid": hybrid.coordinator,
+        "no_cache": no_cache.coordinator,
+        "kv_cache_blocks": mgr.get_blocks("r"),
+        "manager": mgr,
+    }
+
+
+# Attributes a user may assign (what vLLM's scheduler and tests assign, and free-form fields);
+# every other data attribute the compiled twin exposes is read-only in both twins.
+ASSIGNABLE = {
+    "request": {"num_computed_tokens", "status", "block_hashes", "num_in_flight_tokens", "max_tokens",
+                "arrival_time", "skip_reading_prefix_cache", "num_preemptions", "spec_token_ids"},
+    "block": {"ref_cnt", "block_hash_num_tokens", "block_hash"},  # (block_hash: vLLM's setter, asserts)
+    "queue": {"num_free_blocks"},
+    "pool": {"metrics_collector", "num_evictions"},
+    "full_manager": {"use_eagle"},
+    "sliding_manager": {"use_eagle"},
+    "unitary": set(),
+    "hybrid": set(),
+    "no_cache": set(),
+    "kv_cache_blocks": {"blocks"},
+    "manager": {"metrics_collector", "prefix_cache_stats", "watermark_blocks"},
+}
+
+
+def _data_attributes(obj):
+    """The compiled twin's data attributes of ``obj``'s class (C fields and properties)."""
+    import inspect
+
+    names = set()
+    for klass in type(obj).__mro__:
+        for name, value in vars(klass).items():
+            if inspect.isgetsetdescriptor(value) or inspect.ismemberdescriptor(value) or isinstance(value, property):
+                if not name.startswith("__"):
+                    names.add(name)
+    return names
+
+
+def test_every_compiled_attribute_is_read_only_or_checked():
+    """Every data attribute of every compiled class is either read-only or in ASSIGNABLE (whose
+    assignments are typed and checked); a new ``cdef public`` field fails here until it is
+    decided."""
+    from kvcy import _fast
+
+    if "cython" not in _fast.available() or _fast.NO_EXTENSIONS:
+        pytest.skip("compiled twins not in use")
+    from types import SimpleNamespace
+
+    impl = SimpleNamespace(name="cython", **_fast.load("cython"))
+    for kind, obj in _objects(impl).items():
+        for name in sorted(_data_attributes(obj)):
+            value = getattr(obj, name)
+            try:
+                setattr(obj, name, value)
+            except AttributeError:
+                assert name not in ASSIGNABLE[kind], f"{kind}.{name} should be assignable"
+            except AssertionError:  # (a setter that refuses this value: assignable, checked)
+                assert name in ASSIGNABLE[kind], f"{kind}.{name} is assignable but not audited"
+            else:
+                assert name in ASSIGNABLE[kind], f"{kind}.{name} is assignable but not audited"
+
+
+def test_both_twins_refuse_the_same_assignments(impl):
+    """Read-only in one twin is read-only in the other (AttributeError); what is assignable
+    takes its own value back in both."""
+    from kvcy import _fast
+
+    if "cython" not in _fast.available() or _fast.NO_EXTENSIONS:
+        pytest.skip("needs the compiled twin as the reference")
+    from types import SimpleNamespace
+
+    compiled = _objects(SimpleNamespace(name="cython", **_fast.load("cython")))
+    for kind, obj in _objects(impl).items():
+        for name in sorted(_data_attributes(compiled[kind])):
+            if not hasattr(obj, name):
+                continue
+            value = getattr(obj, name)
+            if name == "block_hash":
+                continue  # (vLLM's assert-guarded setter, the same code in both twins)
+            if name in ASSIGNABLE[kind]:
+                setattr(obj, name, value)
+            else:
+                with pytest.raises(AttributeError):
+                    setattr(obj, name, value)
+                with pytest.raises(AttributeError):
+                    delattr(obj, name)
+
+
+BAD_ASSIGNMENTS = [
+    ("block", "ref_cnt", -1, ValueError),
+    ("block", "ref_cnt", 2**31, ValueError),
+    ("block", "ref_cnt", "1", TypeError),
+    ("block", "ref_cnt", True, TypeError),
+    ("block", "block_hash_num_tokens", -4, ValueError),
+    ("block", "block_hash_num_tokens", 4.0, TypeError),
+    ("request", "num_computed_tokens", -1, ValueError),
+    ("request", "num_computed_tokens", 1.5, TypeError),
+    ("request", "num_in_flight_tokens", -1, ValueError),
+    ("request", "num_preemptions", -1, ValueError),
+    ("request", "spec_token_ids", ["a"], TypeError),
+    ("request", "spec_token_ids", [2**64], ValueError),
+    ("request", "block_hashes", None, TypeError),
+    ("request", "block_hashes", (b"x",), TypeError),
+    ("request", "block_hashes", [b"x", 3], TypeError),
+    ("queue", "num_free_blocks", "3", TypeError),
+    ("queue", "num_free_blocks", 2**64, OverflowError),
+    ("pool", "num_evictions", 1.5, TypeError),
+    ("kv_cache_blocks", "blocks", [[]], TypeError),
+    ("manager", "watermark_blocks", None, TypeError),
+]
+
+
+@pytest.mark.parametrize("kind, name, value, error", BAD_ASSIGNMENTS,
+                         ids=[f"{k}.{n}={v!r}" for k, n, v, _ in BAD_ASSIGNMENTS])
+def test_bad_values_are_refused_alike(impl, kind, name, value, error):
+    obj = _objects(impl)[kind]
+    before = getattr(obj, name)
+    with pytest.raises(error):
+        setattr(obj, name, value)
+    assert getattr(obj, name) == before
+
+
+def test_checked_assignments_still_work(impl):
+    objs = _objects(impl)
+    req, block = objs["request"], objs["block"]
+    req.num_computed_tokens = 10
+    req.spec_token_ids = [1, 2]
+    req.block_hashes = list(req.block_hashes)
+    req.num_preemptions += 1
+    assert (req.num_computed_tokens, req.spec_token_ids, req.num_preemptions) == (10, [1, 2], 1)
+    block.ref_cnt = block.ref_cnt + 1
+    block.ref_cnt -= 1
+    req.extra_field = "free"  # other attributes stay free, as on vLLM's Request
+    assert req.extra_field == "free"

@@ -93,6 +93,14 @@ cdef inline Py_ssize_t _check_count(str name, object value) except -1:
     return _check_count_slow(name, value)
 
 
+cdef int32_t _check_ref_cnt(object value) except -1:
+    """A reference count as assigned from outside: an int in [0, 2**31)."""
+    cdef Py_ssize_t v = _check_count("ref_cnt", value)
+    if v >= (<Py_ssize_t>1 << 31):
+        raise ValueError(f"ref_cnt must be below 2**31, got {value}")
+    return <int32_t>v
+
+
 cdef object _ZERO = 0
 
 cdef Py_ssize_t _GEN = 0
@@ -156,8 +164,11 @@ cdef class Request:
 
     # What the manager reads on every call comes first (80 bytes with the
     # object header, two cache lines at most).
-    cdef public str request_id
-    cdef public Py_ssize_t num_computed_tokens
+    # What shapes the request's hashes or the manager's bookkeeping is set
+    # once, by the constructor (readonly); counts a scheduler moves are
+    # checked when assigned (properties over the C fields the manager reads).
+    cdef readonly str request_id
+    cdef Py_ssize_t _num_computed_tokens  # num_computed_tokens
     cdef public object status
     cdef readonly list _all_token_ids
     # The manager's own per-request bookkeeping, remembered here so a decode
@@ -166,20 +177,20 @@ cdef class Request:
     cdef Py_ssize_t _kv_gen      # that manager's _gen when it was remembered
     cdef list _kv_blocks         # req_to_blocks[request_id], or None: no entry
     cdef Py_ssize_t _kv_ncached  # num_cached_block[request_id], or -1: no entry
-    cdef public list block_hashes
-    cdef public Py_ssize_t num_in_flight_tokens
-    cdef public list prompt_token_ids
+    cdef list _block_hashes  # block_hashes
+    cdef Py_ssize_t _num_in_flight_tokens  # num_in_flight_tokens
+    cdef readonly list prompt_token_ids
     cdef public object max_tokens
-    cdef public object lora_request
-    cdef public object mm_features
-    cdef public object cache_salt
-    cdef public object prompt_embeds
-    cdef public str kv_cache_report_mode
+    cdef readonly object lora_request
+    cdef readonly object mm_features
+    cdef readonly object cache_salt
+    cdef readonly object prompt_embeds
+    cdef readonly str kv_cache_report_mode
     cdef public object arrival_time
     cdef public bint skip_reading_prefix_cache
-    cdef public Py_ssize_t num_preemptions
-    cdef public Py_ssize_t num_prompt_tokens
-    cdef public list spec_token_ids
+    cdef Py_ssize_t _num_preemptions  # num_preemptions
+    cdef readonly Py_ssize_t num_prompt_tokens
+    cdef list _spec_token_ids  # spec_token_ids
     cdef readonly list _output_token_ids
     cdef readonly object _block_hasher
     cdef Py_ssize_t _hash_block_size  # > 0: a kvcy hasher, skipped while no block completes
@@ -206,15 +217,15 @@ cdef class Request:
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
 
         self.status = _WAITING
-        self.num_computed_tokens = 0
-        self.num_in_flight_tokens = 0
-        self.num_preemptions = 0
+        self._num_computed_tokens = 0
+        self._num_in_flight_tokens = 0
+        self._num_preemptions = 0
         self.num_prompt_tokens = len(prompt)
-        self.spec_token_ids = []
+        self._spec_token_ids = []
         self._output_token_ids = []
         self._all_token_ids = list(prompt)
 
-        self.block_hashes = []
+        self._block_hashes = []
         self._block_hasher = block_hasher
         self._hash_block_size = 0
         if block_hasher is not None:
@@ -222,7 +233,49 @@ cdef class Request:
                 _KNOWN_HASHERS = _known_hashers()
             if isinstance(block_hasher, _KNOWN_HASHERS):
                 self._hash_block_size = block_hasher.block_size
-            self.block_hashes.extend(block_hasher(self))
+            self._block_hashes.extend(block_hasher(self))
+
+    # ------------------------------------------------------------------ checked fields
+    @property
+    def num_computed_tokens(self):
+        return self._num_computed_tokens
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value):
+        self._num_computed_tokens = _check_count("num_computed_tokens", value)
+
+    @property
+    def num_in_flight_tokens(self):
+        return self._num_in_flight_tokens
+
+    @num_in_flight_tokens.setter
+    def num_in_flight_tokens(self, value):
+        self._num_in_flight_tokens = _check_count("num_in_flight_tokens", value)
+
+    @property
+    def num_preemptions(self):
+        return self._num_preemptions
+
+    @num_preemptions.setter
+    def num_preemptions(self, value):
+        self._num_preemptions = _check_count("num_preemptions", value)
+
+    @property
+    def spec_token_ids(self):
+        return self._spec_token_ids
+
+    @spec_token_ids.setter
+    def spec_token_ids(self, value):
+        self._spec_token_ids = validate_token_ids(value, "spec_token_ids")
+
+    @property
+    def block_hashes(self):
+        """The request's block hashes, one per full block (bytes)."""
+        return self._block_hashes
+
+    @block_hashes.setter
+    def block_hashes(self, value):
+        self._block_hashes = _checked_block_hashes(value)
 
     # ------------------------------------------------------------------ tokens
     @property
@@ -268,15 +321,25 @@ cdef class Request:
             self._all_token_ids.extend(tokens)
         cdef Py_ssize_t bs = self._hash_block_size
         if self._block_hasher is not None:
-            if bs <= 0 or self.block_hashes is None or (PyList_GET_SIZE(self._all_token_ids)
-                                                         - PyList_GET_SIZE(self.block_hashes) * bs) >= bs:
-                self.block_hashes.extend(self._block_hasher(self))
+            if bs <= 0 or (PyList_GET_SIZE(self._all_token_ids)
+                           - PyList_GET_SIZE(self._block_hashes) * bs) >= bs:
+                self._block_hashes.extend(self._block_hasher(self))
 
     def __repr__(self):
         return (
             f"Request(id={self.request_id!r}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, status={self.status.name})"
         )
+
+
+cdef list _checked_block_hashes(object value):
+    # Block hashes as assigned from outside: a list of bytes.
+    if type(value) is not list:
+        raise TypeError(f"block_hashes must be a list of bytes, got {type(value).__name__}")
+    for h in <list>value:
+        if type(h) is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+    return <list>value
 
 
 cdef inline bint _fits_int64(object value) noexcept:
@@ -307,7 +370,7 @@ cdef inline Py_ssize_t _num_tokens(object request) except -1:
 
 cdef inline object _block_hashes_of(object request):
     if type(request) is Request:
-        return (<Request>request).block_hashes
+        return (<Request>request)._block_hashes
     return request.block_hashes
 
 
@@ -467,9 +530,9 @@ cdef class KVCacheBlock:
     # low half of the cache key's table hash is kept, so an eviction finds
     # the key's slot without reading the hash bytes (a slot's 64-bit hash
     # is kept in the table; capacities stay below 2**32 slots).
-    cdef public int32_t block_id
-    cdef public int32_t ref_cnt
-    cdef public bint is_null
+    cdef readonly int32_t block_id  # (the pool and its queue own the id, the count and the flag)
+    cdef int32_t _ref_cnt  # ref_cnt: assigned through its property, checked
+    cdef readonly bint is_null
     cdef uint32_t _key_h  # low 32 bits of kvcy_key_hash(_hash, _group), while _hash is set
     cdef object _hash
     cdef Py_ssize_t _num_tokens  # tokens up to the block's end when cached; -1: None
@@ -480,13 +543,21 @@ cdef class KVCacheBlock:
 
     def __init__(self, int32_t block_id):
         self.block_id = block_id
-        self.ref_cnt = 0
+        self._ref_cnt = 0
         self._hash = None
         self._group = 0
         self._num_tokens = -1
         # _queue_id starts at 0 (C fields are zeroed on allocation) and is left
         # alone here: re-running __init__ must not detach a queued block.
         self.is_null = False
+
+    @property
+    def ref_cnt(self):
+        return self._ref_cnt
+
+    @ref_cnt.setter
+    def ref_cnt(self, value):
+        self._ref_cnt = _check_ref_cnt(value)
 
     @property
     def prev_free_block(self):
@@ -1350,16 +1421,18 @@ cdef class BlockPool:
             (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
 
-    cdef public Py_ssize_t num_gpu_blocks
-    cdef public bint enable_caching
-    cdef public Py_ssize_t hash_block_size
-    cdef public list blocks
-    cdef public FreeKVCacheBlockQueue free_block_queue
-    cdef public BlockHashToBlockMap cached_block_hash_to_block
-    cdef public KVCacheBlock null_block
-    cdef public bint enable_kv_cache_events
-    cdef public bint use_int_block_hashes
-    cdef public list kv_event_queue
+    # The pool's structure is fixed when it is made (readonly: the hot paths
+    # read these fields without checks); counters and the collector are free.
+    cdef readonly Py_ssize_t num_gpu_blocks
+    cdef readonly bint enable_caching
+    cdef readonly Py_ssize_t hash_block_size
+    cdef readonly list blocks
+    cdef readonly FreeKVCacheBlockQueue free_block_queue
+    cdef readonly BlockHashToBlockMap cached_block_hash_to_block
+    cdef readonly KVCacheBlock null_block
+    cdef readonly bint enable_kv_cache_events
+    cdef readonly bint use_int_block_hashes
+    cdef readonly list kv_event_queue
     cdef public object metrics_collector
     cdef public Py_ssize_t num_evictions
 
@@ -1592,7 +1665,7 @@ cdef class BlockPool:
         cdef Py_ssize_t i, start, end
         if not self.enable_caching:
             for i in range(num_blocks):
-                (<KVCacheBlock>items[i]).ref_cnt += 1
+                (<KVCacheBlock>items[i])._ref_cnt += 1
             return ret
         # Eviction (which may allocate) runs after the queue is consistent
         # again, a batch at a time: first the loads an eviction needs -- the
@@ -1618,7 +1691,7 @@ cdef class BlockPool:
                 p = items[i]
                 if (<KVCacheBlock>p)._hash is not None:
                     _evict(self, <KVCacheBlock>p)
-                (<KVCacheBlock>p).ref_cnt += 1
+                (<KVCacheBlock>p)._ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the
         # head; in a large pool they are cold (the queue already started
@@ -1680,9 +1753,9 @@ cdef class BlockPool:
         # when it was free (the queue type is final: no remove() override).
         if block.is_null:
             return 0
-        if block.ref_cnt == 0:
+        if block._ref_cnt == 0:
             self.free_block_queue._remove(block)
-        block.ref_cnt += 1
+        block._ref_cnt += 1
         return 0
 
     def free_blocks(self, ordered_blocks):
@@ -1726,18 +1799,18 @@ cdef class BlockPool:
                 raise TypeError(f"free_blocks takes KVCacheBlock, got {type(<object>p).__name__}")
             if (<KVCacheBlock>p).is_null:
                 continue
-            if (<KVCacheBlock>p).ref_cnt <= 0:
+            if (<KVCacheBlock>p)._ref_cnt <= 0:
                 self._undo_free(blocks_list, i, n_head, n_tail)
                 raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
-            if (<KVCacheBlock>p).ref_cnt == 1 and (<KVCacheBlock>p)._queue_id != 0 and (
+            if (<KVCacheBlock>p)._ref_cnt == 1 and (<KVCacheBlock>p)._queue_id != 0 and (
                     queue._holds(<KVCacheBlock>p) if (<KVCacheBlock>p)._queue_id == queue_id
                     else queue._queued_anywhere(<KVCacheBlock>p)):
                 # (its public ref_cnt was raised while it sat in a free queue:
                 # queueing it again would hand it out twice)
                 self._undo_free(blocks_list, i, n_head, n_tail)
                 raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
-            (<KVCacheBlock>p).ref_cnt = (<KVCacheBlock>p).ref_cnt - 1
-            if (<KVCacheBlock>p).ref_cnt == 0:
+            (<KVCacheBlock>p)._ref_cnt = (<KVCacheBlock>p)._ref_cnt - 1
+            if (<KVCacheBlock>p)._ref_cnt == 0:
                 Py_INCREF_RAW(p)
                 if caching and (<KVCacheBlock>p)._hash is not None:
                     pos = tail + n_tail
@@ -1777,7 +1850,7 @@ cdef class BlockPool:
         for i in range(upto):
             x = _PyList_GET_ITEM_RAW(blocks_list, i)
             if not (<KVCacheBlock>x).is_null:
-                (<KVCacheBlock>x).ref_cnt += 1
+                (<KVCacheBlock>x)._ref_cnt += 1
 
     def reset_prefix_cache(self):
         """Drop every cache key; only when no block but the null block is in use."""
@@ -1864,17 +1937,20 @@ cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
 cdef class SingleTypeKVCacheManager:
     """Block bookkeeping for one KV-cache group of one attention type."""
 
-    cdef public object kv_cache_spec
-    cdef public Py_ssize_t block_size
-    cdef public BlockPool block_pool
-    cdef public bint enable_caching
-    cdef public Py_ssize_t kv_cache_group_id
-    cdef public Py_ssize_t scheduler_block_size
-    cdef public object _max_admission_blocks_per_request
+    # Fixed when made (readonly: read without checks, divided by); use_eagle
+    # is set by the coordinators.  The two dicts are readonly attributes
+    # whose entries callers may still change (vLLM's tests do).
+    cdef readonly object kv_cache_spec
+    cdef readonly Py_ssize_t block_size
+    cdef readonly BlockPool block_pool
+    cdef readonly bint enable_caching
+    cdef readonly Py_ssize_t kv_cache_group_id
+    cdef readonly Py_ssize_t scheduler_block_size
+    cdef readonly object _max_admission_blocks_per_request
     cdef Py_ssize_t _cap
     cdef public bint use_eagle
-    cdef public dict req_to_blocks
-    cdef public dict num_cached_block
+    cdef readonly dict req_to_blocks
+    cdef readonly dict num_cached_block
     # Changes whenever an entry of the two dicts above is added, replaced or
     # removed other than through KVCacheManager._full_slots (which keeps the
     # request's own record in step and re-reads what another Request object
@@ -1882,7 +1958,7 @@ cdef class SingleTypeKVCacheManager:
     # are valid only while it matches.  Values come from one process-wide
     # counter, so a new manager never repeats an old one's.
     cdef Py_ssize_t _gen
-    cdef public KVCacheBlock _null_block
+    cdef readonly KVCacheBlock _null_block
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
                  Py_ssize_t scheduler_block_size, max_admission_blocks_per_request=None):
@@ -1943,7 +2019,7 @@ cdef class SingleTypeKVCacheManager:
             if not _is_block(<PyObject*>item):
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(item).__name__}")
             blk = <KVCacheBlock>item
-            if blk.ref_cnt == 0 and not blk.is_null:
+            if blk._ref_cnt == 0 and not blk.is_null:
                 # (a free hit must be in the free queue, or touching it fails half-way)
                 if queue is not None and not queue._holds(blk):
                     raise RuntimeError(f"remove() called on an invalid block: {blk}")
@@ -2200,7 +2276,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
 cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
 
-    cdef public Py_ssize_t sliding_window
+    cdef readonly Py_ssize_t sliding_window
 
     def __init__(self, kv_cache_spec, *args, **kwargs):
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -2252,7 +2328,7 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Chunked local attention: tokens attend only within their chunk."""
 
-    cdef public Py_ssize_t attention_chunk_size
+    cdef readonly Py_ssize_t attention_chunk_size
 
     def __init__(self, kv_cache_spec, *args, **kwargs):
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -2375,15 +2451,16 @@ def get_manager_for_kv_cache_spec(kv_cache_spec, block_pool, enable_caching, kv_
 cdef class KVCacheCoordinator:
     """Drives the single-type managers of all KV-cache groups over one block pool."""
 
-    cdef public object kv_cache_config
-    cdef public Py_ssize_t max_model_len
-    cdef public bint enable_caching
-    cdef public Py_ssize_t scheduler_block_size
-    cdef public Py_ssize_t hash_block_size
-    cdef public BlockPool block_pool
-    cdef public set eagle_group_ids
-    cdef public tuple single_type_managers
-    cdef public tuple _cross_attention
+    # All fixed when made (readonly: indexed and divided by without checks).
+    cdef readonly object kv_cache_config
+    cdef readonly Py_ssize_t max_model_len
+    cdef readonly bint enable_caching
+    cdef readonly Py_ssize_t scheduler_block_size
+    cdef readonly Py_ssize_t hash_block_size
+    cdef readonly BlockPool block_pool
+    cdef readonly set eagle_group_ids
+    cdef readonly tuple single_type_managers
+    cdef readonly tuple _cross_attention
     cdef Py_ssize_t _n_managers
     cdef bint _any_cross
 
@@ -2566,7 +2643,7 @@ cdef class KVCacheCoordinator:
 cdef class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Coordinator for prefix caching off: any number of groups, never a hit."""
 
-    cdef public Py_ssize_t num_single_type_manager
+    cdef readonly Py_ssize_t num_single_type_manager
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
@@ -2584,9 +2661,9 @@ cdef class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Coordinator for exactly one KV-cache group with prefix caching on."""
 
-    cdef public object kv_cache_spec
-    cdef public Py_ssize_t block_size
-    cdef public bint use_eagle
+    cdef readonly object kv_cache_spec
+    cdef readonly Py_ssize_t block_size
+    cdef readonly bint use_eagle
     cdef SingleTypeKVCacheManager _manager
     cdef list _group_ids
 
@@ -2624,7 +2701,7 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
     shrunk until every group accepts it.
     """
 
-    cdef public list attention_groups
+    cdef readonly list attention_groups
     cdef bint _is_simple_hybrid
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
@@ -2851,7 +2928,7 @@ cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVC
             bid = (<KVCacheBlock>bp).block_id
             if not (0 <= bid < PyList_GET_SIZE(pool_blocks) and _PyList_GET_ITEM_RAW(pool_blocks, bid) == bp):
                 raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
-        if (<KVCacheBlock>bp).ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
+        if (<KVCacheBlock>bp)._ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
             if queue is not None and not queue._holds(<KVCacheBlock>bp):
                 raise RuntimeError(f"remove() called on an invalid block: {<object>bp}")
             n_free += 1
@@ -2880,21 +2957,23 @@ cdef class KVCacheManager:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
 
-    cdef public Py_ssize_t max_model_len
-    cdef public bint enable_caching
-    cdef public bint enable_kv_cache_events
-    cdef public bint use_eagle
-    cdef public bint log_stats
+    # Fixed when made (readonly); the collector, the stats object and the
+    # watermark are free (checked where they are read, or harmless).
+    cdef readonly Py_ssize_t max_model_len
+    cdef readonly bint enable_caching
+    cdef readonly bint enable_kv_cache_events
+    cdef readonly bint use_eagle
+    cdef readonly bint log_stats
     cdef public object metrics_collector
     cdef public object prefix_cache_stats
-    cdef public KVCacheCoordinator coordinator
-    cdef public Py_ssize_t num_kv_cache_groups
-    cdef public BlockPool block_pool
-    cdef public object kv_cache_config
+    cdef readonly KVCacheCoordinator coordinator
+    cdef readonly Py_ssize_t num_kv_cache_groups
+    cdef readonly BlockPool block_pool
+    cdef readonly object kv_cache_config
     cdef public Py_ssize_t watermark_blocks
-    cdef public tuple kv_cache_event_metadata
-    cdef public KVCacheBlocks empty_kv_cache_blocks
-    cdef public tuple _group_block_sizes
+    cdef readonly tuple kv_cache_event_metadata
+    cdef readonly KVCacheBlocks empty_kv_cache_blocks
+    cdef readonly tuple _group_block_sizes
     cdef FullAttentionManager _full  # the only manager, when it is plain full attention: the decode fast path
     cdef bint _full_lookup_ok  # ... and get_computed_blocks needs no stats, events, EAGLE or coarser hashes
     cdef dict __dict__
@@ -3025,7 +3104,7 @@ cdef class KVCacheManager:
         if request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0, 0
         cdef FullAttentionManager mgr = self._full
-        cdef object hashes = request.block_hashes
+        cdef object hashes = request._block_hashes
         if type(hashes) is not list or mgr.kv_cache_group_id > 0xFFFFFFFF:
             return self._general_lookup(request)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(
@@ -3095,8 +3174,8 @@ cdef class KVCacheManager:
         cdef object status
         if type(request) is Request:
             request_id = (<Request>request).request_id
-            num_computed = (<Request>request).num_computed_tokens
-            num_in_flight = (<Request>request).num_in_flight_tokens
+            num_computed = (<Request>request)._num_computed_tokens
+            num_in_flight = (<Request>request)._num_in_flight_tokens
             status = (<Request>request).status
         else:
             request_id = _rid(request)
@@ -3200,7 +3279,7 @@ cdef class KVCacheManager:
         # at most once.  Same decisions, same errors, in the same order.
         # hits: the group's new computed blocks (a sequence), or None.
         cdef str request_id = request.request_id
-        cdef Py_ssize_t num_computed = request.num_computed_tokens
+        cdef Py_ssize_t num_computed = request._num_computed_tokens
         cdef Py_ssize_t num_local = num_computed + n_new_comp
         if num_local + n_new > self.max_model_len:
             raise ValueError(
