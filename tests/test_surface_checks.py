@@ -73,3 +73,17 @@ def test_allocate_external_computed_blocks_refuses_a_negative_count(impl):
     """)
     assert proc.returncode == 0, f"failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
     assert proc.stdout.splitlines() == ["ValueError num_blocks must be non-negative, got -2"]
+
+
+@pytest.mark.parametrize("key", [None, b"abc", "abcd", bytearray(b"abcde"), 5])
+def test_block_hash_refuses_what_is_not_a_cache_key(impl, key):
+    """The compiled twin checked a block's cache key (hash bytes + 4-byte group id) while the
+    Python twin took anything; both now refuse the same values, with the same message."""
+    for assign in (lambda b: setattr(b, "block_hash", key), lambda b: b.set_block_hash(key, 4)):
+        block = impl.kv_cache.KVCacheBlock(1)
+        with pytest.raises(ValueError, match="a cache key is a block hash followed by a 4-byte group id"):
+            assign(block)
+        assert block.block_hash is None and block.block_hash_num_tokens is None
+    block = impl.kv_cache.KVCacheBlock(1)
+    block.set_block_hash(b"h" * 32 + bytes(4), 4)
+    assert block.block_hash == b"h" * 32 + bytes(4) and block.block_hash_num_tokens == 4

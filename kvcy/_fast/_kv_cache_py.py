@@ -299,6 +299,13 @@ class Request(_Checked):
 # =============================================================================
 # Blocks and the free queue
 # =============================================================================
+def _check_key(key: Any) -> bytes:
+    """A cache key as a block may carry it: hash bytes + the 4-byte group id (as the compiled twin checks)."""
+    if not isinstance(key, bytes) or len(key) < 4:
+        raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
+    return key
+
+
 class KVCacheBlock:
     """One KV-cache block: id, reference count, cache key, free-list links."""
 
@@ -380,12 +387,12 @@ class KVCacheBlock:
     @block_hash.setter
     def block_hash(self, block_hash: bytes) -> None:
         assert self._key is None, "The block already has a hash. This should not happen."
-        self._key = block_hash
+        self._key = _check_key(block_hash)
 
     def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None:
         assert self._key is None, "The block already has a hash. This should not happen."
         n = None if num_tokens is None else _check_count("num_tokens", num_tokens)
-        self._key = block_hash
+        self._key = _check_key(block_hash)
         self._block_hash_num_tokens = n
 
     def reset_hash(self) -> None:
