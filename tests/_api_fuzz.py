@@ -1,19 +1,38 @@
-"""Wrong types and counts thrown at the compiled twin's public pool and manager API.
+"""Fuzzers of the kv-cache twins' public boundary, run as scripts in a child interpreter.
 
-Run as a script (``python tests/_api_fuzz.py SEED ITERATIONS``) so that a crash of the
-interpreter shows as the process dying, not as a lost test session.  Prints one line per
-kind of exception outside what bad input may raise, and per call that raised but changed
-the pool (free queue, reference counts, keys), then ``done``.
+A crash of the interpreter then shows as the process dying, not as a lost test session.
+Each mode prints one line per finding, then ``done``:
+
+* ``python tests/_api_fuzz.py SEED ITERATIONS``: wrong types and counts thrown at the
+  compiled twin's pool and manager API; reports exceptions outside what bad input may
+  raise, and calls that raised but changed the pool (free queue, ref counts, keys).
+* ``python tests/_api_fuzz.py surface IMPL SEED ITERATIONS [LOG|-] [START]``: tamper with
+  every attribute Python can assign, then call every public method (see ``run_surface``).
+* ``python tests/_api_fuzz.py agree SEED ITERATIONS``: both twins refuse (or accept) the
+  same assignments (see ``run_agree``).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import gc
+import inspect
+import os
 import random
 import sys
 
 from kvcy import _fast
+from kvcy._request_types import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 
 # What bad input may raise.  OverflowError: ints past a typed argument's C range.
 EXPECTED = (ValueError, TypeError, RuntimeError, AssertionError, KeyError, IndexError, OverflowError)
@@ -119,15 +138,6 @@ def run(seed: int, iterations: int) -> dict:
 #
 # ``agree``: the same assignment, to the same attribute of the same object, is refused
 # (or accepted) by both twins, with the same exception type.
-
-import faulthandler
-import gc
-import inspect
-import os
-
-from kvcy.kv_cache_interface import ChunkedLocalAttentionSpec, CrossAttentionSpec, MambaSpec
-from kvcy._request_types import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
-
 
 def _attn(cls, bs, **kw):
     return cls(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", **kw)
