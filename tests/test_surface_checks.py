@@ -50,6 +50,33 @@ def test_find_longest_cache_hit_refuses_no_groups(impl):
     assert all(line.endswith(" kv_cache_group_ids must not be empty") for line in lines), lines
 
 
+@pytest.mark.parametrize("pool, alignment, error", [
+    (None, 4, "TypeError: block_pool must be a BlockPool, got NoneType"),
+    ("pool", 4, "TypeError: block_pool must be a BlockPool, got str"),
+    (True, 0, "ValueError: alignment_tokens must be positive, got 0"),
+    (True, False, "TypeError: alignment_tokens must be an int, got bool"),
+    (True, -4, "ValueError: alignment_tokens must be non-negative, got -4"),
+])
+def test_find_longest_cache_hit_checks_pool_and_alignment(impl, pool, alignment, error):
+    """A pool that is not one (SIGSEGV) and a zero alignment (SIGFPE: the hit length is
+    rounded down to a multiple of it) crashed the compiled twin; both twins now refuse them
+    alike, before any lookup."""
+    proc = _run(impl.name, f"""
+        from kvcy.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, MambaSpec
+        attn = dict(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+        pool = kv.BlockPool(8, True, 4) if {pool!r} is True else {pool!r}
+        for spec in (FullAttentionSpec(**attn), SlidingWindowSpec(sliding_window=6, **attn),
+                     MambaSpec(block_size=4, shapes=((2,),), dtypes=("float32",))):
+            try:
+                kv._manager_class(spec).find_longest_cache_hit([b"x" * 32] * 4, 7, [0], pool, spec, False,
+                                                               {alignment!r})
+            except (TypeError, ValueError) as exc:
+                print(f"{{type(exc).__name__}}: {{exc}}")
+    """)
+    assert proc.returncode == 0, f"the interpreter died ({proc.returncode}):\n{proc.stderr[-2000:]}"
+    assert proc.stdout.splitlines() == [error] * 3
+
+
 def test_allocate_external_computed_blocks_refuses_a_negative_count(impl):
     """A request already holding more blocks than its token count needs: the Python twin's
     get_new_blocks refused the negative count, the compiled twin handed it to the unchecked

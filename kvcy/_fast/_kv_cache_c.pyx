@@ -2184,12 +2184,18 @@ cdef class SingleTypeKVCacheManager:
         raise NotImplementedError
 
     @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, BlockPool block_pool,
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens):
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
-        group_ids = list(kv_cache_group_ids)
-        if not group_ids:  # _find_hit reads the first group's list unchecked
+        # _find_hit reads the first group's list and the pool unchecked, and divides by the
+        # alignment (cdivision: a zero would be SIGFPE).
+        if not len(kv_cache_group_ids):
             raise ValueError("kv_cache_group_ids must not be empty")
+        if not isinstance(block_pool, BlockPool):
+            raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+        if _check_count("alignment_tokens", alignment_tokens) == 0:
+            raise ValueError("alignment_tokens must be positive, got 0")
+        group_ids = list(kv_cache_group_ids)
         cdef SingleTypeKVCacheManager probe = cls(kv_cache_spec, block_pool, True, 0,
                                                   alignment_tokens, None)
         return probe._find_hit(block_hashes, max_length, group_ids, drop_eagle_block, alignment_tokens)

@@ -689,10 +689,15 @@ def _request_id(request: Any) -> str:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
-def _check_group_ids(kv_cache_group_ids) -> None:
-    # find_longest_cache_hit returns one block list per group: at least one is needed.
+def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
+    # find_longest_cache_hit's arguments, before any use: one block list per group (so at
+    # least one group), a pool to look in, a hit length rounded down to a positive alignment.
     if not len(kv_cache_group_ids):
         raise ValueError("kv_cache_group_ids must not be empty")
+    if not isinstance(block_pool, BlockPool):
+        raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+    if _check_count("alignment_tokens", alignment_tokens) == 0:
+        raise ValueError("alignment_tokens must be positive, got 0")
 
 
 def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
@@ -1339,7 +1344,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
-        _check_group_ids(kv_cache_group_ids)
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         n_groups = len(kv_cache_group_ids)
@@ -1385,7 +1390,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
-        _check_group_ids(kv_cache_group_ids)
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
@@ -1438,7 +1443,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
-        _check_group_ids(kv_cache_group_ids)
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         if drop_eagle_block:
             raise ValueError("EAGLE is not supported with chunked local attention")
         block_size = kv_cache_spec.block_size
@@ -1472,7 +1477,7 @@ class MambaManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
-        _check_group_ids(kv_cache_group_ids)
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         max_blocks = min(max_length // block_size, len(hashes))
@@ -1502,7 +1507,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
-        _check_group_ids(kv_cache_group_ids)
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
