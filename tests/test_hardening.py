@@ -438,3 +438,49 @@ def test_checked_assignments_still_work(impl):
     block.ref_cnt -= 1
     req.extra_field = "free"  # other attributes stay free, as on vLLM's Request
     assert req.extra_field == "free"
+
+
+# --------------------------------------------------------------------------- item 2
+def test_request_tables_changed_by_hand_are_followed(impl):
+    """A decode step after a request's entry was popped and its blocks freed by hand must see
+    the tables as they are (the compiled twin's per-request record used to go stale: it
+    extended the orphaned list, which still held two freed blocks, and leaked the new block)."""
+    mgr = manager(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    req = impl.kv_cache.Request("r", list(range(8)), block_hasher=hasher())
+    mgr.allocate_slots(req, 8)
+    req.num_computed_tokens = 8
+    req.append_output_token_ids([1])
+    mgr.allocate_slots(req, 1)  # a decode step: the record is made here
+    req.append_output_token_ids([2])
+    blocks = single.req_to_blocks.pop("r")
+    single.num_cached_block.pop("r")
+    mgr.block_pool.free_blocks(reversed(blocks))
+    free_before = mgr.block_pool.get_num_free_blocks()
+    new = mgr.allocate_slots(req, 1)
+    held = single.req_to_blocks["r"]
+    assert ids(new.blocks[0]) == ids(held)  # every block it holds is new (nothing freed kept)
+    assert all(b.ref_cnt == 1 for b in held)
+    assert mgr.block_pool.get_num_free_blocks() == free_before - len(held)
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_gpu_blocks - 1  # nothing leaked
+
+
+def test_request_table_entries_set_by_hand_are_followed(impl):
+    """The same for an entry replaced or a cached count lowered by hand between steps."""
+    mgr = manager(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    req = impl.kv_cache.Request("r", list(range(8)), block_hasher=hasher())
+    mgr.allocate_slots(req, 8)
+    req.num_computed_tokens = 8
+    req.append_output_token_ids([1])
+    mgr.allocate_slots(req, 1)
+    req.append_output_token_ids([2])
+    blocks = single.req_to_blocks["r"]
+    single.req_to_blocks["r"] = blocks[:2]  # hand the third block back
+    mgr.block_pool.free_blocks([blocks[2]])
+    mgr.allocate_slots(req, 1)
+    assert len(single.req_to_blocks["r"]) == 3
+    assert all(b.ref_cnt == 1 for b in single.req_to_blocks["r"])
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_gpu_blocks - 1

@@ -11,6 +11,7 @@ off in the build).
 
 import importlib
 import logging
+from collections.abc import MutableMapping
 
 cimport cython
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
@@ -1934,6 +1935,112 @@ cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     return True
 
 
+@cython.final
+cdef class _Generation:
+    """A manager's generation (SingleTypeKVCacheManager._gen), shared with its table views."""
+
+    cdef Py_ssize_t value
+
+    def __cinit__(self):
+        self.value = _next_gen()
+
+    def bump(self):
+        self.value = _next_gen()
+
+
+class _RequestTable(MutableMapping):
+    """A manager's per-request table (``req_to_blocks``, ``num_cached_block``) as callers see it.
+
+    A mapping over the manager's own dict: reads go straight to it; every
+    change checks the key (a request id) and the value before it is made and
+    then moves the manager's generation, so that what the compiled manager
+    remembers per request is read again (the Python twin remembers nothing:
+    its tables only check).  The table itself cannot be replaced.
+    """
+
+    __slots__ = ("_entries", "_generation")
+
+    def __init__(self, entries, generation):
+        self._entries = entries
+        self._generation = generation
+
+    def _check(self, value):
+        return value
+
+    def __getitem__(self, request_id):
+        return self._entries[request_id]
+
+    def __setitem__(self, request_id, value):
+        if type(request_id) is not str:
+            raise TypeError(f"request ids must be str, got {type(request_id).__name__}")
+        value = self._check(value)
+        self._entries[request_id] = value
+        self._moved()
+
+    def __delitem__(self, request_id):
+        del self._entries[request_id]
+        self._moved()
+
+    def _moved(self):
+        if self._generation is not None:
+            self._generation.bump()
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def __contains__(self, request_id):
+        return request_id in self._entries
+
+    def get(self, request_id, default=None):
+        return self._entries.get(request_id, default)
+
+    def __eq__(self, other):
+        if isinstance(other, _RequestTable):
+            other = other._entries
+        return self._entries == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self._entries!r})"
+
+
+class _BlockTable(_RequestTable):
+    """``req_to_blocks``: values are lists of this pool's blocks."""
+
+    __slots__ = ("_pool_blocks",)
+
+    def __init__(self, entries, generation, pool_blocks):
+        super().__init__(entries, generation)
+        self._pool_blocks = pool_blocks
+
+    def _check(self, value):
+        if type(value) is not list:
+            raise TypeError(f"req_to_blocks values must be lists of blocks, got {type(value).__name__}")
+        pool = self._pool_blocks
+        n = len(pool)
+        for block in value:
+            if not isinstance(block, KVCacheBlock):
+                raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                f"{type(block).__name__}")
+            block_id = block.block_id
+            if not (0 <= block_id < n and pool[block_id] is block):
+                raise RuntimeError(f"block {block_id} is not a block of this pool")
+        return value
+
+
+class _CountTable(_RequestTable):
+    """``num_cached_block``: values are non-negative ints."""
+
+    __slots__ = ()
+
+    def _check(self, value):
+        return _check_count("num_cached_block values", value)
+
+
 cdef class SingleTypeKVCacheManager:
     """Block bookkeeping for one KV-cache group of one attention type."""
 
@@ -1949,15 +2056,19 @@ cdef class SingleTypeKVCacheManager:
     cdef readonly object _max_admission_blocks_per_request
     cdef Py_ssize_t _cap
     cdef public bint use_eagle
-    cdef readonly dict req_to_blocks
-    cdef readonly dict num_cached_block
+    cdef dict _req_to_blocks  # request id -> its blocks (req_to_blocks: a checked view)
+    cdef dict _num_cached_block  # request id -> blocks cached (num_cached_block: a checked view)
+    cdef readonly object req_to_blocks
+    cdef readonly object num_cached_block
     # Changes whenever an entry of the two dicts above is added, replaced or
     # removed other than through KVCacheManager._full_slots (which keeps the
     # request's own record in step and re-reads what another Request object
     # of the same id could have added there); a request's remembered entries
     # are valid only while it matches.  Values come from one process-wide
-    # counter, so a new manager never repeats an old one's.
-    cdef Py_ssize_t _gen
+    # counter, so a new manager never repeats an old one's.  Callers reach
+    # the dicts only through the two views, whose every change moves it too:
+    # the record cannot go stale behind the manager's back.
+    cdef _Generation _gen
     cdef readonly KVCacheBlock _null_block
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
@@ -1971,9 +2082,11 @@ cdef class SingleTypeKVCacheManager:
         self._max_admission_blocks_per_request = max_admission_blocks_per_request
         self._cap = -1 if max_admission_blocks_per_request is None else max_admission_blocks_per_request
         self.use_eagle = False
-        self.req_to_blocks = {}
-        self.num_cached_block = {}
-        self._gen = _next_gen()
+        self._req_to_blocks = {}
+        self._num_cached_block = {}
+        self._gen = _Generation()
+        self.req_to_blocks = _BlockTable(self._req_to_blocks, self._gen, block_pool.blocks)
+        self.num_cached_block = _CountTable(self._num_cached_block, self._gen)
         self._null_block = block_pool.null_block
 
     # -------------------------------------------------------------- counting
@@ -1994,10 +2107,10 @@ cdef class SingleTypeKVCacheManager:
         cdef Py_ssize_t num_required_blocks = _cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self._cap >= 0 and self._cap < num_required_blocks:
             num_required_blocks = self._cap
-        cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
         cdef Py_ssize_t num_req_blocks = 0 if p == NULL else PyList_GET_SIZE(_held_list(p))
         cdef Py_ssize_t n
-        if request_id in self.num_cached_block:
+        if request_id in self._num_cached_block:
             n = num_required_blocks - num_req_blocks
             return n if n > 0 else 0
         cdef Py_ssize_t num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
@@ -2031,18 +2144,18 @@ cdef class SingleTypeKVCacheManager:
                                     Py_ssize_t num_local_computed_tokens,
                                     Py_ssize_t num_external_computed_tokens):
         """Attach prefix-cache hits to a request that holds no blocks yet."""
-        self._gen = _next_gen()
+        self._gen.value = _next_gen()
         cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
         cdef Py_ssize_t num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
         cdef list blocks = self._checked_hits(new_computed_blocks, total)
-        cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        cdef list req_blocks = self._req_to_blocks.setdefault(request_id, [])
         assert not req_blocks
         if self.enable_caching:
             self.block_pool._touch(blocks)
         if num_skipped_blocks > 0:
             req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
-        self.num_cached_block[request_id] = len(req_blocks)
+        self._num_cached_block[request_id] = len(req_blocks)
 
     cdef list _checked_hits(self, object new_computed_blocks, Py_ssize_t total_computed_tokens):
         # The hits add_local_computed_blocks takes (those past the skipped
@@ -2063,8 +2176,8 @@ cdef class SingleTypeKVCacheManager:
             num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
         if num_external_computed_tokens <= 0:
             return
-        self._gen = _next_gen()
-        cdef list req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        self._gen.value = _next_gen()
+        cdef list req_blocks = self._req_to_blocks.setdefault(request_id, [])
         # (the request may hold more than ``total`` needs: a negative count is refused, as
         # get_new_blocks refuses it, not handed to the unchecked pop)
         req_blocks.extend(self.block_pool._get_new_blocks(
@@ -2077,12 +2190,12 @@ cdef class SingleTypeKVCacheManager:
 
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens):
         # As allocate_new_blocks, but None (no list built) when nothing is new.
-        cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
         cdef list req_blocks
         if p == NULL:
-            self._gen = _next_gen()
+            self._gen.value = _next_gen()
             req_blocks = []
-            self.req_to_blocks[request_id] = req_blocks
+            self._req_to_blocks[request_id] = req_blocks
         else:
             req_blocks = _held_list(p)
         cdef Py_ssize_t num_new_blocks = _cdiv(num_tokens, self.block_size) - PyList_GET_SIZE(req_blocks)
@@ -2095,17 +2208,17 @@ cdef class SingleTypeKVCacheManager:
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
         """Cache the request's full blocks among its first ``num_tokens`` tokens."""
         cdef str request_id = _rid(request)
-        cdef PyObject* p = PyDict_GetItem(self.num_cached_block, request_id)
+        cdef PyObject* p = PyDict_GetItem(self._num_cached_block, request_id)
         cdef Py_ssize_t num_cached_blocks = 0 if p == NULL else <Py_ssize_t><object>p
         cdef Py_ssize_t num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
         self.block_pool.cache_full_blocks(
-            request, <list>self.req_to_blocks[request_id], num_cached_blocks, num_full_blocks,
+            request, <list>self._req_to_blocks[request_id], num_cached_blocks, num_full_blocks,
             self.block_size, self.kv_cache_group_id,
         )
-        self._gen = _next_gen()
-        self.num_cached_block[request_id] = num_full_blocks
+        self._gen.value = _next_gen()
+        self._num_cached_block[request_id] = num_full_blocks
 
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
                                  bint attaching, Py_ssize_t total_computed_tokens) except -1:
@@ -2113,7 +2226,7 @@ cdef class SingleTypeKVCacheManager:
         # allocation is made, checked before it: the cached count is the
         # request's entry, or, for a request taking its hits now (attaching),
         # what add_local_computed_blocks will record.
-        cdef PyObject *p = PyDict_GetItem(self.num_cached_block, request_id)
+        cdef PyObject *p = PyDict_GetItem(self._num_cached_block, request_id)
         cdef Py_ssize_t num_cached, skipped
         if p != NULL:
             num_cached = <object>p
@@ -2129,9 +2242,9 @@ cdef class SingleTypeKVCacheManager:
 
     # -------------------------------------------------------------- freeing
     cpdef list pop_blocks_for_free(self, str request_id):
-        self._gen = _next_gen()
-        self.num_cached_block.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, [])
+        self._gen.value = _next_gen()
+        self._num_cached_block.pop(request_id, None)
+        return self._req_to_blocks.pop(request_id, [])
 
     cpdef free(self, str request_id):
         """Return the request's blocks to the pool, tail first."""
@@ -2141,17 +2254,17 @@ cdef class SingleTypeKVCacheManager:
     cdef bint _free_held(self, str request_id) except -1:
         # free() for a request holding blocks here, with one lookup; False,
         # changing nothing, if it holds none.
-        cdef list blocks = self.req_to_blocks.pop(request_id, None)
+        cdef list blocks = self._req_to_blocks.pop(request_id, None)
         if blocks is None:
             return False
-        self._gen = _next_gen()
-        self.num_cached_block.pop(request_id, None)
+        self._gen.value = _next_gen()
+        self._num_cached_block.pop(request_id, None)
         blocks.reverse()
         self.block_pool._free_blocks(blocks)
         return True
 
     cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1:
-        cdef PyObject* p = PyDict_GetItem(self.req_to_blocks, request_id)
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
         if p == NULL or first_block >= last_block:
             return 0
         cdef list blocks = _held_list(p)
@@ -2268,8 +2381,8 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         return computed, n * block_size
 
     def get_num_common_prefix_blocks(self, running_request_id):
-        blocks = self.req_to_blocks.get(running_request_id, [])
-        num_requests = len(self.req_to_blocks)
+        blocks = self._req_to_blocks.get(running_request_id, [])
+        num_requests = len(self._req_to_blocks)
         n = 0
         for block in blocks:
             if block.ref_cnt == num_requests:
@@ -2542,7 +2655,7 @@ cdef class KVCacheCoordinator:
             (<SingleTypeKVCacheManager>self.single_type_managers[i])._checked_hits(
                 new_computed_blocks[i], num_local_computed_tokens + num_external_computed_tokens)
         for manager in self.single_type_managers:
-            if request_id in manager.num_cached_block:
+            if request_id in manager._num_cached_block:
                 for blocks in new_computed_blocks:
                     if len(blocks):
                         raise RuntimeError(
@@ -2632,13 +2745,14 @@ cdef class KVCacheCoordinator:
             manager.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def get_blocks(self, request_id):
-        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+        cdef SingleTypeKVCacheManager m
+        return tuple([m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers])
 
     cpdef bint holds(self, str request_id):
         """Whether the request holds blocks (had a successful allocation since its last free)."""
         cdef SingleTypeKVCacheManager manager
         for manager in self.single_type_managers:
-            if request_id in manager.req_to_blocks:
+            if request_id in manager._req_to_blocks:
                 return True
         return False
 
@@ -3297,7 +3411,7 @@ cdef class KVCacheManager:
         cdef BlockPool pool = self.block_pool
         cdef PyObject *p
         cdef bint fresh = False  # the record was read in this call
-        if (request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen
+        if (request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen.value
                 or request._kv_blocks is None):
             # Remember the manager's entries for this request.  The record
             # stays valid until the manager's _gen moves on (a removal, or any
@@ -3305,12 +3419,12 @@ cdef class KVCacheManager:
             # itself: "no entry" is always re-read, and so is the cached count
             # before caching (another Request object with the same id may have
             # added or advanced them here).
-            p = PyDict_GetItem(mgr.req_to_blocks, request_id)
+            p = PyDict_GetItem(mgr._req_to_blocks, request_id)
             request._kv_blocks = _held_list(p)
-            p = PyDict_GetItem(mgr.num_cached_block, request_id)
+            p = PyDict_GetItem(mgr._num_cached_block, request_id)
             request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
             request._kv_owner = <PyObject*>mgr
-            request._kv_gen = mgr._gen
+            request._kv_gen = mgr._gen.value
             # (Up to the caching below only this call writes the manager's
             # dicts: touching and allocating run no code that could.)
             fresh = True
@@ -3364,7 +3478,7 @@ cdef class KVCacheManager:
                 if n_hits > 0:
                     num_cached = n_hits
                 else:
-                    p = PyDict_GetItem(mgr.num_cached_block, request_id)
+                    p = PyDict_GetItem(mgr._num_cached_block, request_id)
                     num_cached = 0 if p == NULL else <Py_ssize_t><object>p
                 pool._check_hashes_to_cache(request, num_cached, num_full, bs)
         # From here on nothing can fail but a broken invariant.
@@ -3380,13 +3494,13 @@ cdef class KVCacheManager:
                 (<PyListObject*>req_blocks).ob_item[i] = bp
                 if mgr.enable_caching:
                     pool._touch_one(<KVCacheBlock>bp)
-            mgr.req_to_blocks[request_id] = req_blocks
-            mgr.num_cached_block[request_id] = n_hits
+            mgr._req_to_blocks[request_id] = req_blocks
+            mgr._num_cached_block[request_id] = n_hits
             request._kv_blocks = req_blocks
             request._kv_ncached = n_hits
         elif req_blocks is None:
             req_blocks = []
-            mgr.req_to_blocks[request_id] = req_blocks
+            mgr._req_to_blocks[request_id] = req_blocks
             request._kv_blocks = req_blocks
         cdef list new_blocks = None
         cdef Py_ssize_t n_more = _cdiv(need_slot, bs) - PyList_GET_SIZE(req_blocks)
@@ -3403,12 +3517,12 @@ cdef class KVCacheManager:
                 if fresh:
                     num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
                 else:  # (see the record above)
-                    p = PyDict_GetItem(mgr.num_cached_block, request_id)
+                    p = PyDict_GetItem(mgr._num_cached_block, request_id)
                     num_cached = 0 if p == NULL else <Py_ssize_t><object>p
                 if num_cached < num_full:
                     pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs,
                                            mgr.kv_cache_group_id)
-                    mgr.num_cached_block[request_id] = num_full
+                    mgr._num_cached_block[request_id] = num_full
                 request._kv_ncached = num_full if num_cached < num_full else num_cached
         if new_blocks is None:
             return self.empty_kv_cache_blocks

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
@@ -1109,6 +1109,99 @@ class BlockPool(_Checked):
 # =============================================================================
 # Single-type managers
 # =============================================================================
+class _RequestTable(MutableMapping):
+    """A manager's per-request table (``req_to_blocks``, ``num_cached_block``) as callers see it.
+
+    A mapping over the manager's own dict: reads go straight to it; every
+    change checks the key (a request id) and the value before it is made and
+    then moves the manager's generation, so that what the compiled manager
+    remembers per request is read again (the Python twin remembers nothing:
+    its tables only check).  The table itself cannot be replaced.
+    """
+
+    __slots__ = ("_entries", "_generation")
+
+    def __init__(self, entries, generation):
+        self._entries = entries
+        self._generation = generation
+
+    def _check(self, value):
+        return value
+
+    def __getitem__(self, request_id):
+        return self._entries[request_id]
+
+    def __setitem__(self, request_id, value):
+        if type(request_id) is not str:
+            raise TypeError(f"request ids must be str, got {type(request_id).__name__}")
+        value = self._check(value)
+        self._entries[request_id] = value
+        self._moved()
+
+    def __delitem__(self, request_id):
+        del self._entries[request_id]
+        self._moved()
+
+    def _moved(self):
+        if self._generation is not None:
+            self._generation.bump()
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def __contains__(self, request_id):
+        return request_id in self._entries
+
+    def get(self, request_id, default=None):
+        return self._entries.get(request_id, default)
+
+    def __eq__(self, other):
+        if isinstance(other, _RequestTable):
+            other = other._entries
+        return self._entries == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self._entries!r})"
+
+
+class _BlockTable(_RequestTable):
+    """``req_to_blocks``: values are lists of this pool's blocks."""
+
+    __slots__ = ("_pool_blocks",)
+
+    def __init__(self, entries, generation, pool_blocks):
+        super().__init__(entries, generation)
+        self._pool_blocks = pool_blocks
+
+    def _check(self, value):
+        if type(value) is not list:
+            raise TypeError(f"req_to_blocks values must be lists of blocks, got {type(value).__name__}")
+        pool = self._pool_blocks
+        n = len(pool)
+        for block in value:
+            if not isinstance(block, KVCacheBlock):
+                raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                f"{type(block).__name__}")
+            block_id = block.block_id
+            if not (0 <= block_id < n and pool[block_id] is block):
+                raise RuntimeError(f"block {block_id} is not a block of this pool")
+        return value
+
+
+class _CountTable(_RequestTable):
+    """``num_cached_block``: values are non-negative ints."""
+
+    __slots__ = ()
+
+    def _check(self, value):
+        return _check_count("num_cached_block values", value)
+
+
 class SingleTypeKVCacheManager(_Checked):
     """Block bookkeeping for one KV-cache group of one attention type."""
 
@@ -1117,7 +1210,7 @@ class SingleTypeKVCacheManager(_Checked):
     _RULES = dict.fromkeys(
         ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
          "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
-         "_null_block"),
+         "_req_to_blocks", "_num_cached_block", "_null_block"),
         _READ_ONLY,
     )
 
@@ -1138,8 +1231,10 @@ class SingleTypeKVCacheManager(_Checked):
         self.scheduler_block_size = scheduler_block_size
         self._max_admission_blocks_per_request = max_admission_blocks_per_request
         self.use_eagle = False
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_block: dict[str, int] = {}
+        self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_block: dict[str, int] = {}
+        self.req_to_blocks = _BlockTable(self._req_to_blocks, None, block_pool.blocks)
+        self.num_cached_block = _CountTable(self._num_cached_block, None)
         self._null_block = block_pool.null_block
 
     # -------------------------------------------------------------- counting
@@ -1166,9 +1261,9 @@ class SingleTypeKVCacheManager(_Checked):
         cap = self._max_admission_blocks_per_request
         if apply_admission_cap and cap is not None and cap < num_required_blocks:
             num_required_blocks = cap
-        req_blocks = self.req_to_blocks.get(request_id)
+        req_blocks = self._req_to_blocks.get(request_id)
         num_req_blocks = 0 if req_blocks is None else len(req_blocks)
-        if request_id in self.num_cached_block:
+        if request_id in self._num_cached_block:
             return max(num_required_blocks - num_req_blocks, 0)
         num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_local_computed_blocks = len(new_computed_blocks) + num_req_blocks
@@ -1222,13 +1317,13 @@ class SingleTypeKVCacheManager(_Checked):
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
         blocks = new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         assert not req_blocks
         if self.enable_caching:
             self.block_pool._touch(blocks)
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
-        self.num_cached_block[request_id] = len(req_blocks)
+        self._num_cached_block[request_id] = len(req_blocks)
 
     def allocate_external_computed_blocks(
         self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
@@ -1240,12 +1335,12 @@ class SingleTypeKVCacheManager(_Checked):
             num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
         if num_external_computed_tokens <= 0:
             return
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         req_blocks.extend(self.block_pool.get_new_blocks(cdiv(total, self.block_size) - len(req_blocks)))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new_blocks <= 0:
             return []
@@ -1256,19 +1351,19 @@ class SingleTypeKVCacheManager(_Checked):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks among its first ``num_tokens`` tokens."""
         request_id = request.request_id
-        num_cached_blocks = self.num_cached_block.get(request_id, 0)
+        num_cached_blocks = self._num_cached_block.get(request_id, 0)
         num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
         self.block_pool.cache_full_blocks(
             request,
-            self.req_to_blocks[request_id],
+            self._req_to_blocks[request_id],
             num_cached_blocks,
             num_full_blocks,
             self.block_size,
             self.kv_cache_group_id,
         )
-        self.num_cached_block[request_id] = num_full_blocks
+        self._num_cached_block[request_id] = num_full_blocks
 
     def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
                             attaching: bool, total_computed_tokens: int) -> None:
@@ -1276,7 +1371,7 @@ class SingleTypeKVCacheManager(_Checked):
         # allocation is made, checked before it: the cached count is the
         # request's entry, or, for a request taking its hits now (attaching),
         # what add_local_computed_blocks will record.
-        num_cached = self.num_cached_block.get(request_id)
+        num_cached = self._num_cached_block.get(request_id)
         if num_cached is None:
             if attaching:
                 skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
@@ -1288,8 +1383,8 @@ class SingleTypeKVCacheManager(_Checked):
 
     # -------------------------------------------------------------- freeing
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        self.num_cached_block.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, [])
+        self._num_cached_block.pop(request_id, None)
+        return self._req_to_blocks.pop(request_id, [])
 
     def free(self, request_id: str) -> None:
         """Return the request's blocks to the pool, tail first."""
@@ -1298,7 +1393,7 @@ class SingleTypeKVCacheManager(_Checked):
         self.block_pool.free_blocks(blocks)
 
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
-        blocks = self.req_to_blocks.get(request_id)
+        blocks = self._req_to_blocks.get(request_id)
         if blocks is None or first_block >= last_block:
             return
         last_block = min(last_block, len(blocks))
@@ -1365,8 +1460,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return computed, len(computed[0]) * block_size
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        blocks = self.req_to_blocks.get(running_request_id, [])
-        num_requests = len(self.req_to_blocks)
+        blocks = self._req_to_blocks.get(running_request_id, [])
+        num_requests = len(self._req_to_blocks)
         n = 0
         for block in blocks:
             if block._ref_cnt == num_requests:
@@ -1675,7 +1770,7 @@ class KVCacheCoordinator(_Checked):
         # Without the checks: KVCacheManager.allocate_slots's hit count has checked every hit.
         managers = self.single_type_managers
         for manager in managers:
-            if request_id in manager.num_cached_block:
+            if request_id in manager._num_cached_block:
                 if any(len(blocks) for blocks in new_computed_blocks):
                     raise RuntimeError(
                         f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
@@ -1737,12 +1832,12 @@ class KVCacheCoordinator(_Checked):
             manager.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+        return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
 
     def holds(self, request_id: str) -> bool:
         """Whether the request holds blocks (had a successful allocation since its last free)."""
         for manager in self.single_type_managers:
-            if request_id in manager.req_to_blocks:
+            if request_id in manager._req_to_blocks:
                 return True
         return False
 
