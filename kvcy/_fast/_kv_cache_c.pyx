@@ -2241,7 +2241,10 @@ cdef class SingleTypeKVCacheManager:
             return
         self._gen.value = _next_gen()
         cdef list req_blocks = self._req_to_blocks.setdefault(request_id, [])
-        req_blocks.extend(self.block_pool._get_new_blocks(_cdiv(total, self.block_size) - len(req_blocks)))
+        # (the request may hold more than ``total`` needs: a negative count is refused, as
+        # get_new_blocks refuses it, not handed to the unchecked pop)
+        req_blocks.extend(self.block_pool._get_new_blocks(
+            _check_count("num_blocks", _cdiv(total, self.block_size) - len(req_blocks))))
 
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
@@ -2357,13 +2360,21 @@ cdef class SingleTypeKVCacheManager:
         raise NotImplementedError
 
     @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, BlockPool block_pool,
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens):
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
+        # _find_hit reads the first group's list and the pool unchecked, and divides by the
+        # alignment (cdivision: a zero would be SIGFPE).
+        if not len(kv_cache_group_ids):
+            raise ValueError("kv_cache_group_ids must not be empty")
+        if not isinstance(block_pool, BlockPool):
+            raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+        if _check_count("alignment_tokens", alignment_tokens) == 0:
+            raise ValueError("alignment_tokens must be positive, got 0")
+        group_ids = list(kv_cache_group_ids)
         cdef SingleTypeKVCacheManager probe = cls(kv_cache_spec, block_pool, True, 0,
                                                   alignment_tokens, None)
-        return probe._find_hit(block_hashes, max_length, list(kv_cache_group_ids), drop_eagle_block,
-                               alignment_tokens)
+        return probe._find_hit(block_hashes, max_length, group_ids, drop_eagle_block, alignment_tokens)
 
 
 cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_blocks, uint32_t gid,

@@ -299,6 +299,13 @@ class Request(_Checked):
 # =============================================================================
 # Blocks and the free queue
 # =============================================================================
+def _check_key(key: Any) -> bytes:
+    """A cache key as a block may carry it: hash bytes + the 4-byte group id (as the compiled twin checks)."""
+    if not isinstance(key, bytes) or len(key) < 4:
+        raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
+    return key
+
+
 class KVCacheBlock:
     """One KV-cache block: id, reference count, cache key, free-list links."""
 
@@ -386,12 +393,12 @@ class KVCacheBlock:
     @block_hash.setter
     def block_hash(self, block_hash: bytes) -> None:
         assert self._key is None, "The block already has a hash. This should not happen."
-        self._key = block_hash
+        self._key = _check_key(block_hash)
 
     def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None:
         assert self._key is None, "The block already has a hash. This should not happen."
         n = None if num_tokens is None else _check_count("num_tokens", num_tokens)
-        self._key = block_hash
+        self._key = _check_key(block_hash)
         self._block_hash_num_tokens = n
 
     def reset_hash(self) -> None:
@@ -694,6 +701,17 @@ def _request_id(request: Any) -> str:
         return request.request_id
     except AttributeError:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+
+
+def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
+    # find_longest_cache_hit's arguments, before any use: one block list per group (so at
+    # least one group), a pool to look in, a hit length rounded down to a positive alignment.
+    if not len(kv_cache_group_ids):
+        raise ValueError("kv_cache_group_ids must not be empty")
+    if not isinstance(block_pool, BlockPool):
+        raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+    if _check_count("alignment_tokens", alignment_tokens) == 0:
+        raise ValueError("alignment_tokens must be positive, got 0")
 
 
 def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
@@ -1429,6 +1447,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         n_groups = len(kv_cache_group_ids)
@@ -1474,6 +1493,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
@@ -1526,6 +1546,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         if drop_eagle_block:
             raise ValueError("EAGLE is not supported with chunked local attention")
         block_size = kv_cache_spec.block_size
@@ -1559,6 +1580,7 @@ class MambaManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         max_blocks = min(max_length // block_size, len(hashes))
@@ -1588,6 +1610,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
