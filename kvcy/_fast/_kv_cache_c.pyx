@@ -11,6 +11,7 @@ off in the build).
 
 import importlib
 import logging
+from weakref import ref as _weakref
 from collections.abc import MutableMapping
 
 cimport cython
@@ -18,8 +19,8 @@ from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
 from cpython.tuple cimport PyTuple_GET_SIZE
-from cpython.object cimport PyObject, PyTypeObject
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from cpython.object cimport PyObject, PyTypeObject, inquiry, traverseproc, visitproc
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
@@ -438,52 +439,6 @@ cdef extern from *:
         return memcmp(p, q, (size_t)n) == 0;
     }
 
-    /* KVCacheBlock memory: 64-byte objects on 64-byte boundaries, carved in
-       order from 1 MiB slabs, so that a block's header and fields share one
-       cache line (pymalloc would put each across two) and a pool's blocks
-       lie in address order.  Freed objects go on a free list and are reused
-       (last freed first); slabs are kept for reuse, not returned.  Only the
-       exact KVCacheBlock type uses this: heap subclasses get CPython's own
-       tp_alloc / tp_free, and objects of other sizes are never seen. */
-    #define KVCY_BLOCK_BYTES 64
-    #define KVCY_SLAB_BYTES (1 << 20)
-    typedef struct kvcy_free_obj { struct kvcy_free_obj *next; } kvcy_free_obj;
-    static kvcy_free_obj *kvcy_block_free = NULL;
-    static char *kvcy_slab_next = NULL;
-    static char *kvcy_slab_end = NULL;
-    static PyObject *kvcy_block_alloc(PyTypeObject *type, Py_ssize_t nitems) {
-        char *mem;
-        (void)nitems;
-        if (kvcy_block_free != NULL) {
-            mem = (char *)kvcy_block_free;
-            kvcy_block_free = kvcy_block_free->next;
-        } else {
-            if (kvcy_slab_next == kvcy_slab_end) {
-                void *slab = NULL;
-                if (posix_memalign(&slab, 4096, KVCY_SLAB_BYTES) != 0) return PyErr_NoMemory();
-                kvcy_slab_next = (char *)slab;
-                kvcy_slab_end = kvcy_slab_next + KVCY_SLAB_BYTES;
-            }
-            mem = kvcy_slab_next;
-            kvcy_slab_next += KVCY_BLOCK_BYTES;
-        }
-        memset(mem, 0, KVCY_BLOCK_BYTES);
-        return PyObject_Init((PyObject *)mem, type);
-    }
-    static void kvcy_block_release(void *p) {
-        kvcy_free_obj *f = (kvcy_free_obj *)p;
-        f->next = kvcy_block_free;
-        kvcy_block_free = f;
-    }
-    /* Point the type at the allocator above when its objects fit (they do
-       on 64-bit CPython); before any instance exists.  1 if installed. */
-    static int kvcy_install_block_alloc(PyTypeObject *type) {
-        if (type->tp_basicsize > KVCY_BLOCK_BYTES || type->tp_itemsize != 0
-                || (type->tp_flags & Py_TPFLAGS_HAVE_GC)) return 0;
-        type->tp_alloc = kvcy_block_alloc;
-        type->tp_free = kvcy_block_release;
-        return 1;
-    }
     /* A zeroed array of n items of size sz starting on a cache line, so
        that no 32-byte table slot straddles two lines (malloc's own
        alignment is 16 bytes).  Release with free(). */
@@ -505,7 +460,6 @@ cdef extern from *:
     PyTypeObject PyDict_Type
     PyTypeObject PyList_Type
     void kvcy_prefetch(const void *p) noexcept nogil
-    int kvcy_install_block_alloc(PyTypeObject *t) noexcept
     void *kvcy_calloc_lines(size_t n, size_t sz) noexcept nogil
 
 
@@ -524,7 +478,7 @@ cdef class KVCacheBlock:
     of the cycle collector (pools hold up to millions of them).
     """
 
-    # 64 bytes in all, one cache line (a pool of 10^6 blocks is streamed
+    # 64 bytes in all, a cache line's worth (a pool of 10^6 blocks is streamed
     # through on every pass of the free queue): no cdef methods (no vtable
     # pointer), a 32-bit id (vLLM's block tables are int32) and reference
     # count beside the null flag, and the 4-byte ids packed together.  The
@@ -558,7 +512,13 @@ cdef class KVCacheBlock:
 
     @ref_cnt.setter
     def ref_cnt(self, value):
-        self._ref_cnt = _check_ref_cnt(value)
+        cdef int32_t n = _check_ref_cnt(value)
+        if n != 0 and _in_a_queue(self):
+            # (a free block with references would be queued a second time
+            # when they are dropped, and handed out twice)
+            raise RuntimeError(f"block {self.block_id} is in a free queue: its ref_cnt stays 0 "
+                               "(take it with get_new_blocks() or touch())")
+        self._ref_cnt = n
 
     @property
     def prev_free_block(self):
@@ -620,16 +580,17 @@ cdef class KVCacheBlock:
         )
 
 
-# Blocks come from cache-line aligned slabs (see kvcy_block_alloc); this runs
-# before any block is made.
-_ALIGNED_BLOCKS = bool(kvcy_install_block_alloc(<PyTypeObject*>KVCacheBlock))
+# (Blocks come from CPython's own allocator: a custom slab allocator that put
+# each on one cache line bought nothing measurable -- within +-4 % on the
+# queue, pool and request rows of bench_kv_cache.py -- and never gave memory
+# back.)
 
 
 cdef uint32_t _last_queue_id = 0
 # The _queue_id of a fake head or tail (no queue has it); its _pos holds its
 # queue's id.  Batch loops thus see a fake end as another queue's block.
 cdef uint32_t _FAKE_END_ID = 0xFFFFFFFF
-cdef dict _LIVE_QUEUES = {}  # queue id -> address of that live FreeKVCacheBlockQueue
+cdef dict _QUEUE_REFS = {}  # queue id -> weakref.ref to that FreeKVCacheBlockQueue
 
 
 cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
@@ -639,10 +600,16 @@ cdef FreeKVCacheBlockQueue _queue_of(KVCacheBlock block):
         queue_id = <uint32_t>block._pos
     if queue_id == 0:
         return None
-    addr = _LIVE_QUEUES.get(queue_id)
-    if addr is None:
+    ref = _QUEUE_REFS.get(queue_id)
+    if ref is None:
         return None
-    return <FreeKVCacheBlockQueue><PyObject*><uintptr_t>addr
+    return ref()  # (None once the queue is gone: no raw addresses are kept)
+
+
+cdef bint _in_a_queue(KVCacheBlock block) except -1:
+    # In a live free queue, or a fake end of one (off the hot paths).
+    cdef FreeKVCacheBlockQueue queue = _queue_of(block)
+    return queue is not None and (queue._holds(block) or queue._is_fake_end(block))
 
 
 cdef int _set_block_key(KVCacheBlock block, object key) except -1:
@@ -689,6 +656,7 @@ cdef class FreeKVCacheBlockQueue:
     cdef int64_t _tail  # position after the last entry
     cdef int64_t _holes  # NULL entries within [_head, _tail)
     cdef uint32_t _id
+    cdef object __weakref__  # (the id -> queue registry holds weak references)
 
     def __cinit__(self, *args, **kwargs):
         global _last_queue_id
@@ -705,9 +673,9 @@ cdef class FreeKVCacheBlockQueue:
         # ids are taken): a stale id in a block is harmless, since membership
         # is decided by the array holding that very block.
         _last_queue_id += 1
-        while _last_queue_id == 0 or _last_queue_id == _FAKE_END_ID or _last_queue_id in _LIVE_QUEUES:
+        while _last_queue_id == 0 or _last_queue_id == _FAKE_END_ID or _last_queue_id in _QUEUE_REFS:
             _last_queue_id += 1
-        _LIVE_QUEUES[_last_queue_id] = <uintptr_t><PyObject*>self
+        _QUEUE_REFS[_last_queue_id] = _weakref(self)
         self._id = _last_queue_id
         head._queue_id = tail._queue_id = _FAKE_END_ID
         head._pos = tail._pos = self._id
@@ -722,23 +690,33 @@ cdef class FreeKVCacheBlockQueue:
     def __dealloc__(self):
         # Unregister first, so that nothing (a block subclass's __del__, say)
         # can find this queue, then drop the references.
-        cdef PyObject **ring = self._ring
-        cdef int64_t pos
-        cdef PyObject *p
-        if self._id != 0 and _LIVE_QUEUES is not None:  # None late in interpreter shutdown
-            _LIVE_QUEUES.pop(self._id, None)
-        if ring == NULL:
-            return
+        if self._id != 0 and _QUEUE_REFS is not None:  # None late in interpreter shutdown
+            _QUEUE_REFS.pop(self._id, None)
+        self._release_blocks()
+        free(self._ring)
         self._ring = NULL
-        for pos in range(self._head, self._tail):
-            p = ring[pos & self._mask]
+
+    cdef void _release_blocks(self) noexcept:
+        # Empty the queue, then drop its references to the blocks (their
+        # deallocation may run code: the queue is consistent by then).  For
+        # __dealloc__ and the cycle collector's tp_clear.
+        cdef PyObject **ring = self._ring
+        cdef int64_t pos, head = self._head, tail = self._tail, mask = self._mask
+        cdef PyObject *p
+        if ring == NULL or head == tail:
+            return
+        for pos in range(head, tail):
+            p = ring[pos & mask]
             if p != NULL:
                 (<KVCacheBlock>p)._queue_id = 0
-        for pos in range(self._head, self._tail):
-            p = ring[pos & self._mask]
+        self._head = self._tail = 0
+        self._holes = 0
+        self.num_free_blocks = 0
+        for pos in range(head, tail):
+            p = ring[pos & mask]
+            ring[pos & mask] = NULL
             if p != NULL:
                 Py_DECREF_RAW(p)
-        free(ring)
 
     # ------------------------------------------------------------------ the array
     cdef inline bint _holds(self, KVCacheBlock block) noexcept:
@@ -962,6 +940,8 @@ cdef class FreeKVCacheBlockQueue:
             raise TypeError("free queue entries must be KVCacheBlock, got NoneType")
         if self._queued_anywhere(block):
             raise RuntimeError(f"block {block.block_id} is already in the free queue")
+        if block._ref_cnt != 0:
+            raise RuntimeError(f"block {block.block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
         self._ensure_room(1)
         Py_INCREF_RAW(<PyObject*>block)
         self._ring[self._tail & self._mask] = <PyObject*>block
@@ -1022,6 +1002,10 @@ cdef class FreeKVCacheBlockQueue:
                     if repeat:
                         raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} appears twice in one batch")
                     raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
+            if (<KVCacheBlock>p)._ref_cnt != 0:
+                self._drop_taken(base, i)
+                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} has ref_cnt "
+                                   f"{(<KVCacheBlock>p)._ref_cnt}: only free blocks are queued")
             Py_INCREF_RAW(p)
             ring[(base + i) & mask] = p
             (<KVCacheBlock>p)._pos = base + i
@@ -1092,6 +1076,9 @@ cdef class BlockHashToBlockMap:
     cdef _Slot *_slots
     cdef size_t _mask      # capacity - 1 (a power of two)
     cdef Py_ssize_t _len   # occupied slots
+    # (An object field, so that the type takes part in the cycle collector:
+    # its tp_traverse / tp_clear, installed below, see the table's references.)
+    cdef object _gc_anchor
 
     def __cinit__(self, *args, **kwargs):
         self._slots = <_Slot*>kvcy_calloc_lines(16, sizeof(_Slot))
@@ -1101,15 +1088,28 @@ cdef class BlockHashToBlockMap:
         self._len = 0
 
     def __dealloc__(self):
+        self._release_slots()
+        free(self._slots)
+        self._slots = NULL
+
+    cdef void _release_slots(self) noexcept:
+        # Empty every slot, dropping the table's references (for __dealloc__
+        # and the cycle collector's tp_clear; each slot is emptied before its
+        # references go, so code they run sees a consistent table).
         cdef size_t i
+        cdef PyObject *k
+        cdef PyObject *v
         if self._slots == NULL:
             return
         for i in range(self._mask + 1):
-            if self._slots[i].key != NULL:
-                Py_DECREF_RAW(self._slots[i].key)
-                Py_DECREF_RAW(self._slots[i].value)
-        free(self._slots)
-        self._slots = NULL
+            k = self._slots[i].key
+            if k != NULL:
+                v = self._slots[i].value
+                self._slots[i].key = NULL
+                self._slots[i].value = NULL
+                self._len -= 1
+                Py_DECREF_RAW(k)
+                Py_DECREF_RAW(v)
 
     # -------------------------------------------------------------- the table
     cdef inline Py_ssize_t _find(self, PyObject *key, uint32_t gid, uint64_t h) noexcept:
@@ -1338,6 +1338,70 @@ cdef class BlockHashToBlockMap:
 
     def __len__(self):
         return self._len
+
+
+# The cycle collector sees what the queue's ring and the map's table hold
+# (C arrays, which Cython's generated tp_traverse / tp_clear do not know):
+# a block subclass whose instance refers back to its queue or map forms a
+# cycle that is found and broken like any other.
+cdef traverseproc _queue_base_traverse = (<PyTypeObject*>FreeKVCacheBlockQueue).tp_traverse
+cdef traverseproc _map_base_traverse = (<PyTypeObject*>BlockHashToBlockMap).tp_traverse
+cdef inquiry _map_base_clear = (<PyTypeObject*>BlockHashToBlockMap).tp_clear
+
+
+cdef int _queue_traverse(PyObject *o, visitproc visit, void *arg) except -1:
+    cdef int r = _queue_base_traverse(o, visit, arg) if _queue_base_traverse != NULL else 0
+    if r != 0:
+        return r
+    cdef PyObject **ring = (<FreeKVCacheBlockQueue>o)._ring
+    cdef int64_t pos, mask = (<FreeKVCacheBlockQueue>o)._mask
+    cdef PyObject *p
+    if ring == NULL:
+        return 0
+    for pos in range((<FreeKVCacheBlockQueue>o)._head, (<FreeKVCacheBlockQueue>o)._tail):
+        p = ring[pos & mask]
+        if p != NULL:
+            r = visit(p, arg)
+            if r != 0:
+                return r
+    return 0
+
+
+cdef int _queue_clear(object o) except -1:
+    (<FreeKVCacheBlockQueue>o)._release_blocks()
+    return 0
+
+
+cdef int _map_traverse(PyObject *o, visitproc visit, void *arg) except -1:
+    cdef int r = _map_base_traverse(o, visit, arg) if _map_base_traverse != NULL else 0
+    if r != 0:
+        return r
+    cdef _Slot *slots = (<BlockHashToBlockMap>o)._slots
+    cdef size_t i
+    if slots == NULL:
+        return 0
+    for i in range((<BlockHashToBlockMap>o)._mask + 1):
+        if slots[i].key != NULL:
+            r = visit(slots[i].key, arg)
+            if r != 0:
+                return r
+            r = visit(slots[i].value, arg)
+            if r != 0:
+                return r
+    return 0
+
+
+cdef int _map_clear(object o) except -1:
+    (<BlockHashToBlockMap>o)._release_slots()
+    if _map_base_clear != NULL:
+        return _map_base_clear(o)
+    return 0
+
+
+(<PyTypeObject*>FreeKVCacheBlockQueue).tp_traverse = _queue_traverse
+(<PyTypeObject*>FreeKVCacheBlockQueue).tp_clear = _queue_clear
+(<PyTypeObject*>BlockHashToBlockMap).tp_traverse = _map_traverse
+(<PyTypeObject*>BlockHashToBlockMap).tp_clear = _map_clear
 
 
 cdef PyObject *_first_dict_value(PyObject *d) noexcept:
@@ -1607,6 +1671,13 @@ cdef class BlockPool:
             )
         cdef Py_ssize_t j
         cdef object h
+        cdef PyObject *hp
+        if type(hashes) is list:  # (a request's own list: read in place)
+            for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+                hp = _PyList_GET_ITEM_RAW(hashes, j)
+                if Py_TYPE_RAW(hp) != &PyBytes_Type:
+                    raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+            return 0
         for j in range(num_cached_blocks * scale, num_full_blocks * scale):
             h = hashes[j]
             if type(h) is not bytes:
@@ -1768,8 +1839,7 @@ cdef class BlockPool:
 
         Raises:
             TypeError: an element is not a KVCacheBlock.
-            RuntimeError: a block would be freed more times than it was taken,
-                or would be queued while it is in a free queue already.
+            RuntimeError: a block would be freed more times than it was taken.
             In both cases nothing changes.
         """
         cdef list blocks_list = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
@@ -1803,13 +1873,6 @@ cdef class BlockPool:
             if (<KVCacheBlock>p)._ref_cnt <= 0:
                 self._undo_free(blocks_list, i, n_head, n_tail)
                 raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
-            if (<KVCacheBlock>p)._ref_cnt == 1 and (<KVCacheBlock>p)._queue_id != 0 and (
-                    queue._holds(<KVCacheBlock>p) if (<KVCacheBlock>p)._queue_id == queue_id
-                    else queue._queued_anywhere(<KVCacheBlock>p)):
-                # (its public ref_cnt was raised while it sat in a free queue:
-                # queueing it again would hand it out twice)
-                self._undo_free(blocks_list, i, n_head, n_tail)
-                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
             (<KVCacheBlock>p)._ref_cnt = (<KVCacheBlock>p)._ref_cnt - 1
             if (<KVCacheBlock>p)._ref_cnt == 0:
                 Py_INCREF_RAW(p)

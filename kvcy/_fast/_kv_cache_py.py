@@ -354,7 +354,13 @@ class KVCacheBlock:
 
     @ref_cnt.setter
     def ref_cnt(self, value: int) -> None:
-        self._ref_cnt = _check_ref_cnt(value)
+        n = _check_ref_cnt(value)
+        if n != 0 and (self._prev_free_block is not None or self._next_free_block is not None):
+            # (a free block with references would be queued a second time
+            # when they are dropped, and handed out twice)
+            raise RuntimeError(f"block {self._block_id} is in a free queue: its ref_cnt stays 0 "
+                               "(take it with get_new_blocks() or touch())")
+        self._ref_cnt = n
 
     @property
     def prev_free_block(self) -> KVCacheBlock | None:
@@ -506,8 +512,12 @@ class FreeKVCacheBlockQueue:
         self._num_free_blocks -= 1
 
     def _check_not_queued(self, block: KVCacheBlock) -> None:
+        if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            raise TypeError(f"free queue entries must be KVCacheBlock, got {type(block).__name__}")
         if block._prev_free_block is not None or block._next_free_block is not None:
             raise RuntimeError(f"block {block._block_id} is already in the free queue")
+        if block._ref_cnt != 0:
+            raise RuntimeError(f"block {block._block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
 
     def _check_insertable(self, blocks: list[KVCacheBlock]) -> None:
         """Every block unqueued and listed once; nothing changes on error.
@@ -528,6 +538,10 @@ class FreeKVCacheBlockQueue:
                 if repeat:
                     raise RuntimeError(f"block {block._block_id} appears twice in one batch")
                 raise RuntimeError(f"block {block._block_id} is already in the free queue")
+            if block._ref_cnt != 0:
+                for done in blocks[:i]:
+                    done._prev_free_block = None
+                raise RuntimeError(f"block {block._block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
             block._prev_free_block = head
             block._queue = self
 
@@ -1033,8 +1047,7 @@ class BlockPool(_Checked):
 
         Raises:
             TypeError: an element is not a KVCacheBlock.
-            RuntimeError: a block would be freed more times than it was taken,
-                or would be queued while it is in a free queue already.
+            RuntimeError: a block would be freed more times than it was taken.
             In both cases nothing changes.
         """
         blocks_list = list(ordered_blocks)
@@ -1050,11 +1063,6 @@ class BlockPool(_Checked):
             if block._ref_cnt <= 0:
                 self._undo_free(blocks_list, i)
                 raise RuntimeError(f"block {block._block_id} freed more times than it was taken")
-            if block._ref_cnt == 1 and (block._prev_free_block is not None or block._next_free_block is not None):
-                # (its public ref_cnt was raised while it sat in a free queue:
-                # queueing it again would hand it out twice)
-                self._undo_free(blocks_list, i)
-                raise RuntimeError(f"block {block._block_id} is already in the free queue")
             block._ref_cnt -= 1
             if block._ref_cnt == 0:
                 if caching and block._key is not None:
