@@ -422,6 +422,7 @@ cdef extern from *:
         return h;
     }
     static inline void kvcy_prefetch(const void *p) { __builtin_prefetch(p); }
+    #define kvcy_unlikely(x) __builtin_expect(!!(x), 0)
     /* Equal contents of two bytes objects; digests of 32 bytes (sha256)
        are compared as four words, without a call into libc. */
     static inline int kvcy_bytes_eq(PyObject *a, PyObject *b) {
@@ -460,6 +461,7 @@ cdef extern from *:
     PyTypeObject PyDict_Type
     PyTypeObject PyList_Type
     void kvcy_prefetch(const void *p) noexcept nogil
+    bint kvcy_unlikely(bint x) noexcept nogil
     void *kvcy_calloc_lines(size_t n, size_t sz) noexcept nogil
 
 
@@ -979,6 +981,7 @@ cdef class FreeKVCacheBlockQueue:
         cdef PyObject *p
         cdef uint32_t qid
         cdef bint repeat, queued
+        cdef int32_t held = 0
         for i in range(n):
             p = items[i]
             if not _is_block(p):
@@ -1002,20 +1005,29 @@ cdef class FreeKVCacheBlockQueue:
                     if repeat:
                         raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} appears twice in one batch")
                     raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} is already in the free queue")
-            if (<KVCacheBlock>p)._ref_cnt != 0:
-                self._drop_taken(base, i)
-                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} has ref_cnt "
-                                   f"{(<KVCacheBlock>p)._ref_cnt}: only free blocks are queued")
+            held |= (<KVCacheBlock>p)._ref_cnt  # (checked once, after the loop)
             Py_INCREF_RAW(p)
             ring[(base + i) & mask] = p
             (<KVCacheBlock>p)._pos = base + i
             (<KVCacheBlock>p)._queue_id = my_id
+        if kvcy_unlikely(held != 0):  # a block with references: only free blocks are queued
+            return self._refuse_held(base, blocks)
         if at_head:
             self._head = base
         else:
             self._tail = base + n
         self.num_free_blocks += n
         return 0
+
+    cdef int _refuse_held(self, int64_t base, list blocks) except -1:
+        # _insert_n wrote all of `blocks` from `base` but one has references:
+        # give the entries back (the queue's ends never moved) and say which.
+        self._drop_taken(base, PyList_GET_SIZE(blocks))
+        cdef KVCacheBlock block
+        for block in blocks:
+            if block._ref_cnt != 0:
+                raise RuntimeError(f"block {block.block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
+        raise AssertionError("unreachable")
 
     cpdef list get_all_free_blocks(self):
         """All free blocks from head to tail (for tests and checks)."""

@@ -538,12 +538,13 @@ class FreeKVCacheBlockQueue:
                 if repeat:
                     raise RuntimeError(f"block {block._block_id} appears twice in one batch")
                 raise RuntimeError(f"block {block._block_id} is already in the free queue")
-            if block._ref_cnt != 0:
-                for done in blocks[:i]:
-                    done._prev_free_block = None
-                raise RuntimeError(f"block {block._block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
             block._prev_free_block = head
             block._queue = self
+        for block in blocks:  # (after the membership checks, as the compiled twin does)
+            if block._ref_cnt != 0:
+                for done in blocks:
+                    done._prev_free_block = None
+                raise RuntimeError(f"block {block._block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (freed last, evicted last)."""
