@@ -526,6 +526,7 @@ class FreeKVCacheBlockQueue:
         that a repeat shows; the caller's linking overwrites the marks.
         """
         head = self._fake_free_list_head
+        held = 0
         for i, block in enumerate(blocks):
             if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
                 for done in blocks[:i]:
@@ -540,11 +541,12 @@ class FreeKVCacheBlockQueue:
                 raise RuntimeError(f"block {block._block_id} is already in the free queue")
             block._prev_free_block = head
             block._queue = self
-        for block in blocks:  # (after the membership checks, as the compiled twin does)
-            if block._ref_cnt != 0:
-                for done in blocks:
-                    done._prev_free_block = None
-                raise RuntimeError(f"block {block._block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
+            held = held or block._ref_cnt
+        if held:  # (after the membership checks, as the compiled twin does)
+            for done in blocks:
+                done._prev_free_block = None
+            bad = next(b for b in blocks if b._ref_cnt != 0)
+            raise RuntimeError(f"block {bad._block_id} has ref_cnt {bad._ref_cnt}: only free blocks are queued")
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (freed last, evicted last)."""
@@ -2069,7 +2071,9 @@ class KVCacheBlocks(_Checked):
     _RULES = {"blocks": _tuple_or_none}
 
     def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
-        self.blocks = blocks
+        if blocks.__class__ is not tuple:  # (_RULES' check, inlined: one made per allocation)
+            _tuple_or_none("blocks", blocks)
+        object.__setattr__(self, "blocks", blocks)
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
@@ -2184,6 +2188,9 @@ class KVCacheManager(_Checked):
         # and may reassign its blocks; allocate_slots works with one list per group)
         self._no_blocks = self.empty_kv_cache_blocks.blocks
         self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
+        managers = self.coordinator.single_type_managers
+        # The only manager, when the coordinator hands it the tokens to cache unchanged.
+        self._single = managers[0] if len(managers) == 1 and type(self.coordinator) is UnitaryKVCacheCoordinator else None
 
     # ------------------------------------------------------------------ info
     @property
@@ -2322,11 +2329,16 @@ class KVCacheManager(_Checked):
         num_tokens_main_model = total_computed_tokens + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
         if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
-            coordinator._check_cache_inputs(
-                request, request_id, min(total_computed_tokens + num_new_tokens, request.num_tokens),
-                new_blocks_list, has_new_computed or num_external_computed_tokens > 0,
-                num_local_computed_tokens + num_external_computed_tokens,
-            )
+            n_cache = min(total_computed_tokens + num_new_tokens, request.num_tokens)
+            single = self._single
+            if single is None or single._num_cached_block.get(request_id, -1) < n_cache // single.block_size:
+                # (one plain group whose request has its full blocks cached already -- a
+                # decode step between block boundaries -- reads nothing: skipped)
+                coordinator._check_cache_inputs(
+                    request, request_id, n_cache, new_blocks_list,
+                    has_new_computed or num_external_computed_tokens > 0,
+                    num_local_computed_tokens + num_external_computed_tokens,
+                )
         coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens))
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
