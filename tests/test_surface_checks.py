@@ -114,3 +114,28 @@ def test_block_hash_refuses_what_is_not_a_cache_key(impl, key):
     block = impl.kv_cache.KVCacheBlock(1)
     block.set_block_hash(b"h" * 32 + bytes(4), 4)
     assert block.block_hash == b"h" * 32 + bytes(4) and block.block_hash_num_tokens == 4
+
+
+def test_allocate_slots_ignores_what_callers_do_to_the_empty_blocks(impl):
+    """get_computed_blocks hands out the manager's empty KVCacheBlocks; a caller reassigning
+    its ``blocks`` made the compiled twin's allocate_slots index a tuple of no groups
+    (SIGSEGV) and the Python twin's raise IndexError.  Neither reads it any more."""
+    proc = _run(impl.name, """
+        from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+        from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+        init_none_hash(get_hash_fn_by_name("sha256"))
+        attn = dict(num_kv_heads=1, head_size=8, dtype="float16")
+        cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=8, **attn)),
+            KVCacheGroupSpec(["b"], SlidingWindowSpec(block_size=4, sliding_window=6, **attn))])
+        mgr = kv.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=8, hash_block_size=4)
+        hasher = get_request_block_hasher(4, get_hash_fn_by_name("sha256"))
+        req = kv.Request("r1", list(range(12)), block_hasher=hasher)
+        empty, hit, _ = mgr.get_computed_blocks(req)
+        assert hit == 0 and empty is mgr.empty_kv_cache_blocks
+        empty.blocks = ()
+        print(mgr.allocate_slots(req, 12).get_block_ids())
+        print(mgr.allocate_slots(kv.Request("r2", [1, 2, 3]), 3, new_computed_blocks=empty).get_block_ids())
+    """)
+    assert proc.returncode == 0, f"failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+    assert proc.stdout.splitlines() == ["([1, 2], [3, 4, 5])", "([6], [7])"]

@@ -3263,6 +3263,7 @@ cdef class KVCacheManager:
     cdef readonly tuple kv_cache_event_metadata
     cdef readonly KVCacheBlocks empty_kv_cache_blocks
     cdef readonly tuple _group_block_sizes
+    cdef tuple _no_blocks  # no block per group: what allocate_slots works with when there are no hits
     cdef FullAttentionManager _full  # the only manager, when it is plain full attention: the decode fast path
     cdef bint _full_lookup_ok  # ... and get_computed_blocks needs no stats, events, EAGLE or coarser hashes
     cdef dict __dict__
@@ -3304,6 +3305,9 @@ cdef class KVCacheManager:
             for g in kv_cache_config.kv_cache_groups
         )
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple([() for _ in range(self.num_kv_cache_groups)]))
+        # (not empty_kv_cache_blocks.blocks: callers get that object from get_computed_blocks
+        # and may reassign its blocks; allocate_slots indexes this one per group unchecked)
+        self._no_blocks = self.empty_kv_cache_blocks.blocks
         self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
         managers = self.coordinator.single_type_managers
         self._full = None
@@ -3483,7 +3487,7 @@ cdef class KVCacheManager:
         cdef KVCacheCoordinator coordinator = self.coordinator
         cdef object g
         if new_computed_blocks is None:
-            new_blocks_list = self.empty_kv_cache_blocks.blocks
+            new_blocks_list = self._no_blocks
             has_new_computed = False
         else:
             new_blocks_list = (<KVCacheBlocks?>new_computed_blocks).blocks
@@ -3493,7 +3497,7 @@ cdef class KVCacheManager:
                     has_new_computed = True
                     break
             if not has_new_computed:
-                new_blocks_list = self.empty_kv_cache_blocks.blocks
+                new_blocks_list = self._no_blocks
             else:
                 if len(new_blocks_list) != self.num_kv_cache_groups:
                     raise ValueError(

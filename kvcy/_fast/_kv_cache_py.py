@@ -2128,7 +2128,7 @@ class KVCacheManager(_Checked):
         **dict.fromkeys(
             ("max_model_len", "enable_caching", "enable_kv_cache_events", "use_eagle", "log_stats",
              "coordinator", "num_kv_cache_groups", "block_pool", "kv_cache_config", "kv_cache_event_metadata",
-             "empty_kv_cache_blocks", "_group_block_sizes"),
+             "empty_kv_cache_blocks", "_group_block_sizes", "_no_blocks"),
             _READ_ONLY,
         ),
         "watermark_blocks": _as_index,
@@ -2184,6 +2184,9 @@ class KVCacheManager(_Checked):
             for g in kv_cache_config.kv_cache_groups
         )
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # (not empty_kv_cache_blocks.blocks: callers get that object from get_computed_blocks
+        # and may reassign its blocks; allocate_slots works with one list per group)
+        self._no_blocks = self.empty_kv_cache_blocks.blocks
         self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
         managers = self.coordinator.single_type_managers
         # The only manager, when the coordinator hands it the tokens to cache unchanged.
@@ -2290,7 +2293,7 @@ class KVCacheManager(_Checked):
                 f"max_model_len={self.max_model_len}"
             )
         if new_computed_blocks is None or not any(new_computed_blocks.blocks):
-            new_blocks_list = self.empty_kv_cache_blocks.blocks
+            new_blocks_list = self._no_blocks
             has_new_computed = False
         else:
             new_blocks_list = new_computed_blocks.blocks
