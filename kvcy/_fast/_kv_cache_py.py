@@ -991,7 +991,7 @@ class BlockPool(_Checked):
             return False
         block._key = None
         block._block_hash_num_tokens = None
-        self._num_evictions += 1
+        self.__dict__["_num_evictions"] += 1  # (past _Checked.__setattr__: once an eviction)
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
                 BlockRemoved(
@@ -2328,8 +2328,12 @@ class KVCacheManager(_Checked):
 
         num_tokens_main_model = total_computed_tokens + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
-        if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
-            n_cache = min(total_computed_tokens + num_new_tokens, request.num_tokens)
+        caching = self.enable_caching and not delay_cache_blocks
+        if caching:  # (what caching reads, before any change)
+            n_cache = total_computed_tokens + num_new_tokens
+            num_tokens = len(request._all_token_ids) if request.__class__ is Request else request.num_tokens
+            if num_tokens < n_cache:
+                n_cache = num_tokens
             single = self._single
             if single is None or single._num_cached_block.get(request_id, -1) < n_cache // single.block_size:
                 # (one plain group whose request has its full blocks cached already -- a
@@ -2354,8 +2358,8 @@ class KVCacheManager(_Checked):
         new_blocks = coordinator.allocate_new_blocks(
             request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
         )
-        if self.enable_caching and not delay_cache_blocks:
-            coordinator.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
+        if caching:
+            coordinator.cache_blocks(request, n_cache)
         return self.create_kv_cache_blocks(new_blocks)
 
     def free(self, request: Request) -> None:
