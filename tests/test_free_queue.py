@@ -257,8 +257,12 @@ def test_failed_batches_and_frees_keep_reference_counts(cy):
     with pytest.raises(RuntimeError):
         pool.free_blocks([blocks[2], blocks[2]])
     q = cy.FreeKVCacheBlockQueue([])
+    loose = cy.KVCacheBlock(100)  # free, in no queue: taken, then given back
     with pytest.raises(RuntimeError, match="already in the free queue"):
-        q.append_n([blocks[0], pool.free_block_queue.get_all_free_blocks()[0]])
+        q.append_n([loose, pool.free_block_queue.get_all_free_blocks()[0]])
+    with pytest.raises(RuntimeError, match="only free blocks are queued"):
+        q.append_n([loose, blocks[0]])
+    assert q.num_free_blocks == 0 and sys.getrefcount(loose) == 2
     assert refcounts(pool.blocks) == before
     assert [b.ref_cnt for b in blocks] == [1, 1, 1]
 

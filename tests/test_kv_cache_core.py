@@ -858,7 +858,7 @@ def test_allocate_slots_rejects_a_free_hit_outside_the_queue_unchanged(impl, eve
     free_block = mgr.block_pool.free_block_queue.get_all_free_blocks()[0]
     before = _pool_state(mgr.block_pool)
     hits = impl.kv_cache.KVCacheBlocks(([free_block, impl.kv_cache.KVCacheBlock(5)],))
-    with pytest.raises(RuntimeError, match="invalid block"):
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
         mgr.allocate_slots(req, 4, num_new_computed_tokens=2 * BS, new_computed_blocks=hits)
     assert _pool_state(mgr.block_pool) == before
     assert not mgr.coordinator.single_type_managers[0].req_to_blocks
@@ -874,15 +874,26 @@ def test_evict_blocks_takes_any_iterable(impl):
     assert len(pool.cached_block_hash_to_block) == 0
 
 
-def test_compiled_manager_checks_its_public_dicts():
-    """req_to_blocks is a public dict: an entry that is not a list is refused, not read."""
-    from kvcy import _fast
-
-    if "cython" not in _fast.available() or _fast.NO_EXTENSIONS:
-        pytest.skip("compiled twins not in use")
-    kv = _fast.load("cython")["kv_cache"]
-    mgr = kv.KVCacheManager(full_config(), max_model_len=256, scheduler_block_size=BS, hash_block_size=BS)
-    req = kv.Request("r", list(range(8)), block_hasher=hasher())
-    mgr.coordinator.single_type_managers[0].req_to_blocks["r"] = ("not", "a list")
+def test_managers_check_what_goes_into_their_tables(impl):
+    """req_to_blocks / num_cached_block take entries from callers (vLLM's tests do), checked
+    when they go in: a value that is not a list of this pool's blocks, or not a count, is
+    refused and nothing changes."""
+    mgr = manager(impl)
+    other = manager(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    req = impl.kv_cache.Request("r", list(range(8)), block_hasher=hasher())
     with pytest.raises(TypeError, match="req_to_blocks values must be lists"):
-        mgr.allocate_slots(req, 8)
+        single.req_to_blocks["r"] = ("not", "a list")
+    with pytest.raises(TypeError, match="req_to_blocks values must be lists"):
+        single.req_to_blocks["r"] = [1, 2]
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        single.req_to_blocks["r"] = [other.block_pool.blocks[1]]
+    with pytest.raises(TypeError, match="request ids must be str"):
+        single.req_to_blocks[3] = []
+    with pytest.raises(ValueError, match="num_cached_block values must be non-negative"):
+        single.num_cached_block["r"] = -1
+    assert "r" not in single.req_to_blocks and not single.num_cached_block
+    assert mgr.allocate_slots(req, 8) is not None
+    single.req_to_blocks["r"] = list(single.req_to_blocks["r"])  # a list of its own blocks: taken
+    single.num_cached_block["r"] = 1
+    assert dict(single.num_cached_block) == {"r": 1}

@@ -3,13 +3,22 @@
 A hypothesis state machine drives both twins with the same random operation
 sequence (add requests sharing prefixes, look up, allocate, decode, preempt,
 free, reset) and compares every observable after each step: results, block
-ids, free-queue order, hashes, events and exceptions.  Invariants are checked
-on each twin: free + held + null = all blocks, each ref count equals its
-holders, every cached key points at a block carrying that key.
+ids, free-queue order, ref counts, cache keys, events, stats and exceptions.
+Invariants are checked on each twin: free + held + null = all blocks, each
+ref count equals its holders, every cached key points at a block carrying
+that key.
+
+Configurations: full attention, sliding window, chunked local, Mamba and
+cross attention, alone and mixed (hybrid coordinator), including groups
+whose block size is a multiple of ``hash_block_size``; requests with LoRA,
+multimodal items, cache salts and the ``full`` KV-event report mode; EAGLE,
+events, stats, caching and watermark on and off.  Each twin gets requests of
+its own ``Request`` class.  ``KVCY_DIFF_EXAMPLES=2000`` runs a larger search.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -17,9 +26,17 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcy import _fast
+from kvcy._request_types import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, RequestStatus
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-from kvcy.request import Request, RequestStatus
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from kvcy.testing.golden import encode_event
 
 if "cython" not in _fast.available():
@@ -27,23 +44,64 @@ if "cython" not in _fast.available():
 
 CY = _fast.load("cython")["kv_cache"]
 PY = _fast.load("python")["kv_cache"]
-BS = 4
 PREFIXES = [[7] * 8, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], []]
+# What a call may raise; both twins must raise the same type with the same message.
+RAISES = (ValueError, TypeError, RuntimeError, AssertionError, KeyError, IndexError, NotImplementedError)
 
 
-def _config(kind: str, num_blocks: int) -> KVCacheConfig:
-    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
-    groups = [KVCacheGroupSpec(["f"], full)]
-    if kind == "hybrid":
-        swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=6)
-        groups.append(KVCacheGroupSpec(["s"], swa))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+def _full(bs):
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def _swa(bs, window=6):
+    return SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=window)
+
+
+def _chunked(bs, chunk=8):
+    return ChunkedLocalAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16",
+                                     attention_chunk_size=chunk)
+
+
+def _mamba(bs):
+    return MambaSpec(block_size=bs, shapes=((2,),), dtypes=("float32",))
+
+
+def _cross(bs):
+    return CrossAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+# kind -> (group specs, scheduler block size, hash block size).  The original two kinds
+# ("full", "hybrid") come first and are drawn most often: the compiled twin's fast paths
+# (lookup and admission without the coordinator, eviction inlined) run only for one full
+# attention group with caching, events, stats and EAGLE off.
+KINDS = {
+    "full": (lambda: [_full(4)], 4, 4),
+    "hybrid": (lambda: [_full(4), _swa(4)], 4, 4),
+    "swa": (lambda: [_swa(4, 7)], 4, 4),
+    "chunked": (lambda: [_chunked(4)], 4, 4),
+    "full+chunked": (lambda: [_full(4), _chunked(4, 12)], 4, 4),
+    "mamba": (lambda: [_mamba(4)], 4, 4),
+    "full+mamba": (lambda: [_full(4), _mamba(4)], 4, 4),
+    "full+swa+mamba": (lambda: [_full(4), _swa(4, 10), _mamba(4)], 4, 4),
+    "full+cross": (lambda: [_full(4), _cross(4)], 4, 4),
+    "full+full": (lambda: [_full(4), _full(4)], 4, 4),
+    # hash_block_size < block_size (the hybrid coordinator resolves hashes per group)
+    "full8+swa4/h4": (lambda: [_full(8), _swa(4, 6)], 8, 4),
+    "swa8+full8/h4": (lambda: [_swa(8, 12), _full(8)], 8, 4),
+    "full8+mamba8/h4": (lambda: [_full(8), _mamba(8)], 8, 4),
+}
+
+
+def _config(kind: str, num_blocks: int) -> tuple[KVCacheConfig, int, int]:
+    make, sbs, hbs = KINDS[kind]
+    groups = [KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(make())]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups), sbs, hbs
 
 
 def _outcome(fn):
     try:
         return ("ok", fn())
-    except (ValueError, TypeError, RuntimeError) as exc:
+    except RAISES as exc:
         return ("raised", type(exc).__name__, str(exc))
 
 
@@ -57,28 +115,44 @@ def _ids(result):
     return result
 
 
+# Request features, drawn per request: what enters the block hashes besides the tokens.
+FEATURES = st.fixed_dictionaries({}, optional={
+    "lora_request": st.sampled_from([LoRARequest("a", 1, "/a"), LoRARequest("b", 2, "/b")]),
+    "cache_salt": st.sampled_from(["s1", "s2", ""]),
+    "mm": st.lists(st.tuples(st.sampled_from(["img0", "img1"]), st.integers(0, 14), st.integers(1, 6)),
+                   max_size=2),
+    "kv_cache_report_mode": st.just("full"),
+})
+
+
 class TwinMachine(RuleBasedStateMachine):
+    """Full attention, alone or with a sliding window (subclasses draw other kinds)."""
+
+    # The kinds this machine draws from; the first is drawn most often.
+    KINDS = ("full", "full", "hybrid")
+
     def __init__(self):
         super().__init__()
         init_none_hash(get_hash_fn_by_name("sha256"))
-        self.hasher = get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
-        self.reqs: dict[str, tuple[Request, Request]] = {}
-        self.last: dict[str, tuple] = {}
+        self.reqs: dict[str, tuple] = {}
+        self.recipes: list[tuple] = []
         self.n = 0
 
-    # Events, stats and EAGLE are drawn too.  The compiled twin's fast paths (lookup and
-    # admission without the coordinator, eviction inlined) run only with all of them off and
-    # one full-attention group with caching on, so that case is drawn most often.
-    @initialize(kind=st.sampled_from(["full", "full", "hybrid"]), num_blocks=st.integers(8, 40),
+    @initialize(kind=st.integers(0, 11), num_blocks=st.integers(8, 40),
                 caching=st.sampled_from([True, True, False]), watermark=st.sampled_from([0.0, 0.1]),
                 extras=st.sampled_from([(), (), ("events",), ("stats",), ("eagle",), ("events", "stats", "eagle")]))
     def setup(self, kind, num_blocks, caching, watermark, extras):
-        cfg = _config(kind, num_blocks)
-        kw = dict(max_model_len=96, scheduler_block_size=BS, hash_block_size=BS, enable_caching=caching,
+        kind = self.KINDS[kind % len(self.KINDS)]
+        cfg, sbs, hbs = _config(kind, num_blocks)
+        eagle = "eagle" in extras and "chunked" not in kind  # vLLM refuses EAGLE + chunked local
+        kw = dict(max_model_len=96, scheduler_block_size=sbs, hash_block_size=hbs, enable_caching=caching,
                   enable_kv_cache_events="events" in extras, log_stats="stats" in extras,
-                  use_eagle="eagle" in extras, watermark=watermark, max_in_flight_tokens=32)
+                  use_eagle=eagle, watermark=watermark, max_in_flight_tokens=32)
         self.managers = (CY.KVCacheManager(cfg, **kw), PY.KVCacheManager(cfg, **kw))
+        self.hasher = get_request_block_hasher(hbs, get_hash_fn_by_name("sha256"))
         self.events = "events" in extras
+        self.stats = "stats" in extras
+        self.cross = "cross" in kind
 
     def both(self, name, fn):
         out = [_outcome(lambda m=m, r=r: fn(m, r)) for m, r in zip(self.managers, self._pairs(name))]
@@ -89,14 +163,34 @@ class TwinMachine(RuleBasedStateMachine):
     def _pairs(self, name):
         return self.reqs[name] if name is not None else (None, None)
 
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), tail=st.lists(st.integers(0, 50), max_size=20))
-    def add_request(self, prefix, tail):
-        name = f"r{self.n}"
-        self.n += 1
+    @rule(prefix=st.sampled_from(range(len(PREFIXES))), tail=st.lists(st.integers(0, 50), max_size=20),
+          features=st.one_of(st.just({}), FEATURES))
+    def add_request(self, prefix, tail, features):
         tokens = PREFIXES[prefix] + tail
         if not tokens:
             tokens = [1]
-        self.reqs[name] = tuple(Request(name, tokens, max_tokens=8, block_hasher=self.hasher) for _ in range(2))
+        self.recipes.append((tokens, features))
+        self._add(tokens, features)
+
+    @precondition(lambda self: self.recipes)
+    @rule(data=st.data(), more=st.lists(st.integers(0, 50), max_size=6))
+    def add_similar_request(self, data, more):
+        """A request repeating an earlier one's prompt and features (plus a few tokens): a cache hit."""
+        tokens, features = data.draw(st.sampled_from(self.recipes))
+        self._add(tokens + more, features)
+
+    def _add(self, tokens, features):
+        name = f"r{self.n}"
+        self.n += 1
+        features = dict(features)
+        mm = features.pop("mm", None)
+        if mm:
+            items = sorted((off, ident, length) for ident, off, length in mm if off + length <= len(tokens))
+            if items:
+                features["mm_features"] = [MultiModalFeatureSpec(ident, PlaceholderRange(off, length))
+                                           for off, ident, length in items]
+        self.reqs[name] = tuple(kv.Request(name, tokens, max_tokens=8, block_hasher=self.hasher, **features)
+                                for kv in (CY, PY))
         assert self.reqs[name][0].block_hashes == self.reqs[name][1].block_hashes
 
     def _waiting(self):
@@ -106,15 +200,17 @@ class TwinMachine(RuleBasedStateMachine):
         return [n for n in self.reqs if self.managers[1].coordinator.holds(n)]
 
     @precondition(lambda self: self._waiting())
-    @rule(data=st.data(), full_fit=st.booleans())
-    def admit(self, data, full_fit):
+    @rule(data=st.data(), full_fit=st.booleans(), lookahead=st.integers(0, 2), delay=st.booleans())
+    def admit(self, data, full_fit, lookahead, delay):
         name = data.draw(st.sampled_from(self._waiting()))
+        encoder = data.draw(st.integers(1, 10)) if self.cross else 0
         res = self.both(name, lambda m, r: m.get_computed_blocks(r))
         results = []
         for m, r in zip(self.managers, self.reqs[name]):
             blocks, hit, _ = m.get_computed_blocks(r)
             results.append(_outcome(lambda: m.allocate_slots(
                 r, r.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                num_lookahead_tokens=lookahead, delay_cache_blocks=delay, num_encoder_tokens=encoder,
                 full_sequence_must_fit=full_fit, has_scheduled_reqs=bool(self._running()))))
         got = [(o[0], _ids(o[1])) if o[0] == "ok" else o for o in results]
         assert got[0] == got[1], got
@@ -130,10 +226,18 @@ class TwinMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(self._running()))
         for r in self.reqs[name]:
             r.append_output_token_ids([token])
+        assert self.reqs[name][0].block_hashes == self.reqs[name][1].block_hashes
         out = self.both(name, lambda m, r: m.allocate_slots(r, 1, num_lookahead_tokens=lookahead))
         if out[0] == "ok" and out[1] is not None:
             for r in self.reqs[name]:
                 r.num_computed_tokens += 1
+
+    @precondition(lambda self: self._running())
+    @rule(data=st.data())
+    def cache_blocks(self, data):
+        """What the scheduler does after a delayed-caching admission."""
+        name = data.draw(st.sampled_from(self._running()))
+        self.both(name, lambda m, r: m.coordinator.cache_blocks(r, r.num_computed_tokens))
 
     @precondition(lambda self: self._running())
     @rule(data=st.data(), preempt=st.booleans())
@@ -154,8 +258,8 @@ class TwinMachine(RuleBasedStateMachine):
     def free_bad(self, name):
         if name in self.reqs:
             return
-        fake = Request(name, [1, 2, 3])
-        outs = [_outcome(lambda m=m: m.free(fake)) for m in self.managers]
+        outs = [_outcome(lambda m=m, kv=kv: m.free(kv.Request(name, [1, 2, 3])))
+                for m, kv in zip(self.managers, (CY, PY))]
         assert outs[0] == outs[1] and outs[0][0] == "raised"
 
     @rule()
@@ -170,16 +274,23 @@ class TwinMachine(RuleBasedStateMachine):
         qc = [b.block_id for b in cy.block_pool.free_block_queue.get_all_free_blocks()]
         qp = [b.block_id for b in py.block_pool.free_block_queue.get_all_free_blocks()]
         assert qc == qp
-        assert [b.block_hash for b in cy.block_pool.blocks] == [b.block_hash for b in py.block_pool.blocks]
+        for attr in ("block_hash", "ref_cnt", "block_hash_num_tokens", "is_null"):
+            assert [getattr(b, attr) for b in cy.block_pool.blocks] == [getattr(b, attr) for b in py.block_pool.blocks], attr
+        maps = [m.block_pool.cached_block_hash_to_block for m in self.managers]
+        assert sorted(maps[0].keys()) == sorted(maps[1].keys())
+        for key in maps[0].keys():  # the first block cached under a key is the one a lookup gets
+            assert maps[0].get_one_block(key).block_id == maps[1].get_one_block(key).block_id
         events = [[encode_event(e) for e in m.take_events()] for m in self.managers]
         assert events[0] == events[1]
         if not self.events:
             assert events[0] == []
         stats = [m.make_prefix_cache_stats() for m in self.managers]
         assert stats[0] == stats[1]
+        assert (stats[0] is None) == (not self.stats)
         assert cy.usage == py.usage
         for name in self._running():
             assert cy.get_block_ids(name) == py.get_block_ids(name)
+            assert cy.get_num_common_prefix_blocks(name) == py.get_num_common_prefix_blocks(name)
         for m in self.managers:
             self._check_invariants(m)
 
@@ -205,5 +316,17 @@ class TwinMachine(RuleBasedStateMachine):
             assert block.block_hash == key
 
 
-TwinMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+# KVCY_DIFF_EXAMPLES=2000 for a longer search (each machine below gets its share).
+EXAMPLES = int(os.environ.get("KVCY_DIFF_EXAMPLES", "250"))
+_SETTINGS = dict(stateful_step_count=40, deadline=None)
+TwinMachine.TestCase.settings = settings(max_examples=EXAMPLES * 2 // 5, **_SETTINGS)
 test_twins_agree = TwinMachine.TestCase
+
+# One machine per other kind, so that each is searched in every run: sliding window,
+# chunked local, Mamba, cross attention, their hybrids, hash_block_size < block_size.
+_OTHER_KINDS = [k for k in KINDS if k not in ("full", "hybrid")]
+for _kind in _OTHER_KINDS:
+    _machine = type(f"TwinMachine_{_kind}", (TwinMachine,), {"KINDS": (_kind,)})
+    _machine.TestCase.settings = settings(max_examples=max(1, EXAMPLES * 3 // 5 // len(_OTHER_KINDS)), **_SETTINGS)
+    _name = "".join(c if c.isalnum() else "_" for c in _kind)
+    globals()[f"test_twins_agree_{_name}"] = _machine.TestCase

@@ -506,20 +506,51 @@ def test_block_op_errors():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_and_zero_sized(device):
-    for op_name, args in [
-        ("copy_blocks", lambda: (torch.zeros(1, 0, 2, 4, 8, device=device), torch.empty(0, 2, dtype=torch.int64),
-                                 LBHNC)),
-        ("copy_blocks", lambda: (torch.zeros(0, 3, 2, 4, 8, device=device), torch.tensor([[0, 1]]), LBHNC)),
-        ("reshape_and_cache", lambda: (torch.zeros(0, 2, 8, device=device), torch.zeros(0, 2, 8, device=device),
-                                       torch.zeros(1, 2, 2, 4, 8, device=device),
-                                       torch.zeros(1, 2, 2, 4, 8, device=device),
-                                       torch.empty(0, dtype=torch.int64, device=device), LBHNC, 0, None, None)),
-        ("convert_layout", lambda: (torch.zeros(2, 0, 2, 4, 8, device=device),
-                                    torch.zeros(0, 2, 2, 4, 8, device=device), LBHNC,
-                                    _order(KVCacheLayout.BLHNC))),
-    ]:
-        for op in [_ref_op(op_name)] + ([_ext_op(op_name)] if ops.HAS_EXTENSION else []):
-            op(*args())
+    """Zero tokens, layers or mapping rows: a no-op that returns None and leaves every
+    tensor as it was, in the reference and the extension alike; validation still runs."""
+
+    def full(*shape):  # a sentinel fill, so that a stray write shows
+        return torch.full(shape, 7.0, device=device)
+
+    def noops():
+        return [
+            ("copy_blocks", (full(1, 0, 2, 4, 8), torch.empty(0, 2, dtype=torch.int64), LBHNC)),
+            ("copy_blocks", (full(2, 3, 2, 4, 8), torch.empty(0, 2, dtype=torch.int64), LBHNC)),
+            ("copy_blocks", (full(0, 3, 2, 4, 8), torch.tensor([[0, 1]]), LBHNC)),
+            ("reshape_and_cache", (full(0, 2, 8), full(0, 2, 8), full(1, 2, 2, 4, 8), full(1, 2, 2, 4, 8),
+                                   torch.empty(0, dtype=torch.int64, device=device), LBHNC, 0, None, None)),
+            ("convert_layout", (full(2, 0, 2, 4, 8), full(0, 2, 2, 4, 8), LBHNC, _order(KVCacheLayout.BLHNC))),
+        ]
+
+    def bad():  # empty work, bad arguments: the same errors as with work to do
+        return [
+            ("copy_blocks", (full(0, 3, 2, 4, 8), torch.tensor([[0, 3]]), LBHNC), "out of range"),
+            ("copy_blocks", (full(0, 3, 2, 4, 8), torch.tensor([[1, 1]]), LBHNC), "both a source and"),
+            ("reshape_and_cache", (full(0, 2, 8), full(0, 3, 8), full(1, 2, 2, 4, 8), full(1, 2, 2, 4, 8),
+                                   torch.empty(0, dtype=torch.int64, device=device), LBHNC, 0, None, None),
+             "shape of key"),
+            ("reshape_and_cache", (full(0, 2, 8), full(0, 2, 8), full(1, 2, 2, 4, 8), full(1, 2, 2, 4, 8),
+                                   torch.empty(0, dtype=torch.int64, device=device), LBHNC, 1, None, None),
+             "out of range"),
+        ]
+
+    get_ops = [_ref_op] + ([_ext_op] if ops.HAS_EXTENSION else [])
+    for i, (op_name, _) in enumerate(noops()):
+        for get_op in get_ops:
+            args = noops()[i][1]
+            before = [a.clone() for a in args if isinstance(a, torch.Tensor)]
+            assert get_op(op_name)(*args) is None, (op_name, get_op)
+            after = [a for a in args if isinstance(a, torch.Tensor)]
+            for b, a in zip(before, after):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for i, (op_name, _, match) in enumerate(bad()):
+        messages = []
+        for get_op in get_ops:
+            with pytest.raises(ValueError, match=match) as info:
+                get_op(op_name)(*bad()[i][1])
+            messages.append(str(info.value))
+        assert len(set(messages)) == 1, messages
 
 
 # ---------------------------------------------------------------------------

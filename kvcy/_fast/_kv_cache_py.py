@@ -13,7 +13,8 @@ Behaviour follows vLLM 0.33.0 decision for decision; the golden vectors in
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import operator
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
@@ -70,14 +71,105 @@ def _check_count(name: str, value: Any) -> int:
         value = int(value)
     if value < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
+    if value > 2**62:
+        raise ValueError(f"{name} is too large: {value}")
     return value
 
+
+
+def _as_index(name: str, value: Any) -> int:
+    """An integer field as the compiled twin's C integer fields take it (any int, bools
+    included, within 64 bits), or TypeError / OverflowError."""
+    value = operator.index(value)
+    if not -(2**63) <= value < 2**63:
+        raise OverflowError(f"{name}: Python int too large to convert to C ssize_t")
+    return value
+
+
+def _list_or_none(name: str, value: Any) -> Any:
+    if value is not None and value.__class__ is not list:
+        raise TypeError(f"Expected list, got {type(value).__name__}")
+    return value
+
+
+def _tuple_or_none(name: str, value: Any) -> Any:
+    if value is not None and value.__class__ is not tuple:
+        raise TypeError(f"Expected tuple, got {type(value).__name__}")
+    return value
+
+
+def _count_rule(name: str, value: Any) -> int:
+    return _check_count(name, value)
+
+
+def _checked_block_hashes(name: str, value: Any) -> list:
+    # Block hashes as assigned from outside: a list of bytes.
+    if value.__class__ is not list:
+        raise TypeError(f"block_hashes must be a list of bytes, got {type(value).__name__}")
+    for h in value:
+        if h.__class__ is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+    return value
+
+
+_READ_ONLY = None  # a rule: set once (by the constructor), never again
+
+
+class _Checked:
+    """Attribute assignment as the compiled twin's typed fields allow it.
+
+    ``_RULES`` maps a public name to ``_READ_ONLY`` (the constructor sets it
+    once; later assignments and deletions raise AttributeError, as for a
+    ``readonly`` C field) or to a function ``(name, value) -> value`` that
+    checks (and may convert) what is assigned.  Other names are free.  Reads
+    are plain attribute reads, so hot paths pay nothing; the twin's own code
+    re-sets a read-only field with ``object.__setattr__``.
+    """
+
+    __slots__ = ()
+    _RULES: dict[str, Any] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        rules = self._RULES
+        if name in rules:
+            rule = rules[name]
+            if rule is _READ_ONLY:
+                if _has_attr(self, name):
+                    raise AttributeError(f"attribute '{name}' of '{type(self).__name__}' objects is not writable")
+            else:
+                value = rule(name, value)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._RULES:
+            raise AttributeError(f"attribute '{name}' of '{type(self).__name__}' objects is not writable")
+        object.__delattr__(self, name)
+
+
+def _has_attr(obj: Any, name: str) -> bool:
+    try:
+        object.__getattribute__(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _check_ref_cnt(value: Any) -> int:
+    """A reference count as assigned from outside: an int in [0, 2**31)."""
+    value = _check_count("ref_cnt", value)
+    if value >= 2**31:
+        raise ValueError(f"ref_cnt must be below 2**31, got {value}")
+    return value
 
 
 # =============================================================================
 # The request
 # =============================================================================
-class Request:
+def _spec_token_ids_rule(name: str, value: Any) -> list:
+    return validate_token_ids(value, "spec_token_ids")
+
+
+class Request(_Checked):
     """A request as the KV-cache manager sees it.
 
     Args:
@@ -97,6 +189,23 @@ class Request:
             ``BlockStored`` events for prefix hits.
         arrival_time: free for the serving loop's use.
     """
+
+    # What shapes the request's hashes or the manager's bookkeeping is set
+    # once, by the constructor; counts a scheduler moves are checked when
+    # assigned (the compiled twin's C fields behind properties).
+    _RULES = {
+        **dict.fromkeys(
+            ("request_id", "prompt_token_ids", "lora_request", "mm_features", "cache_salt", "prompt_embeds",
+             "kv_cache_report_mode", "num_prompt_tokens", "_all_token_ids", "_output_token_ids",
+             "_block_hasher"),
+            _READ_ONLY,
+        ),
+        "num_computed_tokens": _count_rule,
+        "num_in_flight_tokens": _count_rule,
+        "num_preemptions": _count_rule,
+        "spec_token_ids": _spec_token_ids_rule,
+        "block_hashes": _checked_block_hashes,
+    }
 
     def __init__(
         self,
@@ -193,54 +302,119 @@ class Request:
 # =============================================================================
 # Blocks and the free queue
 # =============================================================================
+def _check_key(key: Any) -> bytes:
+    """A cache key as a block may carry it: hash bytes + the 4-byte group id (as the compiled twin checks)."""
+    if not isinstance(key, bytes) or len(key) < 4:
+        raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
+    return key
+
+
 class KVCacheBlock:
     """One KV-cache block: id, reference count, cache key, free-list links."""
 
+    # The fields behind the public names: the id, null flag and queue links
+    # are read-only from outside (the pool and its queue own them), the
+    # reference count and token count are checked when assigned.  The twin's
+    # own code reads and writes the slots directly.
     __slots__ = (
-        "block_id",
-        "ref_cnt",
-        "_block_hash",
-        "block_hash_num_tokens",
-        "prev_free_block",
-        "next_free_block",
-        "is_null",
+        "_block_id",
+        "_ref_cnt",
+        "_key",
+        "_block_hash_num_tokens",
+        "_prev_free_block",
+        "_next_free_block",
+        "_is_null",
+        "_queue",
     )
 
     def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self._block_hash: bytes | None = None
-        self.block_hash_num_tokens: int | None = None
-        self.prev_free_block: KVCacheBlock | None = None
-        self.next_free_block: KVCacheBlock | None = None
-        self.is_null = False
+        if block_id.__class__ is not int:
+            if not isinstance(block_id, int):
+                raise TypeError(f"an integer is required, got {type(block_id).__name__}")
+            block_id = int(block_id)
+        if not -(2**31) <= block_id < 2**31:
+            raise OverflowError(f"block_id {block_id} does not fit in 32 bits")
+        self._block_id = block_id
+        self._ref_cnt = 0
+        self._queue: FreeKVCacheBlockQueue | None = None  # the queue it was last put in
+        self._key: bytes | None = None
+        self._block_hash_num_tokens: int | None = None
+        self._prev_free_block: KVCacheBlock | None = None
+        self._next_free_block: KVCacheBlock | None = None
+        self._is_null = False
+
+    @property
+    def block_id(self) -> int:
+        return self._block_id
+
+    @property
+    def is_null(self) -> bool:
+        return self._is_null
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._ref_cnt
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        n = _check_ref_cnt(value)
+        if n != 0 and (self._prev_free_block is not None or self._next_free_block is not None):
+            # (a free block with references would be queued a second time
+            # when they are dropped, and handed out twice)
+            raise RuntimeError(f"block {self._block_id} is in a free queue: its ref_cnt stays 0 "
+                               "(take it with get_new_blocks() or touch())")
+        self._ref_cnt = n
+
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None:
+        """The previous block in the free queue (a fake head has id -1), or None."""
+        return self._prev_free_block
+
+    @property
+    def next_free_block(self) -> KVCacheBlock | None:
+        """The next block in the free queue (a fake tail has id -1), or None."""
+        return self._next_free_block
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """Tokens up to the end of this block when it was cached, or None."""
+        return self._block_hash_num_tokens
+
+    @block_hash_num_tokens.setter
+    def block_hash_num_tokens(self, value: int | None) -> None:
+        self._block_hash_num_tokens = None if value is None else _check_count("block_hash_num_tokens", value)
 
     @property
     def block_hash(self) -> bytes | None:
         """The cache key (block hash + 4-byte group id), or None."""
-        return self._block_hash
+        return self._key
+
+    @property
+    def _block_hash(self) -> bytes | None:
+        return self._key
 
     @block_hash.setter
     def block_hash(self, block_hash: bytes) -> None:
-        assert self._block_hash is None, "The block already has a hash. This should not happen."
-        self._block_hash = block_hash
+        assert self._key is None, "The block already has a hash. This should not happen."
+        self._key = _check_key(block_hash)
 
     def set_block_hash(self, block_hash: bytes, num_tokens: int | None = None) -> None:
-        assert self._block_hash is None, "The block already has a hash. This should not happen."
-        self._block_hash = block_hash
-        self.block_hash_num_tokens = num_tokens
+        assert self._key is None, "The block already has a hash. This should not happen."
+        n = None if num_tokens is None else _check_count("num_tokens", num_tokens)
+        self._key = _check_key(block_hash)
+        self._block_hash_num_tokens = n
 
     def reset_hash(self) -> None:
         """Drop the cache key (the block is evicted from the prefix cache)."""
-        self._block_hash = None
-        self.block_hash_num_tokens = None
+        self._key = None
+        self._block_hash_num_tokens = None
 
     def __repr__(self) -> str:
-        prev_id = self.prev_free_block.block_id if self.prev_free_block is not None else None
-        next_id = self.next_free_block.block_id if self.next_free_block is not None else None
+        prev_id = self._prev_free_block._block_id if self._prev_free_block is not None else None
+        next_id = self._next_free_block._block_id if self._next_free_block is not None else None
         return (
-            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-            f"_block_hash={self._block_hash!r}, prev_free_block={prev_id}, "
+            f"KVCacheBlock(block_id={self._block_id}, ref_cnt={self._ref_cnt}, "
+            f"_block_hash={self._key!r}, prev_free_block={prev_id}, "
             f"next_free_block={next_id})"
         )
 
@@ -254,22 +428,39 @@ class FreeKVCacheBlockQueue:
     """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
-        self.num_free_blocks = len(blocks)
-        for i in range(self.num_free_blocks):
+        self._num_free_blocks = len(blocks)
+        for i in range(self._num_free_blocks):
+            blocks[i]._queue = self
             if i > 0:
-                blocks[i].prev_free_block = blocks[i - 1]
-            if i < self.num_free_blocks - 1:
-                blocks[i].next_free_block = blocks[i + 1]
-        self.fake_free_list_head = KVCacheBlock(block_id=-1)
-        self.fake_free_list_tail = KVCacheBlock(block_id=-1)
-        if self.num_free_blocks > 0:
-            self.fake_free_list_head.next_free_block = blocks[0]
-            blocks[0].prev_free_block = self.fake_free_list_head
-            self.fake_free_list_tail.prev_free_block = blocks[-1]
-            blocks[-1].next_free_block = self.fake_free_list_tail
+                blocks[i]._prev_free_block = blocks[i - 1]
+            if i < self._num_free_blocks - 1:
+                blocks[i]._next_free_block = blocks[i + 1]
+        self._fake_free_list_head = KVCacheBlock(block_id=-1)
+        self._fake_free_list_tail = KVCacheBlock(block_id=-1)
+        if self._num_free_blocks > 0:
+            self._fake_free_list_head._next_free_block = blocks[0]
+            blocks[0]._prev_free_block = self._fake_free_list_head
+            self._fake_free_list_tail._prev_free_block = blocks[-1]
+            blocks[-1]._next_free_block = self._fake_free_list_tail
         else:
-            self.fake_free_list_head.next_free_block = self.fake_free_list_tail
-            self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
+            self._fake_free_list_head._next_free_block = self._fake_free_list_tail
+            self._fake_free_list_tail._prev_free_block = self._fake_free_list_head
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._num_free_blocks
+
+    @num_free_blocks.setter
+    def num_free_blocks(self, value: int) -> None:
+        self._num_free_blocks = _as_index("num_free_blocks", value)
+
+    @property
+    def fake_free_list_head(self) -> KVCacheBlock:
+        return self._fake_free_list_head
+
+    @property
+    def fake_free_list_tail(self) -> KVCacheBlock:
+        return self._fake_free_list_tail
 
     def popleft(self) -> KVCacheBlock:
         """Pop the head block.
@@ -277,13 +468,13 @@ class FreeKVCacheBlockQueue:
         Raises:
             ValueError: the queue is empty.
         """
-        first = self.fake_free_list_head.next_free_block
-        if first is None or first is self.fake_free_list_tail:
+        first = self._fake_free_list_head._next_free_block
+        if first is None or first is self._fake_free_list_tail:
             raise ValueError("No free blocks available")
-        self.fake_free_list_head.next_free_block = first.next_free_block
-        first.next_free_block.prev_free_block = self.fake_free_list_head
-        first.prev_free_block = first.next_free_block = None
-        self.num_free_blocks -= 1
+        self._fake_free_list_head._next_free_block = first._next_free_block
+        first._next_free_block._prev_free_block = self._fake_free_list_head
+        first._prev_free_block = first._next_free_block = None
+        self._num_free_blocks -= 1
         return first
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
@@ -296,18 +487,18 @@ class FreeKVCacheBlockQueue:
             raise ValueError(f"n must be non-negative, got {n}")
         if n == 0:
             return []
-        if n > self.num_free_blocks:
-            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
+        if n > self._num_free_blocks:
+            raise ValueError(f"Cannot pop {n} blocks: only {self._num_free_blocks} are free")
         out = []
-        curr = self.fake_free_list_head.next_free_block
+        curr = self._fake_free_list_head._next_free_block
         for _ in range(n):
             out.append(curr)
             last = curr
-            curr = curr.next_free_block
-            last.prev_free_block = last.next_free_block = None
-        self.fake_free_list_head.next_free_block = curr
-        curr.prev_free_block = self.fake_free_list_head
-        self.num_free_blocks -= n
+            curr = curr._next_free_block
+            last._prev_free_block = last._next_free_block = None
+        self._fake_free_list_head._next_free_block = curr
+        curr._prev_free_block = self._fake_free_list_head
+        self._num_free_blocks -= n
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -316,16 +507,20 @@ class FreeKVCacheBlockQueue:
         Raises:
             RuntimeError: the block is not in the queue.
         """
-        if block.prev_free_block is None or block.next_free_block is None:
+        if block._queue is not self or block._prev_free_block is None or block._next_free_block is None:
             raise RuntimeError(f"remove() called on an invalid block: {block}")
-        block.prev_free_block.next_free_block = block.next_free_block
-        block.next_free_block.prev_free_block = block.prev_free_block
-        block.prev_free_block = block.next_free_block = None
-        self.num_free_blocks -= 1
+        block._prev_free_block._next_free_block = block._next_free_block
+        block._next_free_block._prev_free_block = block._prev_free_block
+        block._prev_free_block = block._next_free_block = None
+        self._num_free_blocks -= 1
 
     def _check_not_queued(self, block: KVCacheBlock) -> None:
-        if block.prev_free_block is not None or block.next_free_block is not None:
-            raise RuntimeError(f"block {block.block_id} is already in the free queue")
+        if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            raise TypeError(f"free queue entries must be KVCacheBlock, got {type(block).__name__}")
+        if block._prev_free_block is not None or block._next_free_block is not None:
+            raise RuntimeError(f"block {block._block_id} is already in the free queue")
+        if block._ref_cnt != 0:
+            raise RuntimeError(f"block {block._block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
 
     def _check_insertable(self, blocks: list[KVCacheBlock]) -> None:
         """Every block unqueued and listed once; nothing changes on error.
@@ -333,72 +528,81 @@ class FreeKVCacheBlockQueue:
         Each checked block is marked (``prev_free_block`` = the fake head) so
         that a repeat shows; the caller's linking overwrites the marks.
         """
-        head = self.fake_free_list_head
+        head = self._fake_free_list_head
+        held = 0
         for i, block in enumerate(blocks):
             if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
                 for done in blocks[:i]:
-                    done.prev_free_block = None
+                    done._prev_free_block = None
                 raise TypeError(f"free queue entries must be KVCacheBlock, got {type(block).__name__}")
-            if block.prev_free_block is not None or block.next_free_block is not None:
-                repeat = block.prev_free_block is head and block.next_free_block is None
+            if block._prev_free_block is not None or block._next_free_block is not None:
+                repeat = block._prev_free_block is head and block._next_free_block is None
                 for done in blocks[:i]:
-                    done.prev_free_block = None
+                    done._prev_free_block = None
                 if repeat:
-                    raise RuntimeError(f"block {block.block_id} appears twice in one batch")
-                raise RuntimeError(f"block {block.block_id} is already in the free queue")
-            block.prev_free_block = head
+                    raise RuntimeError(f"block {block._block_id} appears twice in one batch")
+                raise RuntimeError(f"block {block._block_id} is already in the free queue")
+            block._prev_free_block = head
+            block._queue = self
+            held = held or block._ref_cnt
+        if held:  # (after the membership checks, as the compiled twin does)
+            for done in blocks:
+                done._prev_free_block = None
+            bad = next(b for b in blocks if b._ref_cnt != 0)
+            raise RuntimeError(f"block {bad._block_id} has ref_cnt {bad._ref_cnt}: only free blocks are queued")
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail (freed last, evicted last)."""
         self._check_not_queued(block)
-        last = self.fake_free_list_tail.prev_free_block
-        last.next_free_block = block
-        block.prev_free_block = last
-        block.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = block
-        self.num_free_blocks += 1
+        block._queue = self
+        last = self._fake_free_list_tail._prev_free_block
+        last._next_free_block = block
+        block._prev_free_block = last
+        block._next_free_block = self._fake_free_list_tail
+        self._fake_free_list_tail._prev_free_block = block
+        self._num_free_blocks += 1
 
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Put ``blocks`` at the tail, in order (the last one ends up last)."""
         if not blocks:
             return
         self._check_insertable(blocks)
-        last = self.fake_free_list_tail.prev_free_block
+        last = self._fake_free_list_tail._prev_free_block
         for block in blocks:
-            block.prev_free_block = last
-            last.next_free_block = block
+            block._prev_free_block = last
+            last._next_free_block = block
             last = block
-        last.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = last
-        self.num_free_blocks += len(blocks)
+        last._next_free_block = self._fake_free_list_tail
+        self._fake_free_list_tail._prev_free_block = last
+        self._num_free_blocks += len(blocks)
 
     def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
         """Put ``blocks`` at the head, in order (``blocks[0]`` becomes the head)."""
         if not blocks:
             return
         self._check_insertable(blocks)
-        first = self.fake_free_list_head.next_free_block
-        prev = self.fake_free_list_head
+        first = self._fake_free_list_head._next_free_block
+        prev = self._fake_free_list_head
         for block in blocks:
-            block.prev_free_block = prev
-            prev.next_free_block = block
+            block._prev_free_block = prev
+            prev._next_free_block = block
             prev = block
-        prev.next_free_block = first
-        first.prev_free_block = prev
-        self.num_free_blocks += len(blocks)
+        prev._next_free_block = first
+        first._prev_free_block = prev
+        self._num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """All free blocks from head to tail (for tests and checks)."""
         out = []
-        curr = self.fake_free_list_head.next_free_block
-        tail = self.fake_free_list_tail
+        curr = self._fake_free_list_head._next_free_block
+        tail = self._fake_free_list_tail
         while curr is not tail:
             out.append(curr)
-            curr = curr.next_free_block
+            curr = curr._next_free_block
         return out
 
     def __len__(self) -> int:
-        return self.num_free_blocks
+        return self._num_free_blocks
 
 
 # =============================================================================
@@ -429,16 +633,16 @@ class BlockHashToBlockMap:
             return False
         if blocks.__class__ is dict:
             return block_id in blocks
-        return blocks.block_id == block_id
+        return blocks._block_id == block_id
 
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
         blocks = self._cache.get(key)
         if blocks is None:
             self._cache[key] = block
         elif blocks.__class__ is dict:
-            blocks[block.block_id] = block
+            blocks[block._block_id] = block
         else:
-            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+            self._cache[key] = {blocks._block_id: blocks, block._block_id: block}
 
     def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
         blocks = self._cache.pop(key, None)
@@ -449,7 +653,7 @@ class BlockHashToBlockMap:
             if blocks:
                 self._cache[key] = blocks
             return block
-        if blocks.block_id == block_id:
+        if blocks._block_id == block_id:
             return blocks
         self._cache[key] = blocks
         return None
@@ -505,19 +709,37 @@ def _request_id(request: Any) -> str:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
-def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None) -> None:
+def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
+    # find_longest_cache_hit's arguments, before any use: one block list per group (so at
+    # least one group), a pool to look in, a hit length rounded down to a positive alignment.
+    if not len(kv_cache_group_ids):
+        raise ValueError("kv_cache_group_ids must not be empty")
+    if not isinstance(block_pool, BlockPool):
+        raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+    if _check_count("alignment_tokens", alignment_tokens) == 0:
+        raise ValueError("alignment_tokens must be positive, got 0")
+
+
+def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
-    KVCacheBlock and, with no references (and not the null block), sits in the free queue
-    (``queue`` None: the types only)."""
+    KVCacheBlock, one of ``pool_blocks`` (a pool's blocks, if given: a hit from another pool
+    would take a reference there) and, with no references (and not the null block), sits in
+    the free queue (``queue`` None: not checked)."""
+    n_pool = -1 if pool_blocks is None else len(pool_blocks)
     for block in blocks:
         if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
             raise TypeError(f"blocks must be KVCacheBlock, got {type(block).__name__}")
-        if (block.ref_cnt == 0 and queue is not None and not block.is_null
-                and (block.prev_free_block is None or block.next_free_block is None)):
+        if n_pool >= 0:
+            bid = block._block_id
+            if not (0 <= bid < n_pool and pool_blocks[bid] is block):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
+        if (block._ref_cnt == 0 and queue is not None and not block._is_null
+                and (block._queue is not queue or block._prev_free_block is None
+                     or block._next_free_block is None)):
             raise RuntimeError(f"remove() called on an invalid block: {block}")
 
 
-class BlockPool:
+class BlockPool(_Checked):
     """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
 
     Args:
@@ -529,6 +751,24 @@ class BlockPool:
         use_int_block_hashes: publish hashes in events as 64-bit ints
             (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
+
+    # The pool's structure is fixed when it is made; counters and the
+    # collector are free (num_evictions: a property, checked).
+    _RULES = dict.fromkeys(
+        ("num_gpu_blocks", "enable_caching", "hash_block_size", "blocks", "free_block_queue",
+         "cached_block_hash_to_block", "null_block", "enable_kv_cache_events", "use_int_block_hashes",
+         "kv_event_queue"),
+        _READ_ONLY,
+    )
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks evicted so far (their hash dropped on reuse); a kvcy extension."""
+        return self._num_evictions
+
+    @num_evictions.setter
+    def num_evictions(self, value: int) -> None:
+        self._num_evictions = _as_index("num_evictions", value)
 
     def __init__(
         self,
@@ -557,7 +797,7 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
-        self.null_block.is_null = True
+        self.null_block._is_null = True
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self.use_int_block_hashes = (
             default_use_int_block_hashes() if use_int_block_hashes is None else bool(use_int_block_hashes)
@@ -565,7 +805,7 @@ class BlockPool:
         self.kv_event_queue: list[KVCacheEvent] = []
         self.metrics_collector = metrics_collector
         #: Cached blocks evicted so far (their hash dropped on reuse); a kvcy extension.
-        self.num_evictions = 0
+        self._num_evictions = 0
 
     # ------------------------------------------------------------------ lookups
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[KVCacheBlock] | None:
@@ -619,13 +859,13 @@ class BlockPool:
         try:  # (checks as it goes; a failure undoes what it did, below)
             for i in range(num_cached_blocks, num_full_blocks):
                 blk = blocks[i]
-                if blk.is_null:
+                if blk._is_null:
                     continue
-                assert blk._block_hash is None, "The block already has a hash. This should not happen."
+                assert blk._key is None, "The block already has a hash. This should not happen."
                 block_hash = block_hashes[i]
                 key = _group_key(block_hash, kv_cache_group_id)
-                blk._block_hash = key
-                blk.block_hash_num_tokens = (i + 1) * block_size
+                blk._key = key
+                blk._block_hash_num_tokens = (i + 1) * block_size
                 cache.insert(key, blk)
                 if events:
                     new_hashes.append(self._ext(block_hash))
@@ -634,7 +874,7 @@ class BlockPool:
             if not isinstance(failed, KVCacheBlock):
                 self._uncache(blocks, num_cached_blocks, i)
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(failed).__name__}") from None
-            keyed_here = key is not None and failed._block_hash is key  # (block i got its key here)
+            keyed_here = key is not None and failed._key is key  # (block i got its key here)
             self._uncache(blocks, num_cached_blocks, i + 1 if keyed_here else i)
             raise
         if events:
@@ -642,7 +882,7 @@ class BlockPool:
             extra_keys_list = []
             mm_idx = 0
             for i in range(num_cached_blocks, num_full_blocks):
-                if blocks[i].is_null:
+                if blocks[i]._is_null:
                     continue
                 start = i * block_size
                 keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
@@ -654,12 +894,37 @@ class BlockPool:
                 )
             )
 
+    def _check_hashes_to_cache(self, request: Request, num_cached_blocks: int, num_full_blocks: int,
+                               block_size: int) -> None:
+        # What cache_full_blocks(request, ..., num_cached_blocks, num_full_blocks,
+        # block_size, ...) reads of the request's hashes, checked before the
+        # caller changes anything (it caches after allocating): enough of
+        # them, and those it reads bytes.  The same errors.
+        if num_cached_blocks >= num_full_blocks:
+            return
+        num_cached_blocks = max(num_cached_blocks, 0)
+        hashes = request.block_hashes
+        scale = 1
+        if block_size != self.hash_block_size:
+            resolve_block_hashes((), self.hash_block_size, block_size)  # (its ValueError for a bad size)
+            scale = block_size // self.hash_block_size
+        n = len(hashes) // scale
+        if n < num_full_blocks:
+            raise RuntimeError(
+                f"request {_request_id(request)!r} has {n} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+            h = hashes[j]
+            if h.__class__ is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+
     def _uncache(self, blocks: list, start: int, end: int) -> None:
         """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it)."""
         cache = self.cached_block_hash_to_block
         for blk in blocks[start:end]:
-            if not blk.is_null:
-                cache.pop(blk._block_hash, blk.block_id)
+            if not blk._is_null:
+                cache.pop(blk._key, blk._block_id)
                 blk.reset_hash()
 
     def _block_stored(
@@ -708,28 +973,28 @@ class BlockPool:
             ValueError: fewer than ``num_blocks`` blocks are free (nothing changes).
         """
         num_blocks = _check_count("num_blocks", num_blocks)
-        if num_blocks > self.free_block_queue.num_free_blocks:
+        if num_blocks > self.free_block_queue._num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
         if self.enable_caching:
             for block in ret:
-                if block._block_hash is not None:
+                if block._key is not None:
                     self._maybe_evict_cached_block(block)
-                block.ref_cnt += 1
+                block._ref_cnt += 1
         else:
             for block in ret:
-                block.ref_cnt += 1
+                block._ref_cnt += 1
         return ret
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
-        key = block._block_hash
+        key = block._key
         if key is None:
             return False
-        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
+        if self.cached_block_hash_to_block.pop(key, block._block_id) is None:
             return False
-        block._block_hash = None
-        block.block_hash_num_tokens = None
-        self.num_evictions += 1
+        block._key = None
+        block._block_hash_num_tokens = None
+        self.__dict__["_num_evictions"] += 1  # (past _Checked.__setattr__: once an eviction)
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
                 BlockRemoved(
@@ -766,18 +1031,18 @@ class BlockPool:
         else:
             groups = [list(blocks)]
         for group in groups:  # check everything before any change
-            _check_touchable(group, self.free_block_queue)
+            _check_touchable(group, self.free_block_queue, self.blocks)
         for group in groups:
             self._touch(group)
 
     def _touch(self, blocks: list[KVCacheBlock]) -> None:
         queue = self.free_block_queue
         for block in blocks:
-            if block.is_null:
+            if block._is_null:
                 continue
-            if block.ref_cnt == 0:
+            if block._ref_cnt == 0:
                 queue.remove(block)
-            block.ref_cnt += 1
+            block._ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, in eviction order.
@@ -787,8 +1052,9 @@ class BlockPool:
         given order.
 
         Raises:
-            RuntimeError: a block would be freed more times than it was taken
-                (nothing changes then).
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block would be freed more times than it was taken.
+            In both cases nothing changes.
         """
         blocks_list = list(ordered_blocks)
         to_tail: list[KVCacheBlock] = []
@@ -798,14 +1064,14 @@ class BlockPool:
             if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
                 self._undo_free(blocks_list, i)
                 raise TypeError(f"free_blocks takes KVCacheBlock, got {type(block).__name__}")
-            if block.is_null:
+            if block._is_null:
                 continue
-            if block.ref_cnt <= 0:
+            if block._ref_cnt <= 0:
                 self._undo_free(blocks_list, i)
-                raise RuntimeError(f"block {block.block_id} freed more times than it was taken")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if caching and block._block_hash is not None:
+                raise RuntimeError(f"block {block._block_id} freed more times than it was taken")
+            block._ref_cnt -= 1
+            if block._ref_cnt == 0:
+                if caching and block._key is not None:
                     to_tail.append(block)
                 else:
                     to_head.append(block)
@@ -816,8 +1082,8 @@ class BlockPool:
     def _undo_free(blocks_list: list[KVCacheBlock], upto: int) -> None:
         """Give back the references free_blocks took from ``blocks_list[:upto]``."""
         for done in blocks_list[:upto]:
-            if not done.is_null:
-                done.ref_cnt += 1
+            if not done._is_null:
+                done._ref_cnt += 1
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cache key; only when no block but the null block is in use."""
@@ -828,7 +1094,7 @@ class BlockPool:
                 num_used_blocks - 1,
             )
             return False
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        object.__setattr__(self, "cached_block_hash_to_block", BlockHashToBlockMap())
         for block in self.blocks:
             block.reset_hash()
         if self.enable_kv_cache_events:
@@ -836,7 +1102,7 @@ class BlockPool:
         return True
 
     def get_num_free_blocks(self) -> int:
-        return self.free_block_queue.num_free_blocks
+        return self.free_block_queue._num_free_blocks
 
     def get_usage(self) -> float:
         """Fraction of usable blocks in use (the null block does not count)."""
@@ -850,15 +1116,117 @@ class BlockPool:
         if not self.enable_kv_cache_events:
             return []
         events = self.kv_event_queue
-        self.kv_event_queue = []
+        object.__setattr__(self, "kv_event_queue", [])
         return events
 
 
 # =============================================================================
 # Single-type managers
 # =============================================================================
-class SingleTypeKVCacheManager:
+class _RequestTable(MutableMapping):
+    """A manager's per-request table (``req_to_blocks``, ``num_cached_block``) as callers see it.
+
+    A mapping over the manager's own dict: reads go straight to it; every
+    change checks the key (a request id) and the value before it is made and
+    then moves the manager's generation, so that what the compiled manager
+    remembers per request is read again (the Python twin remembers nothing:
+    its tables only check).  The table itself cannot be replaced.
+    """
+
+    __slots__ = ("_entries", "_generation")
+
+    def __init__(self, entries, generation):
+        self._entries = entries
+        self._generation = generation
+
+    def _check(self, value):
+        return value
+
+    def __getitem__(self, request_id):
+        return self._entries[request_id]
+
+    def __setitem__(self, request_id, value):
+        if type(request_id) is not str:
+            raise TypeError(f"request ids must be str, got {type(request_id).__name__}")
+        value = self._check(value)
+        self._entries[request_id] = value
+        self._moved()
+
+    def __delitem__(self, request_id):
+        del self._entries[request_id]
+        self._moved()
+
+    def _moved(self):
+        if self._generation is not None:
+            self._generation.bump()
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def __contains__(self, request_id):
+        return request_id in self._entries
+
+    def get(self, request_id, default=None):
+        return self._entries.get(request_id, default)
+
+    def __eq__(self, other):
+        if isinstance(other, _RequestTable):
+            other = other._entries
+        return self._entries == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self._entries!r})"
+
+
+class _BlockTable(_RequestTable):
+    """``req_to_blocks``: values are lists of this pool's blocks."""
+
+    __slots__ = ("_pool_blocks",)
+
+    def __init__(self, entries, generation, pool_blocks):
+        super().__init__(entries, generation)
+        self._pool_blocks = pool_blocks
+
+    def _check(self, value):
+        if type(value) is not list:
+            raise TypeError(f"req_to_blocks values must be lists of blocks, got {type(value).__name__}")
+        pool = self._pool_blocks
+        n = len(pool)
+        for block in value:
+            if not isinstance(block, KVCacheBlock):
+                raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                f"{type(block).__name__}")
+            block_id = block.block_id
+            if not (0 <= block_id < n and pool[block_id] is block):
+                raise RuntimeError(f"block {block_id} is not a block of this pool")
+        return value
+
+
+class _CountTable(_RequestTable):
+    """``num_cached_block``: values are non-negative ints."""
+
+    __slots__ = ()
+
+    def _check(self, value):
+        return _check_count("num_cached_block values", value)
+
+
+class SingleTypeKVCacheManager(_Checked):
     """Block bookkeeping for one KV-cache group of one attention type."""
+
+    # Fixed when made; use_eagle is set by the coordinators.  The two dicts
+    # cannot be replaced; their entries may still be changed (vLLM's tests do).
+    _RULES = dict.fromkeys(
+        ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
+         "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
+         "_req_to_blocks", "_num_cached_block", "_null_block"),
+        _READ_ONLY,
+    )
 
     def __init__(
         self,
@@ -877,8 +1245,10 @@ class SingleTypeKVCacheManager:
         self.scheduler_block_size = scheduler_block_size
         self._max_admission_blocks_per_request = max_admission_blocks_per_request
         self.use_eagle = False
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_block: dict[str, int] = {}
+        self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_block: dict[str, int] = {}
+        self.req_to_blocks = _BlockTable(self._req_to_blocks, None, block_pool.blocks)
+        self.num_cached_block = _CountTable(self._num_cached_block, None)
         self._null_block = block_pool.null_block
 
     # -------------------------------------------------------------- counting
@@ -905,22 +1275,23 @@ class SingleTypeKVCacheManager:
         cap = self._max_admission_blocks_per_request
         if apply_admission_cap and cap is not None and cap < num_required_blocks:
             num_required_blocks = cap
-        req_blocks = self.req_to_blocks.get(request_id)
+        req_blocks = self._req_to_blocks.get(request_id)
         num_req_blocks = 0 if req_blocks is None else len(req_blocks)
-        if request_id in self.num_cached_block:
+        if request_id in self._num_cached_block:
             return max(num_required_blocks - num_req_blocks, 0)
         num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_local_computed_blocks = len(new_computed_blocks) + num_req_blocks
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
         skip_new = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable = 0
-        caching = self.enable_caching
+        queue = self.block_pool.free_block_queue if self.enable_caching else None
         try:
             for i in range(skip_new, len(new_computed_blocks)):
                 blk = new_computed_blocks[i]
-                if blk.ref_cnt == 0 and not blk.is_null:
+                if blk._ref_cnt == 0 and not blk._is_null:
                     # (a free hit must be in the free queue, or touching it fails half-way)
-                    if caching and (blk.prev_free_block is None or blk.next_free_block is None):
+                    if queue is not None and (blk._queue is not queue or blk._prev_free_block is None
+                                              or blk._next_free_block is None):
                         raise RuntimeError(f"remove() called on an invalid block: {blk}")
                     num_evictable += 1
         except AttributeError:
@@ -950,7 +1321,8 @@ class SingleTypeKVCacheManager:
         # add_local_computed_blocks' checks of the hits it will take (those past the skipped ones).
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         _check_touchable(new_computed_blocks[skipped:] if skipped > 0 else new_computed_blocks,
-                         self.block_pool.free_block_queue if self.enable_caching else None)
+                         self.block_pool.free_block_queue if self.enable_caching else None,
+                         self.block_pool.blocks)
 
     def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
                                    num_external_computed_tokens) -> None:
@@ -959,13 +1331,13 @@ class SingleTypeKVCacheManager:
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
         blocks = new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         assert not req_blocks
         if self.enable_caching:
             self.block_pool._touch(blocks)
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
-        self.num_cached_block[request_id] = len(req_blocks)
+        self._num_cached_block[request_id] = len(req_blocks)
 
     def allocate_external_computed_blocks(
         self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
@@ -977,12 +1349,12 @@ class SingleTypeKVCacheManager:
             num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
         if num_external_computed_tokens <= 0:
             return
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         req_blocks.extend(self.block_pool.get_new_blocks(cdiv(total, self.block_size) - len(req_blocks)))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new_blocks <= 0:
             return []
@@ -993,24 +1365,40 @@ class SingleTypeKVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full blocks among its first ``num_tokens`` tokens."""
         request_id = request.request_id
-        num_cached_blocks = self.num_cached_block.get(request_id, 0)
+        num_cached_blocks = self._num_cached_block.get(request_id, 0)
         num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
         self.block_pool.cache_full_blocks(
             request,
-            self.req_to_blocks[request_id],
+            self._req_to_blocks[request_id],
             num_cached_blocks,
             num_full_blocks,
             self.block_size,
             self.kv_cache_group_id,
         )
-        self.num_cached_block[request_id] = num_full_blocks
+        self._num_cached_block[request_id] = num_full_blocks
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
+                            attaching: bool, total_computed_tokens: int) -> None:
+        # What cache_blocks(request, num_tokens) will read once this
+        # allocation is made, checked before it: the cached count is the
+        # request's entry, or, for a request taking its hits now (attaching),
+        # what add_local_computed_blocks will record.
+        num_cached = self._num_cached_block.get(request_id)
+        if num_cached is None:
+            if attaching:
+                skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+                num_cached = max(skipped, len(hits))
+            else:
+                num_cached = 0
+        self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
+                                               self.block_size)
 
     # -------------------------------------------------------------- freeing
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        self.num_cached_block.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, [])
+        self._num_cached_block.pop(request_id, None)
+        return self._req_to_blocks.pop(request_id, [])
 
     def free(self, request_id: str) -> None:
         """Return the request's blocks to the pool, tail first."""
@@ -1019,7 +1407,7 @@ class SingleTypeKVCacheManager:
         self.block_pool.free_blocks(blocks)
 
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
-        blocks = self.req_to_blocks.get(request_id)
+        blocks = self._req_to_blocks.get(request_id)
         if blocks is None or first_block >= last_block:
             return
         last_block = min(last_block, len(blocks))
@@ -1065,6 +1453,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         n_groups = len(kv_cache_group_ids)
@@ -1085,11 +1474,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return computed, len(computed[0]) * block_size
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        blocks = self.req_to_blocks.get(running_request_id, [])
-        num_requests = len(self.req_to_blocks)
+        blocks = self._req_to_blocks.get(running_request_id, [])
+        num_requests = len(self._req_to_blocks)
         n = 0
         for block in blocks:
-            if block.ref_cnt == num_requests:
+            if block._ref_cnt == num_requests:
                 n += 1
             else:
                 break
@@ -1098,6 +1487,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
+
+    _RULES = {**SingleTypeKVCacheManager._RULES, "sliding_window": _READ_ONLY}
 
     def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -1108,6 +1499,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
@@ -1149,6 +1541,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Chunked local attention: tokens attend only within their chunk."""
 
+    _RULES = {**SingleTypeKVCacheManager._RULES, "attention_chunk_size": _READ_ONLY}
+
     def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, *args, **kwargs) -> None:
         super().__init__(kv_cache_spec, *args, **kwargs)
         self.attention_chunk_size = kv_cache_spec.attention_chunk_size
@@ -1158,6 +1552,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         if drop_eagle_block:
             raise ValueError("EAGLE is not supported with chunked local attention")
         block_size = kv_cache_spec.block_size
@@ -1191,6 +1586,7 @@ class MambaManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         max_blocks = min(max_length // block_size, len(hashes))
@@ -1220,10 +1616,14 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         return None
+
+    def _check_cache_inputs(self, request, request_id, num_tokens, hits, attaching, total_computed_tokens) -> None:
+        return None  # (never cached)
 
 
 spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
@@ -1271,8 +1671,15 @@ def get_manager_for_kv_cache_spec(
 # =============================================================================
 # Coordinators
 # =============================================================================
-class KVCacheCoordinator:
+class KVCacheCoordinator(_Checked):
     """Drives the single-type managers of all KV-cache groups over one block pool."""
+
+    # All fixed when made.
+    _RULES = dict.fromkeys(
+        ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
+         "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention"),
+        _READ_ONLY,
+    )
 
     def __init__(
         self,
@@ -1377,7 +1784,7 @@ class KVCacheCoordinator:
         # Without the checks: KVCacheManager.allocate_slots's hit count has checked every hit.
         managers = self.single_type_managers
         for manager in managers:
-            if request_id in manager.num_cached_block:
+            if request_id in manager._num_cached_block:
                 if any(len(blocks) for blocks in new_computed_blocks):
                     raise RuntimeError(
                         f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
@@ -1409,6 +1816,18 @@ class KVCacheCoordinator:
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens)
 
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        # The num_tokens cache_blocks hands this manager.
+        return num_computed_tokens
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_computed_tokens: int,
+                            new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
+        # cache_blocks(request, num_computed_tokens) after this allocation,
+        # checked for every group before any change.
+        for manager, hits in zip(self.single_type_managers, new_computed_blocks):
+            manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
+                                        hits, attaching, total_computed_tokens)
+
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
             manager.free(request_id)
@@ -1427,12 +1846,12 @@ class KVCacheCoordinator:
             manager.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+        return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
 
     def holds(self, request_id: str) -> bool:
         """Whether the request holds blocks (had a successful allocation since its last free)."""
         for manager in self.single_type_managers:
-            if request_id in manager.req_to_blocks:
+            if request_id in manager._req_to_blocks:
                 return True
         return False
 
@@ -1443,6 +1862,8 @@ class KVCacheCoordinator:
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    _RULES = {**KVCacheCoordinator._RULES, "num_single_type_manager": _READ_ONLY}
+
     """Coordinator for prefix caching off: any number of groups, never a hit."""
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
@@ -1461,6 +1882,8 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    _RULES = {**KVCacheCoordinator._RULES, **dict.fromkeys(("kv_cache_spec", "block_size", "use_eagle"), _READ_ONLY)}
+
     """Coordinator for exactly one KV-cache group with prefix caching on."""
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
@@ -1493,6 +1916,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
+    _RULES = {**KVCacheCoordinator._RULES, "attention_groups": _READ_ONLY}
+
     """Coordinator for several KV-cache groups (e.g. full + sliding window).
 
     Groups with equal specs are looked up together; full attention goes first
@@ -1537,7 +1962,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         if not groups:
             raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
         groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
-        self.attention_groups = [tuple(e) for e in groups]
+        object.__setattr__(self, "attention_groups", [tuple(e) for e in groups])
         for spec, ids, klass, use_eagle in self.attention_groups:
             if use_eagle:
                 for gid in ids:
@@ -1551,6 +1976,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if manager.use_eagle and aligned > 0:
                 n = min(num_computed_tokens, aligned + manager.block_size)
             manager.cache_blocks(request, n)
+
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         num_groups = len(self.kv_cache_config.kv_cache_groups)
@@ -1633,16 +2064,19 @@ def get_kv_cache_coordinator(
 # =============================================================================
 # KVCacheBlocks and the manager
 # =============================================================================
-class KVCacheBlocks:
+class KVCacheBlocks(_Checked):
     """Blocks per KV-cache group: what allocate_slots / get_computed_blocks return.
 
     ``blocks[i][j]`` is the j-th block of group i.
     """
 
     __slots__ = ("blocks",)
+    _RULES = {"blocks": _tuple_or_none}
 
     def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
-        self.blocks = blocks
+        if blocks.__class__ is not tuple:  # (_RULES' check, inlined: one made per allocation)
+            _tuple_or_none("blocks", blocks)
+        object.__setattr__(self, "blocks", blocks)
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
@@ -1658,12 +2092,12 @@ class KVCacheBlocks:
         """Block ids per group (``None`` with ``allow_none`` when there are none)."""
         if allow_none and all(len(g) == 0 for g in self.blocks):
             return None
-        return tuple([blk.block_id for blk in group] for group in self.blocks)
+        return tuple([blk._block_id for blk in group] for group in self.blocks)
 
     def get_unhashed_block_ids(self) -> list[int]:
         if len(self.blocks) != 1:
             raise ValueError("get_unhashed_block_ids supports exactly one group")
-        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+        return [b._block_id for b in self.blocks[0] if b.block_hash is None]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
@@ -1672,7 +2106,7 @@ class KVCacheBlocks:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
 
-class KVCacheManager:
+class KVCacheManager(_Checked):
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
 
     Args:
@@ -1691,6 +2125,17 @@ class KVCacheManager:
         use_int_block_hashes: publish event hashes as 64-bit ints (default:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
+
+    # Fixed when made; the collector, the stats object and the watermark are free.
+    _RULES = {
+        **dict.fromkeys(
+            ("max_model_len", "enable_caching", "enable_kv_cache_events", "use_eagle", "log_stats",
+             "coordinator", "num_kv_cache_groups", "block_pool", "kv_cache_config", "kv_cache_event_metadata",
+             "empty_kv_cache_blocks", "_group_block_sizes", "_no_blocks"),
+            _READ_ONLY,
+        ),
+        "watermark_blocks": _as_index,
+    }
 
     def __init__(
         self,
@@ -1742,7 +2187,13 @@ class KVCacheManager:
             for g in kv_cache_config.kv_cache_groups
         )
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        # (not empty_kv_cache_blocks.blocks: callers get that object from get_computed_blocks
+        # and may reassign its blocks; allocate_slots works with one list per group)
+        self._no_blocks = self.empty_kv_cache_blocks.blocks
         self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
+        managers = self.coordinator.single_type_managers
+        # The only manager, when the coordinator hands it the tokens to cache unchanged.
+        self._single = managers[0] if len(managers) == 1 and type(self.coordinator) is UnitaryKVCacheCoordinator else None
 
     # ------------------------------------------------------------------ info
     @property
@@ -1845,7 +2296,7 @@ class KVCacheManager:
                 f"max_model_len={self.max_model_len}"
             )
         if new_computed_blocks is None or not any(new_computed_blocks.blocks):
-            new_blocks_list = self.empty_kv_cache_blocks.blocks
+            new_blocks_list = self._no_blocks
             has_new_computed = False
         else:
             new_blocks_list = new_computed_blocks.blocks
@@ -1860,6 +2311,8 @@ class KVCacheManager:
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
+            for g in new_blocks_list:
+                _check_touchable(g, None, self.block_pool.blocks)
 
         total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
@@ -1878,6 +2331,21 @@ class KVCacheManager:
 
         num_tokens_main_model = total_computed_tokens + num_new_tokens
         num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
+        caching = self.enable_caching and not delay_cache_blocks
+        if caching:  # (what caching reads, before any change)
+            n_cache = total_computed_tokens + num_new_tokens
+            num_tokens = len(request._all_token_ids) if request.__class__ is Request else request.num_tokens
+            if num_tokens < n_cache:
+                n_cache = num_tokens
+            single = self._single
+            if single is None or single._num_cached_block.get(request_id, -1) < n_cache // single.block_size:
+                # (one plain group whose request has its full blocks cached already -- a
+                # decode step between block boundaries -- reads nothing: skipped)
+                coordinator._check_cache_inputs(
+                    request, request_id, n_cache, new_blocks_list,
+                    has_new_computed or num_external_computed_tokens > 0,
+                    num_local_computed_tokens + num_external_computed_tokens,
+                )
         coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens))
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
@@ -1893,8 +2361,8 @@ class KVCacheManager:
         new_blocks = coordinator.allocate_new_blocks(
             request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
         )
-        if self.enable_caching and not delay_cache_blocks:
-            coordinator.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
+        if caching:
+            coordinator.cache_blocks(request, n_cache)
         return self.create_kv_cache_blocks(new_blocks)
 
     def free(self, request: Request) -> None:
