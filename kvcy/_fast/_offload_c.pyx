@@ -618,6 +618,20 @@ cdef set _bytes_set(object keys):
     return out
 
 
+cdef object _evict_native(CachePolicy policy, Py_ssize_t num_resident, object n, object protected):
+    """The Python ``evict`` of the native policies: checks ``n``, then their ``c_evict``."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n <= 0:
+        return []
+    if n > num_resident:
+        return None
+    got = policy.c_evict(<Py_ssize_t>n, _bytes_set(protected))
+    if got is None:
+        return None
+    return [((<ChunkStatus>st).key, st) for st in got]
+
+
 # =============================================================================
 # LRU, ranked by request
 # =============================================================================
@@ -958,16 +972,7 @@ cdef class LRUCachePolicy(CachePolicy):
 
     def evict(self, n, protected):
         """Evict the ``n`` evictable, unprotected keys lowest in ``(rank, key)`` order."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n <= 0:
-            return []
-        if n > len(self._chunks):
-            return None
-        got = self.c_evict(<Py_ssize_t>n, _bytes_set(protected))
-        if got is None:
-            return None
-        return [((<ChunkStatus>st).key, st) for st in got]
+        return _evict_native(self, len(self._chunks), n, protected)
 
     def clear(self):
         """Forget every key and every request's rank."""
@@ -1274,16 +1279,7 @@ cdef class ARCCachePolicy(CachePolicy):
 
     def evict(self, n, protected):
         """Pick ``n`` evictable, unprotected keys, from t1 while it is over target, else t2."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n <= 0:
-            return []
-        if n > len(self._chunks):
-            return None
-        got = self.c_evict(<Py_ssize_t>n, _bytes_set(protected))
-        if got is None:
-            return None
-        return [((<ChunkStatus>st).key, st) for st in got]
+        return _evict_native(self, len(self._chunks), n, protected)
 
     def clear(self):
         """Forget every key and ghost; the target goes back to 0."""
