@@ -216,16 +216,16 @@ def test_allocate_slots_rejects_bad_counts(impl, kwargs, exc):
 
 
 def test_free_unknown_and_twice(impl):
+    # vLLM 0.33.0: freeing a request that holds no blocks is a no-op, and its
+    # block table is empty (tests/test_dropin_manager.py covers more).
     mgr = manager(impl)
     req = Request("a", list(range(8)), block_hasher=hasher())
-    with pytest.raises(ValueError, match="holds no blocks"):
-        mgr.free(req)
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == 15
     mgr.allocate_slots(req, 8)
     mgr.free(req)
-    with pytest.raises(ValueError, match="holds no blocks"):
-        mgr.free(req)
-    with pytest.raises(ValueError):
-        mgr.get_block_ids("nope")
+    mgr.free(req)
+    assert mgr.get_block_ids("nope") == ([],)
     assert mgr.block_pool.get_num_free_blocks() == 15
 
 
@@ -708,8 +708,8 @@ def test_two_request_objects_with_one_id_share_its_blocks():
         out.append(len(m.block_pool.cached_block_hash_to_block))
         m.free(b)
         out.append(m.block_pool.get_num_free_blocks())
-        with pytest.raises(ValueError):
-            m.free(a)
+        m.free(a)  # its blocks went with b's free: a no-op now, as in vLLM
+        out.append(m.block_pool.get_num_free_blocks())
         results[name] = out
     assert results["cython"] == results["python"]
     assert results["python"][-1] == 15

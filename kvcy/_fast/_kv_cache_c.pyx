@@ -371,10 +371,19 @@ cdef inline str _rid(object request):
 
 
 cdef str _rid_of_other(object request):
+    cdef object request_id
     try:
-        return request.request_id
+        request_id = request.request_id
     except AttributeError:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+    _check_rid(request_id)
+    return request_id
+
+
+cdef inline int _check_rid(object request_id) except -1:
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+    return 0
 
 
 cdef inline Py_ssize_t _num_tokens(object request) except -1:
@@ -3717,17 +3726,17 @@ cdef class KVCacheManager:
     def free(self, request):
         """Free the request's blocks, tail first, group by group.
 
+        A request that holds no blocks (never allocated, or freed already) is
+        left as it is, as in vLLM.
+
         Raises:
-            ValueError: the request holds no blocks (unknown id, or freed already).
+            TypeError: not a request, or its ``request_id`` is not a str.
         """
         cdef str request_id = _rid(request)
         cdef FullAttentionManager mgr = self._full
         if mgr is not None:  # one group: its manager's free, with one lookup
-            if not mgr._free_held(request_id):
-                raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
-        else:
-            if not self.coordinator.holds(request_id):
-                raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+            mgr._free_held(request_id)
+        elif self.coordinator.holds(request_id):
             self.coordinator.free(request_id)
         if type(request) is Request:
             # Drop the fast path's record of the freed list here, so that the
@@ -3765,13 +3774,12 @@ cdef class KVCacheManager:
         return events
 
     def get_blocks(self, request_id):
-        """The request's whole block table per group.
+        """The request's whole block table per group (empty groups if it holds none).
 
         Raises:
-            ValueError: the request holds no blocks.
+            TypeError: ``request_id`` is not a str.
         """
-        if not self.coordinator.holds(request_id):
-            raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+        _check_rid(request_id)
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id):

@@ -704,9 +704,17 @@ def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: 
 
 def _request_id(request: Any) -> str:
     try:
-        return request.request_id
+        request_id = request.request_id
     except AttributeError:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+    if request_id.__class__ is not str:
+        _check_rid(request_id)
+    return request_id
+
+
+def _check_rid(request_id: Any) -> None:
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
 
 
 def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
@@ -2368,13 +2376,15 @@ class KVCacheManager(_Checked):
     def free(self, request: Request) -> None:
         """Free the request's blocks, tail first, group by group.
 
+        A request that holds no blocks (never allocated, or freed already) is
+        left as it is, as in vLLM.
+
         Raises:
-            ValueError: the request holds no blocks (unknown id, or freed already).
+            TypeError: not a request, or its ``request_id`` is not a str.
         """
         request_id = _request_id(request)
-        if not self.coordinator.holds(request_id):
-            raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
-        self.coordinator.free(request_id)
+        if self.coordinator.holds(request_id):
+            self.coordinator.free(request_id)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
         processed_computed_tokens = _check_count("processed_computed_tokens", processed_computed_tokens)
@@ -2407,13 +2417,12 @@ class KVCacheManager(_Checked):
         return events
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's whole block table per group.
+        """The request's whole block table per group (empty groups if it holds none).
 
         Raises:
-            ValueError: the request holds no blocks.
+            TypeError: ``request_id`` is not a str.
         """
-        if not self.coordinator.holds(request_id):
-            raise ValueError(f"request {request_id!r} holds no blocks (unknown request id, or already freed)")
+        _check_rid(request_id)
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
