@@ -84,3 +84,68 @@ def test_free_and_get_blocks_still_refuse_what_is_not_a_request(impl):
         mgr.get_blocks(5)
     with pytest.raises(TypeError, match="request_id must be a str, got int"):
         mgr.free(NoStrId())
+
+
+# ------------------------------------------------- 2. allocate_slots past max_model_len
+def _at_end(impl, groups, computed, enable_caching=True):
+    """A 16-token request, max_model_len=16, ``computed`` of its tokens already held."""
+    mgr = manager(impl, groups, num_blocks=32, max_model_len=16, enable_caching=enable_caching)
+    req = impl.kv_cache.Request("a", list(range(16)), block_hasher=hasher())
+    if computed:
+        assert mgr.allocate_slots(req, computed) is not None
+        req.num_computed_tokens = computed
+    return mgr, req
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_allocate_slots_clamps_new_tokens_to_max_model_len(impl, groups, enable_caching):
+    """vLLM clamps the slots needed to max_model_len; kvcy used to raise."""
+    mgr, req = _at_end(impl, groups, 12, enable_caching)
+    new = mgr.allocate_slots(req, 8, num_lookahead_tokens=3)  # 12 + 8 + 3 > 16
+    assert new is not None
+    assert [len(g) for g in new.get_block_ids()] == [1] * groups  # up to token 16, not 23
+    # never more than max_model_len's worth of slots, in any group
+    assert len(mgr.get_block_ids("a")[0]) == 16 // BS
+    if enable_caching:
+        assert len(mgr.block_pool.cached_block_hash_to_block) == groups * 16 // BS
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_allocate_slots_clamps_external_tokens_to_max_model_len(impl, groups):
+    mgr, req = _at_end(impl, groups, 0)
+    new = mgr.allocate_slots(req, 8, num_external_computed_tokens=12)  # 12 + 8 > 16
+    assert new is not None
+    assert len(mgr.get_block_ids("a")[0]) == 16 // BS
+    assert mgr.block_pool.get_num_free_blocks() == 31 - sum(
+        1 for g in mgr.get_block_ids("a") for b in g if b != 0)
+
+
+def test_allocate_slots_clamp_is_the_same_in_both_twins():
+    from kvcy import _fast
+
+    if "cython" not in _fast.available():
+        pytest.skip("compiled twins not built")
+    runs = {}
+    for name in ("cython", "python"):
+        impl = type("I", (), {"kv_cache": _fast.load(name)["kv_cache"]})
+        out = []
+        for groups in (1, 2):
+            mgr, req = _at_end(impl, groups, 12)
+            out.append(mgr.allocate_slots(req, 8, num_lookahead_tokens=3).get_block_ids())
+            out.append(mgr.get_block_ids("a"))
+            mgr, req = _at_end(impl, groups, 0)
+            out.append(mgr.allocate_slots(req, 8, num_external_computed_tokens=12).get_block_ids())
+            out.append((mgr.get_block_ids("a"), free_ids(mgr)))
+        runs[name] = out
+    assert runs["cython"] == runs["python"]
+
+
+@pytest.mark.parametrize("kwargs", [{"num_new_tokens": -1}, {"num_new_tokens": 4, "num_lookahead_tokens": -1},
+                                    {"num_new_tokens": 4, "num_external_computed_tokens": -4}])
+def test_allocate_slots_still_refuses_negative_counts(impl, kwargs):
+    mgr, req = _at_end(impl, 1, 12)
+    before = free_ids(mgr)
+    with pytest.raises(ValueError):
+        mgr.allocate_slots(req, **kwargs)
+    assert free_ids(mgr) == before

@@ -3442,8 +3442,9 @@ cdef class KVCacheManager:
         nothing allocated or touched -- when the pool cannot hold them.
 
         Raises:
-            ValueError: a negative count; no tokens at all; more tokens than
-                ``max_model_len``; prefix hits handed to a running request.
+            ValueError: a negative count; no tokens at all; prefix hits handed
+                to a running request.  (Tokens past ``max_model_len`` are not an
+                error: the counts are clamped to it, as in vLLM.)
             TypeError: a count that is not an int.
         """
         cdef Py_ssize_t n_new = _check_count("num_new_tokens", num_new_tokens)
@@ -3498,12 +3499,6 @@ cdef class KVCacheManager:
             num_in_flight = request.num_in_flight_tokens
             status = request.status
         cdef Py_ssize_t num_local_computed_tokens = num_computed + n_new_comp
-        if num_local_computed_tokens + n_ext + n_new > self.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: {num_computed} computed + {n_new_comp} new computed + "
-                f"{n_ext} external + {n_new} new tokens exceed "
-                f"max_model_len={self.max_model_len}"
-            )
         cdef tuple new_blocks_list
         cdef bint has_new_computed
         cdef KVCacheCoordinator coordinator = self.coordinator
@@ -3596,12 +3591,6 @@ cdef class KVCacheManager:
         cdef str request_id = request.request_id
         cdef Py_ssize_t num_computed = request._num_computed_tokens
         cdef Py_ssize_t num_local = num_computed + n_new_comp
-        if num_local + n_new > self.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: {num_computed} computed + {n_new_comp} new computed + "
-                f"0 external + {n_new} new tokens exceed "
-                f"max_model_len={self.max_model_len}"
-            )
         cdef FullAttentionManager mgr = self._full
         cdef BlockPool pool = self.block_pool
         cdef PyObject *p

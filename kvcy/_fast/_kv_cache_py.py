@@ -2280,8 +2280,9 @@ class KVCacheManager(_Checked):
         nothing allocated or touched -- when the pool cannot hold them.
 
         Raises:
-            ValueError: a negative count; no tokens at all; more tokens than
-                ``max_model_len``; prefix hits handed to a running request.
+            ValueError: a negative count; no tokens at all; prefix hits handed
+                to a running request.  (Tokens past ``max_model_len`` are not an
+                error: the counts are clamped to it, as in vLLM.)
             TypeError: a count that is not an int.
         """
         num_new_tokens = _check_count("num_new_tokens", num_new_tokens)
@@ -2297,12 +2298,6 @@ class KVCacheManager(_Checked):
         request_id = _request_id(request)
         num_computed = request.num_computed_tokens
         num_local_computed_tokens = num_computed + num_new_computed_tokens
-        if num_local_computed_tokens + num_external_computed_tokens + num_new_tokens > self.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: {num_computed} computed + {num_new_computed_tokens} new computed + "
-                f"{num_external_computed_tokens} external + {num_new_tokens} new tokens exceed "
-                f"max_model_len={self.max_model_len}"
-            )
         if new_computed_blocks is None or not any(new_computed_blocks.blocks):
             new_blocks_list = self._no_blocks
             has_new_computed = False
