@@ -149,3 +149,35 @@ def test_allocate_slots_still_refuses_negative_counts(impl, kwargs):
     with pytest.raises(ValueError):
         mgr.allocate_slots(req, **kwargs)
     assert free_ids(mgr) == before
+
+
+# ------------------------------------------------- 3. external tokens already covered
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_external_computed_blocks_already_held_is_a_no_op(impl, enable_caching):
+    """A request holding more blocks than its external tokens need: vLLM allocates nothing;
+    kvcy refused it with ValueError("num_blocks must be non-negative, got -2")."""
+    mgr = manager(impl, enable_caching=enable_caching)
+    req = impl.kv_cache.Request("r0", list(range(20)), block_hasher=hasher())
+    assert mgr.allocate_slots(req, 20) is not None
+    stm = mgr.coordinator.single_type_managers[0]
+    held = mgr.get_block_ids("r0")
+    before = free_ids(mgr)
+    stm.allocate_external_computed_blocks("r0", 3, 7)  # 10 tokens: 3 blocks, 5 held
+    stm.allocate_external_computed_blocks("r0", 0, 20)  # exactly the 5 held
+    assert mgr.get_block_ids("r0") == held and free_ids(mgr) == before
+    stm.allocate_external_computed_blocks("r0", 20, 4)  # one block more: still allocated
+    assert len(mgr.get_block_ids("r0")[0]) == 6 and len(free_ids(mgr)) == len(before) - 1
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_allocate_slots_with_external_tokens_inside_held_blocks(impl, groups):
+    # (prefix caching on: with it off, vLLM's running request has no cached-block
+    # entry and trips an assertion here, as kvcy's Python twin does)
+    mgr = manager(impl, groups, num_blocks=32)
+    req = impl.kv_cache.Request("r0", list(range(20)), block_hasher=hasher())
+    assert mgr.allocate_slots(req, 20) is not None  # 5 blocks held, none computed yet
+    held = mgr.get_block_ids("r0")
+    before = free_ids(mgr)
+    new = mgr.allocate_slots(req, 4, num_external_computed_tokens=4)  # 8 tokens: 2 blocks
+    assert new is not None and new.get_block_ids() == tuple([] for _ in range(groups))
+    assert mgr.get_block_ids("r0") == held and free_ids(mgr) == before

@@ -2369,10 +2369,11 @@ cdef class SingleTypeKVCacheManager:
             return
         self._gen.value = _next_gen()
         cdef list req_blocks = self._req_to_blocks.setdefault(request_id, [])
-        # (the request may hold more than ``total`` needs: a negative count is refused, as
-        # get_new_blocks refuses it, not handed to the unchecked pop)
-        req_blocks.extend(self.block_pool._get_new_blocks(
-            _check_count("num_blocks", _cdiv(total, self.block_size) - len(req_blocks))))
+        cdef Py_ssize_t num_new_blocks = _cdiv(total, self.block_size) - PyList_GET_SIZE(req_blocks)
+        # (holding as many already: nothing to do, as in vLLM -- never a
+        # negative count to the unchecked pop)
+        if num_new_blocks > 0:
+            req_blocks.extend(self.block_pool._get_new_blocks(num_new_blocks))
 
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
         """Give the request at least ``num_tokens`` slots; return the new blocks."""

@@ -1358,7 +1358,9 @@ class SingleTypeKVCacheManager(_Checked):
         if num_external_computed_tokens <= 0:
             return
         req_blocks = self._req_to_blocks.setdefault(request_id, [])
-        req_blocks.extend(self.block_pool.get_new_blocks(cdiv(total, self.block_size) - len(req_blocks)))
+        num_new_blocks = cdiv(total, self.block_size) - len(req_blocks)
+        if num_new_blocks > 0:  # (holding as many already: nothing to do, as in vLLM)
+            req_blocks.extend(self.block_pool.get_new_blocks(num_new_blocks))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
