@@ -260,7 +260,8 @@ class TwinMachine(RuleBasedStateMachine):
             return
         outs = [_outcome(lambda m=m, kv=kv: m.free(kv.Request(name, [1, 2, 3])))
                 for m, kv in zip(self.managers, (CY, PY))]
-        assert outs[0] == outs[1] and outs[0][0] == "raised"
+        # (a request holding no blocks: freeing it is a no-op, as in vLLM)
+        assert outs[0] == outs[1] == ("ok", None)
 
     @rule()
     def reset(self):
