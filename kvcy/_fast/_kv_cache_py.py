@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
@@ -40,6 +40,7 @@ from kvcy.kv_events import (
     untag_extra_keys,
 )
 from kvcy.metrics import PrefixCacheStats
+from kvcy._fast._request_tables import _BlockTable, _CountTable
 from kvcy._request_types import (
     LoRARequest,
     MultiModalFeatureSpec,
@@ -1131,99 +1132,6 @@ class BlockPool(_Checked):
 # =============================================================================
 # Single-type managers
 # =============================================================================
-class _RequestTable(MutableMapping):
-    """A manager's per-request table (``req_to_blocks``, ``num_cached_block``) as callers see it.
-
-    A mapping over the manager's own dict: reads go straight to it; every
-    change checks the key (a request id) and the value before it is made and
-    then moves the manager's generation, so that what the compiled manager
-    remembers per request is read again (the Python twin remembers nothing:
-    its tables only check).  The table itself cannot be replaced.
-    """
-
-    __slots__ = ("_entries", "_generation")
-
-    def __init__(self, entries, generation):
-        self._entries = entries
-        self._generation = generation
-
-    def _check(self, value):
-        return value
-
-    def __getitem__(self, request_id):
-        return self._entries[request_id]
-
-    def __setitem__(self, request_id, value):
-        if type(request_id) is not str:
-            raise TypeError(f"request ids must be str, got {type(request_id).__name__}")
-        value = self._check(value)
-        self._entries[request_id] = value
-        self._moved()
-
-    def __delitem__(self, request_id):
-        del self._entries[request_id]
-        self._moved()
-
-    def _moved(self):
-        if self._generation is not None:
-            self._generation.bump()
-
-    def __iter__(self):
-        return iter(self._entries)
-
-    def __len__(self):
-        return len(self._entries)
-
-    def __contains__(self, request_id):
-        return request_id in self._entries
-
-    def get(self, request_id, default=None):
-        return self._entries.get(request_id, default)
-
-    def __eq__(self, other):
-        if isinstance(other, _RequestTable):
-            other = other._entries
-        return self._entries == other
-
-    __hash__ = None
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self._entries!r})"
-
-
-class _BlockTable(_RequestTable):
-    """``req_to_blocks``: values are lists of this pool's blocks."""
-
-    __slots__ = ("_pool_blocks",)
-
-    def __init__(self, entries, generation, pool_blocks):
-        super().__init__(entries, generation)
-        self._pool_blocks = pool_blocks
-
-    def _check(self, value):
-        if type(value) is not list:
-            raise TypeError(f"req_to_blocks values must be lists of blocks, got {type(value).__name__}")
-        pool = self._pool_blocks
-        n = len(pool)
-        for block in value:
-            if not isinstance(block, KVCacheBlock):
-                raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
-                                f"{type(block).__name__}")
-            block_id = block.block_id
-            if not (0 <= block_id < n and pool[block_id] is block):
-                raise RuntimeError(f"block {block_id} is not a block of this pool")
-        return value
-
-
-class _CountTable(_RequestTable):
-    """``num_cached_block``: values are non-negative ints."""
-
-    __slots__ = ()
-
-    def _check(self, value):
-        return _check_count("num_cached_block values", value)
-
-
 class SingleTypeKVCacheManager(_Checked):
     """Block bookkeeping for one KV-cache group of one attention type."""
 
@@ -1255,8 +1163,8 @@ class SingleTypeKVCacheManager(_Checked):
         self.use_eagle = False
         self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_cached_block: dict[str, int] = {}
-        self.req_to_blocks = _BlockTable(self._req_to_blocks, None, block_pool.blocks)
-        self.num_cached_block = _CountTable(self._num_cached_block, None)
+        self.req_to_blocks = _BlockTable(self._req_to_blocks, None, block_pool.blocks, KVCacheBlock)
+        self.num_cached_block = _CountTable(self._num_cached_block, None, _check_count)
         self._null_block = block_pool.null_block
 
     # -------------------------------------------------------------- counting
