@@ -137,3 +137,41 @@ def test_decode_step_256_requests(benchmark, impl):
 
     n = benchmark.pedantic(run, setup=setup, rounds=100, warmup_rounds=2)
     assert n == 256
+
+
+def test_hybrid_request_lifecycle(benchmark, impl, freeze_startup_heap):
+    """get_computed_blocks + allocate_slots + free on a hybrid cache (full attention, block 32,
+    + sliding window 64, block 16; hashes at 16), 1024-token request sharing 512 tokens with a
+    cached one: coarse keys, the sliding window's reachable tails, the hybrid hit search."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    Request = impl.kv_cache.Request
+    full = FullAttentionSpec(block_size=32, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    swa = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=64)
+    cfg = KVCacheConfig(num_blocks=10_000, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["full.0"], full), KVCacheGroupSpec(["swa.0"], swa)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=32, hash_block_size=16)
+    rng = random.Random(2)
+    prefix = [rng.randrange(32000) for _ in range(512)]
+    warm = Request("warm", prefix + [1] * 32, block_hasher=hasher)
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    freeze_startup_heap()
+    counter = itertools.count()
+    benchmark.group = "hybrid request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 shared"
+
+    def setup():
+        i = next(counter)
+        req = Request(f"h{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
+        return (req,), {}
+
+    def run(req):
+        blocks, hit, _ = mgr.get_computed_blocks(req)
+        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        mgr.free(req)
+        return hit
+
+    hit = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
+    assert hit == 512
