@@ -103,7 +103,7 @@ for _bs, _hbs in ((32, 8), (16, 4), (24, 8)):
          [("new", "a", [(0, 3 * _bs + 2)]), ("lookup", "a"), ("alloc", "a", None),
           ("append", "a", [(700, _bs)]), ("alloc", "a", _bs), ("free", "a"),
           ("new", "b", [(0, 2 * _bs), (3000, 2)]), ("lookup", "b"), ("alloc", "b", None), ("free", "b"),
-          ("new", "c", [(9000, 6 * _bs)]), ("lookup", "c"), ("alloc", "c", None), ("free", "c")],
+          ("new", "c", [(9000, 6 * _bs + 2)]), ("lookup", "c"), ("alloc", "c", None), ("free", "c")],
          full_hashes=True)
 
 
@@ -185,6 +185,9 @@ def run(api, scenario: dict) -> dict:
         else:
             raise ValueError(kind)
         events = [_event(e, width) for e in mgr.take_events()]
+        for ev in events:  # (the premise above: no partial-block entry, whose event is finer)
+            if ev[0] == "stored" and ev[4] != scenario["groups"][ev[5]][1]:
+                raise AssertionError(f"a partial-block prefix entry was cached: {ev}")
         trace.append([kind, rid, rec, events])
     keys = [_key(b, width) for b in mgr.block_pool.blocks if b.block_hash is not None]
     free = [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
