@@ -155,6 +155,46 @@ def test_stub_members_and_signatures_match_the_pure_twin():
             assert params == list(inspect.signature(runtime).parameters), f"{name}.{member}"
 
 
+# --------------------------------------------------------------------------- the included sources
+def _kv_cache_c_includes() -> list[str]:
+    """The files ``_kv_cache_c.pyx`` / ``.pxd`` ``include`` (repository-relative), in order."""
+    out = []
+    for assembly in ("_kv_cache_c.pyx", "_kv_cache_c.pxd"):
+        for line in (ROOT / "kvcy" / "_fast" / assembly).read_text().splitlines():
+            if line.startswith("include "):
+                out.append("kvcy/_fast/" + ast.literal_eval(line.split(None, 1)[1]))
+    return out
+
+
+def test_kv_cache_c_is_assembled_from_every_included_source():
+    included = _kv_cache_c_includes()
+    assert len(included) == len(set(included)) and included, included
+    on_disk = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kvcy" / "_fast" / "kv_cache_c").iterdir())
+    # Every piece is included once, nothing else lies there (no __init__.py: not a package).
+    assert sorted(included) == on_disk
+    # Each concept's implementation (.pyx) comes with its declarations (.pxd).
+    stems = {suffix: [Path(r).stem for r in included if r.endswith(suffix)] for suffix in (".pyx", ".pxd")}
+    assert stems[".pyx"] == stems[".pxd"] and len(stems[".pyx"]) * 2 == len(included)
+
+
+def test_setup_builds_one_kv_cache_extension_that_depends_on_its_includes():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['setup.py', '--name']\n"
+        "g = runpy.run_path('setup.py', run_name='__main__')\n"
+        "for e in g['_all_exts']:\n"
+        "    print('EXT', e.name, *e.sources, *e.depends)\n"
+    )
+    proc = _run([sys.executable, "-c", code], env={"KVCY_BUILD_TORCH": "0"})
+    assert proc.returncode == 0, proc.stderr
+    exts = {row[1]: row[2:] for row in (line.split() for line in proc.stdout.splitlines()) if row[:1] == ["EXT"]}
+    assert not [name for name in exts if "kv_cache_c." in name], exts
+    files = exts["kvcy._fast._kv_cache_c"]
+    assert files[0] == "kvcy/_fast/_kv_cache_c.pyx"
+    # A change to an included file rebuilds the extension.
+    assert sorted(_kv_cache_c_includes()) == sorted(files[1:])
+
+
 # --------------------------------------------------------------------------- sdist and wheel
 def _elf_section_names(data: bytes) -> list[str]:
     """Section names of a little-endian 64-bit ELF file."""
@@ -210,6 +250,7 @@ def test_sdist_has_sources_and_no_generated_c(dists):
     wanted = [t for t in tracked if t.startswith("cuda_ext/") or t.endswith((".pyx", ".pxd", ".pyi", ".h"))]
     assert any(t.startswith("cuda_ext/") for t in wanted) and any(t.endswith(".pyx") for t in wanted)
     assert sorted(set(wanted) - names) == []
+    assert sorted(set(_kv_cache_c_includes()) - names) == []
     generated = [n for n in names if n.startswith("kvcy/") and n.endswith((".c", ".cpp", ".so", ".html"))]
     assert generated == []
 
@@ -222,6 +263,8 @@ def test_wheel_has_stubs_license_and_no_generated_c(dists):
     assert [n for n in names if n.endswith((".c", ".cpp", ".html"))] == []
     for rel in ("kvcy/py.typed", "kvcy/_fast/_kv_cache_c.pyi", "kvcy/_fast/_hashing_c.pyi"):
         assert rel in names, rel
+    # _kv_cache_c.pxd (shipped for cimport) includes these.
+    assert sorted(set(_kv_cache_c_includes()) - set(names)) == []
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "License-Expression: Apache-2.0" in metadata
     assert [n for n in sos if "_hashing_c" in n], names
