@@ -9,8 +9,10 @@ compiler.  The no-compiler fallback is a step of .ci/run.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import os
+import pkgutil
 import shutil
 import struct
 import subprocess
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from kvcy import _fast
-from kvcy._fast import _kv_cache_py
+from kvcy._fast import _kv_cache_py, kv_cache_py
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "kvcy" / "_fast" / "_kv_cache_c.pyi"
@@ -126,12 +128,18 @@ def _stub_api() -> dict[str, dict[str, list[str] | None]]:
 
 
 def test_stub_names_match_the_pure_twin():
-    defined = {
-        name for name, obj in vars(_kv_cache_py).items()
-        if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
-        and obj.__module__ == _kv_cache_py.__name__
-    }
-    assert set(_stub_api()) == defined | {"IMPLEMENTATION", "logger", "spec_manager_map"}
+    # The pure twin's code lives one concept per module in kvcy/_fast/kv_cache_py/;
+    # _kv_cache_py assembles the public names (its __all__) from them.
+    defined = set()
+    for info in pkgutil.iter_modules(kv_cache_py.__path__):
+        mod = importlib.import_module(f"{kv_cache_py.__name__}.{info.name}")
+        defined |= {
+            name for name, obj in vars(mod).items()
+            if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
+            and obj.__module__ == mod.__name__
+        }
+    assert set(_kv_cache_py.__all__) == defined | {"IMPLEMENTATION", "logger", "spec_manager_map"}
+    assert set(_stub_api()) == set(_kv_cache_py.__all__)
 
 
 def test_stub_members_and_signatures_match_the_pure_twin():
@@ -265,6 +273,10 @@ def test_wheel_has_stubs_license_and_no_generated_c(dists):
         assert rel in names, rel
     # _kv_cache_c.pxd (shipped for cimport) includes these.
     assert sorted(set(_kv_cache_c_includes()) - set(names)) == []
+    # The pure twin's per-concept modules (a package of their own) ship too.
+    pure = sorted(f"kvcy/_fast/kv_cache_py/{p.name}" for p in (ROOT / "kvcy/_fast/kv_cache_py").glob("*.py"))
+    assert "kvcy/_fast/kv_cache_py/__init__.py" in pure
+    assert sorted(set(pure) - set(names)) == []
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "License-Expression: Apache-2.0" in metadata
     assert [n for n in sos if "_hashing_c" in n], names
