@@ -344,7 +344,11 @@ cdef PyObject *_first_dict_value(PyObject *d) noexcept:
 
 
 cdef class _BlockHashView:
-    """Request block hashes seen at a coarser block size (consecutive hashes joined)."""
+    """Request block hashes seen at a coarser block size.
+
+    Each fine hash chains over the whole prefix before it, so a coarse block is keyed by the
+    last fine hash inside it (as vLLM 0.33.0's ``BlockHashListWithBlockSize``).
+    """
 
     def __init__(self, list hashes not None, Py_ssize_t scale):
         if scale <= 0:
@@ -361,7 +365,7 @@ cdef class _BlockHashView:
             i += n
         if not 0 <= i < n:
             raise IndexError(i)
-        return b"".join(self._hashes[i * self._scale:(i + 1) * self._scale])
+        return self._hashes[(i + 1) * self._scale - 1]
 
 
 cdef inline Py_ssize_t _num_searchable_blocks(object hashes, Py_ssize_t max_length,

@@ -76,7 +76,11 @@ def _group_key(block_hash: bytes, group_id: int) -> bytes:
 
 
 class _BlockHashView:
-    """Request block hashes seen at a coarser block size (consecutive hashes joined)."""
+    """Request block hashes seen at a coarser block size.
+
+    Each fine hash chains over the whole prefix before it, so a coarse block is keyed by the
+    last fine hash inside it (as vLLM 0.33.0's ``BlockHashListWithBlockSize``).
+    """
 
     __slots__ = ("_hashes", "_scale")
 
@@ -94,8 +98,7 @@ class _BlockHashView:
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(i)
-        s = self._scale
-        return b"".join(self._hashes[i * s : (i + 1) * s])
+        return self._hashes[(i + 1) * self._scale - 1]
 
 
 def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: int):
