@@ -148,6 +148,7 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
     ) -> None: ...
     def emit_cached_block_events(
         self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
@@ -204,6 +205,15 @@ class SingleTypeKVCacheManager:
     ) -> None: ...
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]: ...
     def cache_blocks(self, request: Request, num_tokens: int) -> None: ...
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+    ) -> list[bool] | None: ...
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
     def free(self, request_id: str) -> None: ...
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
@@ -225,6 +235,15 @@ class FullAttentionManager(SingleTypeKVCacheManager): ...
 @disjoint_base
 class SlidingWindowManager(SingleTypeKVCacheManager):
     sliding_window: int
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+    ) -> list[bool] | None: ...
 
 @disjoint_base
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):

@@ -23,7 +23,7 @@ cdef class BlockPool:
     cdef object _ext(self, bytes block_hash)
     cpdef cache_full_blocks(self, request, list blocks, Py_ssize_t num_cached_blocks,
                             Py_ssize_t num_full_blocks, Py_ssize_t block_size,
-                            Py_ssize_t kv_cache_group_id)
+                            Py_ssize_t kv_cache_group_id, object block_mask=*)
     cdef int _check_hashes_to_cache(self, object request, Py_ssize_t num_cached_blocks,
                                     Py_ssize_t num_full_blocks, Py_ssize_t block_size) except -1
     cdef object _block_stored(self, request, list hashes, parent, Py_ssize_t start, Py_ssize_t end,

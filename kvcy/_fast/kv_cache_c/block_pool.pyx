@@ -17,6 +17,19 @@ cdef inline Py_ssize_t _initial_map_keys(Py_ssize_t num_blocks) noexcept:
     return num_blocks if num_blocks < most else most
 
 
+cdef list _checked_mask(object block_mask, Py_ssize_t n):
+    """cache_full_blocks' ``block_mask``: one entry per block to cache (vLLM asserts it),
+    as a list of bint."""
+    cdef list mask
+    try:
+        mask = list(block_mask)
+    except TypeError:
+        raise TypeError(f"block_mask must be a sequence of bools, got {type(block_mask).__name__}") from None
+    if len(mask) != n:
+        raise AssertionError(f"block_mask has {len(mask)} entries for {n} blocks to cache")
+    return [bool(x) for x in mask]
+
+
 cdef class BlockPool:
     """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
 
@@ -83,10 +96,12 @@ cdef class BlockPool:
 
     cpdef cache_full_blocks(self, request, list blocks, Py_ssize_t num_cached_blocks,
                             Py_ssize_t num_full_blocks, Py_ssize_t block_size,
-                            Py_ssize_t kv_cache_group_id):
+                            Py_ssize_t kv_cache_group_id, object block_mask=None):
         """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hashes and cache them.
 
-        Null blocks are skipped.  With events on, one ``BlockStored`` is queued.
+        Null blocks are skipped, and so are the blocks whose ``block_mask`` entry (one per
+        block of that range, if given) is false: blocks no later hit can use.  With events
+        on, one ``BlockStored`` is queued.
         """
         if num_cached_blocks >= num_full_blocks:
             return
@@ -94,6 +109,9 @@ cdef class BlockPool:
             raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
         if blocks is None:
             raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        cdef list mask = None  # (block i is left out when mask[i - num_cached_blocks] is false)
+        if block_mask is not None:
+            mask = _checked_mask(block_mask, num_full_blocks - num_cached_blocks)
         block_hashes = _resolve(_block_hashes_of(request), self.hash_block_size, block_size)
         if len(block_hashes) < num_full_blocks:
             raise RuntimeError(
@@ -133,7 +151,8 @@ cdef class BlockPool:
             if not _is_block(PyList_GET_ITEM(blocks, i)):
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(blocks[i]).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-            assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
+            assert blk.is_null or (mask is not None and not mask[i - num_cached_blocks]) or blk._hash is None, \
+                "The block already has a hash. This should not happen."
         cdef bint events = self.enable_kv_cache_events
         cdef list new_hashes = [] if events else None
         cdef uint64_t hs[_EVICT_BATCH]
@@ -149,7 +168,7 @@ cdef class BlockPool:
                 cache._prefetch(hs[i - start])
             for i in range(start, end):
                 blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-                if blk.is_null:
+                if blk.is_null or (mask is not None and not mask[i - num_cached_blocks]):
                     continue
                 block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
                 blk._hash = block_hash
@@ -165,7 +184,7 @@ cdef class BlockPool:
             extra_keys_list = []
             mm_idx = 0
             for i in range(num_cached_blocks, num_full_blocks):
-                if (<KVCacheBlock>blocks[i]).is_null:
+                if (<KVCacheBlock>blocks[i]).is_null or (mask is not None and not mask[i - num_cached_blocks]):
                     continue
                 start = i * block_size
                 keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)

@@ -329,7 +329,8 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                 max_len = curr
                 first_manager = <SingleTypeKVCacheManager>managers[first]
                 if drop and not isinstance(spec, MambaSpec):
-                    max_len = min(curr + first_manager.block_size, max_cache_hit_length)
+                    # (EAGLE looks one block past the candidate, up to the request's hashes)
+                    max_len = min(curr + first_manager.block_size, len(block_hashes) * self.hash_block_size)
                 res = first_manager._find_hit(block_hashes, max_len, group_ids, drop, alignment)
                 new_len = res[1]
                 if drop:

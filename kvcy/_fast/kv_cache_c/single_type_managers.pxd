@@ -52,6 +52,7 @@ cdef class SingleTypeKVCacheManager:
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens)
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens)
+    cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block)
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
                                  bint attaching, Py_ssize_t total_computed_tokens) except -1
     cpdef list pop_blocks_for_free(self, str request_id)
@@ -74,6 +75,7 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
+    cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block)
 
 
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):

@@ -176,10 +176,21 @@ cdef class SingleTypeKVCacheManager:
             return
         self.block_pool.cache_full_blocks(
             request, <list>self._req_to_blocks[request_id], num_cached_blocks, num_full_blocks,
-            self.block_size, self.kv_cache_group_id,
+            self.block_size, self.kv_cache_group_id, self._reachable(num_cached_blocks, num_full_blocks),
         )
         self._gen.value = _next_gen()
         self._num_cached_block[request_id] = num_full_blocks
+
+    cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block):
+        # reachable_block_mask for this manager's blocks [start_block, end_block).
+        return None
+
+    @classmethod
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle):
+        """Which of blocks ``[start_block, end_block)`` a later hit can use, as the mask
+        ``cache_full_blocks`` takes; None: all of them (full attention, and every type
+        whose hits can end anywhere)."""
+        return None
 
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
                                  bint attaching, Py_ssize_t total_computed_tokens) except -1:
@@ -353,6 +364,39 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         return n
 
 
+cdef inline Py_ssize_t _hit_blocks(Py_ssize_t sliding_window, Py_ssize_t block_size, bint use_eagle) noexcept:
+    """Contiguous cached blocks a sliding-window hit needs: the window before the next
+    token, plus, with EAGLE, the block it looks past the boundary and drops."""
+    return _cdiv(sliding_window - 1, block_size) + (1 if use_eagle else 0)
+
+
+cdef object _window_mask(Py_ssize_t start_block, Py_ssize_t end_block, Py_ssize_t alignment_tokens,
+                         Py_ssize_t block_size, Py_ssize_t sliding_window, bint use_eagle):
+    # SlidingWindowManager.reachable_block_mask.
+    if block_size <= 0 or alignment_tokens % block_size != 0:
+        return None
+    cdef Py_ssize_t per_segment = alignment_tokens // block_size
+    cdef Py_ssize_t need = _hit_blocks(sliding_window, block_size, use_eagle)
+    if need >= per_segment:
+        return None
+    cdef Py_ssize_t shift = 1 if use_eagle else 0, first = per_segment - need, i
+    cdef list mask = [False] * (end_block - start_block if end_block > start_block else 0)
+    for i in range(start_block, end_block):
+        if i >= shift and (i - shift) % per_segment >= first:
+            mask[i - start_block] = True
+    return mask
+
+
+cdef inline int _align_hit(tuple computed, Py_ssize_t n_groups, Py_ssize_t block_size,
+                           Py_ssize_t alignment_tokens) except -1:
+    """Trim every group's hit blocks until the hit is a multiple of ``alignment_tokens``."""
+    cdef Py_ssize_t g
+    while (PyList_GET_SIZE(<list>computed[0]) * block_size) % alignment_tokens != 0:
+        for g in range(n_groups):
+            (<list>computed[g]).pop()
+    return 0
+
+
 cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
 
@@ -365,10 +409,10 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         cdef BlockPool pool = self.block_pool
         cdef Py_ssize_t block_size = self.block_size
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
-        cdef Py_ssize_t needed = _cdiv(self.sliding_window - 1, block_size)
-        if drop_eagle_block:
-            needed += 1
+        cdef Py_ssize_t needed = _hit_blocks(self.sliding_window, block_size, drop_eagle_block)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
+        # (a run must end where the hit, once EAGLE drops its last block, is aligned)
+        cdef Py_ssize_t end_shift = 0 if drop_eagle_block else 1
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef KVCacheBlock null = pool.null_block
         cdef tuple computed = tuple([[null] * max_blocks for _ in range(n_groups)])
@@ -378,7 +422,7 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         for i in range(max_blocks - 1, -1, -1):
             cached = pool.get_cached_block(hashes[i], group_ids)
             if cached is not None:
-                if contiguous == 0 and ((i + 1) * block_size) % alignment_tokens != 0:
+                if contiguous == 0 and ((i + end_shift) * block_size) % alignment_tokens != 0:
                     continue
                 for g in range(n_groups):
                     (<list>computed[g])[i] = cached[g]
@@ -393,14 +437,31 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         if not found:
             for g in range(n_groups):
                 del (<list>computed[g])[contiguous:]
+            _align_hit(computed, n_groups, block_size, alignment_tokens)
         if drop_eagle_block and len(<list>computed[0]) > 0:
             for g in range(n_groups):
                 (<list>computed[g]).pop()
+            _align_hit(computed, n_groups, block_size, alignment_tokens)
         return computed, len(<list>computed[0]) * block_size
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
         cdef Py_ssize_t n = num_computed_tokens - self.sliding_window + 1
         return n if n > 0 else 0
+
+    cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block):
+        return _window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+                            self.sliding_window, self.use_eagle)
+
+    @classmethod
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle):
+        """A hit ends on a multiple of ``alignment_tokens`` and reads the window's blocks
+        before it (with EAGLE, one more, ending one block past the boundary): of each
+        aligned segment only those trailing blocks are reachable.  None: all are (the
+        window spans a whole segment, or the alignment is not a whole number of blocks)."""
+        if alignment_tokens is None:
+            return None
+        return _window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size,
+                            kv_cache_spec.sliding_window, use_eagle)
 
 
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):

@@ -33,6 +33,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("kvcy")
 
 
+def _checked_mask(block_mask: Any, n: int) -> list:
+    """cache_full_blocks' ``block_mask``: one entry per block to cache (vLLM asserts it),
+    as a list of bools."""
+    try:
+        mask = list(block_mask)
+    except TypeError:
+        raise TypeError(f"block_mask must be a sequence of bools, got {type(block_mask).__name__}") from None
+    if len(mask) != n:
+        raise AssertionError(f"block_mask has {len(mask)} entries for {n} blocks to cache")
+    return [bool(x) for x in mask]
+
+
 def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
     KVCacheBlock, one of ``pool_blocks`` (a pool's blocks, if given: a hit from another pool
@@ -143,10 +155,13 @@ class BlockPool(_Checked):
         num_full_blocks: int,
         block_size: int,
         kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hashes and cache them.
 
-        Null blocks are skipped.  With events on, one ``BlockStored`` is queued.
+        Null blocks are skipped, and so are the blocks whose ``block_mask`` entry (one per
+        block of that range, if given) is false: blocks no later hit can use.  With events
+        on, one ``BlockStored`` is queued.
         """
         if num_cached_blocks >= num_full_blocks:
             return
@@ -154,6 +169,8 @@ class BlockPool(_Checked):
             raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
         if blocks is None:
             raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        if block_mask is not None:
+            block_mask = _checked_mask(block_mask, num_full_blocks - num_cached_blocks)
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
         if len(block_hashes) < num_full_blocks:
             raise RuntimeError(
@@ -172,7 +189,7 @@ class BlockPool(_Checked):
         try:  # (checks as it goes; a failure undoes what it did, below)
             for i in range(num_cached_blocks, num_full_blocks):
                 blk = blocks[i]
-                if blk._is_null:
+                if blk._is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                     continue
                 assert blk._key is None, "The block already has a hash. This should not happen."
                 block_hash = block_hashes[i]
@@ -185,17 +202,17 @@ class BlockPool(_Checked):
         except BaseException:
             failed = blocks[i]
             if not isinstance(failed, KVCacheBlock):
-                self._uncache(blocks, num_cached_blocks, i)
+                self._uncache(blocks, num_cached_blocks, i, block_mask)
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(failed).__name__}") from None
             keyed_here = key is not None and failed._key is key  # (block i got its key here)
-            self._uncache(blocks, num_cached_blocks, i + 1 if keyed_here else i)
+            self._uncache(blocks, num_cached_blocks, i + 1 if keyed_here else i, block_mask)
             raise
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
             mm_idx = 0
             for i in range(num_cached_blocks, num_full_blocks):
-                if blocks[i]._is_null:
+                if blocks[i]._is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                     continue
                 start = i * block_size
                 keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
@@ -232,11 +249,12 @@ class BlockPool(_Checked):
             if h.__class__ is not bytes:
                 raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
 
-    def _uncache(self, blocks: list, start: int, end: int) -> None:
-        """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it)."""
+    def _uncache(self, blocks: list, start: int, end: int, block_mask: list | None = None) -> None:
+        """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it, but for null
+        blocks and those ``block_mask``, aligned with ``start``, left out)."""
         cache = self.cached_block_hash_to_block
-        for blk in blocks[start:end]:
-            if not blk._is_null:
+        for j, blk in enumerate(blocks[start:end]):
+            if not blk._is_null and (block_mask is None or block_mask[j]):
                 cache.pop(blk._key, blk._block_id)
                 blk.reset_hash()
 

@@ -360,7 +360,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 drop = use_eagle and idx not in eagle_verified
                 max_len = curr
                 if drop and not isinstance(spec, MambaSpec):
-                    max_len = min(curr + managers[first].block_size, max_cache_hit_length)
+                    # (EAGLE looks one block past the candidate, up to the request's hashes)
+                    max_len = min(curr + managers[first].block_size, len(block_hashes) * self.hash_block_size)
                 hit_blocks, new_len = klass.find_longest_cache_hit(
                     block_hashes, max_len, group_ids, self.block_pool, spec, drop, alignment
                 )

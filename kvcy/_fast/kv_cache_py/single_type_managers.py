@@ -201,8 +201,24 @@ class SingleTypeKVCacheManager(_Checked):
             num_full_blocks,
             self.block_size,
             self.kv_cache_group_id,
+            self.reachable_block_mask(num_cached_blocks, num_full_blocks, self.scheduler_block_size,
+                                      self.kv_cache_spec, self.use_eagle),
         )
         self._num_cached_block[request_id] = num_full_blocks
+
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+    ) -> list[bool] | None:
+        """Which of blocks ``[start_block, end_block)`` a later hit can use, as the mask
+        ``cache_full_blocks`` takes; None: all of them (full attention, and every type
+        whose hits can end anywhere)."""
+        return None
 
     def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
                             attaching: bool, total_computed_tokens: int) -> None:
@@ -310,6 +326,19 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return n
 
 
+def _hit_blocks(sliding_window: int, block_size: int, use_eagle: bool) -> int:
+    """Contiguous cached blocks a sliding-window hit needs: the window before the next
+    token, plus, with EAGLE, the block it looks past the boundary and drops."""
+    return cdiv(sliding_window - 1, block_size) + (1 if use_eagle else 0)
+
+
+def _align_hit(computed: tuple, block_size: int, alignment_tokens: int) -> None:
+    """Trim every group's hit blocks until the hit is a multiple of ``alignment_tokens``."""
+    while len(computed[0]) * block_size % alignment_tokens != 0:
+        for blocks in computed:
+            blocks.pop()
+
+
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
 
@@ -327,19 +356,19 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
-        needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
-        if drop_eagle_block:
-            needed += 1
+        needed = _hit_blocks(kv_cache_spec.sliding_window, block_size, drop_eagle_block)
         max_blocks = min(max_length // block_size, len(hashes))
         n_groups = len(kv_cache_group_ids)
         null = block_pool.null_block
         computed = tuple([null] * max_blocks for _ in range(n_groups))
         contiguous = 0
         found = False
+        # (a run must end where the hit, once EAGLE drops its last block, is aligned)
+        end_shift = 0 if drop_eagle_block else 1
         for i in range(max_blocks - 1, -1, -1):
             cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
             if cached is not None:
-                if contiguous == 0 and ((i + 1) * block_size) % alignment_tokens != 0:
+                if contiguous == 0 and ((i + end_shift) * block_size) % alignment_tokens != 0:
                     continue
                 for g in range(n_groups):
                     computed[g][i] = cached[g]
@@ -354,13 +383,39 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         if not found:
             for blocks in computed:
                 del blocks[contiguous:]
+            _align_hit(computed, block_size, alignment_tokens)
         if drop_eagle_block and computed[0]:
             for blocks in computed:
                 blocks.pop()
+            _align_hit(computed, block_size, alignment_tokens)
         return computed, len(computed[0]) * block_size
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+    ) -> list[bool] | None:
+        """A hit ends on a multiple of ``alignment_tokens`` and reads the window's blocks
+        before it (with EAGLE, one more, ending one block past the boundary): of each
+        aligned segment only those trailing blocks are reachable.  None: all are (the
+        window spans a whole segment, or the alignment is not a whole number of blocks)."""
+        block_size = kv_cache_spec.block_size
+        if alignment_tokens is None or block_size <= 0 or alignment_tokens % block_size != 0:
+            return None
+        per_segment = alignment_tokens // block_size
+        need = _hit_blocks(kv_cache_spec.sliding_window, block_size, use_eagle)
+        if need >= per_segment:
+            return None
+        shift = 1 if use_eagle else 0
+        first = per_segment - need
+        return [i >= shift and (i - shift) % per_segment >= first for i in range(start_block, end_block)]
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
