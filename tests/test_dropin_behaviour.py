@@ -212,6 +212,111 @@ def test_live_vllm_hybrid_properties(case):
     check_hybrid(S.vllm_api(), case)
 
 
+# ------------------------------------------------------------------ the mask itself
+# SlidingWindowManager.reachable_block_mask(start, end, alignment, spec, use_eagle) in vLLM
+# 0.33.0 (dense retention, its default), recorded by this loop on vLLM's classmethod:
+#   for bs in (4, 16): for window in (2, 5, 17, 33): for align in (bs, 2bs, 4bs, 6bs, 2bs + 1):
+#     for eagle in (False, True): for start, end in ((0, 13), (5, 19)): mask(start, end, ...)
+# written as 0/1 per block, "-" for None, one space-separated row per (bs, window, align).
+# (align None: (0, 13) without and with EAGLE.)  FullAttentionManager's is None.
+SWA_MASKS = {
+    (4, 2, 4): '- - - -',
+    (4, 2, 8): '0101010101010 10101010101010 - -',
+    (4, 2, 16): '0001000100010 00100010001000 0001100110011 00110011001100',
+    (4, 2, 24): '0000010000010 10000010000010 0000011000011 11000011000011',
+    (4, 2, 9): '- - - -',
+    (4, 2, None): '- -',
+    (4, 5, 4): '- - - -',
+    (4, 5, 8): '0101010101010 10101010101010 - -',
+    (4, 5, 16): '0001000100010 00100010001000 0001100110011 00110011001100',
+    (4, 5, 24): '0000010000010 10000010000010 0000011000011 11000011000011',
+    (4, 5, 9): '- - - -',
+    (4, 5, None): '- -',
+    (4, 17, 4): '- - - -',
+    (4, 17, 8): '- - - -',
+    (4, 17, 16): '- - - -',
+    (4, 17, 24): '0011110011110 10011110011110 0011111011111 11011111011111',
+    (4, 17, 9): '- - - -',
+    (4, 17, None): '- -',
+    (4, 33, 4): '- - - -',
+    (4, 33, 8): '- - - -',
+    (4, 33, 16): '- - - -',
+    (4, 33, 24): '- - - -',
+    (4, 33, 9): '- - - -',
+    (4, 33, None): '- -',
+    (16, 2, 16): '- - - -',
+    (16, 2, 32): '0101010101010 10101010101010 - -',
+    (16, 2, 64): '0001000100010 00100010001000 0001100110011 00110011001100',
+    (16, 2, 96): '0000010000010 10000010000010 0000011000011 11000011000011',
+    (16, 2, 33): '- - - -',
+    (16, 2, None): '- -',
+    (16, 5, 16): '- - - -',
+    (16, 5, 32): '0101010101010 10101010101010 - -',
+    (16, 5, 64): '0001000100010 00100010001000 0001100110011 00110011001100',
+    (16, 5, 96): '0000010000010 10000010000010 0000011000011 11000011000011',
+    (16, 5, 33): '- - - -',
+    (16, 5, None): '- -',
+    (16, 17, 16): '- - - -',
+    (16, 17, 32): '0101010101010 10101010101010 - -',
+    (16, 17, 64): '0001000100010 00100010001000 0001100110011 00110011001100',
+    (16, 17, 96): '0000010000010 10000010000010 0000011000011 11000011000011',
+    (16, 17, 33): '- - - -',
+    (16, 17, None): '- -',
+    (16, 33, 16): '- - - -',
+    (16, 33, 32): '- - - -',
+    (16, 33, 64): '0011001100110 01100110011001 0011101110111 01110111011101',
+    (16, 33, 96): '0000110000110 10000110000110 0000111000111 11000111000111',
+    (16, 33, 33): '- - - -',
+    (16, 33, None): '- -',
+}
+
+
+def test_reachable_block_mask_as_vllm(impl):
+    kv = impl.kv_cache
+    from kvcy.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    for (bs, window, align), row in SWA_MASKS.items():
+        spec = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16",
+                                 sliding_window=window)
+        spans = ((0, 13),) if align is None else ((0, 13), (5, 19))
+        got = []
+        for eagle in (False, True):
+            for start, end in spans:
+                m = kv.SlidingWindowManager.reachable_block_mask(start, end, align, spec, eagle)
+                got.append("-" if m is None else "".join("1" if x else "0" for x in m))
+        assert " ".join(got) == row, (bs, window, align)
+    full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
+    assert kv.FullAttentionManager.reachable_block_mask(0, 13, 64, full, True) is None
+
+
+def test_cache_full_blocks_block_mask(impl):
+    """Masked blocks get no key and no place in the event; a mask of the wrong length is
+    vLLM's AssertionError, a non-sequence a TypeError, both before any change."""
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+
+    kv = impl.kv_cache
+    sha = get_hash_fn_by_name("sha256")
+    init_none_hash(sha)
+    pool = kv.BlockPool(16, enable_caching=True, hash_block_size=4, enable_kv_cache_events=True,
+                        use_int_block_hashes=False)
+    req = kv.Request("r", list(range(20)), block_hasher=get_request_block_hasher(4, sha))
+    blocks = pool.get_new_blocks(5)
+    for bad, exc in (([True] * 4, AssertionError), ([True] * 6, AssertionError), (3, TypeError)):
+        with pytest.raises(exc):
+            pool.cache_full_blocks(req, blocks, 0, 5, 4, 0, bad)
+        assert all(b.block_hash is None for b in blocks) and pool.take_events() == []
+    pool.cache_full_blocks(req, blocks, 1, 5, 4, 0, [1, 0, 0, 1])
+    assert [b.block_hash is not None for b in blocks] == [False, True, False, False, True]
+    assert bytes(blocks[4].block_hash) == req.block_hashes[4] + bytes(4)
+    (ev,) = pool.take_events()
+    assert ev.block_hashes == [req.block_hashes[1], req.block_hashes[4]]
+    assert ev.parent_block_hash == req.block_hashes[0] and len(ev.token_ids) == 16
+    pool.free_blocks(blocks[::-1])  # unhashed blocks first in line, cached ones last
+    queue = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    assert queue[:3] == [blocks[3].block_id, blocks[2].block_id, blocks[0].block_id]
+    assert queue[-2:] == [blocks[4].block_id, blocks[1].block_id]
+
+
 # ------------------------------------------------------------------ the recording
 # Recorded from vLLM 0.33.0 by tests/_dropin_scenarios.py (see the module docstring); do not
 # edit by hand.  Hashes: sha256 block hashes (kvcy.hashing / vLLM, NONE_HASH from the default
