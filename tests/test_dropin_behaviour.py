@@ -287,6 +287,14 @@ def test_reachable_block_mask_as_vllm(impl):
         assert " ".join(got) == row, (bs, window, align)
     full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
     assert kv.FullAttentionManager.reachable_block_mask(0, 13, 64, full, True) is None
+    # Refusals: vLLM's AssertionError for another spec; counts must be non-negative ints.
+    swa = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=5)
+    for args, exc, msg in (((0, 13, 16, full, False), AssertionError, "takes a SlidingWindowSpec"),
+                           ((0.5, 13, 16, swa, False), TypeError, "start_block must be an int"),
+                           ((0, -1, 16, swa, False), ValueError, "end_block must be non-negative"),
+                           ((0, 13, "16", swa, False), TypeError, "alignment_tokens must be an int")):
+        with pytest.raises(exc, match=msg):
+            kv.SlidingWindowManager.reachable_block_mask(*args)
 
 
 def test_cache_full_blocks_block_mask(impl):

@@ -458,10 +458,14 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         before it (with EAGLE, one more, ending one block past the boundary): of each
         aligned segment only those trailing blocks are reachable.  None: all are (the
         window spans a whole segment, or the alignment is not a whole number of blocks)."""
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise AssertionError("SlidingWindowManager.reachable_block_mask takes a SlidingWindowSpec")
+        cdef Py_ssize_t start = _check_count("start_block", start_block)
+        cdef Py_ssize_t end = _check_count("end_block", end_block)
         if alignment_tokens is None:
             return None
-        return _window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size,
-                            kv_cache_spec.sliding_window, use_eagle)
+        return _window_mask(start, end, _check_count("alignment_tokens", alignment_tokens),
+                            kv_cache_spec.block_size, kv_cache_spec.sliding_window, bool(use_eagle))
 
 
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):

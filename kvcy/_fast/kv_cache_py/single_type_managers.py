@@ -201,10 +201,13 @@ class SingleTypeKVCacheManager(_Checked):
             num_full_blocks,
             self.block_size,
             self.kv_cache_group_id,
-            self.reachable_block_mask(num_cached_blocks, num_full_blocks, self.scheduler_block_size,
-                                      self.kv_cache_spec, self.use_eagle),
+            self._reachable(num_cached_blocks, num_full_blocks),
         )
         self._num_cached_block[request_id] = num_full_blocks
+
+    def _reachable(self, start_block: int, end_block: int) -> list[bool] | None:
+        # reachable_block_mask for this manager's blocks [start_block, end_block).
+        return None
 
     @classmethod
     def reachable_block_mask(
@@ -332,6 +335,24 @@ def _hit_blocks(sliding_window: int, block_size: int, use_eagle: bool) -> int:
     return cdiv(sliding_window - 1, block_size) + (1 if use_eagle else 0)
 
 
+def _window_mask(start_block: int, end_block: int, alignment_tokens: int, block_size: int,
+                 sliding_window: int, use_eagle: bool) -> list[bool] | None:
+    # SlidingWindowManager.reachable_block_mask.
+    if block_size <= 0 or alignment_tokens % block_size != 0:
+        return None
+    per_segment = alignment_tokens // block_size
+    need = _hit_blocks(sliding_window, block_size, use_eagle)
+    if need >= per_segment:
+        return None
+    shift = 1 if use_eagle else 0
+    first = per_segment - need
+    mask = [False] * max(end_block - start_block, 0)
+    for i in range(start_block, end_block):
+        if i >= shift and (i - shift) % per_segment >= first:
+            mask[i - start_block] = True
+    return mask
+
+
 def _align_hit(computed: tuple, block_size: int, alignment_tokens: int) -> None:
     """Trim every group's hit blocks until the hit is a multiple of ``alignment_tokens``."""
     while len(computed[0]) * block_size % alignment_tokens != 0:
@@ -406,16 +427,18 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         before it (with EAGLE, one more, ending one block past the boundary): of each
         aligned segment only those trailing blocks are reachable.  None: all are (the
         window spans a whole segment, or the alignment is not a whole number of blocks)."""
-        block_size = kv_cache_spec.block_size
-        if alignment_tokens is None or block_size <= 0 or alignment_tokens % block_size != 0:
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise AssertionError("SlidingWindowManager.reachable_block_mask takes a SlidingWindowSpec")
+        start_block = _check_count("start_block", start_block)
+        end_block = _check_count("end_block", end_block)
+        if alignment_tokens is None:
             return None
-        per_segment = alignment_tokens // block_size
-        need = _hit_blocks(kv_cache_spec.sliding_window, block_size, use_eagle)
-        if need >= per_segment:
-            return None
-        shift = 1 if use_eagle else 0
-        first = per_segment - need
-        return [i >= shift and (i - shift) % per_segment >= first for i in range(start_block, end_block)]
+        return _window_mask(start_block, end_block, _check_count("alignment_tokens", alignment_tokens),
+                            kv_cache_spec.block_size, kv_cache_spec.sliding_window, bool(use_eagle))
+
+    def _reachable(self, start_block: int, end_block: int) -> list[bool] | None:
+        return _window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+                            self.sliding_window, self.use_eagle)
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
