@@ -152,12 +152,22 @@ def _one_line_trace(tmp_path: Path, timestamp: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("timestamp", ["NaN", "Infinity", "-Infinity", "1e300"])
-def test_non_finite_and_absurd_timestamps_are_refused_with_the_line(tmp_path, timestamp):
+@pytest.mark.parametrize(
+    "timestamp, message",
+    [
+        # NaN and Infinity are not JSON (Python's json reads them; msgspec does not)
+        ("NaN", "t.jsonl line 2: JSON is malformed: invalid character (byte 14)"),
+        ("Infinity", "t.jsonl line 2: JSON is malformed: invalid character (byte 14)"),
+        ("-Infinity", "t.jsonl line 2: JSON is malformed: invalid character (byte 15)"),
+        ("1e300", "t.jsonl line 2: Expected `float` <= 10000000000000.0 - at `$.timestamp`"),
+        ("-1", "t.jsonl line 2: Expected `float` >= 0.0 - at `$.timestamp`"),
+    ],
+)
+def test_non_finite_and_absurd_timestamps_are_refused_with_the_line(tmp_path, timestamp, message):
     """A NaN arrival never compared as arrived: the replay spun at 100 % CPU forever."""
     res = _kvcy("replay", str(_one_line_trace(tmp_path, timestamp)), "--impl", "python", "--json")
     assert res.returncode == 2, res.stderr
-    assert "t.jsonl line 2: 'timestamp' must be a number of ms from 0 to 1e+13" in res.stderr
+    assert message in res.stderr
     assert res.stdout == ""
 
 
