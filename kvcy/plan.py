@@ -558,7 +558,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_EPILOG,
     )
-    p.set_defaults(run=run, _parser=p)
+    p.set_defaults(func=run, _parser=p)
     src = p.add_argument_group("model (a preset, a file, or layer flags)")
     src.add_argument("--preset", help="a bundled model description (see --list-presets)")
     src.add_argument("--model", type=Path, help="a JSON model description (same format as the presets)")

@@ -110,6 +110,26 @@ def test_no_command_and_unknown_command_exit_2(capsys):
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
 
 
+def test_sub_commands_dispatch_through_argparse(capsys, monkeypatch):
+    """Each sub-parser names its module's ``run`` with ``set_defaults(func=...)``; main only calls it."""
+    from kvcy.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {name: p.get_default("func") for name, p in sub.choices.items()} == {
+        "replay": kvcy.sim.cli.run, "plan": kvcy.plan.run,
+    }
+    args = parser.parse_args(["plan", "--list-presets"])
+    assert args.command == "plan" and args.func is kvcy.plan.run
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvcy.plan, "run", interrupted)
+    assert main(["plan", "--list-presets"]) == 130
+    assert capsys.readouterr().err == "kvcy plan: interrupted\n"
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"kvcy {kvcy.__version__} ({kvcy.IMPLEMENTATION})"
