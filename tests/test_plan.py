@@ -9,7 +9,15 @@ import sys
 import pytest
 
 from kvcy import plan as plan_mod
-from kvcy.plan import FullLayer, MambaLayer, ModelDescription, build_kv_cache_spec, interleave_layers, load_presets, make_plan
+from kvcy.plan import (
+    FullLayer,
+    MambaLayer,
+    ModelDescription,
+    build_kv_cache_spec,
+    interleave_layers,
+    load_presets,
+    make_plan,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -257,7 +265,8 @@ def test_bad_arguments_exit_2(capsys, argv, message):
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"max_model_len": 64, "attention": {}, "layers": ["a"]}, r"Expected `object` of length >= 1 - at `\$\.attention`"),
+        ({"max_model_len": 64, "attention": {}, "layers": ["a"]},
+         r"Expected `object` of length >= 1 - at `\$\.attention`"),
         ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
           "layers": ["b"]}, "not described"),
         ({"max_model_len": 0, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
