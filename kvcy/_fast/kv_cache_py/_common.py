@@ -36,7 +36,7 @@ def _as_index(name: str, value: Any) -> int:
     included, within 64 bits), or TypeError / OverflowError."""
     value = operator.index(value)
     if not -(2**63) <= value < 2**63:
-        raise OverflowError(f"{name}: Python int too large to convert to C ssize_t")
+        raise OverflowError("Python int too large to convert to C ssize_t")
     return value
 
 

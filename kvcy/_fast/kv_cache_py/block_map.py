@@ -26,6 +26,7 @@ class BlockHashToBlockMap:
         self._cache: dict[bytes, Any] = {}
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        """The first block cached under ``key``, or None."""
         blocks = self._cache.get(key)
         if blocks is None:
             return None
@@ -51,6 +52,7 @@ class BlockHashToBlockMap:
             self._cache[key] = {blocks._block_id: blocks, block._block_id: block}
 
     def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        """Remove ``block_id`` from ``key``; the removed block, or None."""
         blocks = self._cache.pop(key, None)
         if blocks is None:
             return None
@@ -65,6 +67,7 @@ class BlockHashToBlockMap:
         return None
 
     def keys(self) -> list[bytes]:
+        """The cache keys (``BlockHashWithGroupId``), in table order."""
         return list(self._cache)
 
     def __len__(self) -> int:

@@ -220,9 +220,9 @@ class KVCacheCoordinator(_Checked):
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
-    _RULES = {**KVCacheCoordinator._RULES, "num_single_type_manager": _READ_ONLY}
-
     """Coordinator for prefix caching off: any number of groups, never a hit."""
+
+    _RULES = {**KVCacheCoordinator._RULES, "num_single_type_manager": _READ_ONLY}
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size,
@@ -240,9 +240,9 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
-    _RULES = {**KVCacheCoordinator._RULES, **dict.fromkeys(("kv_cache_spec", "block_size", "use_eagle"), _READ_ONLY)}
-
     """Coordinator for exactly one KV-cache group with prefix caching on."""
+
+    _RULES = {**KVCacheCoordinator._RULES, **dict.fromkeys(("kv_cache_spec", "block_size", "use_eagle"), _READ_ONLY)}
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
@@ -274,14 +274,14 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
-    _RULES = {**KVCacheCoordinator._RULES, "attention_groups": _READ_ONLY}
-
     """Coordinator for several KV-cache groups (e.g. full + sliding window).
 
     Groups with equal specs are looked up together; full attention goes first
     (its left-to-right scan bounds the others), and the candidate length is
     shrunk until every group accepts it.
     """
+
+    _RULES = {**KVCacheCoordinator._RULES, "attention_groups": _READ_ONLY}
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,

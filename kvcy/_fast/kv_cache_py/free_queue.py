@@ -11,11 +11,12 @@ from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
 
 class FreeKVCacheBlockQueue:
-    """Doubly linked list of free blocks, threaded through the blocks themselves.
+    """Queue of free blocks (a doubly linked list in vLLM).
 
-    A fake head and tail (``block_id == -1``) remove the edge cases.  Removal
-    from the middle is O(1), which ``touch`` needs when a cached free block is
-    hit again.  Order: head = next to allocate, tail = most recently freed.
+    Here too a doubly linked list, threaded through the blocks themselves.  A
+    fake head and tail (``block_id == -1``) remove the edge cases.  Removal from
+    the middle is O(1), which ``touch`` needs when a cached free block is hit
+    again.  Order: head = next to allocate, tail = most recently freed.
     """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:

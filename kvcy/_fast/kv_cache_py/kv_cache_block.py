@@ -30,7 +30,10 @@ def _check_key(key: Any) -> bytes:
 
 
 class KVCacheBlock:
-    """One KV-cache block: id, reference count, cache key, free-list links."""
+    """One KV-cache block: id, reference count, cache key, free-queue position.
+
+    The position is the pair of links to its neighbours in the free queue.
+    """
 
     # The fields behind the public names: the id, null flag and queue links
     # are read-only from outside (the pool and its queue own them), the
@@ -50,10 +53,12 @@ class KVCacheBlock:
     def __init__(self, block_id: int) -> None:
         if block_id.__class__ is not int:
             if not isinstance(block_id, int):
-                raise TypeError(f"an integer is required, got {type(block_id).__name__}")
+                raise TypeError("an integer is required")
             block_id = int(block_id)
-        if not -(2**31) <= block_id < 2**31:
-            raise OverflowError(f"block_id {block_id} does not fit in 32 bits")
+        if not -(2**31) <= block_id < 2**31:  # (the compiled twin's int32_t argument's messages)
+            if not -(2**63) <= block_id < 2**63:
+                raise OverflowError("Python int too large to convert to C long")
+            raise OverflowError("value too large to convert to int32_t")
         self._block_id = block_id
         self._ref_cnt = 0
         self._queue: FreeKVCacheBlockQueue | None = None  # the queue it was last put in

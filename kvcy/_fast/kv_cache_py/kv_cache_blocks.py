@@ -24,8 +24,8 @@ class KVCacheBlocks(_Checked):
     _RULES = {"blocks": _tuple_or_none}
 
     def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
-        if blocks.__class__ is not tuple:  # (_RULES' check, inlined: one made per allocation)
-            _tuple_or_none("blocks", blocks)
+        if blocks.__class__ is not tuple and blocks is not None:  # (the compiled twin's ``tuple blocks``)
+            raise TypeError(f"Argument 'blocks' has incorrect type (expected tuple, got {type(blocks).__name__})")
         object.__setattr__(self, "blocks", blocks)
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:

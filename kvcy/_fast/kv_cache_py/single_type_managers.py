@@ -286,6 +286,7 @@ class SingleTypeKVCacheManager(_Checked):
         drop_eagle_block: bool,
         alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
         raise NotImplementedError
 
 
