@@ -22,44 +22,31 @@ cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size
 # (one plain full-attention group, a compiled Request) -- written once here,
 # so that a change to a step is made in one place.  The fast paths differ
 # only where the general one goes through layers that are no-ops for them.
-cdef struct _Slots:
-    # allocate_slots' token counts.
-    Py_ssize_t total_computed  # computed tokens (local + external), at most max_model_len
-    Py_ssize_t main_model      # ... + the new tokens: what the main model's blocks hold
-    Py_ssize_t need_slot       # ... + lookahead, at most max_model_len: the tokens to hold slots for
-    Py_ssize_t watermark       # free blocks to leave (admitting a waiting / preempted request)
-
-
-cdef inline int _plan_slots(KVCacheManager mgr, _Slots *s, Py_ssize_t computed, Py_ssize_t n_new,
-                            Py_ssize_t n_look, object status, bint has_scheduled_reqs) except -1:
-    # Counts past max_model_len are clamped to it, as vLLM does; the watermark
-    # applies to waiting and preempted requests while others are scheduled.
-    s.total_computed = computed if computed < mgr.max_model_len else mgr.max_model_len
-    s.main_model = s.total_computed + n_new
-    s.need_slot = s.main_model + n_look
-    if s.need_slot > mgr.max_model_len:
-        s.need_slot = mgr.max_model_len
-    s.watermark = mgr.watermark_blocks if has_scheduled_reqs and _watermarked(status) else 0
-    return 0
-
-
-cdef inline Py_ssize_t _full_sequence_tokens(KVCacheManager mgr, Py_ssize_t num_tokens) noexcept:
-    # What full_sequence_must_fit asks room for: the whole request, at most max_model_len.
+cdef inline Py_ssize_t _within_model_len(KVCacheManager mgr, Py_ssize_t num_tokens) noexcept:
+    # Token counts past max_model_len are clamped to it, as vLLM does.
     return num_tokens if num_tokens < mgr.max_model_len else mgr.max_model_len
 
 
-cdef inline bint _fits(KVCacheManager mgr, Py_ssize_t needed, Py_ssize_t watermark, Py_ssize_t reserved) noexcept:
+cdef inline Py_ssize_t _watermark_for(KVCacheManager mgr, object status, bint has_scheduled_reqs) except? -1:
+    # Free blocks an allocation must leave: the watermark, when a waiting or
+    # preempted request is admitted while others are scheduled.
+    return mgr.watermark_blocks if has_scheduled_reqs and _watermarked(status) else 0
+
+
+cdef inline bint _fits(BlockPool pool, Py_ssize_t needed, Py_ssize_t watermark, Py_ssize_t reserved) noexcept:
     # The pool can give `needed` blocks and still keep the watermark and the reserved blocks.
-    return needed + watermark <= mgr.block_pool.free_block_queue.num_free_blocks - reserved
+    return needed + watermark <= pool.free_block_queue.num_free_blocks - reserved
 
 
-cdef inline Py_ssize_t _tokens_to_cache(const _Slots *s, Py_ssize_t num_tokens) noexcept:
+cdef inline Py_ssize_t _tokens_to_cache(Py_ssize_t total_computed, Py_ssize_t n_new, Py_ssize_t num_tokens) noexcept:
     # Tokens whose full blocks are cached after the allocation: the computed
     # and new ones, within the request's tokens.
-    return s.main_model if s.main_model < num_tokens else num_tokens
+    cdef Py_ssize_t n = total_computed + n_new
+    return n if n < num_tokens else num_tokens
 
 
-cdef inline int _refuse_hits_when_held(str request_id) except -1:
+cdef int _refuse_hits_when_held(str request_id) except -1:
+    # (Not inline: off the hot paths.)
     raise ValueError(
         f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
         "a request's first allocation"
@@ -73,6 +60,11 @@ cdef inline bint _no_lookup(KVCacheManager mgr, object request) except -1:
         return True
     if type(request) is Request:
         return (<Request>request).skip_reading_prefix_cache
+    return _skips_reading(request)
+
+
+cdef bint _skips_reading(object request) except -1:
+    # (_no_lookup for a request object of another type: off the hot paths.)
     try:
         return request.skip_reading_prefix_cache
     except AttributeError:
@@ -328,38 +320,41 @@ cdef class KVCacheManager:
                 for g in new_blocks_list:
                     _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
 
-        cdef _Slots s
-        _plan_slots(self, &s, num_local_computed_tokens + n_ext, n_new, n_look, status, has_scheduled_reqs)
+        cdef Py_ssize_t total_computed_tokens = _within_model_len(self, num_local_computed_tokens + n_ext)
+        cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
         cdef Py_ssize_t needed, full_num_tokens
         if full_sequence_must_fit:
-            full_num_tokens = _full_sequence_tokens(self, _num_tokens(request))
+            full_num_tokens = _within_model_len(self, _num_tokens(request))
             needed = coordinator.get_num_blocks_to_allocate(
                 request_id, full_num_tokens, new_blocks_list, n_enc,
-                s.total_computed, num_local_computed_tokens, full_num_tokens, True,
+                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True,
             )
-            if not _fits(self, needed, s.watermark, 0):
+            if not _fits(self.block_pool, needed, watermark_blocks, 0):
                 return None
 
+        cdef Py_ssize_t num_tokens_main_model = total_computed_tokens + n_new
+        cdef Py_ssize_t num_tokens_need_slot = _within_model_len(self, num_tokens_main_model + n_look)
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:  # (what caching reads, before any change)
-            coordinator._check_cache_inputs(request, request_id, _tokens_to_cache(&s, _num_tokens(request)),
+            coordinator._check_cache_inputs(request, request_id,
+                                            _tokens_to_cache(total_computed_tokens, n_new, _num_tokens(request)),
                                             new_blocks_list, has_new_computed or n_ext > 0,
                                             num_local_computed_tokens + n_ext)
-        cdef Py_ssize_t processed = s.total_computed - num_in_flight
+        cdef Py_ssize_t processed = total_computed_tokens - num_in_flight
         coordinator.remove_skipped_blocks(request_id, processed if processed > 0 else 0)
         needed = coordinator.get_num_blocks_to_allocate(
-            request_id, s.need_slot, new_blocks_list, n_enc,
-            num_local_computed_tokens + n_ext, num_local_computed_tokens, s.main_model, False,
+            request_id, num_tokens_need_slot, new_blocks_list, n_enc,
+            num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False,
         )
-        if not _fits(self, needed, s.watermark, n_reserved):
+        if not _fits(self.block_pool, needed, watermark_blocks, n_reserved):
             return None
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext
             )
-        cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, s.need_slot, n_enc)
+        cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
         if caching:
-            coordinator.cache_blocks(request, _tokens_to_cache(&s, _num_tokens(request)))
+            coordinator.cache_blocks(request, _tokens_to_cache(total_computed_tokens, n_new, _num_tokens(request)))
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(new_blocks)
@@ -369,11 +364,12 @@ cdef class KVCacheManager:
                             bint has_scheduled_reqs, bint full_sequence_must_fit):
         # allocate_slots for one plain full-attention group and no external
         # tokens -- admissions with their prefix hits, prefill chunks, decode
-        # steps: the general path's steps (_plan_slots, _fits, ...) with its
-        # no-op layers for this case (skipped blocks, admission cap, per-group
-        # loops) left out, the coordinator's block count specialised
-        # (_blocks_needed) and each dict read at most once.  Same decisions,
-        # same errors, in the same order.
+        # steps: the general path's steps (_within_model_len, _watermark_for,
+        # _fits, _tokens_to_cache, _refuse_hits_when_held) with its no-op
+        # layers for this case (skipped blocks, admission cap, per-group loops)
+        # left out, the coordinator's block count specialised (_blocks_needed)
+        # and each dict read at most once.  Same decisions, same errors, in
+        # the same order.
         # hits: the group's new computed blocks (a sequence), or None.
         cdef str request_id = request.request_id
         cdef Py_ssize_t num_computed = request._num_computed_tokens
@@ -414,23 +410,24 @@ cdef class KVCacheManager:
             hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
                                          pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
-        cdef _Slots s
-        _plan_slots(self, &s, num_local, n_new, n_look, request.status, has_scheduled_reqs)
+        cdef Py_ssize_t total_computed = _within_model_len(self, num_local)
+        cdef Py_ssize_t watermark_blocks = _watermark_for(self, request.status, has_scheduled_reqs)
         cdef Py_ssize_t needed
         cdef Py_ssize_t bs = mgr.block_size
         if full_sequence_must_fit:
-            needed = _blocks_needed(_full_sequence_tokens(self, PyList_GET_SIZE(request._all_token_ids)), bs, have,
+            needed = _blocks_needed(_within_model_len(self, PyList_GET_SIZE(request._all_token_ids)), bs, have,
                                     request._kv_ncached < 0, n_hits, n_evictable)
-            if not _fits(self, needed, s.watermark, 0):
+            if not _fits(pool, needed, watermark_blocks, 0):
                 return None
-        needed = _blocks_needed(s.need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
-        if not _fits(self, needed, s.watermark, n_reserved):
+        cdef Py_ssize_t need_slot = _within_model_len(self, total_computed + n_new + n_look)
+        needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
+        if not _fits(pool, needed, watermark_blocks, n_reserved):
             return None
         cdef Py_ssize_t num_full, num_cached
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:
             # What the caching below reads of the request's hashes, checked now.
-            num_full = _tokens_to_cache(&s, PyList_GET_SIZE(request._all_token_ids)) // bs
+            num_full = _tokens_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids)) // bs
             if request._kv_ncached < num_full:
                 if n_hits > 0:
                     num_cached = n_hits
@@ -460,12 +457,12 @@ cdef class KVCacheManager:
             mgr._req_to_blocks[request_id] = req_blocks
             request._kv_blocks = req_blocks
         cdef list new_blocks = None
-        cdef Py_ssize_t n_more = _cdiv(s.need_slot, bs) - PyList_GET_SIZE(req_blocks)
+        cdef Py_ssize_t n_more = _cdiv(need_slot, bs) - PyList_GET_SIZE(req_blocks)
         if n_more > 0:
             new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
         if caching:
-            num_full = _tokens_to_cache(&s, PyList_GET_SIZE(request._all_token_ids)) // bs
+            num_full = _tokens_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids)) // bs
             if request._kv_ncached < num_full:
                 if fresh:
                     num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
