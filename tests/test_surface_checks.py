@@ -77,6 +77,38 @@ def test_find_longest_cache_hit_checks_pool_and_alignment(impl, pool, alignment,
     assert proc.stdout.splitlines() == [error] * 3
 
 
+def test_find_longest_cache_hit_is_class_level(impl):
+    """find_longest_cache_hit is a classmethod, as in vLLM: it reads the spec and the pool and
+    builds no manager (the compiled twin built a throwaway one per call).  A subclass whose
+    constructor refuses still answers, with its base class's hits."""
+    from types import SimpleNamespace
+
+    from kvcy.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec, MambaSpec,
+                                         SlidingWindowSpec)
+
+    kv = impl.kv_cache
+    attn = dict(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    specs = [FullAttentionSpec(**attn), SlidingWindowSpec(sliding_window=6, **attn),
+             ChunkedLocalAttentionSpec(attention_chunk_size=8, **attn),
+             MambaSpec(block_size=4, shapes=((2,),), dtypes=("float32",))]
+    pool = kv.BlockPool(16, True, 4)
+    hashes = [bytes([i]) * 32 for i in range(6)]
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(SimpleNamespace(request_id="r", block_hashes=hashes), blocks, 0, 4, 4, 0)
+    for spec in specs:
+        base = kv._manager_class(spec)
+
+        class Refusing(base):
+            def __init__(self, *args, **kwargs):
+                raise AssertionError("find_longest_cache_hit built a manager")
+
+        want = base.find_longest_cache_hit(hashes, 20, [0], pool, spec, False, 4)
+        got = Refusing.find_longest_cache_hit(hashes, 20, [0], pool, spec, False, 4)
+        assert want[1] > 0, type(spec).__name__
+        assert got[1] == want[1]
+        assert [[b.block_id for b in g] for g in got[0]] == [[b.block_id for b in g] for g in want[0]]
+
+
 def test_allocate_external_computed_blocks_already_held_is_a_no_op(impl):
     """A request already holding more blocks than its token count needs: the Python twin's
     get_new_blocks refused the negative count, the compiled twin handed it to the unchecked

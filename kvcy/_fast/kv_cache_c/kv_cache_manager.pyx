@@ -17,6 +17,60 @@ cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size
     return needed if needed > 0 else 0
 
 
+# The steps allocate_slots and get_computed_blocks take on both of their
+# paths -- the general one (any groups, any request object) and the fast one
+# (one plain full-attention group, a compiled Request) -- written once here,
+# so that a change to a step is made in one place.  The fast paths differ
+# only where the general one goes through layers that are no-ops for them.
+cdef inline Py_ssize_t _within_model_len(KVCacheManager mgr, Py_ssize_t num_tokens) noexcept:
+    # Token counts past max_model_len are clamped to it, as vLLM does.
+    return num_tokens if num_tokens < mgr.max_model_len else mgr.max_model_len
+
+
+cdef inline Py_ssize_t _watermark_for(KVCacheManager mgr, object status, bint has_scheduled_reqs) except? -1:
+    # Free blocks an allocation must leave: the watermark, when a waiting or
+    # preempted request is admitted while others are scheduled.
+    return mgr.watermark_blocks if has_scheduled_reqs and _watermarked(status) else 0
+
+
+cdef inline bint _fits(BlockPool pool, Py_ssize_t needed, Py_ssize_t watermark, Py_ssize_t reserved) noexcept:
+    # The pool can give `needed` blocks and still keep the watermark and the reserved blocks.
+    return needed + watermark <= pool.free_block_queue.num_free_blocks - reserved
+
+
+cdef inline Py_ssize_t _tokens_to_cache(Py_ssize_t total_computed, Py_ssize_t n_new, Py_ssize_t num_tokens) noexcept:
+    # Tokens whose full blocks are cached after the allocation: the computed
+    # and new ones, within the request's tokens.
+    cdef Py_ssize_t n = total_computed + n_new
+    return n if n < num_tokens else num_tokens
+
+
+cdef int _refuse_hits_when_held(str request_id) except -1:
+    # (Not inline: off the hot paths.)
+    raise ValueError(
+        f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
+        "a request's first allocation"
+    )
+
+
+cdef inline bint _no_lookup(KVCacheManager mgr, object request) except -1:
+    # get_computed_blocks finds nothing: caching is off, or the request skips
+    # reading the prefix cache.
+    if not mgr.enable_caching:
+        return True
+    if type(request) is Request:
+        return (<Request>request).skip_reading_prefix_cache
+    return _skips_reading(request)
+
+
+cdef bint _skips_reading(object request) except -1:
+    # (_no_lookup for a request object of another type: off the hot paths.)
+    try:
+        return request.skip_reading_prefix_cache
+    except AttributeError:
+        raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+
+
 cdef class KVCacheManager:
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
 
@@ -123,17 +177,7 @@ cdef class KVCacheManager:
         return self._general_lookup(request)
 
     cdef object _general_lookup(self, request):
-        cdef bint skip
-        if not self.enable_caching:
-            return self.empty_kv_cache_blocks, 0, 0
-        if type(request) is Request:
-            skip = (<Request>request).skip_reading_prefix_cache
-        else:
-            try:
-                skip = request.skip_reading_prefix_cache
-            except AttributeError:
-                raise TypeError(f"expected a Request, got {type(request).__name__}") from None
-        if skip:
+        if _no_lookup(self, request):
             return self.empty_kv_cache_blocks, 0, 0
         cdef Py_ssize_t max_cache_hit_length = _num_tokens(request) - 1
         cdef tuple res = self.coordinator.find_longest_cache_hit(_block_hashes_of(request), max_cache_hit_length)
@@ -161,9 +205,12 @@ cdef class KVCacheManager:
 
     cdef object _full_lookup(self, Request request):
         # get_computed_blocks for one plain full-attention group with no
-        # stats, events or EAGLE: the same search without the coordinator's
-        # layers and tuples.
-        if request.skip_reading_prefix_cache:
+        # stats, events, EAGLE or coarser hashes: _general_lookup's steps with
+        # the search of FullAttentionManager._hits for one group at the hash
+        # block size (no resolving, no EAGLE block to drop, the alignment its
+        # block size: nothing to trim), without the coordinator's layers and
+        # tuples.
+        if _no_lookup(self, request):
             return self.empty_kv_cache_blocks, 0, 0
         cdef FullAttentionManager mgr = self._full
         cdef object hashes = request._block_hashes
@@ -269,40 +316,28 @@ cdef class KVCacheManager:
                         f"{self.num_kv_cache_groups}"
                     )
                 if coordinator.holds(request_id):
-                    raise ValueError(
-                        f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
-                        "a request's first allocation"
-                    )
+                    _refuse_hits_when_held(request_id)
                 for g in new_blocks_list:
                     _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
 
-        cdef Py_ssize_t total_computed_tokens = num_local_computed_tokens + n_ext
-        if total_computed_tokens > self.max_model_len:
-            total_computed_tokens = self.max_model_len
-        cdef Py_ssize_t watermark_blocks = 0
-        if has_scheduled_reqs and _watermarked(status):
-            watermark_blocks = self.watermark_blocks
+        cdef Py_ssize_t total_computed_tokens = _within_model_len(self, num_local_computed_tokens + n_ext)
+        cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
         cdef Py_ssize_t needed, full_num_tokens
         if full_sequence_must_fit:
-            full_num_tokens = _num_tokens(request)
-            if full_num_tokens > self.max_model_len:
-                full_num_tokens = self.max_model_len
+            full_num_tokens = _within_model_len(self, _num_tokens(request))
             needed = coordinator.get_num_blocks_to_allocate(
                 request_id, full_num_tokens, new_blocks_list, n_enc,
                 total_computed_tokens, num_local_computed_tokens, full_num_tokens, True,
             )
-            if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks:
+            if not _fits(self.block_pool, needed, watermark_blocks, 0):
                 return None
 
         cdef Py_ssize_t num_tokens_main_model = total_computed_tokens + n_new
-        cdef Py_ssize_t num_tokens_need_slot = num_tokens_main_model + n_look
-        if num_tokens_need_slot > self.max_model_len:
-            num_tokens_need_slot = self.max_model_len
-        cdef Py_ssize_t n_cache, req_tokens
-        if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
-            n_cache = total_computed_tokens + n_new
-            req_tokens = _num_tokens(request)
-            coordinator._check_cache_inputs(request, request_id, n_cache if n_cache < req_tokens else req_tokens,
+        cdef Py_ssize_t num_tokens_need_slot = _within_model_len(self, num_tokens_main_model + n_look)
+        cdef bint caching = self.enable_caching and not delay_cache_blocks
+        if caching:  # (what caching reads, before any change)
+            coordinator._check_cache_inputs(request, request_id,
+                                            _tokens_to_cache(total_computed_tokens, n_new, _num_tokens(request)),
                                             new_blocks_list, has_new_computed or n_ext > 0,
                                             num_local_computed_tokens + n_ext)
         cdef Py_ssize_t processed = total_computed_tokens - num_in_flight
@@ -311,17 +346,15 @@ cdef class KVCacheManager:
             request_id, num_tokens_need_slot, new_blocks_list, n_enc,
             num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False,
         )
-        if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks - n_reserved:
+        if not _fits(self.block_pool, needed, watermark_blocks, n_reserved):
             return None
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext
             )
         cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
-        if self.enable_caching and not delay_cache_blocks:
-            n_cache = total_computed_tokens + n_new
-            req_tokens = _num_tokens(request)
-            coordinator.cache_blocks(request, n_cache if n_cache < req_tokens else req_tokens)
+        if caching:
+            coordinator.cache_blocks(request, _tokens_to_cache(total_computed_tokens, n_new, _num_tokens(request)))
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(new_blocks)
@@ -331,9 +364,12 @@ cdef class KVCacheManager:
                             bint has_scheduled_reqs, bint full_sequence_must_fit):
         # allocate_slots for one plain full-attention group and no external
         # tokens -- admissions with their prefix hits, prefill chunks, decode
-        # steps: the general path with its no-op layers for this case (skipped
-        # blocks, admission cap, per-group loops) left out and each dict read
-        # at most once.  Same decisions, same errors, in the same order.
+        # steps: the general path's steps (_within_model_len, _watermark_for,
+        # _fits, _tokens_to_cache, _refuse_hits_when_held) with its no-op
+        # layers for this case (skipped blocks, admission cap, per-group loops)
+        # left out, the coordinator's block count specialised (_blocks_needed)
+        # and each dict read at most once.  Same decisions, same errors, in
+        # the same order.
         # hits: the group's new computed blocks (a sequence), or None.
         cdef str request_id = request.request_id
         cdef Py_ssize_t num_computed = request._num_computed_tokens
@@ -370,41 +406,28 @@ cdef class KVCacheManager:
             n_hits = len(hits)
         if n_hits > 0:
             if req_blocks is not None:
-                raise ValueError(
-                    f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
-                    "a request's first allocation"
-                )
+                _refuse_hits_when_held(request_id)
             hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
                                          pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
-        cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
-        cdef Py_ssize_t watermark_blocks = 0
-        cdef object status = request.status
-        if has_scheduled_reqs and _watermarked(status):
-            watermark_blocks = self.watermark_blocks
-        cdef Py_ssize_t n_full_tokens, needed
+        cdef Py_ssize_t total_computed = _within_model_len(self, num_local)
+        cdef Py_ssize_t watermark_blocks = _watermark_for(self, request.status, has_scheduled_reqs)
+        cdef Py_ssize_t needed
         cdef Py_ssize_t bs = mgr.block_size
         if full_sequence_must_fit:
-            n_full_tokens = PyList_GET_SIZE(request._all_token_ids)
-            if n_full_tokens > self.max_model_len:
-                n_full_tokens = self.max_model_len
-            needed = _blocks_needed(n_full_tokens, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
-            if needed + watermark_blocks > pool.free_block_queue.num_free_blocks:
+            needed = _blocks_needed(_within_model_len(self, PyList_GET_SIZE(request._all_token_ids)), bs, have,
+                                    request._kv_ncached < 0, n_hits, n_evictable)
+            if not _fits(pool, needed, watermark_blocks, 0):
                 return None
-        cdef Py_ssize_t need_slot = total_computed + n_new + n_look
-        if need_slot > self.max_model_len:
-            need_slot = self.max_model_len
+        cdef Py_ssize_t need_slot = _within_model_len(self, total_computed + n_new + n_look)
         needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
-        if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
+        if not _fits(pool, needed, watermark_blocks, n_reserved):
             return None
-        cdef Py_ssize_t n_cache, req_tokens, num_full, num_cached
-        if self.enable_caching and not delay_cache_blocks:
+        cdef Py_ssize_t num_full, num_cached
+        cdef bint caching = self.enable_caching and not delay_cache_blocks
+        if caching:
             # What the caching below reads of the request's hashes, checked now.
-            n_cache = total_computed + n_new
-            req_tokens = PyList_GET_SIZE(request._all_token_ids)
-            if n_cache > req_tokens:
-                n_cache = req_tokens
-            num_full = n_cache // bs
+            num_full = _tokens_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids)) // bs
             if request._kv_ncached < num_full:
                 if n_hits > 0:
                     num_cached = n_hits
@@ -438,12 +461,8 @@ cdef class KVCacheManager:
         if n_more > 0:
             new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
-        if self.enable_caching and not delay_cache_blocks:
-            n_cache = total_computed + n_new
-            req_tokens = PyList_GET_SIZE(request._all_token_ids)
-            if n_cache > req_tokens:
-                n_cache = req_tokens
-            num_full = n_cache // bs
+        if caching:
+            num_full = _tokens_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids)) // bs
             if request._kv_ncached < num_full:
                 if fresh:
                     num_cached = request._kv_ncached if request._kv_ncached > 0 else 0

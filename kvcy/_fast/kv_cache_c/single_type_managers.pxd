@@ -67,6 +67,9 @@ cdef class SingleTypeKVCacheManager:
 cdef class FullAttentionManager(SingleTypeKVCacheManager):
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
+                     list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
 
 
 cdef class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -74,6 +77,9 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, Py_ssize_t sliding_window, object block_hashes,
+                     Py_ssize_t max_length, list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
     cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block)
 
@@ -83,12 +89,18 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, Py_ssize_t chunk, object block_hashes,
+                     Py_ssize_t max_length, list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
 
 
 cdef class MambaManager(SingleTypeKVCacheManager):
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
+                     list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
 
 

@@ -272,18 +272,21 @@ cdef class SingleTypeKVCacheManager:
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens):
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
-        # _find_hit reads the first group's list and the pool unchecked, and divides by the
-        # alignment (cdivision: a zero would be SIGFPE).
-        if not len(kv_cache_group_ids):
-            raise ValueError("kv_cache_group_ids must not be empty")
-        if not isinstance(block_pool, BlockPool):
-            raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
-        if _check_count("alignment_tokens", alignment_tokens) == 0:
-            raise ValueError("alignment_tokens must be positive, got 0")
-        group_ids = list(kv_cache_group_ids)
-        cdef SingleTypeKVCacheManager probe = cls(kv_cache_spec, block_pool, True, 0,
-                                                  alignment_tokens, None)
-        return probe._find_hit(block_hashes, max_length, group_ids, drop_eagle_block, alignment_tokens)
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        raise NotImplementedError
+
+
+cdef list _check_hit_args(object kv_cache_group_ids, object block_pool, object alignment_tokens):
+    # find_longest_cache_hit's arguments, before any use (a subclass's _hits reads the first
+    # group's list and the pool unchecked, and divides by the alignment: cdivision, a zero
+    # would be SIGFPE).  The group ids as a list.
+    if not len(kv_cache_group_ids):
+        raise ValueError("kv_cache_group_ids must not be empty")
+    if not isinstance(block_pool, BlockPool):
+        raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+    if _check_count("alignment_tokens", alignment_tokens) == 0:
+        raise ValueError("alignment_tokens must be positive, got 0")
+    return list(kv_cache_group_ids)
 
 
 cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_blocks, uint32_t gid,
@@ -309,8 +312,21 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
-        cdef BlockPool pool = self.block_pool
-        cdef Py_ssize_t block_size = self.block_size
+        return FullAttentionManager._hits(self.block_pool, self.block_size, block_hashes, max_length, group_ids,
+                                          drop_eagle_block, alignment_tokens)
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        cdef Py_ssize_t block_size = kv_cache_spec.block_size
+        return FullAttentionManager._hits(block_pool, block_size, block_hashes, max_length, group_ids,
+                                          drop_eagle_block, alignment_tokens)
+
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
+                     list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        # find_longest_cache_hit: hits left to right up to the first miss.
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
@@ -406,10 +422,24 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
-        cdef BlockPool pool = self.block_pool
-        cdef Py_ssize_t block_size = self.block_size
+        return SlidingWindowManager._hits(self.block_pool, self.block_size, self.sliding_window, block_hashes,
+                                          max_length, group_ids, drop_eagle_block, alignment_tokens)
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        cdef Py_ssize_t block_size = kv_cache_spec.block_size
+        cdef Py_ssize_t sliding_window = kv_cache_spec.sliding_window
+        return SlidingWindowManager._hits(block_pool, block_size, sliding_window, block_hashes, max_length,
+                                          group_ids, drop_eagle_block, alignment_tokens)
+
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, Py_ssize_t sliding_window, object block_hashes,
+                     Py_ssize_t max_length, list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        # find_longest_cache_hit: the last run of hits that covers the window, right to left.
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
-        cdef Py_ssize_t needed = _hit_blocks(self.sliding_window, block_size, drop_eagle_block)
+        cdef Py_ssize_t needed = _hit_blocks(sliding_window, block_size, drop_eagle_block)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         # (a run must end where the hit, once EAGLE drops its last block, is aligned)
         cdef Py_ssize_t end_shift = 0 if drop_eagle_block else 1
@@ -477,12 +507,26 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        return ChunkedLocalAttentionManager._hits(self.block_pool, self.block_size, self.attention_chunk_size,
+                                                  block_hashes, max_length, group_ids, drop_eagle_block,
+                                                  alignment_tokens)
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        cdef Py_ssize_t block_size = kv_cache_spec.block_size
+        cdef Py_ssize_t chunk = kv_cache_spec.attention_chunk_size
+        return ChunkedLocalAttentionManager._hits(block_pool, block_size, chunk, block_hashes, max_length,
+                                                  group_ids, drop_eagle_block, alignment_tokens)
+
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, Py_ssize_t chunk, object block_hashes,
+                     Py_ssize_t max_length, list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        # find_longest_cache_hit: null blocks before the current chunk, then hits left to right.
         if drop_eagle_block:
             raise ValueError("EAGLE is not supported with chunked local attention")
-        cdef BlockPool pool = self.block_pool
-        cdef Py_ssize_t block_size = self.block_size
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
-        cdef Py_ssize_t chunk = self.attention_chunk_size
         cdef Py_ssize_t start_block = (max_length // chunk * chunk) // block_size
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
@@ -512,8 +556,21 @@ cdef class MambaManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
-        cdef BlockPool pool = self.block_pool
-        cdef Py_ssize_t block_size = self.block_size
+        return MambaManager._hits(self.block_pool, self.block_size, block_hashes, max_length, group_ids,
+                                  drop_eagle_block, alignment_tokens)
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        cdef Py_ssize_t block_size = kv_cache_spec.block_size
+        return MambaManager._hits(block_pool, block_size, block_hashes, max_length, group_ids, drop_eagle_block,
+                                  alignment_tokens)
+
+    @staticmethod
+    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
+                     list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        # find_longest_cache_hit: the last aligned hit only (null blocks before it).
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
@@ -541,6 +598,12 @@ cdef class CrossAttentionManager(SingleTypeKVCacheManager):
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        raise ValueError("cross attention does not support prefix caching")
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
