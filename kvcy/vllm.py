@@ -45,6 +45,10 @@ _CONFIG_FIELDS_NOT_FOR_THE_MANAGER = frozenset(
     {"kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens", "kv_tp_replicas"}
 )
 
+# vLLM fills an attention spec's head_size_v in from head_size when it is not given; its MLA
+# specs store 0 ("no separate V").  Either value is what kvcy derives on its own.
+_NO_V = {"MLAAttentionSpec": 0, "HiddenStateCacheSpec": 0, "SlidingWindowMLASpec": 0}
+
 _lock = threading.Lock()
 _vllm_manager_class: Any = None  # vLLM's KVCacheManager while kvcy is installed
 
@@ -116,6 +120,8 @@ def _convert_dataclass(obj: Any, kvcy_cls: type, owner: str) -> dict[str, Any]:
         if not field.init:
             continue
         value = getattr(obj, field.name)
+        if field.name == "head_size_v" and value in (getattr(obj, "head_size", None), _NO_V.get(owner)):
+            continue  # what vLLM derives when head_size_v is not given; kvcy derives the same
         if field.name in kvcy_fields:
             kwargs[field.name] = _convert_value(owner, field.name, value)
             continue
@@ -152,7 +158,17 @@ def convert_kv_cache_spec(spec: Any) -> Any:
     kvcy_cls = getattr(ki, name, None)
     if not (isinstance(kvcy_cls, type) and issubclass(kvcy_cls, ki.KVCacheSpec)):
         raise NotImplementedError(f"{name}: this vLLM KV-cache spec is not supported by kvcy")
-    return kvcy_cls(**_convert_dataclass(spec, kvcy_cls, name))
+    converted = kvcy_cls(**_convert_dataclass(spec, kvcy_cls, name))
+    try:
+        sizes = (spec.page_size_bytes, converted.page_size_bytes)
+    except NotImplementedError:  # a spec with no page size in one of the two
+        return converted
+    if sizes[0] != sizes[1]:
+        raise NotImplementedError(
+            f"{name}: vLLM 0.33.0 gives this spec a page of {sizes[0]} bytes, kvcy {sizes[1]}; "
+            f"kvcy does not support it ({spec!r})"
+        )
+    return converted
 
 
 def convert_kv_cache_group_spec(group: Any) -> Any:

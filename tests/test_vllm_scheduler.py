@@ -362,3 +362,186 @@ def test_scheduler_outputs_identical_on_kvcy(model_dir: str, vllm_records: list[
     assert manager_class.__module__.startswith("kvcy._fast."), manager_class
     assert not kvcy.vllm.is_installed()
     assert kvcy_records == vllm_records, _first_difference(vllm_records, kvcy_records)
+
+
+# ---------------------------------------------------------------------------------------------
+# kvcy.vllm's switch and conversions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_install_rebinds_only_the_schedulers_manager_name() -> None:
+    from vllm.v1.core import kv_cache_manager as vllm_kv_cache_manager
+    from vllm.v1.core.sched import scheduler as scheduler_module
+
+    vllm_class = vllm_kv_cache_manager.KVCacheManager
+    assert scheduler_module.KVCacheManager is vllm_class and not kvcy.vllm.is_installed()
+    try:
+        kvcy.vllm.install()
+        kvcy.vllm.install()  # idempotent
+        assert scheduler_module.KVCacheManager is kvcy.vllm.make_kv_cache_manager
+        assert vllm_kv_cache_manager.KVCacheManager is vllm_class  # vLLM's own module untouched
+        assert kvcy.vllm.is_installed()
+        with kvcy.vllm.installed():  # already on: stays on after the block
+            pass
+        assert scheduler_module.KVCacheManager is kvcy.vllm.make_kv_cache_manager
+    finally:
+        kvcy.vllm.uninstall()
+    assert scheduler_module.KVCacheManager is vllm_class and not kvcy.vllm.is_installed()
+    kvcy.vllm.uninstall()  # a no-op
+    with kvcy.vllm.installed():
+        assert scheduler_module.KVCacheManager is kvcy.vllm.make_kv_cache_manager
+    assert scheduler_module.KVCacheManager is vllm_class
+
+
+def test_install_refuses_to_replace_another_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.core.sched import scheduler as scheduler_module
+
+    def someone_elses(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(scheduler_module, "KVCacheManager", someone_elses)
+    with pytest.raises(RuntimeError, match="neither vLLM's nor kvcy's"):
+        kvcy.vllm.install()
+    assert scheduler_module.KVCacheManager is someone_elses and not kvcy.vllm.is_installed()
+
+
+def test_general_plugin_loads_through_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's own plugin loader finds kvcy's entry point (where kvcy is installed as a package)."""
+    from importlib.metadata import entry_points
+
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    if "kvcy" not in {ep.name for ep in entry_points(group=DEFAULT_PLUGINS_GROUP)}:
+        pytest.skip("kvcy is not installed as a distribution here (its entry points are not registered)")
+    monkeypatch.setenv("VLLM_PLUGINS", "kvcy")
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert plugins["kvcy"] is kvcy.vllm.load_general_plugin
+    try:
+        plugins["kvcy"]()
+        assert kvcy.vllm.is_installed()
+    finally:
+        kvcy.vllm.uninstall()
+
+
+def _vllm_specs() -> dict[str, Any]:
+    import torch
+    from vllm.v1 import kv_cache_interface as v
+
+    full = v.FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
+    return {
+        "full": full,
+        "full-sliding": v.FullAttentionSpec(
+            block_size=16, num_kv_heads=4, head_size=64, head_size_v=32, dtype=torch.float16, sliding_window=128
+        ),
+        "fp8": v.FullAttentionSpec(
+            block_size=32, num_kv_heads=2, head_size=128, dtype=torch.uint8, kv_quant_mode=v.KVQuantMode.FP8_PER_TENSOR
+        ),
+        "sliding": v.SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=96),
+        "chunked": v.ChunkedLocalAttentionSpec(
+            block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, attention_chunk_size=256
+        ),
+        "mla": v.MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16),
+        "mla-fp8-ds": v.MLAAttentionSpec(
+            block_size=64, num_kv_heads=1, head_size=656, dtype=torch.uint8, cache_dtype_str="fp8_ds_mla"
+        ),
+        "sliding-mla": v.SlidingWindowMLASpec(
+            block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, sliding_window=128
+        ),
+        "cross": v.CrossAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16),
+        "encoder-only": v.EncoderOnlyAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16),
+        "sink": v.SinkFullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sink_len=4),
+        "mamba": v.MambaSpec(block_size=16, shapes=((4, 8), (2, 3)), dtypes=(torch.float32, torch.bfloat16)),
+        "uniform": v.UniformTypeKVCacheSpecs(
+            block_size=16,
+            kv_cache_specs={"a": full, "b": v.FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=torch.bfloat16)},
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_vllm_specs()))
+def test_specs_convert_field_by_field(name: str) -> None:
+    spec = _vllm_specs()[name]
+    converted = kvcy.vllm.convert_kv_cache_spec(spec)
+    assert type(converted).__name__ == type(spec).__name__
+    assert type(converted).__module__ == "kvcy.kv_cache_interface"
+    assert converted.block_size == spec.block_size
+    assert converted.page_size_bytes == spec.page_size_bytes
+    for field in ("num_kv_heads", "head_size", "sliding_window", "attention_chunk_size", "cache_dtype_str", "sink_len",
+                  "shapes", "page_size_padded", "dcp_sharded"):
+        if hasattr(spec, field):
+            assert getattr(converted, field) == getattr(spec, field), field
+    if hasattr(spec, "kv_quant_mode"):
+        assert converted.kv_quant_mode.name == spec.kv_quant_mode.name
+    if hasattr(spec, "dtype"):
+        assert converted.dtype is spec.dtype  # a torch.dtype is kept as given
+    if name == "uniform":
+        assert set(converted.kv_cache_specs) == {"a", "b"}
+        assert all(type(s).__module__ == "kvcy.kv_cache_interface" for s in converted.kv_cache_specs.values())
+
+
+def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
+    import torch
+    from vllm.v1 import kv_cache_interface as v
+
+    attn = {"block_size": 16, "num_kv_heads": 4, "head_size": 64, "dtype": torch.float16}
+    cases = [
+        (v.RSWASpec(**attn, rswa_window=64), "RSWASpec"),
+        (v.CircularBufferSpec(**attn), "CircularBufferSpec"),
+        (v.FullAttentionSpec(**attn, non_causal=True), "FullAttentionSpec.non_causal"),
+        (v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16), "SlidingWindowSpec.extra_retained_tokens"),
+        (v.FullAttentionSpec(**attn, block_stride_alignment=256), "FullAttentionSpec.block_stride_alignment"),
+        (v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), num_prefill_checkpoint_blocks=2),
+         "MambaSpec.num_prefill_checkpoint_blocks"),
+    ]
+
+    @dataclass(frozen=True, kw_only=True)
+    class ModelsOwnSpec(v.FullAttentionSpec):
+        pass
+
+    cases.append((ModelsOwnSpec(**attn), "ModelsOwnSpec"))
+    for spec, feature in cases:
+        with pytest.raises(NotImplementedError, match=feature):
+            kvcy.vllm.convert_kv_cache_spec(spec)
+    with pytest.raises(TypeError, match="expected a vLLM KVCacheSpec"):
+        kvcy.vllm.convert_kv_cache_spec(kvcy.FullAttentionSpec(**attn))
+
+    spec = v.FullAttentionSpec(**attn)
+    group = v.KVCacheGroupSpec(["l0"], spec, role=v.KVCacheGroupRole.HISPARSE_SOURCE)
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        kvcy.vllm.convert_kv_cache_group_spec(group)
+    for option in ({"hisparse_host_num_blocks": 8}, {"hisparse_shared_host_pool": True}, {"hisparse_host_block_stride": 64}):
+        config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["l0"], spec)], **option)
+        with pytest.raises(NotImplementedError, match="hisparse"):
+            kvcy.vllm.convert_kv_cache_config(config)
+
+
+def test_config_converts_groups_tensors_and_settings() -> None:
+    import torch
+    from vllm.v1 import kv_cache_interface as v
+
+    full = v.FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16)
+    sliding = v.SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=64)
+    page = full.page_size_bytes
+    config = v.KVCacheConfig(
+        num_blocks=100,
+        kv_cache_tensors=[v.KVCacheTensor(size=2 * 100 * page, layers=["l0", "l1"], layer_stride=100 * page,
+                                          block_stride=page)],
+        kv_cache_groups=[
+            v.KVCacheGroupSpec(["l0"], full),
+            v.KVCacheGroupSpec(["l1"], sliding, is_eagle_group=True, enable_kv_transfer=False),
+        ],
+        prefix_cache_retention_interval=None,
+        kv_cache_layout="NHD",
+        hash_block_size=16,
+        cache_hit_alignment_tokens=16,
+    )
+    converted = kvcy.vllm.convert_kv_cache_config(config)
+    assert isinstance(converted, kvcy.KVCacheConfig)
+    assert converted.num_blocks == 100
+    (tensor,) = converted.kv_cache_tensors
+    assert (tensor.size, tensor.layers, tensor.layer_stride, tensor.block_stride, tensor.offset) == (
+        2 * 100 * page, ["l0", "l1"], 100 * page, page, 0)
+    assert [g.layer_names for g in converted.kv_cache_groups] == [["l0"], ["l1"]]
+    assert [type(g.kv_cache_spec).__name__ for g in converted.kv_cache_groups] == ["FullAttentionSpec", "SlidingWindowSpec"]
+    assert [(g.is_eagle_group, g.enable_kv_transfer) for g in converted.kv_cache_groups] == [(False, True), (True, False)]
+    assert converted.prefix_cacheable_group_ids == config.prefix_cacheable_group_ids == (0,)
