@@ -1,7 +1,8 @@
 """vLLM 0.33.0's own ``Scheduler`` on kvcy's ``KVCacheManager``: the same decisions, step by step.
 
 Runs only where vLLM 0.33.0 imports (CI installs it into a virtual environment of its own;
-see ``.ci/run``); elsewhere the whole module is skipped.  The scenario drives vLLM's real
+see ``.ci/run``); elsewhere the whole module is skipped, unless ``KVCY_REQUIRE_VLLM=1`` makes a
+missing vLLM an error.  The scenario drives vLLM's real
 ``Scheduler`` on the CPU (``VLLM_TARGET_DEVICE=cpu``, a config-only OPT-shaped model written
 here, no weights, no hub) through a few hundred seeded requests:
 
@@ -33,9 +34,14 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/run for the vLLM step)")
-if vllm.__version__ != "0.33.0":
-    pytest.skip(f"kvcy.vllm targets vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
+if os.environ.get("KVCY_REQUIRE_VLLM") == "1":  # CI's vLLM step: a broken install fails, never skips
+    import vllm
+
+    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
+else:
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/run for the vLLM step)")
+    if vllm.__version__ != "0.33.0":
+        pytest.skip(f"kvcy.vllm targets vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
 import kvcy  # noqa: E402
 import kvcy.vllm  # noqa: E402
