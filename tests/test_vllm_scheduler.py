@@ -9,6 +9,8 @@ here, no weights, no hub) through a few hundred seeded requests:
 * prompts built from a handful of shared prefixes, so prefix caching hits (and some prompts
   repeat whole);
 * a small block pool and long enough outputs that running requests are preempted;
+* two KV-cache layouts: one full-attention group, and full attention beside a sliding window
+  (vLLM's hybrid coordinator);
 * aborts through ``Scheduler.finish_requests`` of waiting, running and preempted requests;
 * the watermark set through vLLM's ``SchedulerConfig(watermark=...)``;
 * a fake model: every request that finished its prompt gets one sampled token per step
@@ -47,7 +49,10 @@ import kvcy  # noqa: E402
 import kvcy.vllm  # noqa: E402
 
 BLOCK_SIZE = 16
-NUM_GPU_BLOCKS = 64
+# KV-cache layouts the scenario runs on: one full-attention group, or a hybrid of a full-attention
+# and a sliding-window group (vLLM's hybrid coordinator), each with a pool small enough to preempt.
+LAYOUTS = {"full-attention": 64, "full+sliding-window": 96}  # layout -> blocks in the pool
+SLIDING_WINDOW = 48
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 12
 MAX_NUM_BATCHED_TOKENS = 192
@@ -81,7 +86,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def make_vllm_config(model_dir: str, watermark: float) -> Any:
+def make_vllm_config(model_dir: str, num_blocks: int, watermark: float) -> Any:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model_config = ModelConfig(
@@ -97,31 +102,35 @@ def make_vllm_config(model_dir: str, watermark: float) -> Any:
     )
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
     config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
-    config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
+    config.cache_config.num_gpu_blocks = num_blocks
     return config
 
 
-def make_kv_cache_config() -> Any:
+def make_kv_cache_config(layout: str) -> Any:
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
-    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)
-    return KVCacheConfig(
-        num_blocks=NUM_GPU_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"model.decoder.layers.{i}.self_attn.attn" for i in range(2)], spec)],
-    )
+    layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(2)]
+    full = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)
+    if layout == "full-attention":
+        groups = [KVCacheGroupSpec(layers, full)]
+    else:
+        sliding = SlidingWindowSpec(
+            block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16, sliding_window=SLIDING_WINDOW
+        )
+        groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], sliding)]
+    return KVCacheConfig(num_blocks=LAYOUTS[layout], kv_cache_tensors=[], kv_cache_groups=groups)
 
 
-def make_scheduler(model_dir: str, watermark: float) -> Any:
+def make_scheduler(model_dir: str, layout: str, watermark: float) -> Any:
     """A ``Scheduler`` built the way vLLM's engine core builds it (``log_stats`` on)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    config = make_vllm_config(model_dir, watermark)
+    config = make_vllm_config(model_dir, LAYOUTS[layout], watermark)
     return Scheduler(
         vllm_config=config,
-        kv_cache_config=make_kv_cache_config(),
+        kv_cache_config=make_kv_cache_config(layout),
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK_SIZE,
         hash_block_size=BLOCK_SIZE,
@@ -234,7 +243,7 @@ def record_engine_outputs(engine_outputs: dict[int, Any]) -> dict[str, Any]:
 
 
 def run_scenario(
-    model_dir: str, seed: int = SEED, watermark: float = WATERMARK, max_steps: int = 5000
+    model_dir: str, layout: str, seed: int = SEED, watermark: float = WATERMARK, max_steps: int = 5000
 ) -> tuple[list[dict[str, Any]], type]:
     """Drives one fresh ``Scheduler`` through the whole workload.
 
@@ -247,7 +256,7 @@ def run_scenario(
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
 
-    scheduler = make_scheduler(model_dir, watermark)
+    scheduler = make_scheduler(model_dir, layout, watermark)
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     block_hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
@@ -310,11 +319,16 @@ def run_scenario(
     return records, type(scheduler.kv_cache_manager)
 
 
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def vllm_records(model_dir: str) -> list[dict[str, Any]]:
+def vllm_records(model_dir: str, layout: str) -> list[dict[str, Any]]:
     """The scenario on vLLM's own ``KVCacheManager``: the reference."""
     assert not kvcy.vllm.is_installed()
-    records, manager_class = run_scenario(model_dir)
+    records, manager_class = run_scenario(model_dir, layout)
     assert manager_class.__module__ == "vllm.v1.core.kv_cache_manager"
     return records
 
@@ -324,7 +338,7 @@ def vllm_records(model_dir: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_scenario_exercises_what_it_claims(model_dir: str, vllm_records: list[dict[str, Any]]) -> None:
+def test_scenario_exercises_what_it_claims(model_dir: str, layout: str, vllm_records: list[dict[str, Any]]) -> None:
     """On vLLM's manager the workload hits the prefix cache, preempts, aborts, finishes, and the
     watermark matters."""
     steps = vllm_records[:-1]
@@ -334,16 +348,16 @@ def test_scenario_exercises_what_it_claims(model_dir: str, vllm_records: list[di
     resumed = sum(len(r["scheduler_output"]["cached"]["resumed"]) for r in steps)
     reasons = {o[2] for r in steps for o in r["engine_outputs"]["outputs"]}
     print(
-        f"vLLM 0.33.0 run: {len(steps)} steps, {preempted} preemptions, {resumed} resumptions, "
+        f"vLLM 0.33.0 run ({layout}): {len(steps)} steps, {preempted} preemptions, {resumed} resumptions, "
         f"{aborted} aborts, {hits} prefix-cache hit tokens, finish reasons {sorted(reasons)}"
     )
     assert preempted >= 5 and resumed >= 5
     assert aborted >= 5
     assert hits >= 20 * BLOCK_SIZE
     assert {"stop", "length"} <= reasons
-    assert vllm_records[-1]["final_free_blocks"] == NUM_GPU_BLOCKS - 1  # every block back (less the null block)
+    assert vllm_records[-1]["final_free_blocks"] == LAYOUTS[layout] - 1  # every block back (less the null block)
     # The watermark changes decisions here: without it vLLM schedules differently.
-    no_watermark, _ = run_scenario(model_dir, watermark=0.0)
+    no_watermark, _ = run_scenario(model_dir, layout, watermark=0.0)
     assert no_watermark != vllm_records
 
 
@@ -394,7 +408,7 @@ _MISSING = missing_scheduler_api()
     raises=(TypeError, AttributeError),
     strict=True,
 )
-def test_scheduler_outputs_identical_on_kvcy(model_dir: str, vllm_records: list[dict[str, Any]]) -> None:
+def test_scheduler_outputs_identical_on_kvcy(model_dir: str, layout: str, vllm_records: list[dict[str, Any]]) -> None:
     """Every step's ``SchedulerOutput`` (and what it returned) is the same on kvcy's manager."""
     print(f"kvcy.IMPLEMENTATION = {kvcy.IMPLEMENTATION}")
     if os.environ.get("KVCY_NO_EXTENSIONS") == "1":
@@ -402,7 +416,7 @@ def test_scheduler_outputs_identical_on_kvcy(model_dir: str, vllm_records: list[
     elif os.environ.get("KVCY_REQUIRE_EXTENSIONS") == "1":
         assert kvcy.IMPLEMENTATION == "cython"
     with kvcy.vllm.installed():
-        kvcy_records, manager_class = run_scenario(model_dir)
+        kvcy_records, manager_class = run_scenario(model_dir, layout)
     assert manager_class.__module__.startswith("kvcy._fast."), manager_class
     assert not kvcy.vllm.is_installed()
     assert kvcy_records == vllm_records, _first_difference(vllm_records, kvcy_records)
