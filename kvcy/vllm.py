@@ -215,7 +215,9 @@ def convert_kv_cache_config(config: Any) -> Any:
         elif field.name in _CONFIG_FIELDS_NOT_FOR_THE_MANAGER:
             continue
         elif value != _default(field):
-            raise NotImplementedError(f"KVCacheConfig.{field.name}={value!r}: this vLLM feature is not supported by kvcy")
+            raise NotImplementedError(
+                f"KVCacheConfig.{field.name}={value!r}: this vLLM feature is not supported by kvcy"
+            )
     return ki.KVCacheConfig(**kwargs)
 
 

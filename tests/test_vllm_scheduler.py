@@ -387,7 +387,10 @@ def missing_scheduler_api() -> list[str]:
     for keyword in ("num_hash_lookahead_tokens", "num_prefill_lookahead", "enable_mamba_shared_prefix_checkpoint"):
         if keyword not in init:
             missing.append(f"KVCacheManager({keyword}=...)")
-    for method, keyword in (("get_computed_blocks", "max_cache_hit_length"), ("allocate_slots", "skip_zeroing_group_ids")):
+    for method, keyword in (
+        ("get_computed_blocks", "max_cache_hit_length"),
+        ("allocate_slots", "skip_zeroing_group_ids"),
+    ):
         if keyword not in inspect.signature(getattr(KVCacheManager, method)).parameters:
             missing.append(f"{method}({keyword}=...)")
     for method in ("record_prefix_cache_stats", "estimate_cached_tokens", "take_new_block_ids",
@@ -494,7 +497,9 @@ def _vllm_specs() -> dict[str, Any]:
         "fp8": v.FullAttentionSpec(
             block_size=32, num_kv_heads=2, head_size=128, dtype=torch.uint8, kv_quant_mode=v.KVQuantMode.FP8_PER_TENSOR
         ),
-        "sliding": v.SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=96),
+        "sliding": v.SlidingWindowSpec(
+            block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=96
+        ),
         "chunked": v.ChunkedLocalAttentionSpec(
             block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, attention_chunk_size=256
         ),
@@ -511,7 +516,10 @@ def _vllm_specs() -> dict[str, Any]:
         "mamba": v.MambaSpec(block_size=16, shapes=((4, 8), (2, 3)), dtypes=(torch.float32, torch.bfloat16)),
         "uniform": v.UniformTypeKVCacheSpecs(
             block_size=16,
-            kv_cache_specs={"a": full, "b": v.FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=torch.bfloat16)},
+            kv_cache_specs={
+                "a": full,
+                "b": v.FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype=torch.bfloat16),
+            },
         ),
     }
 
@@ -546,7 +554,10 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
         (v.RSWASpec(**attn, rswa_window=64), "RSWASpec"),
         (v.CircularBufferSpec(**attn), "CircularBufferSpec"),
         (v.FullAttentionSpec(**attn, non_causal=True), "FullAttentionSpec.non_causal"),
-        (v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16), "SlidingWindowSpec.extra_retained_tokens"),
+        (
+            v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16),
+            "SlidingWindowSpec.extra_retained_tokens",
+        ),
         (v.FullAttentionSpec(**attn, block_stride_alignment=256), "FullAttentionSpec.block_stride_alignment"),
         (v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), num_prefill_checkpoint_blocks=2),
          "MambaSpec.num_prefill_checkpoint_blocks"),
@@ -567,8 +578,10 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
     group = v.KVCacheGroupSpec(["l0"], spec, role=v.KVCacheGroupRole.HISPARSE_SOURCE)
     with pytest.raises(NotImplementedError, match="HiSparse"):
         kvcy.vllm.convert_kv_cache_group_spec(group)
-    for option in ({"hisparse_host_num_blocks": 8}, {"hisparse_shared_host_pool": True}, {"hisparse_host_block_stride": 64}):
-        config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["l0"], spec)], **option)
+    groups = [v.KVCacheGroupSpec(["l0"], spec)]
+    hisparse = ({"hisparse_host_num_blocks": 8}, {"hisparse_shared_host_pool": True}, {"hisparse_host_block_stride": 64})
+    for option in hisparse:
+        config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups, **option)
         with pytest.raises(NotImplementedError, match="hisparse"):
             kvcy.vllm.convert_kv_cache_config(config)
 
@@ -600,6 +613,7 @@ def test_config_converts_groups_tensors_and_settings() -> None:
     assert (tensor.size, tensor.layers, tensor.layer_stride, tensor.block_stride, tensor.offset) == (
         2 * 100 * page, ["l0", "l1"], 100 * page, page, 0)
     assert [g.layer_names for g in converted.kv_cache_groups] == [["l0"], ["l1"]]
-    assert [type(g.kv_cache_spec).__name__ for g in converted.kv_cache_groups] == ["FullAttentionSpec", "SlidingWindowSpec"]
-    assert [(g.is_eagle_group, g.enable_kv_transfer) for g in converted.kv_cache_groups] == [(False, True), (True, False)]
+    groups = converted.kv_cache_groups
+    assert [type(g.kv_cache_spec).__name__ for g in groups] == ["FullAttentionSpec", "SlidingWindowSpec"]
+    assert [(g.is_eagle_group, g.enable_kv_transfer) for g in groups] == [(False, True), (True, False)]
     assert converted.prefix_cacheable_group_ids == config.prefix_cacheable_group_ids == (0,)
