@@ -579,7 +579,11 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
     with pytest.raises(NotImplementedError, match="HiSparse"):
         kvcy.vllm.convert_kv_cache_group_spec(group)
     groups = [v.KVCacheGroupSpec(["l0"], spec)]
-    hisparse = ({"hisparse_host_num_blocks": 8}, {"hisparse_shared_host_pool": True}, {"hisparse_host_block_stride": 64})
+    hisparse = (
+        {"hisparse_host_num_blocks": 8},
+        {"hisparse_shared_host_pool": True},
+        {"hisparse_host_block_stride": 64},
+    )
     for option in hisparse:
         config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups, **option)
         with pytest.raises(NotImplementedError, match="hisparse"):
