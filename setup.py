@@ -114,9 +114,16 @@ def _hashing_build_options() -> dict:
     return {"define_macros": macros, "libraries": libraries, "depends": headers}
 
 
+def _included_sources(folder: str) -> list[str]:
+    """The ``.pyx`` / ``.pxd`` files a twin ``include``s from ``folder`` (a change rebuilds it)."""
+    return sorted(str(p.relative_to(HERE)) for ext in ("pyx", "pxd") for p in (HERE / folder).glob(f"*.{ext}"))
+
+
 # One entry per Cython twin: module name -> extra Extension keyword arguments.
+# Only these are compiled: kvcy/_fast/kv_cache_c/*.pyx are pieces of
+# kvcy._fast._kv_cache_c (Cython ``include``s them), listed as its depends.
 CYTHON_MODULES: dict[str, dict] = {
-    "kvcy._fast._kv_cache_c": {},
+    "kvcy._fast._kv_cache_c": {"depends": _included_sources("kvcy/_fast/kv_cache_c")},
     "kvcy._fast._hashing_c": _hashing_build_options(),
     "kvcy._fast._offload_c": {},
 }

@@ -9,8 +9,10 @@ compiler.  The no-compiler fallback is a step of .ci/run.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import os
+import pkgutil
 import shutil
 import struct
 import subprocess
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from kvcy import _fast
-from kvcy._fast import _kv_cache_py
+from kvcy._fast import _kv_cache_py, kv_cache_py
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB = ROOT / "kvcy" / "_fast" / "_kv_cache_c.pyi"
@@ -126,12 +128,18 @@ def _stub_api() -> dict[str, dict[str, list[str] | None]]:
 
 
 def test_stub_names_match_the_pure_twin():
-    defined = {
-        name for name, obj in vars(_kv_cache_py).items()
-        if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
-        and obj.__module__ == _kv_cache_py.__name__
-    }
-    assert set(_stub_api()) == defined | {"IMPLEMENTATION", "logger", "spec_manager_map"}
+    # The pure twin's code lives one concept per module in kvcy/_fast/kv_cache_py/;
+    # _kv_cache_py assembles the public names (its __all__) from them.
+    defined = set()
+    for info in pkgutil.iter_modules(kv_cache_py.__path__):
+        mod = importlib.import_module(f"{kv_cache_py.__name__}.{info.name}")
+        defined |= {
+            name for name, obj in vars(mod).items()
+            if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
+            and obj.__module__ == mod.__name__
+        }
+    assert set(_kv_cache_py.__all__) == defined | {"IMPLEMENTATION", "logger", "spec_manager_map"}
+    assert set(_stub_api()) == set(_kv_cache_py.__all__)
 
 
 def test_stub_members_and_signatures_match_the_pure_twin():
@@ -153,6 +161,46 @@ def test_stub_members_and_signatures_match_the_pure_twin():
                 continue
             runtime = getattr(inspect.getattr_static(obj, member), "__func__", inspect.getattr_static(obj, member))
             assert params == list(inspect.signature(runtime).parameters), f"{name}.{member}"
+
+
+# --------------------------------------------------------------------------- the included sources
+def _kv_cache_c_includes() -> list[str]:
+    """The files ``_kv_cache_c.pyx`` / ``.pxd`` ``include`` (repository-relative), in order."""
+    out = []
+    for assembly in ("_kv_cache_c.pyx", "_kv_cache_c.pxd"):
+        for line in (ROOT / "kvcy" / "_fast" / assembly).read_text().splitlines():
+            if line.startswith("include "):
+                out.append("kvcy/_fast/" + ast.literal_eval(line.split(None, 1)[1]))
+    return out
+
+
+def test_kv_cache_c_is_assembled_from_every_included_source():
+    included = _kv_cache_c_includes()
+    assert len(included) == len(set(included)) and included, included
+    on_disk = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kvcy" / "_fast" / "kv_cache_c").iterdir())
+    # Every piece is included once, nothing else lies there (no __init__.py: not a package).
+    assert sorted(included) == on_disk
+    # Each concept's implementation (.pyx) comes with its declarations (.pxd).
+    stems = {suffix: [Path(r).stem for r in included if r.endswith(suffix)] for suffix in (".pyx", ".pxd")}
+    assert stems[".pyx"] == stems[".pxd"] and len(stems[".pyx"]) * 2 == len(included)
+
+
+def test_setup_builds_one_kv_cache_extension_that_depends_on_its_includes():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['setup.py', '--name']\n"
+        "g = runpy.run_path('setup.py', run_name='__main__')\n"
+        "for e in g['_all_exts']:\n"
+        "    print('EXT', e.name, *e.sources, *e.depends)\n"
+    )
+    proc = _run([sys.executable, "-c", code], env={"KVCY_BUILD_TORCH": "0"})
+    assert proc.returncode == 0, proc.stderr
+    exts = {row[1]: row[2:] for row in (line.split() for line in proc.stdout.splitlines()) if row[:1] == ["EXT"]}
+    assert not [name for name in exts if "kv_cache_c." in name], exts
+    files = exts["kvcy._fast._kv_cache_c"]
+    assert files[0] == "kvcy/_fast/_kv_cache_c.pyx"
+    # A change to an included file rebuilds the extension.
+    assert sorted(_kv_cache_c_includes()) == sorted(files[1:])
 
 
 # --------------------------------------------------------------------------- sdist and wheel
@@ -210,6 +258,7 @@ def test_sdist_has_sources_and_no_generated_c(dists):
     wanted = [t for t in tracked if t.startswith("cuda_ext/") or t.endswith((".pyx", ".pxd", ".pyi", ".h"))]
     assert any(t.startswith("cuda_ext/") for t in wanted) and any(t.endswith(".pyx") for t in wanted)
     assert sorted(set(wanted) - names) == []
+    assert sorted(set(_kv_cache_c_includes()) - names) == []
     generated = [n for n in names if n.startswith("kvcy/") and n.endswith((".c", ".cpp", ".so", ".html"))]
     assert generated == []
 
@@ -222,6 +271,12 @@ def test_wheel_has_stubs_license_and_no_generated_c(dists):
     assert [n for n in names if n.endswith((".c", ".cpp", ".html"))] == []
     for rel in ("kvcy/py.typed", "kvcy/_fast/_kv_cache_c.pyi", "kvcy/_fast/_hashing_c.pyi"):
         assert rel in names, rel
+    # _kv_cache_c.pxd (shipped for cimport) includes these.
+    assert sorted(set(_kv_cache_c_includes()) - set(names)) == []
+    # The pure twin's per-concept modules (a package of their own) ship too.
+    pure = sorted(f"kvcy/_fast/kv_cache_py/{p.name}" for p in (ROOT / "kvcy/_fast/kv_cache_py").glob("*.py"))
+    assert "kvcy/_fast/kv_cache_py/__init__.py" in pure
+    assert sorted(set(pure) - set(names)) == []
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "License-Expression: Apache-2.0" in metadata
     assert [n for n in sos if "_hashing_c" in n], names

@@ -1,0 +1,18 @@
+# Declarations of kvcy._fast._kv_cache_c (Cython reads this file before
+# _kv_cache_c.pyx): the cdef classes of every concept, from kv_cache_c/*.pxd,
+# so each kv_cache_c/*.pyx holds only its method implementations.
+
+cimport cython
+from cpython.object cimport PyObject, PyTypeObject
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+include "kv_cache_c/_common.pxd"
+include "kv_cache_c/request.pxd"
+include "kv_cache_c/kv_cache_block.pxd"
+include "kv_cache_c/free_queue.pxd"
+include "kv_cache_c/block_map.pxd"
+include "kv_cache_c/block_pool.pxd"
+include "kv_cache_c/single_type_managers.pxd"
+include "kv_cache_c/coordinators.pxd"
+include "kv_cache_c/kv_cache_blocks.pxd"
+include "kv_cache_c/kv_cache_manager.pxd"

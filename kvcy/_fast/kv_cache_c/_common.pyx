@@ -1,0 +1,84 @@
+# kv_cache_c/_common.pyx: Module-level helpers shared by several concepts: request-status and count
+# checks, ceiling division, generations, cache-key suffixes, and the C-API externs and inline C (key
+# hashing, prefetch, aligned block slabs) the block, queue, map and pool code uses.  (vLLM:
+# vllm/v1/utils.py cdiv and the checks its classes do inline.)
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
+
+cdef object _WAITING = RequestStatus.WAITING
+cdef object _PREEMPTED = RequestStatus.PREEMPTED
+cdef object _STATUS_TYPE = RequestStatus
+
+
+cdef inline bint _watermarked(object status) except -1:
+    # Waiting and preempted requests take the watermark.  A status is
+    # compared by value, as vLLM does: one from vLLM's own RequestStatus
+    # class counts the same.  kvcy's members are singletons, so for them
+    # identity decides without a rich comparison.
+    if status is _WAITING or status is _PREEMPTED:
+        return True
+    if type(status) is _STATUS_TYPE:
+        return False
+    return status == _WAITING or status == _PREEMPTED
+
+
+cdef inline Py_ssize_t _cdiv(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # Ceiling division for a >= 0, b > 0 (C division truncates: no negation trick).
+    if a <= 0:
+        return 0
+    return (a + b - 1) // b
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+cdef Py_ssize_t _check_count_slow(str name, object value) except -1:
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        value = int(value)
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    if value > 2**62:
+        raise ValueError(f"{name} is too large: {value}")
+    return <Py_ssize_t>value
+
+
+cdef inline Py_ssize_t _check_count(str name, object value) except -1:
+    """A non-negative int count (bools refused) as a C integer."""
+    cdef Py_ssize_t v
+    if type(value) is int:
+        v = _PyLong_AsSsize_t_raw(value)
+        if v == -1 and PyErr_Occurred() != NULL:
+            PyErr_Clear()
+        elif 0 <= v <= (<Py_ssize_t>1 << 62):
+            return v
+    return _check_count_slow(name, value)
+
+
+cdef int32_t _check_ref_cnt(object value) except -1:
+    """A reference count as assigned from outside: an int in [0, 2**31)."""
+    cdef Py_ssize_t v = _check_count("ref_cnt", value)
+    if v >= (<Py_ssize_t>1 << 31):
+        raise ValueError(f"ref_cnt must be below 2**31, got {value}")
+    return <int32_t>v
+
+
+cdef object _ZERO = 0
+
+cdef Py_ssize_t _GEN = 0
+
+
+cdef inline Py_ssize_t _next_gen() noexcept:
+    global _GEN
+    _GEN += 1
+    return _GEN
+
+# Group id -> its 4-byte big-endian suffix, cached for the small ids that occur.
+cdef list _GROUP_SUFFIX = [i.to_bytes(4, "big") for i in range(64)]
+
+
+cdef inline bytes _group_key(bytes block_hash, Py_ssize_t group_id):
+    if group_id < 64:
+        return block_hash + <bytes>_GROUP_SUFFIX[group_id]
+    return block_hash + group_id.to_bytes(4, "big")

@@ -1,0 +1,533 @@
+# kv_cache_c/block_pool.pyx: BlockPool: allocation, freeing, caching, touching and lazy eviction of
+# blocks, with KV events; and the check of prefix-cache hit blocks. (vLLM:
+# vllm/v1/core/block_pool.py, BlockPool.)
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
+
+cdef enum:
+    # Blocks whose table lookups one batch loop starts before using any (see
+    # BlockPool._get_new_blocks and cache_full_blocks).
+    _EVICT_BATCH = 32
+
+
+cdef inline Py_ssize_t _initial_map_keys(Py_ssize_t num_blocks) noexcept:
+    # A pool caches at most one key per block: size the map for all of them
+    # up front (no rehash pauses in steady state), up to a table of 2**19
+    # slots (16 MiB); bigger pools grow it as their cache fills.
+    cdef Py_ssize_t most = (1 << 19) // _LOAD_INV
+    return num_blocks if num_blocks < most else most
+
+
+cdef class BlockPool:
+    """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
+
+    Args:
+        num_gpu_blocks: blocks in the pool (block 0 becomes the null block).
+        enable_caching: whether prefix caching is on.
+        hash_block_size: the block size request hashes are computed at.
+        enable_kv_cache_events: queue BlockStored / BlockRemoved /
+            AllBlocksCleared events for ``take_events``.
+        use_int_block_hashes: publish hashes in events as 64-bit ints
+            (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+    """
+
+    def __init__(self, num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events=False,
+                 metrics_collector=None, use_int_block_hashes=None):
+        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+            raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        if num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+        if num_gpu_blocks > 2**31:
+            raise ValueError(
+                f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
+                f"got {num_gpu_blocks}"
+            )
+        if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
+            raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = bool(enable_caching)
+        self.hash_block_size = hash_block_size
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        if self.enable_caching:
+            self.cached_block_hash_to_block._reserve(_initial_map_keys(num_gpu_blocks))
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.use_int_block_hashes = (
+            default_use_int_block_hashes() if use_int_block_hashes is None else bool(use_int_block_hashes)
+        )
+        self.kv_event_queue = []
+        self.metrics_collector = metrics_collector
+        self.num_evictions = 0
+
+    # ------------------------------------------------------------------ lookups
+    cpdef object get_cached_block(self, object block_hash, list kv_cache_group_ids):
+        """One cached block per group for ``block_hash``, or None if any group misses."""
+        cdef list out = []
+        cdef object block
+        cdef Py_ssize_t gid
+        for gid in kv_cache_group_ids:
+            block = self.cached_block_hash_to_block._get(block_hash, gid)
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    cdef inline object _get_one(self, object block_hash, Py_ssize_t gid):
+        return self.cached_block_hash_to_block._get(block_hash, gid)
+
+    # ------------------------------------------------------------------ caching
+    cdef object _ext(self, bytes block_hash):
+        return external_block_hash(block_hash, self.use_int_block_hashes)
+
+    cpdef cache_full_blocks(self, request, list blocks, Py_ssize_t num_cached_blocks,
+                            Py_ssize_t num_full_blocks, Py_ssize_t block_size,
+                            Py_ssize_t kv_cache_group_id):
+        """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hashes and cache them.
+
+        Null blocks are skipped.  With events on, one ``BlockStored`` is queued.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        if num_cached_blocks < 0:
+            raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
+        if blocks is None:
+            raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        block_hashes = _resolve(_block_hashes_of(request), self.hash_block_size, block_size)
+        if len(block_hashes) < num_full_blocks:
+            raise RuntimeError(
+                f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        if num_full_blocks > PyList_GET_SIZE(blocks):
+            raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
+        cdef Py_ssize_t i
+        cdef KVCacheBlock blk
+        cdef object block_hash
+        if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
+        # The new blocks' hashes: the request's own list, or read once from a
+        # coarser view; new_block_hashes[i - off] is block i's hash.
+        cdef list new_block_hashes
+        cdef Py_ssize_t off
+        if type(block_hashes) is list:
+            new_block_hashes = <list>block_hashes
+            off = 0
+        else:
+            new_block_hashes = [block_hashes[i] for i in range(num_cached_blocks, num_full_blocks)]
+            off = num_cached_blocks
+        cdef PyObject *hp
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef Py_ssize_t ahead, start, end
+        for i in range(num_cached_blocks, num_full_blocks):  # validate before any change
+            ahead = i + 8  # the hash objects are scattered: start loading a few ahead
+            if ahead < num_full_blocks:
+                hp = _PyList_GET_ITEM_RAW(new_block_hashes, ahead - off)
+                kvcy_prefetch(hp)
+                kvcy_prefetch(<char*>hp + 63)
+                kvcy_prefetch(_PyList_GET_ITEM_RAW(blocks, ahead))
+            hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+            if Py_TYPE_RAW(hp) != &PyBytes_Type:
+                raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+            if not _is_block(PyList_GET_ITEM(blocks, i)):
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(blocks[i]).__name__}")
+            blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
+            assert blk.is_null or blk._hash is None, "The block already has a hash. This should not happen."
+        cdef bint events = self.enable_kv_cache_events
+        cdef list new_hashes = [] if events else None
+        cdef uint64_t hs[_EVICT_BATCH]
+        cdef uint32_t gid = <uint32_t>kv_cache_group_id
+        start = num_cached_blocks
+        while start < num_full_blocks:  # (a range() with an enum step would build a Python range)
+            end = start + _EVICT_BATCH
+            if end > num_full_blocks:
+                end = num_full_blocks
+            for i in range(start, end):  # start loading the table slots
+                hp = _PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+                hs[i - start] = kvcy_key_hash(_PyBytes_AS_STRING_RAW(hp), _PyBytes_GET_SIZE_RAW(hp), gid)
+                cache._prefetch(hs[i - start])
+            for i in range(start, end):
+                blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
+                if blk.is_null:
+                    continue
+                block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+                blk._hash = block_hash
+                blk._group = gid
+                blk._key_h = <uint32_t>hs[i - start]
+                blk._num_tokens = (i + 1) * block_size
+                cache._insert_hashed(<PyObject*>block_hash, gid, hs[i - start], blk)
+                if events:
+                    new_hashes.append(self._ext(block_hash))
+            start = end
+        if events:
+            parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
+            extra_keys_list = []
+            mm_idx = 0
+            for i in range(num_cached_blocks, num_full_blocks):
+                if (<KVCacheBlock>blocks[i]).is_null:
+                    continue
+                start = i * block_size
+                keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+                extra_keys_list.append(untag_extra_keys(keys))
+            self.kv_event_queue.append(
+                self._block_stored(
+                    request, new_hashes, parent, num_cached_blocks * block_size,
+                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list,
+                )
+            )
+
+    cdef int _check_hashes_to_cache(self, object request, Py_ssize_t num_cached_blocks,
+                                    Py_ssize_t num_full_blocks, Py_ssize_t block_size) except -1:
+        # What cache_full_blocks(request, ..., num_cached_blocks, num_full_blocks,
+        # block_size, ...) reads of the request's hashes, checked before the
+        # caller changes anything (it caches after allocating): enough of
+        # them, and those it reads bytes.  The same errors.
+        if num_cached_blocks >= num_full_blocks:
+            return 0
+        if num_cached_blocks < 0:
+            num_cached_blocks = 0
+        hashes = _block_hashes_of(request)
+        cdef Py_ssize_t scale = 1
+        if block_size != self.hash_block_size:
+            _resolve((), self.hash_block_size, block_size)  # (its ValueError for a bad size)
+            scale = block_size // self.hash_block_size
+        cdef Py_ssize_t n = len(hashes) // scale
+        if n < num_full_blocks:
+            raise RuntimeError(
+                f"request {_rid(request)!r} has {n} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        cdef Py_ssize_t j
+        cdef object h
+        cdef PyObject *hp
+        if type(hashes) is list:  # (a request's own list: read in place)
+            for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+                hp = _PyList_GET_ITEM_RAW(hashes, j)
+                if Py_TYPE_RAW(hp) != &PyBytes_Type:
+                    raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+            return 0
+        for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+            h = hashes[j]
+            if type(h) is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+        return 0
+
+    cdef object _block_stored(self, request, list hashes, parent, Py_ssize_t start, Py_ssize_t end,
+                              Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list):
+        lora = request.lora_request
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=request.all_token_ids[start:end],
+            block_size=block_size,
+            lora_id=lora.lora_int_id if lora is not None else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.lora_name if lora is not None else None,
+            extra_keys=extra_keys_list if extra_keys_list else None,
+            group_idx=group_id,
+        )
+
+    def emit_cached_block_events(self, request, Py_ssize_t num_cached_blocks, Py_ssize_t block_size,
+                                 Py_ssize_t kv_cache_group_id):
+        """Queue a ``BlockStored`` for a prefix hit of ``num_cached_blocks`` blocks (no state change)."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        block_hashes = _resolve(request.block_hashes, self.hash_block_size, block_size)
+        hashes = []
+        extra_keys_list = []
+        mm_idx = 0
+        for i in range(num_cached_blocks):
+            hashes.append(self._ext(block_hashes[i]))
+            start = i * block_size
+            keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+            extra_keys_list.append(untag_extra_keys(keys))
+        self.kv_event_queue.append(
+            self._block_stored(
+                request, hashes, None, 0, num_cached_blocks * block_size, block_size,
+                kv_cache_group_id, extra_keys_list,
+            )
+        )
+
+    # ------------------------------------------------------------------ allocation
+    def get_new_blocks(self, num_blocks):
+        """Pop ``num_blocks`` free blocks, evicting any cached ones, ref_cnt 0 -> 1.
+
+        Raises:
+            ValueError: fewer than ``num_blocks`` blocks are free (nothing changes).
+        """
+        return self._get_new_blocks(_check_count("num_blocks", num_blocks))
+
+    cdef list _get_new_blocks(self, Py_ssize_t num_blocks):
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        cdef list ret = self.free_block_queue._popleft_n(num_blocks)
+        cdef PyObject **items = (<PyListObject*>ret).ob_item
+        cdef Py_ssize_t i, start, end
+        if not self.enable_caching:
+            for i in range(num_blocks):
+                (<KVCacheBlock>items[i])._ref_cnt += 1
+            return ret
+        # Eviction (which may allocate) runs after the queue is consistent
+        # again, a batch at a time: first the loads an eviction needs -- the
+        # key's table slot (from the hash half the block keeps) and the hash
+        # object's header (its references drop) -- are started for the whole
+        # batch, so the evictions find them in cache instead of missing one
+        # after another.
+        cdef PyObject *p
+        cdef PyObject *k
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        start = 0
+        while start < num_blocks:  # (a range() with an enum step would build a Python range)
+            end = start + _EVICT_BATCH
+            if end > num_blocks:
+                end = num_blocks
+            for i in range(start, end):
+                p = items[i]
+                k = <PyObject*>(<KVCacheBlock>p)._hash
+                if k != <PyObject*>None:
+                    cache._prefetch((<KVCacheBlock>p)._key_h)
+                    kvcy_prefetch(k)
+            for i in range(start, end):
+                p = items[i]
+                if (<KVCacheBlock>p)._hash is not None:
+                    _evict(self, <KVCacheBlock>p)
+                (<KVCacheBlock>p)._ref_cnt += 1
+            start = end
+        # The next allocation most likely takes about as many blocks from the
+        # head; in a large pool they are cold (the queue already started
+        # loading their array entries).
+        self.free_block_queue._prefetch_head(num_blocks if num_blocks < 64 else 64)
+        return ret
+
+    cdef int _queue_removed(self, KVCacheBlock block) except -1:
+        # The BlockRemoved event of a block about to lose its key.
+        self.kv_event_queue.append(
+            BlockRemoved(block_hashes=[self._ext(block._hash)], medium=MEDIUM_GPU, group_idx=block._group)
+        )
+        return 0
+
+    def evict_blocks(self, block_ids):
+        """Drop the cache keys of the given blocks (they stay where they are)."""
+        block_ids = list(block_ids)  # (read twice: checked first)
+        for block_id in block_ids:
+            if isinstance(block_id, bool) or not isinstance(block_id, int):
+                raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
+            if not 0 <= block_id < self.num_gpu_blocks:
+                raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
+        cdef object block
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if not _is_block(<PyObject*>block):  # (blocks is a public list)
+                raise TypeError(f"pool blocks must be KVCacheBlock, got {type(block).__name__}")
+            _evict(self, <KVCacheBlock>block)
+
+    def touch(self, blocks):
+        """Take a reference on cache-hit blocks, unlinking free ones from the queue.
+
+        ``blocks`` holds blocks, or one sequence of blocks per KV-cache group.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block with no references is not in the free queue.
+            In both cases nothing changes.
+        """
+        cdef list groups
+        if blocks and not isinstance(blocks[0], KVCacheBlock):
+            groups = [list(group) for group in blocks]
+        else:
+            groups = [list(blocks)]
+        cdef list group
+        for group in groups:  # check everything before any change
+            _check_hit_blocks(group, NULL, self.free_block_queue, self.blocks)
+        for group in groups:
+            self._touch(group)
+
+    cdef int _touch(self, list blocks) except -1:
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks)
+        for i in range(n):
+            self._touch_one(<KVCacheBlock>PyList_GET_ITEM(blocks, i))
+        return 0
+
+    cdef inline int _touch_one(self, KVCacheBlock block) except -1:
+        # Take a reference on a hit block, unlinking it from the free queue
+        # when it was free (the queue type is final: no remove() override).
+        if block.is_null:
+            return 0
+        if block._ref_cnt == 0:
+            self.free_block_queue._remove(block)
+        block._ref_cnt += 1
+        return 0
+
+    def free_blocks(self, ordered_blocks):
+        """Drop one reference on each block, in eviction order.
+
+        A block reaching 0 goes to the tail of the free queue if it is cached
+        (LRU) and to the head if not (reused first); each batch keeps the
+        given order.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block would be freed more times than it was taken.
+            In both cases nothing changes.
+        """
+        cdef list blocks_list = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        self._free_blocks(blocks_list)
+
+    cdef int _free_blocks(self, list blocks_list) except -1:
+        # One pass: type-check, drop a reference; a block reaching 0 gains the
+        # queue's reference and is written just past the queue's tail (cached)
+        # or just before its head (not cached, written backwards and put in
+        # list order at the end).  The queue's ends move only after the pass,
+        # so bad input found midway is rolled back with the queue untouched.
+        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(blocks_list)
+        queue._ensure_room(n)
+        cdef PyObject **items = (<PyListObject*>blocks_list).ob_item
+        cdef bint caching = self.enable_caching
+        cdef PyObject **ring = queue._ring
+        cdef int64_t mask = queue._mask
+        cdef uint32_t queue_id = queue._id
+        cdef int64_t head = queue._head
+        cdef int64_t tail = queue._tail
+        cdef int64_t n_head = 0, n_tail = 0, pos
+        cdef PyObject *p
+        for i in range(n):
+            p = items[i]
+            if not _is_block(p):
+                self._undo_free(blocks_list, i, n_head, n_tail)
+                raise TypeError(f"free_blocks takes KVCacheBlock, got {type(<object>p).__name__}")
+            if (<KVCacheBlock>p).is_null:
+                continue
+            if (<KVCacheBlock>p)._ref_cnt <= 0:
+                self._undo_free(blocks_list, i, n_head, n_tail)
+                raise RuntimeError(f"block {(<KVCacheBlock>p).block_id} freed more times than it was taken")
+            (<KVCacheBlock>p)._ref_cnt = (<KVCacheBlock>p)._ref_cnt - 1
+            if (<KVCacheBlock>p)._ref_cnt == 0:
+                Py_INCREF_RAW(p)
+                if caching and (<KVCacheBlock>p)._hash is not None:
+                    pos = tail + n_tail
+                    n_tail += 1
+                else:
+                    n_head += 1
+                    pos = head - n_head
+                ring[pos & mask] = p
+                (<KVCacheBlock>p)._queue_id = queue_id
+                (<KVCacheBlock>p)._pos = pos
+        if n_head + n_tail == 0:
+            return 0
+        cdef int64_t lo = head - n_head, hi = head - 1
+        while lo < hi:  # the head batch went in backwards: reverse it
+            p = ring[lo & mask]
+            ring[lo & mask] = ring[hi & mask]
+            ring[hi & mask] = p
+            (<KVCacheBlock>ring[lo & mask])._pos = lo
+            (<KVCacheBlock>p)._pos = hi
+            lo += 1
+            hi -= 1
+        queue._head = head - n_head
+        queue._tail = tail + n_tail
+        queue.num_free_blocks += n_head + n_tail
+        return 0
+
+    cdef void _undo_free(self, list blocks_list, Py_ssize_t upto, int64_t n_head,
+                         int64_t n_tail) noexcept:
+        # Give back the queue references taken for the n_head entries before
+        # the head and the n_tail past the tail (outside the queue's range, so
+        # not in it), and the references dropped from blocks_list[:upto].
+        cdef Py_ssize_t i
+        cdef PyObject *x
+        cdef FreeKVCacheBlockQueue queue = self.free_block_queue
+        queue._drop_taken(queue._head - n_head, n_head)
+        queue._drop_taken(queue._tail, n_tail)
+        for i in range(upto):
+            x = _PyList_GET_ITEM_RAW(blocks_list, i)
+            if not (<KVCacheBlock>x).is_null:
+                (<KVCacheBlock>x)._ref_cnt += 1
+
+    def reset_prefix_cache(self):
+        """Drop every cache key; only when no block but the null block is in use."""
+        cdef Py_ssize_t num_used_blocks = self.num_gpu_blocks - self.free_block_queue.num_free_blocks
+        if num_used_blocks != 1:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_used_blocks - 1,
+            )
+            return False
+        cdef object item
+        for item in self.blocks:  # (blocks is a public list)
+            if not _is_block(<PyObject*>item):
+                raise TypeError(f"pool blocks must be KVCacheBlock, got {type(item).__name__}")
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        if self.enable_caching:
+            self.cached_block_hash_to_block._reserve(_initial_map_keys(self.num_gpu_blocks))
+        cdef KVCacheBlock block
+        for block in self.blocks:
+            block._hash = None
+            block._num_tokens = -1
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    cpdef Py_ssize_t get_num_free_blocks(self):
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self):
+        """Fraction of usable blocks in use (the null block does not count)."""
+        cdef Py_ssize_t total = self.num_gpu_blocks - 1
+        if total <= 0:
+            return 0.0
+        return 1.0 - (self.free_block_queue.num_free_blocks / <double>total)
+
+    def take_events(self):
+        """Drain the event queue."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = self.kv_event_queue
+        self.kv_event_queue = []
+        return events
+
+
+cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
+    # The Python twin's BlockPool._maybe_evict_cached_block (inlined into get_new_blocks' loop):
+    # drop the block's key from the cache map (found from the hash half the
+    # block keeps), with its event; False if it had no key there.
+    if block._hash is None:
+        return False
+    if not pool.cached_block_hash_to_block._drop_block(block):
+        return False
+    if pool.enable_kv_cache_events:
+        pool._queue_removed(block)
+    block._hash = None
+    block._num_tokens = -1
+    pool.num_evictions += 1
+    return True
+
+
+cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None,
+                            list pool_blocks=None):
+    # Blocks to touch (prefix-cache hits) as a list, checked before any
+    # change: every one a KVCacheBlock (the manager reads their C fields), or
+    # TypeError; with pool_blocks (a pool's blocks), every one that pool's, or
+    # RuntimeError (a hit from another pool would take a reference there);
+    # with a queue, every free one (ref_cnt 0, not null) in it, or
+    # RuntimeError (touch() would fail half-way).  n_evictable, if given,
+    # receives how many are free: touching them takes them out of the pool.
+    cdef list out = blocks if type(blocks) is list else list(blocks)
+    cdef Py_ssize_t i, n_free = 0, bid
+    cdef PyObject *bp
+    for i in range(PyList_GET_SIZE(out)):
+        bp = _PyList_GET_ITEM_RAW(out, i)
+        if not _is_block(bp):
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(<object>bp).__name__}")
+        if pool_blocks is not None:
+            bid = (<KVCacheBlock>bp).block_id
+            if not (0 <= bid < PyList_GET_SIZE(pool_blocks) and _PyList_GET_ITEM_RAW(pool_blocks, bid) == bp):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
+        if (<KVCacheBlock>bp)._ref_cnt == 0 and not (<KVCacheBlock>bp).is_null:
+            if queue is not None and not queue._holds(<KVCacheBlock>bp):
+                raise RuntimeError(f"remove() called on an invalid block: {<object>bp}")
+            n_free += 1
+    if n_evictable != NULL:
+        n_evictable[0] = n_free
+    return out

@@ -1,0 +1,379 @@
+# kv_cache_c/coordinators.pyx: KVCacheCoordinator and its three kinds (no prefix cache, one group,
+# hybrid), and get_kv_cache_coordinator.  (vLLM: vllm/v1/core/kv_cache_coordinator.py.)
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
+
+cdef inline int _check_group_count(tuple per_group, Py_ssize_t n) except -1:
+    # A coordinator's per-group argument has one entry per group (it is
+    # indexed without bounds checks).
+    if per_group is None:
+        raise TypeError("expected a tuple with one sequence of blocks per KV-cache group, got None")
+    if PyTuple_GET_SIZE(per_group) != n:
+        raise ValueError(f"expected one sequence of blocks per KV-cache group ({n}), got {PyTuple_GET_SIZE(per_group)}")
+    return 0
+
+
+cdef class KVCacheCoordinator:
+    """Drives the single-type managers of all KV-cache groups over one block pool."""
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+        groups = kv_cache_config.kv_cache_groups
+        if scheduler_block_size % hash_block_size != 0 or any(
+            scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
+        ):
+            raise ValueError(
+                f"scheduler_block_size ({scheduler_block_size}) must be a multiple of "
+                f"hash_block_size ({hash_block_size}) and of every group's block size "
+                f"({[g.kv_cache_spec.block_size for g in groups]})"
+            )
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+            use_int_block_hashes=use_int_block_hashes,
+        )
+        eagle_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+        if use_eagle and not eagle_ids:
+            eagle_ids = set(range(len(groups)))
+        self.eagle_group_ids = eagle_ids
+        self.single_type_managers = tuple(
+            get_manager_for_kv_cache_spec(
+                g.kv_cache_spec, self.block_pool, enable_caching, i, scheduler_block_size,
+                max_in_flight_tokens, max_model_len,
+            )
+            for i, g in enumerate(groups)
+        )
+        self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
+        self._n_managers = len(self.single_type_managers)
+        self._any_cross = any(self._cross_attention)
+
+    cpdef Py_ssize_t get_num_blocks_to_allocate(
+        self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
+        Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False,
+    ) except -1:
+        cdef Py_ssize_t total = 0, i
+        cdef SingleTypeKVCacheManager manager
+        _check_group_count(new_computed_blocks, self._n_managers)
+        for i in range(self._n_managers):
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
+            if self._any_cross and self._cross_attention[i]:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0, 0, num_encoder_tokens, apply_admission_cap
+                )
+            else:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
+                    num_local_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                )
+        return total
+
+    cpdef allocate_new_computed_blocks(self, str request_id, tuple new_computed_blocks,
+                                       Py_ssize_t num_local_computed_tokens,
+                                       Py_ssize_t num_external_computed_tokens):
+        """Attach each group's prefix-cache hits (and external-token blocks) to a new request.
+
+        Raises:
+            TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
+            (nothing changes: every group's hits are checked first).
+        """
+        cdef SingleTypeKVCacheManager manager
+        cdef Py_ssize_t i
+        _check_group_count(new_computed_blocks, self._n_managers)
+        for i in range(self._n_managers):
+            (<SingleTypeKVCacheManager>self.single_type_managers[i])._checked_hits(
+                new_computed_blocks[i], num_local_computed_tokens + num_external_computed_tokens)
+        for manager in self.single_type_managers:
+            if request_id in manager._num_cached_block:
+                for blocks in new_computed_blocks:
+                    if len(blocks):
+                        raise RuntimeError(
+                            f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
+                        )
+                return
+        for i in range(self._n_managers):
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
+            manager.add_local_computed_blocks(
+                request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
+            )
+        if num_external_computed_tokens > 0:
+            for manager in self.single_type_managers:
+                manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
+    cpdef tuple allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens,
+                                    Py_ssize_t num_tokens_main_model, Py_ssize_t num_encoder_tokens=0):
+        cdef tuple out = self._allocate_new_blocks(request_id, num_tokens, num_encoder_tokens)
+        if out is None:
+            return tuple([[] for _ in range(self._n_managers)])
+        return out
+
+    cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_encoder_tokens):
+        # New blocks per group, or None when no group got any.
+        cdef Py_ssize_t i
+        cdef SingleTypeKVCacheManager manager
+        cdef list got
+        cdef bint any_new = False
+        if self._n_managers == 1 and not self._any_cross:
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[0]
+            got = manager._allocate_new_blocks(request_id, num_tokens)
+            return None if got is None else (got,)
+        cdef list out = []
+        for i in range(self._n_managers):
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
+            got = manager._allocate_new_blocks(
+                request_id, num_encoder_tokens if self._cross_attention[i] else num_tokens
+            )
+            if got is None:
+                got = []
+            else:
+                any_new = True
+            out.append(got)
+        return tuple(out) if any_new else None
+
+    cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            manager.cache_blocks(request, num_computed_tokens)
+
+    cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
+        # The num_tokens cache_blocks hands this manager.
+        return num_computed_tokens
+
+    cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_computed_tokens,
+                                 tuple new_computed_blocks, bint attaching,
+                                 Py_ssize_t total_computed_tokens) except -1:
+        # cache_blocks(request, num_computed_tokens) after this allocation,
+        # checked for every group before any change.
+        cdef Py_ssize_t i
+        cdef SingleTypeKVCacheManager manager
+        for i in range(self._n_managers):
+            manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
+            manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
+                                        new_computed_blocks[i], attaching, total_computed_tokens)
+        return 0
+
+    cpdef free(self, str request_id):
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            manager.free(request_id)
+
+    def pop_blocks_for_free(self, request_id):
+        out = []
+        for manager in self.single_type_managers:
+            out.extend(manager.pop_blocks_for_free(request_id))
+        return out
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in self.single_type_managers]
+
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens):
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def get_blocks(self, request_id):
+        cdef SingleTypeKVCacheManager m
+        return tuple([m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers])
+
+    cpdef bint holds(self, str request_id):
+        """Whether the request holds blocks (had a successful allocation since its last free)."""
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            if request_id in manager._req_to_blocks:
+                return True
+        return False
+
+    cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
+        raise NotImplementedError
+
+
+cdef class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    """Coordinator for prefix caching off: any number of groups, never a hit."""
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, False,
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes)
+        self.num_single_type_manager = len(self.single_type_managers)
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        return [0] * self.num_single_type_manager
+
+    cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
+        return tuple([[] for _ in range(self.num_single_type_manager)]), 0, 0
+
+
+cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """Coordinator for exactly one KV-cache group with prefix caching on."""
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes)
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
+        self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self._manager = <SingleTypeKVCacheManager>self.single_type_managers[0]
+        self.block_size = self._manager.block_size
+        if enable_caching and hash_block_size != self.block_size:
+            raise ValueError(
+                "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
+                f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
+            )
+        self.use_eagle = 0 in self.eagle_group_ids
+        self._manager.use_eagle = self.use_eagle
+        self._group_ids = [0]
+        if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
+            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
+
+    cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
+        cdef tuple res = self._manager._find_hit(block_hashes, max_cache_hit_length, self._group_ids,
+                                                 self.use_eagle, self.block_size)
+        return res[0], res[1], 0
+
+
+cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Coordinator for several KV-cache groups (e.g. full + sliding window).
+
+    Groups with equal specs are looked up together; full attention goes first
+    (its left-to-right scan bounds the others), and the candidate length is
+    shrunk until every group accepts it.
+    """
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes)
+        for manager in self.single_type_managers:
+            if manager.block_size % hash_block_size != 0:
+                raise ValueError(
+                    f"every group's block size must be a multiple of hash_block_size "
+                    f"({hash_block_size}); got {manager.block_size}"
+                )
+        if self.eagle_group_ids and any(
+            isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in kv_cache_config.kv_cache_groups
+        ):
+            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
+        self.verify_and_split_kv_cache_groups()
+
+    def verify_and_split_kv_cache_groups(self):
+        """Batch groups with identical specs; full attention first."""
+        groups = []
+        for i, g in enumerate(self.kv_cache_config.kv_cache_groups):
+            spec = g.kv_cache_spec
+            if isinstance(spec, CrossAttentionSpec):
+                continue
+            klass = type(self.single_type_managers[i])
+            use_eagle = i in self.eagle_group_ids
+            for entry in groups:
+                if entry[0] == spec:
+                    entry[1].append(i)
+                    entry[3] = entry[3] or use_eagle
+                    break
+            else:
+                groups.append([spec, [i], klass, use_eagle])
+        if not groups:
+            raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
+        groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
+        self.attention_groups = [tuple(e) for e in groups]
+        for spec, ids, klass, use_eagle in self.attention_groups:
+            if use_eagle:
+                for gid in ids:
+                    self.single_type_managers[gid].use_eagle = True
+        self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
+
+    cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
+        cdef Py_ssize_t aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        cdef Py_ssize_t n
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            n = aligned
+            if manager.use_eagle and aligned > 0:
+                n = min(num_computed_tokens, aligned + manager.block_size)
+            manager.cache_blocks(request, n)
+
+    cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
+        cdef Py_ssize_t aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
+
+    cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
+        cdef Py_ssize_t num_groups = len(self.kv_cache_config.kv_cache_groups)
+        cdef Py_ssize_t hit_length = max_cache_hit_length
+        cdef Py_ssize_t longest = 0, curr, max_len, new_len, first, idx, n
+        cdef list blocks_by_group = [None] * num_groups
+        cdef list length_by_group = [0] * num_groups
+        cdef Py_ssize_t alignment = self.scheduler_block_size
+        cdef set eagle_verified = set()
+        cdef tuple managers = self.single_type_managers
+        cdef SingleTypeKVCacheManager first_manager
+        cdef bint drop, is_full
+        cdef tuple res
+        while True:
+            curr = hit_length
+            for idx in range(len(self.attention_groups)):
+                spec, group_ids, klass, use_eagle = self.attention_groups[idx]
+                first = group_ids[0]
+                is_full = isinstance(spec, FullAttentionSpec)
+                if is_full and blocks_by_group[first] is not None:
+                    if <Py_ssize_t>length_by_group[first] < curr:
+                        curr = length_by_group[first]
+                    continue
+                drop = use_eagle and idx not in eagle_verified
+                max_len = curr
+                first_manager = <SingleTypeKVCacheManager>managers[first]
+                if drop and not isinstance(spec, MambaSpec):
+                    max_len = min(curr + first_manager.block_size, max_cache_hit_length)
+                res = first_manager._find_hit(block_hashes, max_len, group_ids, drop, alignment)
+                new_len = res[1]
+                if drop:
+                    eagle_verified.add(idx)
+                elif new_len < curr:
+                    eagle_verified.clear()
+                curr = new_len
+                for gid, blks in zip(group_ids, res[0]):
+                    blocks_by_group[gid] = blks
+                    length_by_group[gid] = new_len
+                if curr > longest:
+                    longest = curr
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self._is_simple_hybrid:
+                break
+        for spec, group_ids, klass, use_eagle in self.attention_groups:
+            if not isinstance(spec, FullAttentionSpec):
+                continue
+            n = _cdiv(hit_length, (<SingleTypeKVCacheManager>managers[group_ids[0]]).block_size)
+            for gid in group_ids:
+                blks = blocks_by_group[gid]
+                if blks is not None:
+                    del blks[n:]
+                    length_by_group[gid] = hit_length
+        blocks = tuple([b if b is not None else [] for b in blocks_by_group])
+        return blocks, hit_length, longest - hit_length
+
+
+def get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+                             enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                             use_int_block_hashes=None):
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        )
+    if len(kv_cache_config.kv_cache_groups) == 1:
+        return UnitaryKVCacheCoordinator(
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        )
+    return HybridKVCacheCoordinator(
+        kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+    )

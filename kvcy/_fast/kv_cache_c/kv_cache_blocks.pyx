@@ -1,0 +1,53 @@
+# kv_cache_c/kv_cache_blocks.pyx: KVCacheBlocks: the blocks per KV-cache group that allocate_slots
+# and get_computed_blocks return.  (vLLM: vllm/v1/core/kv_cache_manager.py, KVCacheBlocks.)
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
+
+# (freelist stays on the definition: Cython does not take it from the .pxd.)
+@cython.freelist(32)
+cdef class KVCacheBlocks:
+    """Blocks per KV-cache group: what allocate_slots / get_computed_blocks return.
+
+    ``blocks[i][j]`` is the j-th block of group i.
+    """
+
+    def __init__(self, tuple blocks):
+        self.blocks = blocks
+
+    def __add__(self, KVCacheBlocks other):
+        return KVCacheBlocks(tuple([list(a) + list(b) for a, b in zip(self.blocks, other.blocks)]))
+
+    def __eq__(self, other):
+        if not isinstance(other, KVCacheBlocks):
+            return NotImplemented
+        return self.get_block_ids() == other.get_block_ids()
+
+    __hash__ = None
+
+    def get_block_ids(self, allow_none=False):
+        """Block ids per group (``None`` with ``allow_none`` when there are none)."""
+        cdef object group
+        cdef KVCacheBlock blk
+        if allow_none and all(len(g) == 0 for g in self.blocks):
+            return None
+        out = []
+        for group in self.blocks:
+            out.append([blk.block_id for blk in group])
+        return tuple(out)
+
+    def get_unhashed_block_ids(self):
+        if len(self.blocks) != 1:
+            raise ValueError("get_unhashed_block_ids supports exactly one group")
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def new_empty(self):
+        return KVCacheBlocks(tuple([() for _ in range(len(self.blocks))]))
+
+    def __repr__(self):
+        return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+cdef inline KVCacheBlocks _one_group(list blocks):
+    # KVCacheBlocks((blocks,)) without a call through the type.
+    cdef KVCacheBlocks out = KVCacheBlocks.__new__(KVCacheBlocks)
+    out.blocks = (blocks,)
+    return out

@@ -1,0 +1,33 @@
+# kv_cache_c/kv_cache_manager.pxd: the declarations of KVCacheManager: C fields and cdef/cpdef
+# method signatures (implemented in kv_cache_manager.pyx).
+# Included by kvcy/_fast/_kv_cache_c.pxd.
+
+cdef class KVCacheManager:
+    # Fixed when made (readonly); the collector, the stats object and the
+    # watermark are free (checked where they are read, or harmless).
+    cdef readonly Py_ssize_t max_model_len
+    cdef readonly bint enable_caching
+    cdef readonly bint enable_kv_cache_events
+    cdef readonly bint use_eagle
+    cdef readonly bint log_stats
+    cdef public object metrics_collector
+    cdef public object prefix_cache_stats
+    cdef readonly KVCacheCoordinator coordinator
+    cdef readonly Py_ssize_t num_kv_cache_groups
+    cdef readonly BlockPool block_pool
+    cdef readonly object kv_cache_config
+    cdef public Py_ssize_t watermark_blocks
+    cdef readonly tuple kv_cache_event_metadata
+    cdef readonly KVCacheBlocks empty_kv_cache_blocks
+    cdef readonly tuple _group_block_sizes
+    cdef tuple _no_blocks  # no block per group: what allocate_slots works with when there are no hits
+    cdef FullAttentionManager _full  # the only manager, when it is plain full attention: the decode fast path
+    cdef bint _full_lookup_ok  # ... and get_computed_blocks needs no stats, events, EAGLE or coarser hashes
+    cdef dict __dict__
+
+    cpdef KVCacheBlocks create_kv_cache_blocks(self, tuple blocks)
+    cdef object _general_lookup(self, request)
+    cdef object _full_lookup(self, Request request)
+    cdef object _full_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_new_comp, object hits,
+                            Py_ssize_t n_look, Py_ssize_t n_reserved, bint delay_cache_blocks,
+                            bint has_scheduled_reqs, bint full_sequence_must_fit)

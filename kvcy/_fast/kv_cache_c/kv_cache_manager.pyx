@@ -1,0 +1,525 @@
+# kv_cache_c/kv_cache_manager.pyx: KVCacheManager: the manager a scheduler drives (allocate_slots,
+# get_computed_blocks, free, ...).  (vLLM: vllm/v1/core/kv_cache_manager.py, KVCacheManager.)
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
+
+cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size, Py_ssize_t have,
+                                      bint first, Py_ssize_t n_hits, Py_ssize_t n_evictable) noexcept:
+    # Blocks one full-attention group takes from the free pool to hold
+    # n_tokens (get_num_blocks_to_allocate): a request that holds `have`
+    # blocks needs the rest; on its first allocation (nothing cached yet) its
+    # hits count as held, and the free ones among them are taken too.
+    cdef Py_ssize_t needed = _cdiv(n_tokens, block_size) - have
+    if first:
+        needed -= n_hits
+        if needed < 0:
+            needed = 0
+        return needed + n_evictable
+    return needed if needed > 0 else 0
+
+
+cdef class KVCacheManager:
+    """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
+
+    Args:
+        kv_cache_config: blocks and KV-cache groups.
+        max_model_len: the longest sequence; slot requests are capped at it.
+        scheduler_block_size: scheduling granularity (LCM of the groups' block sizes).
+        hash_block_size: the block size request hashes are computed at.
+        max_in_flight_tokens: tokens scheduled but not yet settled (sizes the
+            sliding-window / chunked admission cap); defaults to max_model_len.
+        enable_caching: prefix caching on or off.
+        use_eagle: drop the last hit block (EAGLE needs its hidden states).
+        log_stats: keep PrefixCacheStats (``make_prefix_cache_stats``).
+        enable_kv_cache_events: queue KV events (``take_events``).
+        watermark: fraction of all blocks kept free when admitting
+            waiting / preempted requests while others are scheduled.
+        use_int_block_hashes: publish event hashes as 64-bit ints (default:
+            ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+    """
+
+    def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                 max_in_flight_tokens=None, enable_caching=True, use_eagle=False, log_stats=False,
+                 enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1, metrics_collector=None,
+                 watermark=0.0, use_int_block_hashes=None):
+        for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
+                            ("hash_block_size", hash_block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError("decode/prefill context parallelism is not supported (dcp/pcp world size must be 1)")
+        if not 0.0 <= float(watermark) < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+        if max_in_flight_tokens is None:
+            max_in_flight_tokens = max_model_len
+        if not kv_cache_config.kv_cache_groups and enable_caching:
+            enable_caching = False
+        self.max_model_len = max_model_len
+        self.enable_caching = bool(enable_caching)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.use_eagle = bool(use_eagle)
+        self.log_stats = bool(log_stats)
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.coordinator = get_kv_cache_coordinator(
+            kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
+            self.enable_caching, self.enable_kv_cache_events, scheduler_block_size,
+            hash_block_size, use_int_block_hashes,
+        )
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.block_pool = self.coordinator.block_pool
+        self.kv_cache_config = kv_cache_config
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.kv_cache_event_metadata = tuple(
+            (get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+            for g in kv_cache_config.kv_cache_groups
+        )
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple([() for _ in range(self.num_kv_cache_groups)]))
+        # (not empty_kv_cache_blocks.blocks: callers get that object from get_computed_blocks
+        # and may reassign its blocks; allocate_slots indexes this one per group unchecked)
+        self._no_blocks = self.empty_kv_cache_blocks.blocks
+        self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
+        managers = self.coordinator.single_type_managers
+        self._full = None
+        if len(managers) == 1 and type(managers[0]) is FullAttentionManager:
+            self._full = <FullAttentionManager>managers[0]
+        self._full_lookup_ok = (
+            self._full is not None and self.enable_caching and not self.log_stats
+            and not self.enable_kv_cache_events and type(self.coordinator) is UnitaryKVCacheCoordinator
+            and not (<UnitaryKVCacheCoordinator>self.coordinator).use_eagle
+            and self._full.block_size == self.block_pool.hash_block_size
+        )
+
+    # ------------------------------------------------------------------ info
+    @property
+    def usage(self):
+        """Fraction of usable blocks in use."""
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self):
+        """Take the stats gathered since the last call (None unless log_stats)."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    cpdef KVCacheBlocks create_kv_cache_blocks(self, tuple blocks):
+        cdef object g
+        for g in blocks:
+            if g:
+                return KVCacheBlocks(blocks)
+        return self.empty_kv_cache_blocks
+
+    # ------------------------------------------------------------------ lookups
+    def get_computed_blocks(self, request):
+        """The longest prefix-cache hit for a request; changes no reference counts.
+
+        Returns:
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
+            never covers the request's last token.
+        """
+        if self._full_lookup_ok and type(request) is Request:
+            return self._full_lookup(<Request>request)
+        return self._general_lookup(request)
+
+    cdef object _general_lookup(self, request):
+        cdef bint skip
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0, 0
+        if type(request) is Request:
+            skip = (<Request>request).skip_reading_prefix_cache
+        else:
+            try:
+                skip = request.skip_reading_prefix_cache
+            except AttributeError:
+                raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+        if skip:
+            return self.empty_kv_cache_blocks, 0, 0
+        cdef Py_ssize_t max_cache_hit_length = _num_tokens(request) - 1
+        cdef tuple res = self.coordinator.find_longest_cache_hit(_block_hashes_of(request), max_cache_hit_length)
+        cdef tuple computed_blocks = res[0]
+        cdef Py_ssize_t num_new_computed_tokens = res[1]
+        cdef Py_ssize_t num_uncached = res[2]
+        if self.log_stats:
+            self.prefix_cache_stats.record(
+                num_tokens=_num_tokens(request),
+                num_hits=num_new_computed_tokens,
+                preempted=request.num_preemptions > 0,
+            )
+        if (
+            num_new_computed_tokens > 0
+            and self.enable_kv_cache_events
+            and request.kv_cache_report_mode == "full"
+        ):
+            for group_idx, group_blocks in enumerate(computed_blocks):
+                if group_blocks:
+                    self.block_pool.emit_cached_block_events(
+                        request, len(group_blocks), self._group_block_sizes[group_idx], group_idx
+                    )
+        boundary = num_new_computed_tokens + num_uncached if num_uncached else 0
+        return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens, boundary
+
+    cdef object _full_lookup(self, Request request):
+        # get_computed_blocks for one plain full-attention group with no
+        # stats, events or EAGLE: the same search without the coordinator's
+        # layers and tuples.
+        if request.skip_reading_prefix_cache:
+            return self.empty_kv_cache_blocks, 0, 0
+        cdef FullAttentionManager mgr = self._full
+        cdef object hashes = request._block_hashes
+        if type(hashes) is not list or mgr.kv_cache_group_id > 0xFFFFFFFF:
+            return self._general_lookup(request)
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(
+            hashes, PyList_GET_SIZE(request._all_token_ids) - 1, mgr.block_size)
+        cdef list hits = []
+        _hits_from_list(self.block_pool.cached_block_hash_to_block, <list>hashes, max_blocks,
+                        <uint32_t>mgr.kv_cache_group_id, hits)
+        if not hits:
+            return self.empty_kv_cache_blocks, 0, 0
+        return _one_group(hits), PyList_GET_SIZE(hits) * mgr.block_size, 0
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                       num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
+                       num_encoder_tokens=0, full_sequence_must_fit=False, reserved_blocks=0,
+                       has_scheduled_reqs=True):
+        """Add slots for ``num_new_tokens`` (+ lookahead) tokens of a request.
+
+        Returns the newly allocated blocks per group, or ``None`` -- with
+        nothing allocated or touched -- when the pool cannot hold them.
+
+        Raises:
+            ValueError: a negative count; no tokens at all; prefix hits handed
+                to a running request.  (Tokens past ``max_model_len`` are not an
+                error: the counts are clamped to it, as in vLLM.)
+            TypeError: a count that is not an int.
+        """
+        cdef Py_ssize_t n_new = _check_count("num_new_tokens", num_new_tokens)
+        # (Defaults left as they are -- the interned 0 -- need no checking.)
+        cdef Py_ssize_t n_new_comp = (
+            0 if num_new_computed_tokens is _ZERO
+            else _check_count("num_new_computed_tokens", num_new_computed_tokens)
+        )
+        cdef Py_ssize_t n_look = (
+            0 if num_lookahead_tokens is _ZERO else _check_count("num_lookahead_tokens", num_lookahead_tokens)
+        )
+        cdef Py_ssize_t n_ext = (
+            0 if num_external_computed_tokens is _ZERO
+            else _check_count("num_external_computed_tokens", num_external_computed_tokens)
+        )
+        cdef Py_ssize_t n_enc = (
+            0 if num_encoder_tokens is _ZERO else _check_count("num_encoder_tokens", num_encoder_tokens)
+        )
+        cdef Py_ssize_t n_reserved = (
+            0 if reserved_blocks is _ZERO else _check_count("reserved_blocks", reserved_blocks)
+        )
+        if n_new == 0 and n_new_comp == 0 and n_ext == 0:
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
+            )
+        cdef tuple hit_groups
+        if self._full is not None and n_ext == 0 and type(request) is Request:
+            if new_computed_blocks is None:
+                return self._full_slots(<Request>request, n_new, n_new_comp, None, n_look, n_reserved,
+                                        delay_cache_blocks, has_scheduled_reqs, full_sequence_must_fit)
+            if type(new_computed_blocks) is KVCacheBlocks:
+                hit_groups = (<KVCacheBlocks>new_computed_blocks).blocks
+                # (Hits in a list or tuple only: reading any other sequence
+                # runs its code, which could change the manager under the
+                # fast path's record.)
+                if (hit_groups is not None and PyTuple_GET_SIZE(hit_groups) == 1
+                        and (type(hit_groups[0]) is list or type(hit_groups[0]) is tuple)):
+                    return self._full_slots(<Request>request, n_new, n_new_comp, hit_groups[0], n_look,
+                                            n_reserved, delay_cache_blocks, has_scheduled_reqs,
+                                            full_sequence_must_fit)
+        cdef str request_id
+        cdef Py_ssize_t num_computed, num_in_flight
+        cdef object status
+        if type(request) is Request:
+            request_id = (<Request>request).request_id
+            num_computed = (<Request>request)._num_computed_tokens
+            num_in_flight = (<Request>request)._num_in_flight_tokens
+            status = (<Request>request).status
+        else:
+            request_id = _rid(request)
+            num_computed = request.num_computed_tokens
+            num_in_flight = request.num_in_flight_tokens
+            status = request.status
+        cdef Py_ssize_t num_local_computed_tokens = num_computed + n_new_comp
+        cdef tuple new_blocks_list
+        cdef bint has_new_computed
+        cdef KVCacheCoordinator coordinator = self.coordinator
+        cdef object g
+        if new_computed_blocks is None:
+            new_blocks_list = self._no_blocks
+            has_new_computed = False
+        else:
+            new_blocks_list = (<KVCacheBlocks?>new_computed_blocks).blocks
+            has_new_computed = False
+            for g in new_blocks_list:
+                if g:
+                    has_new_computed = True
+                    break
+            if not has_new_computed:
+                new_blocks_list = self._no_blocks
+            else:
+                if len(new_blocks_list) != self.num_kv_cache_groups:
+                    raise ValueError(
+                        f"new_computed_blocks has {len(new_blocks_list)} groups, the manager has "
+                        f"{self.num_kv_cache_groups}"
+                    )
+                if coordinator.holds(request_id):
+                    raise ValueError(
+                        f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
+                        "a request's first allocation"
+                    )
+                for g in new_blocks_list:
+                    _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
+
+        cdef Py_ssize_t total_computed_tokens = num_local_computed_tokens + n_ext
+        if total_computed_tokens > self.max_model_len:
+            total_computed_tokens = self.max_model_len
+        cdef Py_ssize_t watermark_blocks = 0
+        if has_scheduled_reqs and _watermarked(status):
+            watermark_blocks = self.watermark_blocks
+        cdef Py_ssize_t needed, full_num_tokens
+        if full_sequence_must_fit:
+            full_num_tokens = _num_tokens(request)
+            if full_num_tokens > self.max_model_len:
+                full_num_tokens = self.max_model_len
+            needed = coordinator.get_num_blocks_to_allocate(
+                request_id, full_num_tokens, new_blocks_list, n_enc,
+                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True,
+            )
+            if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks:
+                return None
+
+        cdef Py_ssize_t num_tokens_main_model = total_computed_tokens + n_new
+        cdef Py_ssize_t num_tokens_need_slot = num_tokens_main_model + n_look
+        if num_tokens_need_slot > self.max_model_len:
+            num_tokens_need_slot = self.max_model_len
+        cdef Py_ssize_t n_cache, req_tokens
+        if self.enable_caching and not delay_cache_blocks:  # (what caching reads, before any change)
+            n_cache = total_computed_tokens + n_new
+            req_tokens = _num_tokens(request)
+            coordinator._check_cache_inputs(request, request_id, n_cache if n_cache < req_tokens else req_tokens,
+                                            new_blocks_list, has_new_computed or n_ext > 0,
+                                            num_local_computed_tokens + n_ext)
+        cdef Py_ssize_t processed = total_computed_tokens - num_in_flight
+        coordinator.remove_skipped_blocks(request_id, processed if processed > 0 else 0)
+        needed = coordinator.get_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, new_blocks_list, n_enc,
+            num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False,
+        )
+        if needed + watermark_blocks > self.block_pool.free_block_queue.num_free_blocks - n_reserved:
+            return None
+        if has_new_computed or n_ext > 0:
+            coordinator.allocate_new_computed_blocks(
+                request_id, new_blocks_list, num_local_computed_tokens, n_ext
+            )
+        cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
+        if self.enable_caching and not delay_cache_blocks:
+            n_cache = total_computed_tokens + n_new
+            req_tokens = _num_tokens(request)
+            coordinator.cache_blocks(request, n_cache if n_cache < req_tokens else req_tokens)
+        if new_blocks is None:
+            return self.empty_kv_cache_blocks
+        return self.create_kv_cache_blocks(new_blocks)
+
+    cdef object _full_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_new_comp, object hits,
+                            Py_ssize_t n_look, Py_ssize_t n_reserved, bint delay_cache_blocks,
+                            bint has_scheduled_reqs, bint full_sequence_must_fit):
+        # allocate_slots for one plain full-attention group and no external
+        # tokens -- admissions with their prefix hits, prefill chunks, decode
+        # steps: the general path with its no-op layers for this case (skipped
+        # blocks, admission cap, per-group loops) left out and each dict read
+        # at most once.  Same decisions, same errors, in the same order.
+        # hits: the group's new computed blocks (a sequence), or None.
+        cdef str request_id = request.request_id
+        cdef Py_ssize_t num_computed = request._num_computed_tokens
+        cdef Py_ssize_t num_local = num_computed + n_new_comp
+        cdef FullAttentionManager mgr = self._full
+        cdef BlockPool pool = self.block_pool
+        cdef PyObject *p
+        cdef bint fresh = False  # the record was read in this call
+        if (request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen.value
+                or request._kv_blocks is None):
+            # Remember the manager's entries for this request.  The record
+            # stays valid until the manager's _gen moves on (a removal, or any
+            # change outside this path), with two exceptions this path checks
+            # itself: "no entry" is always re-read, and so is the cached count
+            # before caching (another Request object with the same id may have
+            # added or advanced them here).
+            p = PyDict_GetItem(mgr._req_to_blocks, request_id)
+            request._kv_blocks = _held_list(p)
+            p = PyDict_GetItem(mgr._num_cached_block, request_id)
+            request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
+            request._kv_owner = <PyObject*>mgr
+            request._kv_gen = mgr._gen.value
+            # (Up to the caching below only this call writes the manager's
+            # dicts: touching and allocating run no code that could.)
+            fresh = True
+        cdef list req_blocks = request._kv_blocks
+        cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
+        # The hits: every one a block (checked before any change), the free
+        # ones counted (touching them takes them out of the free pool).
+        cdef Py_ssize_t i, n_hits = 0, n_evictable = 0
+        cdef list hit_list = None
+        cdef PyObject *bp
+        if hits is not None:
+            n_hits = len(hits)
+        if n_hits > 0:
+            if req_blocks is not None:
+                raise ValueError(
+                    f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
+                    "a request's first allocation"
+                )
+            hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
+                                         pool.blocks)
+            n_hits = PyList_GET_SIZE(hit_list)
+        cdef Py_ssize_t total_computed = num_local if num_local < self.max_model_len else self.max_model_len
+        cdef Py_ssize_t watermark_blocks = 0
+        cdef object status = request.status
+        if has_scheduled_reqs and _watermarked(status):
+            watermark_blocks = self.watermark_blocks
+        cdef Py_ssize_t n_full_tokens, needed
+        cdef Py_ssize_t bs = mgr.block_size
+        if full_sequence_must_fit:
+            n_full_tokens = PyList_GET_SIZE(request._all_token_ids)
+            if n_full_tokens > self.max_model_len:
+                n_full_tokens = self.max_model_len
+            needed = _blocks_needed(n_full_tokens, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
+            if needed + watermark_blocks > pool.free_block_queue.num_free_blocks:
+                return None
+        cdef Py_ssize_t need_slot = total_computed + n_new + n_look
+        if need_slot > self.max_model_len:
+            need_slot = self.max_model_len
+        needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
+        if needed + watermark_blocks > pool.free_block_queue.num_free_blocks - n_reserved:
+            return None
+        cdef Py_ssize_t n_cache, req_tokens, num_full, num_cached
+        if self.enable_caching and not delay_cache_blocks:
+            # What the caching below reads of the request's hashes, checked now.
+            n_cache = total_computed + n_new
+            req_tokens = PyList_GET_SIZE(request._all_token_ids)
+            if n_cache > req_tokens:
+                n_cache = req_tokens
+            num_full = n_cache // bs
+            if request._kv_ncached < num_full:
+                if n_hits > 0:
+                    num_cached = n_hits
+                else:
+                    p = PyDict_GetItem(mgr._num_cached_block, request_id)
+                    num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+                pool._check_hashes_to_cache(request, num_cached, num_full, bs)
+        # From here on nothing can fail but a broken invariant.
+        if n_hits > 0:
+            if request._kv_ncached >= 0:
+                raise RuntimeError(
+                    f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
+                )
+            req_blocks = PyList_New(n_hits)  # hit_list's blocks, touched on the way in
+            for i in range(n_hits):
+                bp = _PyList_GET_ITEM_RAW(hit_list, i)
+                Py_INCREF_RAW(bp)
+                (<PyListObject*>req_blocks).ob_item[i] = bp
+                if mgr.enable_caching:
+                    pool._touch_one(<KVCacheBlock>bp)
+            mgr._req_to_blocks[request_id] = req_blocks
+            mgr._num_cached_block[request_id] = n_hits
+            request._kv_blocks = req_blocks
+            request._kv_ncached = n_hits
+        elif req_blocks is None:
+            req_blocks = []
+            mgr._req_to_blocks[request_id] = req_blocks
+            request._kv_blocks = req_blocks
+        cdef list new_blocks = None
+        cdef Py_ssize_t n_more = _cdiv(need_slot, bs) - PyList_GET_SIZE(req_blocks)
+        if n_more > 0:
+            new_blocks = pool._get_new_blocks(n_more)
+            req_blocks.extend(new_blocks)
+        if self.enable_caching and not delay_cache_blocks:
+            n_cache = total_computed + n_new
+            req_tokens = PyList_GET_SIZE(request._all_token_ids)
+            if n_cache > req_tokens:
+                n_cache = req_tokens
+            num_full = n_cache // bs
+            if request._kv_ncached < num_full:
+                if fresh:
+                    num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
+                else:  # (see the record above)
+                    p = PyDict_GetItem(mgr._num_cached_block, request_id)
+                    num_cached = 0 if p == NULL else <Py_ssize_t><object>p
+                if num_cached < num_full:
+                    pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs,
+                                           mgr.kv_cache_group_id)
+                    mgr._num_cached_block[request_id] = num_full
+                request._kv_ncached = num_full if num_cached < num_full else num_cached
+        if new_blocks is None:
+            return self.empty_kv_cache_blocks
+        return _one_group(new_blocks)
+
+    def free(self, request):
+        """Free the request's blocks, tail first, group by group.
+
+        A request that holds no blocks (never allocated, or freed already) is
+        left as it is, as in vLLM.
+
+        Raises:
+            TypeError: not a request, or its ``request_id`` is not a str.
+        """
+        cdef str request_id = _rid(request)
+        cdef FullAttentionManager mgr = self._full
+        if mgr is not None:  # one group: its manager's free, with one lookup
+            mgr._free_held(request_id)
+        elif self.coordinator.holds(request_id):
+            self.coordinator.free(request_id)
+        if type(request) is Request:
+            # Drop the fast path's record of the freed list here, so that the
+            # list goes now (as the Python twin's does), not with the request.
+            (<Request>request)._kv_blocks = None
+
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens):
+        cdef Py_ssize_t n = _check_count("processed_computed_tokens", processed_computed_tokens)
+        self.coordinator.remove_skipped_blocks(request_id, n)
+
+    def pop_blocks_for_free(self, request):
+        return self.coordinator.pop_blocks_for_free(request.request_id)
+
+    def evict_blocks(self, block_ids):
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self):
+        """Drop all cached hashes; False (and nothing changes) while blocks are in use."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+
+    def take_events(self):
+        """Drain the KV events, annotated with each group's spec kind and window."""
+        events = self.block_pool.take_events()
+        meta = self.kv_cache_event_metadata
+        for event in events:
+            if type(event) is BlockStored and event.group_idx is not None and 0 <= event.group_idx < len(meta):
+                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
+        return events
+
+    def get_blocks(self, request_id):
+        """The request's whole block table per group (empty groups if it holds none).
+
+        Raises:
+            TypeError: ``request_id`` is not a str.
+        """
+        _check_rid(request_id)
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id):
+        return self.get_blocks(request_id).get_block_ids()
+
+    def new_step_starts(self):
+        return None

@@ -1,0 +1,521 @@
+# kv_cache_c/single_type_managers.pyx: SingleTypeKVCacheManager and its five attention types (full,
+# sliding window, chunked local, Mamba, cross attention), and get_manager_for_kv_cache_spec.  (vLLM:
+# vllm/v1/core/single_type_kv_cache_manager.py.)
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
+
+cdef inline list _held_list(PyObject *p):
+    # An entry of a manager's req_to_blocks (a public dict: check what is
+    # there before reading it as a list), or None for no entry.
+    if p == NULL:
+        return None
+    if Py_TYPE_RAW(p) != &PyList_Type:
+        raise TypeError(f"req_to_blocks values must be lists of blocks, got {type(<object>p).__name__}")
+    return <list>p
+
+
+def _checked_count(name, value):
+    """``_check_count`` for Python callers (the shared request tables)."""
+    return _check_count(name, value)
+
+
+cdef class _Generation:
+    """A manager's generation (SingleTypeKVCacheManager._gen), shared with its table views."""
+
+    def __cinit__(self):
+        self.value = _next_gen()
+
+    def bump(self):
+        self.value = _next_gen()
+
+
+cdef class SingleTypeKVCacheManager:
+    """Block bookkeeping for one KV-cache group of one attention type."""
+
+    def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
+                 Py_ssize_t scheduler_block_size, max_admission_blocks_per_request=None):
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.block_pool = block_pool
+        self.enable_caching = bool(enable_caching)
+        self.kv_cache_group_id = kv_cache_group_id
+        self.scheduler_block_size = scheduler_block_size
+        self._max_admission_blocks_per_request = max_admission_blocks_per_request
+        self._cap = -1 if max_admission_blocks_per_request is None else max_admission_blocks_per_request
+        self.use_eagle = False
+        self._req_to_blocks = {}
+        self._num_cached_block = {}
+        self._gen = _Generation()
+        self.req_to_blocks = _BlockTable(self._req_to_blocks, self._gen, block_pool.blocks, KVCacheBlock)
+        self.num_cached_block = _CountTable(self._num_cached_block, self._gen, _checked_count)
+        self._null_block = block_pool.null_block
+
+    # -------------------------------------------------------------- counting
+    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
+        """Tokens before the attention window (their blocks can be freed)."""
+        return 0
+
+    cpdef Py_ssize_t get_num_blocks_to_allocate(
+        self, str request_id, Py_ssize_t num_tokens, object new_computed_blocks,
+        Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False,
+    ) except -1:
+        """Blocks this group must take from the free pool to hold ``num_tokens``.
+
+        Evictable cache hits (free, ref_cnt 0) count too: touching them takes
+        them out of the free pool.
+        """
+        cdef Py_ssize_t num_required_blocks = _cdiv(num_tokens, self.block_size)
+        if apply_admission_cap and self._cap >= 0 and self._cap < num_required_blocks:
+            num_required_blocks = self._cap
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
+        cdef Py_ssize_t num_req_blocks = 0 if p == NULL else PyList_GET_SIZE(_held_list(p))
+        cdef Py_ssize_t n
+        if request_id in self._num_cached_block:
+            n = num_required_blocks - num_req_blocks
+            return n if n > 0 else 0
+        cdef Py_ssize_t num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        cdef Py_ssize_t n_new_computed = len(new_computed_blocks)
+        cdef Py_ssize_t num_local_computed_blocks = n_new_computed + num_req_blocks
+        cdef Py_ssize_t m = num_skipped_blocks if num_skipped_blocks > num_local_computed_blocks else num_local_computed_blocks
+        cdef Py_ssize_t num_new_blocks = num_required_blocks - m
+        if num_new_blocks < 0:
+            num_new_blocks = 0
+        cdef Py_ssize_t skip_new = num_skipped_blocks - num_req_blocks
+        if skip_new < 0:
+            skip_new = 0
+        cdef Py_ssize_t i, num_evictable = 0
+        cdef KVCacheBlock blk
+        cdef object item
+        cdef FreeKVCacheBlockQueue queue = self.block_pool.free_block_queue if self.enable_caching else None
+        for i in range(skip_new, n_new_computed):
+            item = new_computed_blocks[i]
+            if not _is_block(<PyObject*>item):
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(item).__name__}")
+            blk = <KVCacheBlock>item
+            if blk._ref_cnt == 0 and not blk.is_null:
+                # (a free hit must be in the free queue, or touching it fails half-way)
+                if queue is not None and not queue._holds(blk):
+                    raise RuntimeError(f"remove() called on an invalid block: {blk}")
+                num_evictable += 1
+        return num_new_blocks + num_evictable
+
+    # -------------------------------------------------------------- allocation
+    cpdef add_local_computed_blocks(self, str request_id, object new_computed_blocks,
+                                    Py_ssize_t num_local_computed_tokens,
+                                    Py_ssize_t num_external_computed_tokens):
+        """Attach prefix-cache hits to a request that holds no blocks yet."""
+        self._gen.value = _next_gen()
+        cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
+        cdef Py_ssize_t num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
+        cdef list blocks = self._checked_hits(new_computed_blocks, total)
+        cdef list req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        assert not req_blocks
+        if self.enable_caching:
+            self.block_pool._touch(blocks)
+        if num_skipped_blocks > 0:
+            req_blocks.extend([self._null_block] * num_skipped_blocks)
+        req_blocks.extend(blocks)
+        self._num_cached_block[request_id] = len(req_blocks)
+
+    cdef list _checked_hits(self, object new_computed_blocks, Py_ssize_t total_computed_tokens):
+        # The hits add_local_computed_blocks takes (those past the skipped
+        # ones), checked before any change.
+        cdef list blocks = list(new_computed_blocks)
+        cdef Py_ssize_t skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        if skipped > 0:
+            blocks = blocks[skipped:]
+        return _check_hit_blocks(blocks, NULL, self.block_pool.free_block_queue if self.enable_caching else None,
+                                 self.block_pool.blocks)
+
+    cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
+                                            Py_ssize_t num_external_computed_tokens):
+        """New blocks for tokens a KV connector computed (after every group touched its hits)."""
+        cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
+        cdef Py_ssize_t num_skipped_tokens = self.get_num_skipped_tokens(total)
+        if num_skipped_tokens > 0:
+            num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens <= 0:
+            return
+        self._gen.value = _next_gen()
+        cdef list req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        cdef Py_ssize_t num_new_blocks = _cdiv(total, self.block_size) - PyList_GET_SIZE(req_blocks)
+        # (holding as many already: nothing to do, as in vLLM -- never a
+        # negative count to the unchecked pop)
+        if num_new_blocks > 0:
+            req_blocks.extend(self.block_pool._get_new_blocks(num_new_blocks))
+
+    cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
+        """Give the request at least ``num_tokens`` slots; return the new blocks."""
+        cdef list out = self._allocate_new_blocks(request_id, num_tokens)
+        return [] if out is None else out
+
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens):
+        # As allocate_new_blocks, but None (no list built) when nothing is new.
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
+        cdef list req_blocks
+        if p == NULL:
+            self._gen.value = _next_gen()
+            req_blocks = []
+            self._req_to_blocks[request_id] = req_blocks
+        else:
+            req_blocks = _held_list(p)
+        cdef Py_ssize_t num_new_blocks = _cdiv(num_tokens, self.block_size) - PyList_GET_SIZE(req_blocks)
+        if num_new_blocks <= 0:
+            return None
+        cdef list new_blocks = self.block_pool._get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
+        """Cache the request's full blocks among its first ``num_tokens`` tokens."""
+        cdef str request_id = _rid(request)
+        cdef PyObject* p = PyDict_GetItem(self._num_cached_block, request_id)
+        cdef Py_ssize_t num_cached_blocks = 0 if p == NULL else <Py_ssize_t><object>p
+        cdef Py_ssize_t num_full_blocks = num_tokens // self.block_size
+        if num_cached_blocks >= num_full_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request, <list>self._req_to_blocks[request_id], num_cached_blocks, num_full_blocks,
+            self.block_size, self.kv_cache_group_id,
+        )
+        self._gen.value = _next_gen()
+        self._num_cached_block[request_id] = num_full_blocks
+
+    cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
+                                 bint attaching, Py_ssize_t total_computed_tokens) except -1:
+        # What cache_blocks(request, num_tokens) will read once this
+        # allocation is made, checked before it: the cached count is the
+        # request's entry, or, for a request taking its hits now (attaching),
+        # what add_local_computed_blocks will record.
+        cdef PyObject *p = PyDict_GetItem(self._num_cached_block, request_id)
+        cdef Py_ssize_t num_cached, skipped
+        if p != NULL:
+            num_cached = <object>p
+        elif attaching:
+            skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            num_cached = len(hits)
+            if skipped > num_cached:
+                num_cached = skipped
+        else:
+            num_cached = 0
+        return self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
+                                                      self.block_size)
+
+    # -------------------------------------------------------------- freeing
+    cpdef list pop_blocks_for_free(self, str request_id):
+        self._gen.value = _next_gen()
+        self._num_cached_block.pop(request_id, None)
+        return self._req_to_blocks.pop(request_id, [])
+
+    cpdef free(self, str request_id):
+        """Return the request's blocks to the pool, tail first."""
+        if not self._free_held(request_id):
+            self.pop_blocks_for_free(request_id)  # (holds none: only the bookkeeping)
+
+    cdef bint _free_held(self, str request_id) except -1:
+        # free() for a request holding blocks here, with one lookup; False,
+        # changing nothing, if it holds none.
+        cdef list blocks = self._req_to_blocks.pop(request_id, None)
+        if blocks is None:
+            return False
+        self._gen.value = _next_gen()
+        self._num_cached_block.pop(request_id, None)
+        blocks.reverse()
+        self.block_pool._free_blocks(blocks)
+        return True
+
+    cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1:
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
+        if p == NULL or first_block >= last_block:
+            return 0
+        cdef list blocks = _held_list(p)
+        if last_block > PyList_GET_SIZE(blocks):
+            last_block = PyList_GET_SIZE(blocks)
+        cdef KVCacheBlock null = self._null_block
+        cdef list freed = []
+        cdef Py_ssize_t i
+        for i in range(last_block - 1, first_block - 1, -1):
+            if blocks[i] is null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = null
+        if freed:
+            self.block_pool._free_blocks(freed)
+        return 0
+
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens):
+        """Free the blocks before the attention window, replacing them with the null block."""
+        cdef Py_ssize_t num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        self._remove_blocks_in_range(request_id, 0, num_skipped_tokens // self.block_size)
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        return 0
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        raise NotImplementedError
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
+        # _find_hit reads the first group's list and the pool unchecked, and divides by the
+        # alignment (cdivision: a zero would be SIGFPE).
+        if not len(kv_cache_group_ids):
+            raise ValueError("kv_cache_group_ids must not be empty")
+        if not isinstance(block_pool, BlockPool):
+            raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+        if _check_count("alignment_tokens", alignment_tokens) == 0:
+            raise ValueError("alignment_tokens must be positive, got 0")
+        group_ids = list(kv_cache_group_ids)
+        cdef SingleTypeKVCacheManager probe = cls(kv_cache_spec, block_pool, True, 0,
+                                                  alignment_tokens, None)
+        return probe._find_hit(block_hashes, max_length, group_ids, drop_eagle_block, alignment_tokens)
+
+
+cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_blocks, uint32_t gid,
+                         list out) except -1:
+    # Append the blocks cached under hashes[0], hashes[1], ... (group gid)
+    # to out, stopping at the first miss or after max_blocks.
+    cdef Py_ssize_t i
+    cdef PyObject *hp
+    cdef PyObject *bp
+    for i in range(max_blocks):
+        hp = _PyList_GET_ITEM_RAW(hashes, i)
+        if Py_TYPE_RAW(hp) != &PyBytes_Type:
+            raise TypeError(f"block hashes must be bytes, got {type(<object>hp).__name__}")
+        bp = cache._get_raw(hp, gid)
+        if bp == NULL:
+            break
+        out.append(<object>bp)
+    return 0
+
+
+cdef class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention: every token's KV is kept until the request finishes."""
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t block_size = self.block_size
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
+        cdef Py_ssize_t n_groups = len(group_ids)
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
+        cdef Py_ssize_t i, g, n, gid
+        cdef list blocks0, cached
+        cdef object blk
+        cdef tuple computed
+        cdef BlockHashToBlockMap cache
+        cdef PyObject *hp
+        cdef PyObject *bp
+        if n_groups == 1:
+            blocks0 = []
+            gid = group_ids[0]
+            if type(hashes) is list and 0 <= gid <= 0xFFFFFFFF:
+                _hits_from_list(pool.cached_block_hash_to_block, <list>hashes, max_blocks, <uint32_t>gid, blocks0)
+            else:
+                for i in range(max_blocks):
+                    blk = pool._get_one(hashes[i], gid)
+                    if blk is None:
+                        break
+                    blocks0.append(blk)
+            computed = (blocks0,)
+        else:
+            computed = tuple([[] for _ in range(n_groups)])
+            for i in range(max_blocks):
+                cached = pool.get_cached_block(hashes[i], group_ids)
+                if cached is None:
+                    break
+                for g in range(n_groups):
+                    (<list>computed[g]).append(cached[g])
+        n = len(<list>computed[0])
+        if drop_eagle_block and n > 0:
+            for g in range(n_groups):
+                (<list>computed[g]).pop()
+            n -= 1
+        while block_size != alignment_tokens and (n * block_size) % alignment_tokens != 0:
+            for g in range(n_groups):
+                (<list>computed[g]).pop()
+            n -= 1
+        return computed, n * block_size
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        blocks = self._req_to_blocks.get(running_request_id, [])
+        num_requests = len(self._req_to_blocks)
+        n = 0
+        for block in blocks:
+            if block.ref_cnt == num_requests:
+                n += 1
+            else:
+                break
+        return n
+
+
+cdef class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
+
+    def __init__(self, kv_cache_spec, *args, **kwargs):
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.sliding_window = kv_cache_spec.sliding_window
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t block_size = self.block_size
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
+        cdef Py_ssize_t needed = _cdiv(self.sliding_window - 1, block_size)
+        if drop_eagle_block:
+            needed += 1
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
+        cdef Py_ssize_t n_groups = len(group_ids)
+        cdef KVCacheBlock null = pool.null_block
+        cdef tuple computed = tuple([[null] * max_blocks for _ in range(n_groups)])
+        cdef Py_ssize_t contiguous = 0, i, g
+        cdef bint found = False
+        cdef object cached
+        for i in range(max_blocks - 1, -1, -1):
+            cached = pool.get_cached_block(hashes[i], group_ids)
+            if cached is not None:
+                if contiguous == 0 and ((i + 1) * block_size) % alignment_tokens != 0:
+                    continue
+                for g in range(n_groups):
+                    (<list>computed[g])[i] = cached[g]
+                contiguous += 1
+                if contiguous >= needed:
+                    for g in range(n_groups):
+                        del (<list>computed[g])[i + contiguous:]
+                    found = True
+                    break
+            else:
+                contiguous = 0
+        if not found:
+            for g in range(n_groups):
+                del (<list>computed[g])[contiguous:]
+        if drop_eagle_block and len(<list>computed[0]) > 0:
+            for g in range(n_groups):
+                (<list>computed[g]).pop()
+        return computed, len(<list>computed[0]) * block_size
+
+    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
+        cdef Py_ssize_t n = num_computed_tokens - self.sliding_window + 1
+        return n if n > 0 else 0
+
+
+cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention: tokens attend only within their chunk."""
+
+    def __init__(self, kv_cache_spec, *args, **kwargs):
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        if drop_eagle_block:
+            raise ValueError("EAGLE is not supported with chunked local attention")
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t block_size = self.block_size
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
+        cdef Py_ssize_t chunk = self.attention_chunk_size
+        cdef Py_ssize_t start_block = (max_length // chunk * chunk) // block_size
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
+        cdef Py_ssize_t n_groups = len(group_ids)
+        cdef KVCacheBlock null = pool.null_block
+        cdef tuple computed = tuple([[null] * start_block for _ in range(n_groups)])
+        cdef Py_ssize_t i, g, n
+        cdef object cached
+        for i in range(start_block, max_blocks):
+            cached = pool.get_cached_block(hashes[i], group_ids)
+            if cached is None:
+                break
+            for g in range(n_groups):
+                (<list>computed[g]).append(cached[g])
+        n = len(<list>computed[0])
+        while block_size != alignment_tokens and (n * block_size) % alignment_tokens != 0:
+            for g in range(n_groups):
+                (<list>computed[g]).pop()
+            n -= 1
+        return computed, n * block_size
+
+    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
+        return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
+
+
+cdef class MambaManager(SingleTypeKVCacheManager):
+    """Mamba (plain mode): only the state after the last cached block is needed."""
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t block_size = self.block_size
+        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
+        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
+        cdef Py_ssize_t n_groups = len(group_ids)
+        cdef KVCacheBlock null = pool.null_block
+        cdef tuple computed = tuple([[] for _ in range(n_groups)])
+        cdef Py_ssize_t i, g
+        cdef object cached
+        for i in range(max_blocks - 1, -1, -1):
+            if ((i + 1) * block_size) % alignment_tokens != 0:
+                continue
+            cached = pool.get_cached_block(hashes[i], group_ids)
+            if cached is not None:
+                for g in range(n_groups):
+                    (<list>computed[g]).extend([null] * i)
+                    (<list>computed[g]).append(cached[g])
+                break
+        return computed, len(<list>computed[0]) * block_size
+
+    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
+        return num_computed_tokens - 1 if num_computed_tokens > 1 else 0
+
+
+cdef class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Cross attention: a static allocation for the encoder tokens; never cached."""
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        raise ValueError("cross attention does not support prefix caching")
+
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
+        return None
+
+    cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
+                                 bint attaching, Py_ssize_t total_computed_tokens) except -1:
+        return 0  # (never cached)
+
+
+spec_manager_map = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def _manager_class(spec):
+    for klass in type(spec).__mro__:
+        if klass in spec_manager_map:
+            return spec_manager_map[klass]
+    raise ValueError(f"no KV-cache manager for spec type {type(spec).__name__}")
+
+
+def _admission_cap(spec, max_in_flight_tokens, max_model_len):
+    if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+        return spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+    return None
+
+
+def get_manager_for_kv_cache_spec(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
+                                  scheduler_block_size, max_in_flight_tokens, max_model_len):
+    klass = _manager_class(kv_cache_spec)
+    return klass(
+        kv_cache_spec,
+        block_pool,
+        enable_caching,
+        kv_cache_group_id,
+        scheduler_block_size,
+        _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
+    )

@@ -1,0 +1,19 @@
+"""The pure-Python twin of the KV-cache block manager, one concept per module.
+
+The compiled twin (``kvcy/_fast/kv_cache_c/``) has one ``.pyx`` per concept with
+the same stems.  Nothing imports these modules but ``kvcy._fast._kv_cache_py``,
+which assembles them into the twin module the selector (``kvcy._fast``) loads.
+
+* ``_common``: argument checks, ``cdiv``, the attribute rules (``_Checked``);
+* ``request``: ``Request``;
+* ``kv_cache_block``: ``KVCacheBlock``;
+* ``free_queue``: ``FreeKVCacheBlockQueue``;
+* ``block_map``: ``BlockHashToBlockMap``, ``resolve_block_hashes``;
+* ``block_pool``: ``BlockPool``;
+* ``single_type_managers``: ``SingleTypeKVCacheManager``, the five attention
+  managers, ``spec_manager_map``, ``get_manager_for_kv_cache_spec``;
+* ``coordinators``: ``KVCacheCoordinator``, its three kinds,
+  ``get_kv_cache_coordinator``;
+* ``kv_cache_blocks``: ``KVCacheBlocks``;
+* ``kv_cache_manager``: ``KVCacheManager``.
+"""

@@ -1,0 +1,433 @@
+"""The block pool: allocation, freeing, caching and lazy eviction (pure-Python twin).
+
+From vLLM 0.33.0's ``vllm/v1/core/block_pool.py`` (``BlockPool``), with
+``_check_touchable``: what ``touch`` needs of its blocks, which the managers
+check with it too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvcy.hashing import generate_block_hash_extra_keys
+from kvcy.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    default_use_int_block_hashes,
+    external_block_hash,
+    untag_extra_keys,
+)
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _as_index, _check_count, _request_id
+from kvcy._fast.kv_cache_py.block_map import BlockHashToBlockMap, _group_key, resolve_block_hashes
+from kvcy._fast.kv_cache_py.free_queue import FreeKVCacheBlockQueue
+from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+
+if TYPE_CHECKING:
+    from kvcy._fast.kv_cache_py.request import Request
+
+logger = logging.getLogger("kvcy")
+
+
+def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
+    """What touch() needs of its blocks, checked before it changes anything: each is a
+    KVCacheBlock, one of ``pool_blocks`` (a pool's blocks, if given: a hit from another pool
+    would take a reference there) and, with no references (and not the null block), sits in
+    the free queue (``queue`` None: not checked)."""
+    n_pool = -1 if pool_blocks is None else len(pool_blocks)
+    for block in blocks:
+        if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(block).__name__}")
+        if n_pool >= 0:
+            bid = block._block_id
+            if not (0 <= bid < n_pool and pool_blocks[bid] is block):
+                raise RuntimeError(f"block {bid} is not a block of this pool (a hit from another manager?)")
+        if (block._ref_cnt == 0 and queue is not None and not block._is_null
+                and (block._queue is not queue or block._prev_free_block is None
+                     or block._next_free_block is None)):
+            raise RuntimeError(f"remove() called on an invalid block: {block}")
+
+
+class BlockPool(_Checked):
+    """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
+
+    Args:
+        num_gpu_blocks: blocks in the pool (block 0 becomes the null block).
+        enable_caching: whether prefix caching is on.
+        hash_block_size: the block size request hashes are computed at.
+        enable_kv_cache_events: queue BlockStored / BlockRemoved /
+            AllBlocksCleared events for ``take_events``.
+        use_int_block_hashes: publish hashes in events as 64-bit ints
+            (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+    """
+
+    # The pool's structure is fixed when it is made; counters and the
+    # collector are free (num_evictions: a property, checked).
+    _RULES = dict.fromkeys(
+        ("num_gpu_blocks", "enable_caching", "hash_block_size", "blocks", "free_block_queue",
+         "cached_block_hash_to_block", "null_block", "enable_kv_cache_events", "use_int_block_hashes",
+         "kv_event_queue"),
+        _READ_ONLY,
+    )
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks evicted so far (their hash dropped on reuse); a kvcy extension."""
+        return self._num_evictions
+
+    @num_evictions.setter
+    def num_evictions(self, value: int) -> None:
+        self._num_evictions = _as_index("num_evictions", value)
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: Any = None,
+        use_int_block_hashes: bool | None = None,
+    ) -> None:
+        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+            raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        if num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+        if num_gpu_blocks > 2**31:
+            raise ValueError(
+                f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
+                f"got {num_gpu_blocks}"
+            )
+        if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
+            raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = bool(enable_caching)
+        self.hash_block_size = hash_block_size
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block._is_null = True
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.use_int_block_hashes = (
+            default_use_int_block_hashes() if use_int_block_hashes is None else bool(use_int_block_hashes)
+        )
+        self.kv_event_queue: list[KVCacheEvent] = []
+        self.metrics_collector = metrics_collector
+        #: Cached blocks evicted so far (their hash dropped on reuse); a kvcy extension.
+        self._num_evictions = 0
+
+    # ------------------------------------------------------------------ lookups
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[KVCacheBlock] | None:
+        """One cached block per group for ``block_hash``, or None if any group misses."""
+        out = []
+        for group_id in kv_cache_group_ids:
+            block = self.cached_block_hash_to_block.get_one_block(_group_key(block_hash, group_id))
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    # ------------------------------------------------------------------ caching
+    def _ext(self, block_hash: bytes):
+        return external_block_hash(block_hash, self.use_int_block_hashes)
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Give blocks ``[num_cached_blocks, num_full_blocks)`` their hashes and cache them.
+
+        Null blocks are skipped.  With events on, one ``BlockStored`` is queued.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        if num_cached_blocks < 0:
+            raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
+        if blocks is None:
+            raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        if len(block_hashes) < num_full_blocks:
+            raise RuntimeError(
+                f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        if num_full_blocks > len(blocks):
+            raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
+        if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
+        events = self.enable_kv_cache_events
+        new_hashes: list = []
+        cache = self.cached_block_hash_to_block
+        i = num_cached_blocks
+        key = None
+        try:  # (checks as it goes; a failure undoes what it did, below)
+            for i in range(num_cached_blocks, num_full_blocks):
+                blk = blocks[i]
+                if blk._is_null:
+                    continue
+                assert blk._key is None, "The block already has a hash. This should not happen."
+                block_hash = block_hashes[i]
+                key = _group_key(block_hash, kv_cache_group_id)
+                blk._key = key
+                blk._block_hash_num_tokens = (i + 1) * block_size
+                cache.insert(key, blk)
+                if events:
+                    new_hashes.append(self._ext(block_hash))
+        except BaseException:
+            failed = blocks[i]
+            if not isinstance(failed, KVCacheBlock):
+                self._uncache(blocks, num_cached_blocks, i)
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(failed).__name__}") from None
+            keyed_here = key is not None and failed._key is key  # (block i got its key here)
+            self._uncache(blocks, num_cached_blocks, i + 1 if keyed_here else i)
+            raise
+        if events:
+            parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
+            extra_keys_list = []
+            mm_idx = 0
+            for i in range(num_cached_blocks, num_full_blocks):
+                if blocks[i]._is_null:
+                    continue
+                start = i * block_size
+                keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+                extra_keys_list.append(untag_extra_keys(keys))
+            self.kv_event_queue.append(
+                self._block_stored(
+                    request, new_hashes, parent, num_cached_blocks * block_size,
+                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list,
+                )
+            )
+
+    def _check_hashes_to_cache(self, request: Request, num_cached_blocks: int, num_full_blocks: int,
+                               block_size: int) -> None:
+        # What cache_full_blocks(request, ..., num_cached_blocks, num_full_blocks,
+        # block_size, ...) reads of the request's hashes, checked before the
+        # caller changes anything (it caches after allocating): enough of
+        # them, and those it reads bytes.  The same errors.
+        if num_cached_blocks >= num_full_blocks:
+            return
+        num_cached_blocks = max(num_cached_blocks, 0)
+        hashes = request.block_hashes
+        scale = 1
+        if block_size != self.hash_block_size:
+            resolve_block_hashes((), self.hash_block_size, block_size)  # (its ValueError for a bad size)
+            scale = block_size // self.hash_block_size
+        n = len(hashes) // scale
+        if n < num_full_blocks:
+            raise RuntimeError(
+                f"request {_request_id(request)!r} has {n} block hashes at block size "
+                f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
+            )
+        for j in range(num_cached_blocks * scale, num_full_blocks * scale):
+            h = hashes[j]
+            if h.__class__ is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+
+    def _uncache(self, blocks: list, start: int, end: int) -> None:
+        """Undo cache_full_blocks for ``blocks[start:end]`` (all keyed by it)."""
+        cache = self.cached_block_hash_to_block
+        for blk in blocks[start:end]:
+            if not blk._is_null:
+                cache.pop(blk._key, blk._block_id)
+                blk.reset_hash()
+
+    def _block_stored(
+        self, request, hashes, parent, start, end, block_size, group_id, extra_keys_list
+    ) -> BlockStored:
+        lora = request.lora_request
+        return BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=request.all_token_ids[start:end],
+            block_size=block_size,
+            lora_id=lora.lora_int_id if lora is not None else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.lora_name if lora is not None else None,
+            extra_keys=extra_keys_list if extra_keys_list else None,
+            group_idx=group_id,
+        )
+
+    def emit_cached_block_events(
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """Queue a ``BlockStored`` for a prefix hit of ``num_cached_blocks`` blocks (no state change)."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        hashes = []
+        extra_keys_list = []
+        mm_idx = 0
+        for i in range(num_cached_blocks):
+            hashes.append(self._ext(block_hashes[i]))
+            start = i * block_size
+            keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+            extra_keys_list.append(untag_extra_keys(keys))
+        self.kv_event_queue.append(
+            self._block_stored(
+                request, hashes, None, 0, num_cached_blocks * block_size, block_size,
+                kv_cache_group_id, extra_keys_list,
+            )
+        )
+
+    # ------------------------------------------------------------------ allocation
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` free blocks, evicting any cached ones, ref_cnt 0 -> 1.
+
+        Raises:
+            ValueError: fewer than ``num_blocks`` blocks are free (nothing changes).
+        """
+        num_blocks = _check_count("num_blocks", num_blocks)
+        if num_blocks > self.free_block_queue._num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            for block in ret:
+                if block._key is not None:
+                    self._maybe_evict_cached_block(block)
+                block._ref_cnt += 1
+        else:
+            for block in ret:
+                block._ref_cnt += 1
+        return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        key = block._key
+        if key is None:
+            return False
+        if self.cached_block_hash_to_block.pop(key, block._block_id) is None:
+            return False
+        block._key = None
+        block._block_hash_num_tokens = None
+        self.__dict__["_num_evictions"] += 1  # (past _Checked.__setattr__: once an eviction)
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[self._ext(key[:-4])],
+                    medium=MEDIUM_GPU,
+                    group_idx=int.from_bytes(key[-4:], "big"),
+                )
+            )
+        return True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Drop the cache keys of the given blocks (they stay where they are)."""
+        block_ids = list(block_ids)  # (read twice: checked first)
+        for block_id in block_ids:
+            if isinstance(block_id, bool) or not isinstance(block_id, int):
+                raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
+            if not 0 <= block_id < self.num_gpu_blocks:
+                raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
+        for block_id in block_ids:
+            self._maybe_evict_cached_block(self.blocks[block_id])
+
+    def touch(self, blocks: Sequence[KVCacheBlock] | Sequence[Sequence[KVCacheBlock]]) -> None:
+        """Take a reference on cache-hit blocks, unlinking free ones from the queue.
+
+        ``blocks`` holds blocks, or one sequence of blocks per KV-cache group.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block with no references is not in the free queue.
+            In both cases nothing changes.
+        """
+        if blocks and not isinstance(blocks[0], KVCacheBlock):
+            groups = [list(group) for group in blocks]
+        else:
+            groups = [list(blocks)]
+        for group in groups:  # check everything before any change
+            _check_touchable(group, self.free_block_queue, self.blocks)
+        for group in groups:
+            self._touch(group)
+
+    def _touch(self, blocks: list[KVCacheBlock]) -> None:
+        queue = self.free_block_queue
+        for block in blocks:
+            if block._is_null:
+                continue
+            if block._ref_cnt == 0:
+                queue.remove(block)
+            block._ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block, in eviction order.
+
+        A block reaching 0 goes to the tail of the free queue if it is cached
+        (LRU) and to the head if not (reused first); each batch keeps the
+        given order.
+
+        Raises:
+            TypeError: an element is not a KVCacheBlock.
+            RuntimeError: a block would be freed more times than it was taken.
+            In both cases nothing changes.
+        """
+        blocks_list = list(ordered_blocks)
+        to_tail: list[KVCacheBlock] = []
+        to_head: list[KVCacheBlock] = []
+        caching = self.enable_caching
+        for i, block in enumerate(blocks_list):
+            if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+                self._undo_free(blocks_list, i)
+                raise TypeError(f"free_blocks takes KVCacheBlock, got {type(block).__name__}")
+            if block._is_null:
+                continue
+            if block._ref_cnt <= 0:
+                self._undo_free(blocks_list, i)
+                raise RuntimeError(f"block {block._block_id} freed more times than it was taken")
+            block._ref_cnt -= 1
+            if block._ref_cnt == 0:
+                if caching and block._key is not None:
+                    to_tail.append(block)
+                else:
+                    to_head.append(block)
+        self.free_block_queue.append_n(to_tail)
+        self.free_block_queue.prepend_n(to_head)
+
+    @staticmethod
+    def _undo_free(blocks_list: list[KVCacheBlock], upto: int) -> None:
+        """Give back the references free_blocks took from ``blocks_list[:upto]``."""
+        for done in blocks_list[:upto]:
+            if not done._is_null:
+                done._ref_cnt += 1
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cache key; only when no block but the null block is in use."""
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_used_blocks - 1,
+            )
+            return False
+        object.__setattr__(self, "cached_block_hash_to_block", BlockHashToBlockMap())
+        for block in self.blocks:
+            block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue._num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks in use (the null block does not count)."""
+        total = self.num_gpu_blocks - 1
+        if total <= 0:
+            return 0.0
+        return 1.0 - (self.get_num_free_blocks() / total)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the event queue."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = self.kv_event_queue
+        object.__setattr__(self, "kv_event_queue", [])
+        return events

@@ -1,0 +1,419 @@
+"""Coordinators over the KV-cache groups: no prefix cache, unitary, hybrid (pure-Python twin).
+
+From vLLM 0.33.0's ``vllm/v1/core/kv_cache_coordinator.py``: ``KVCacheCoordinator``,
+its three kinds and ``get_kv_cache_coordinator``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+)
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, cdiv
+from kvcy._fast.kv_cache_py.block_pool import BlockPool
+from kvcy._fast.kv_cache_py.single_type_managers import (
+    CrossAttentionManager,
+    SingleTypeKVCacheManager,
+    get_manager_for_kv_cache_spec,
+)
+
+if TYPE_CHECKING:
+    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+    from kvcy._fast.kv_cache_py.request import Request
+
+
+class KVCacheCoordinator(_Checked):
+    """Drives the single-type managers of all KV-cache groups over one block pool."""
+
+    # All fixed when made.
+    _RULES = dict.fromkeys(
+        ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
+         "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention"),
+        _READ_ONLY,
+    )
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        enable_kv_cache_events: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        use_int_block_hashes: bool | None = None,
+    ) -> None:
+        groups = kv_cache_config.kv_cache_groups
+        if scheduler_block_size % hash_block_size != 0 or any(
+            scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
+        ):
+            raise ValueError(
+                f"scheduler_block_size ({scheduler_block_size}) must be a multiple of "
+                f"hash_block_size ({hash_block_size}) and of every group's block size "
+                f"({[g.kv_cache_spec.block_size for g in groups]})"
+            )
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.scheduler_block_size = scheduler_block_size
+        self.hash_block_size = hash_block_size
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks,
+            enable_caching,
+            hash_block_size,
+            enable_kv_cache_events,
+            use_int_block_hashes=use_int_block_hashes,
+        )
+        eagle_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+        if use_eagle and not eagle_ids:
+            eagle_ids = set(range(len(groups)))
+        self.eagle_group_ids = eagle_ids
+        self.single_type_managers = tuple(
+            get_manager_for_kv_cache_spec(
+                g.kv_cache_spec,
+                self.block_pool,
+                enable_caching,
+                i,
+                scheduler_block_size,
+                max_in_flight_tokens,
+                max_model_len,
+            )
+            for i, g in enumerate(groups)
+        )
+        self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        total = 0
+        for i, manager in enumerate(self.single_type_managers):
+            if self._cross_attention[i]:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0, 0, num_encoder_tokens, apply_admission_cap
+                )
+            else:
+                total += manager.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    new_computed_blocks[i],
+                    total_computed_tokens,
+                    num_local_computed_tokens,
+                    num_tokens_main_model,
+                    apply_admission_cap,
+                )
+        return total
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Attach each group's prefix-cache hits (and external-token blocks) to a new request.
+
+        Raises:
+            TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
+            (nothing changes).
+        """
+        for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
+            manager._check_hits(blocks, num_local_computed_tokens + num_external_computed_tokens)
+        self._allocate_new_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
+                                           num_external_computed_tokens)
+
+    def _allocate_new_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
+                                      num_external_computed_tokens) -> None:
+        # Without the checks: KVCacheManager.allocate_slots's hit count has checked every hit.
+        managers = self.single_type_managers
+        for manager in managers:
+            if request_id in manager._num_cached_block:
+                if any(len(blocks) for blocks in new_computed_blocks):
+                    raise RuntimeError(
+                        f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
+                    )
+                return
+        for i, manager in enumerate(managers):
+            manager._add_local_computed_blocks(
+                request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
+            )
+        if num_external_computed_tokens > 0:
+            for manager in managers:
+                manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int = 0
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(
+            manager.allocate_new_blocks(
+                request_id,
+                num_encoder_tokens if self._cross_attention[i] else num_tokens,
+                num_tokens_main_model,
+            )
+            for i, manager in enumerate(self.single_type_managers)
+        )
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager.cache_blocks(request, num_computed_tokens)
+
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        # The num_tokens cache_blocks hands this manager.
+        return num_computed_tokens
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_computed_tokens: int,
+                            new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
+        # cache_blocks(request, num_computed_tokens) after this allocation,
+        # checked for every group before any change.
+        for manager, hits in zip(self.single_type_managers, new_computed_blocks):
+            manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
+                                        hits, attaching, total_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        for manager in self.single_type_managers:
+            manager.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        out: list[KVCacheBlock] = []
+        for manager in self.single_type_managers:
+            out.extend(manager.pop_blocks_for_free(request_id))
+        return out
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [m.get_num_common_prefix_blocks(running_request_id) for m in self.single_type_managers]
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request holds blocks (had a successful allocation since its last free)."""
+        for manager in self.single_type_managers:
+            if request_id in manager._req_to_blocks:
+                return True
+        return False
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        raise NotImplementedError
+
+
+class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    """Coordinator for prefix caching off: any number of groups, never a hit."""
+
+    _RULES = {**KVCacheCoordinator._RULES, "num_single_type_manager": _READ_ONLY}
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                 use_int_block_hashes=None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, False,
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                         use_int_block_hashes)
+        self.num_single_type_manager = len(self.single_type_managers)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_single_type_manager
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        return tuple([] for _ in range(self.num_single_type_manager)), 0, 0
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """Coordinator for exactly one KV-cache group with prefix caching on."""
+
+    _RULES = {**KVCacheCoordinator._RULES, **dict.fromkeys(("kv_cache_spec", "block_size", "use_eagle"), _READ_ONLY)}
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                 use_int_block_hashes=None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                         enable_caching, enable_kv_cache_events, scheduler_block_size,
+                         hash_block_size, use_int_block_hashes)
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
+        self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self.block_size = self.single_type_managers[0].block_size
+        if enable_caching and hash_block_size != self.block_size:
+            raise ValueError(
+                "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
+                f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
+            )
+        self.use_eagle = 0 in self.eagle_group_ids
+        self.single_type_managers[0].use_eagle = self.use_eagle
+        self._manager_cls = type(self.single_type_managers[0])
+        if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
+            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        blocks, length = self._manager_cls.find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, [0], self.block_pool, self.kv_cache_spec,
+            self.use_eagle, self.block_size,
+        )
+        return blocks, length, 0
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Coordinator for several KV-cache groups (e.g. full + sliding window).
+
+    Groups with equal specs are looked up together; full attention goes first
+    (its left-to-right scan bounds the others), and the candidate length is
+    shrunk until every group accepts it.
+    """
+
+    _RULES = {**KVCacheCoordinator._RULES, "attention_groups": _READ_ONLY}
+
+    def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                 enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
+                 use_int_block_hashes=None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+                         enable_caching, enable_kv_cache_events, scheduler_block_size,
+                         hash_block_size, use_int_block_hashes)
+        for manager in self.single_type_managers:
+            if manager.block_size % hash_block_size != 0:
+                raise ValueError(
+                    f"every group's block size must be a multiple of hash_block_size "
+                    f"({hash_block_size}); got {manager.block_size}"
+                )
+        if self.eagle_group_ids and any(
+            isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in kv_cache_config.kv_cache_groups
+        ):
+            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
+        self.verify_and_split_kv_cache_groups()
+
+    def verify_and_split_kv_cache_groups(self) -> None:
+        """Batch groups with identical specs; full attention first."""
+        groups: list[list] = []  # [spec, group_ids, manager_cls, use_eagle]
+        for i, g in enumerate(self.kv_cache_config.kv_cache_groups):
+            spec = g.kv_cache_spec
+            if isinstance(spec, CrossAttentionSpec):
+                continue
+            klass = type(self.single_type_managers[i])
+            use_eagle = i in self.eagle_group_ids
+            for entry in groups:
+                if entry[0] == spec:
+                    entry[1].append(i)
+                    entry[3] = entry[3] or use_eagle
+                    break
+            else:
+                groups.append([spec, [i], klass, use_eagle])
+        if not groups:
+            raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
+        groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
+        object.__setattr__(self, "attention_groups", [tuple(e) for e in groups])
+        for spec, ids, klass, use_eagle in self.attention_groups:
+            if use_eagle:
+                for gid in ids:
+                    self.single_type_managers[gid].use_eagle = True
+        self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        for manager in self.single_type_managers:
+            n = aligned
+            if manager.use_eagle and aligned > 0:
+                n = min(num_computed_tokens, aligned + manager.block_size)
+            manager.cache_blocks(request, n)
+
+    def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
+        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        if manager.use_eagle and aligned > 0:
+            return min(num_computed_tokens, aligned + manager.block_size)
+        return aligned
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        num_groups = len(self.kv_cache_config.kv_cache_groups)
+        hit_length = max_cache_hit_length
+        longest = 0
+        blocks_by_group: list = [None] * num_groups
+        length_by_group = [0] * num_groups
+        alignment = self.scheduler_block_size
+        eagle_verified: set[int] = set()
+        managers = self.single_type_managers
+        while True:
+            curr = hit_length
+            for idx, (spec, group_ids, klass, use_eagle) in enumerate(self.attention_groups):
+                first = group_ids[0]
+                if isinstance(spec, FullAttentionSpec) and blocks_by_group[first] is not None:
+                    curr = min(curr, length_by_group[first])
+                    continue
+                drop = use_eagle and idx not in eagle_verified
+                max_len = curr
+                if drop and not isinstance(spec, MambaSpec):
+                    max_len = min(curr + managers[first].block_size, max_cache_hit_length)
+                hit_blocks, new_len = klass.find_longest_cache_hit(
+                    block_hashes, max_len, group_ids, self.block_pool, spec, drop, alignment
+                )
+                if drop:
+                    eagle_verified.add(idx)
+                elif new_len < curr:
+                    eagle_verified.clear()
+                curr = new_len
+                for gid, blks in zip(group_ids, hit_blocks):
+                    blocks_by_group[gid] = blks
+                    length_by_group[gid] = new_len
+                if curr > longest:
+                    longest = curr
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if self._is_simple_hybrid:
+                break
+        for spec, group_ids, klass, use_eagle in self.attention_groups:
+            if not isinstance(spec, FullAttentionSpec):
+                continue
+            n = cdiv(hit_length, managers[group_ids[0]].block_size)
+            for gid in group_ids:
+                blks = blocks_by_group[gid]
+                if blks is not None:
+                    del blks[n:]
+                    length_by_group[gid] = hit_length
+        blocks = tuple(b if b is not None else [] for b in blocks_by_group)
+        return blocks, hit_length, longest - hit_length
+
+
+def get_kv_cache_coordinator(
+    kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    max_in_flight_tokens: int,
+    use_eagle: bool,
+    enable_caching: bool,
+    enable_kv_cache_events: bool,
+    scheduler_block_size: int,
+    hash_block_size: int,
+    use_int_block_hashes: bool | None = None,
+) -> KVCacheCoordinator:
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        )
+    if len(kv_cache_config.kv_cache_groups) == 1:
+        return UnitaryKVCacheCoordinator(
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        )
+    return HybridKVCacheCoordinator(
+        kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+    )

@@ -1,0 +1,56 @@
+"""Blocks per KV-cache group, as the manager hands them out (pure-Python twin).
+
+From vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheBlocks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvcy._fast.kv_cache_py._common import _Checked, _tuple_or_none
+
+if TYPE_CHECKING:
+    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+
+
+class KVCacheBlocks(_Checked):
+    """Blocks per KV-cache group: what allocate_slots / get_computed_blocks return.
+
+    ``blocks[i][j]`` is the j-th block of group i.
+    """
+
+    __slots__ = ("blocks",)
+    _RULES = {"blocks": _tuple_or_none}
+
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
+        if blocks.__class__ is not tuple and blocks is not None:  # (the compiled twin's ``tuple blocks``)
+            raise TypeError(f"Argument 'blocks' has incorrect type (expected tuple, got {type(blocks).__name__})")
+        object.__setattr__(self, "blocks", blocks)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KVCacheBlocks):
+            return NotImplemented
+        return self.get_block_ids() == other.get_block_ids()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+        """Block ids per group (``None`` with ``allow_none`` when there are none)."""
+        if allow_none and all(len(g) == 0 for g in self.blocks):
+            return None
+        return tuple([blk._block_id for blk in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        if len(self.blocks) != 1:
+            raise ValueError("get_unhashed_block_ids supports exactly one group")
+        return [b._block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def new_empty(self) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlocks({self.get_block_ids()})"

@@ -1,0 +1,494 @@
+"""Per-attention-type block bookkeeping (pure-Python twin).
+
+From vLLM 0.33.0's ``vllm/v1/core/single_type_kv_cache_manager.py``:
+``SingleTypeKVCacheManager``, the full / sliding-window / chunked-local / Mamba /
+cross-attention managers, ``spec_manager_map`` and ``get_manager_for_kv_cache_spec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvcy._fast._request_tables import _BlockTable, _CountTable
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, cdiv
+from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
+from kvcy._fast.kv_cache_py.block_pool import BlockPool, _check_touchable
+from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+
+if TYPE_CHECKING:
+    from kvcy._fast.kv_cache_py.request import Request
+
+
+def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
+    # find_longest_cache_hit's arguments, before any use: one block list per group (so at
+    # least one group), a pool to look in, a hit length rounded down to a positive alignment.
+    if not len(kv_cache_group_ids):
+        raise ValueError("kv_cache_group_ids must not be empty")
+    if not isinstance(block_pool, BlockPool):
+        raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
+    if _check_count("alignment_tokens", alignment_tokens) == 0:
+        raise ValueError("alignment_tokens must be positive, got 0")
+
+
+class SingleTypeKVCacheManager(_Checked):
+    """Block bookkeeping for one KV-cache group of one attention type."""
+
+    # Fixed when made; use_eagle is set by the coordinators.  The two dicts
+    # cannot be replaced; their entries may still be changed (vLLM's tests do).
+    _RULES = dict.fromkeys(
+        ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
+         "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
+         "_req_to_blocks", "_num_cached_block", "_null_block"),
+        _READ_ONLY,
+    )
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        self.scheduler_block_size = scheduler_block_size
+        self._max_admission_blocks_per_request = max_admission_blocks_per_request
+        self.use_eagle = False
+        self._req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_block: dict[str, int] = {}
+        self.req_to_blocks = _BlockTable(self._req_to_blocks, None, block_pool.blocks, KVCacheBlock)
+        self.num_cached_block = _CountTable(self._num_cached_block, None, _check_count)
+        self._null_block = block_pool.null_block
+
+    # -------------------------------------------------------------- counting
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens before the attention window (their blocks can be freed)."""
+        return 0
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """Blocks this group must take from the free pool to hold ``num_tokens``.
+
+        Evictable cache hits (free, ref_cnt 0) count too: touching them takes
+        them out of the free pool.
+        """
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        cap = self._max_admission_blocks_per_request
+        if apply_admission_cap and cap is not None and cap < num_required_blocks:
+            num_required_blocks = cap
+        req_blocks = self._req_to_blocks.get(request_id)
+        num_req_blocks = 0 if req_blocks is None else len(req_blocks)
+        if request_id in self._num_cached_block:
+            return max(num_required_blocks - num_req_blocks, 0)
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local_computed_blocks = len(new_computed_blocks) + num_req_blocks
+        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
+        skip_new = max(0, num_skipped_blocks - num_req_blocks)
+        num_evictable = 0
+        queue = self.block_pool.free_block_queue if self.enable_caching else None
+        try:
+            for i in range(skip_new, len(new_computed_blocks)):
+                blk = new_computed_blocks[i]
+                if blk._ref_cnt == 0 and not blk._is_null:
+                    # (a free hit must be in the free queue, or touching it fails half-way)
+                    if queue is not None and (blk._queue is not queue or blk._prev_free_block is None
+                                              or blk._next_free_block is None):
+                        raise RuntimeError(f"remove() called on an invalid block: {blk}")
+                    num_evictable += 1
+        except AttributeError:
+            raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}") from None
+        return num_new_blocks + num_evictable
+
+    # -------------------------------------------------------------- allocation
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Attach prefix-cache hits to a request that holds no blocks yet.
+
+        Raises:
+            TypeError: a hit is not a KVCacheBlock.
+            RuntimeError: a hit with no references is not in the free queue.
+            In both cases nothing changes.
+        """
+        self._check_hits(new_computed_blocks, num_local_computed_tokens + num_external_computed_tokens)
+        self._add_local_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
+                                        num_external_computed_tokens)
+
+    def _check_hits(self, new_computed_blocks, total_computed_tokens: int) -> None:
+        # add_local_computed_blocks' checks of the hits it will take (those past the skipped ones).
+        skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        _check_touchable(new_computed_blocks[skipped:] if skipped > 0 else new_computed_blocks,
+                         self.block_pool.free_block_queue if self.enable_caching else None,
+                         self.block_pool.blocks)
+
+    def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
+                                   num_external_computed_tokens) -> None:
+        # add_local_computed_blocks without its checks, for KVCacheManager.allocate_slots,
+        # whose hit count (get_num_blocks_to_allocate) has checked every hit before any change.
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_blocks = self.get_num_skipped_tokens(total) // self.block_size
+        blocks = new_computed_blocks[num_skipped_blocks:] if num_skipped_blocks > 0 else new_computed_blocks
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        assert not req_blocks
+        if self.enable_caching:
+            self.block_pool._touch(blocks)
+        req_blocks.extend([self._null_block] * num_skipped_blocks)
+        req_blocks.extend(blocks)
+        self._num_cached_block[request_id] = len(req_blocks)
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+    ) -> None:
+        """New blocks for tokens a KV connector computed (after every group touched its hits)."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.get_num_skipped_tokens(total)
+        if num_skipped_tokens > 0:
+            num_external_computed_tokens = min(total - num_skipped_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens <= 0:
+            return
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        num_new_blocks = cdiv(total, self.block_size) - len(req_blocks)
+        if num_new_blocks > 0:  # (holding as many already: nothing to do, as in vLLM)
+            req_blocks.extend(self.block_pool.get_new_blocks(num_new_blocks))
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
+        """Give the request at least ``num_tokens`` slots; return the new blocks."""
+        req_blocks = self._req_to_blocks.setdefault(request_id, [])
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the request's full blocks among its first ``num_tokens`` tokens."""
+        request_id = request.request_id
+        num_cached_blocks = self._num_cached_block.get(request_id, 0)
+        num_full_blocks = num_tokens // self.block_size
+        if num_cached_blocks >= num_full_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request,
+            self._req_to_blocks[request_id],
+            num_cached_blocks,
+            num_full_blocks,
+            self.block_size,
+            self.kv_cache_group_id,
+        )
+        self._num_cached_block[request_id] = num_full_blocks
+
+    def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
+                            attaching: bool, total_computed_tokens: int) -> None:
+        # What cache_blocks(request, num_tokens) will read once this
+        # allocation is made, checked before it: the cached count is the
+        # request's entry, or, for a request taking its hits now (attaching),
+        # what add_local_computed_blocks will record.
+        num_cached = self._num_cached_block.get(request_id)
+        if num_cached is None:
+            if attaching:
+                skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+                num_cached = max(skipped, len(hits))
+            else:
+                num_cached = 0
+        self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
+                                               self.block_size)
+
+    # -------------------------------------------------------------- freeing
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        self._num_cached_block.pop(request_id, None)
+        return self._req_to_blocks.pop(request_id, [])
+
+    def free(self, request_id: str) -> None:
+        """Return the request's blocks to the pool, tail first."""
+        blocks = self.pop_blocks_for_free(request_id)
+        blocks.reverse()
+        self.block_pool.free_blocks(blocks)
+
+    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
+        blocks = self._req_to_blocks.get(request_id)
+        if blocks is None or first_block >= last_block:
+            return
+        last_block = min(last_block, len(blocks))
+        null = self._null_block
+        freed = []
+        for i in range(last_block - 1, first_block - 1, -1):
+            if blocks[i] is null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = null
+        if freed:
+            self.block_pool.free_blocks(freed)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        """Free the blocks before the attention window, replacing them with the null block."""
+        num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        self._remove_blocks_in_range(request_id, 0, num_skipped_tokens // self.block_size)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        drop_eagle_block: bool,
+        alignment_tokens: int,
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
+        raise NotImplementedError
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention: every token's KV is kept until the request finishes."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        n_groups = len(kv_cache_group_ids)
+        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(n_groups))
+        max_blocks = min(max_length // block_size, len(hashes))
+        for i in range(max_blocks):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for g in range(n_groups):
+                computed[g].append(cached[g])
+        if drop_eagle_block and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+        while block_size != alignment_tokens and (len(computed[0]) * block_size) % alignment_tokens != 0:
+            for blocks in computed:
+                blocks.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        blocks = self._req_to_blocks.get(running_request_id, [])
+        num_requests = len(self._req_to_blocks)
+        n = 0
+        for block in blocks:
+            if block._ref_cnt == num_requests:
+                n += 1
+            else:
+                break
+        return n
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
+
+    _RULES = {**SingleTypeKVCacheManager._RULES, "sliding_window": _READ_ONLY}
+
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.sliding_window = kv_cache_spec.sliding_window
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
+        if drop_eagle_block:
+            needed += 1
+        max_blocks = min(max_length // block_size, len(hashes))
+        n_groups = len(kv_cache_group_ids)
+        null = block_pool.null_block
+        computed = tuple([null] * max_blocks for _ in range(n_groups))
+        contiguous = 0
+        found = False
+        for i in range(max_blocks - 1, -1, -1):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is not None:
+                if contiguous == 0 and ((i + 1) * block_size) % alignment_tokens != 0:
+                    continue
+                for g in range(n_groups):
+                    computed[g][i] = cached[g]
+                contiguous += 1
+                if contiguous >= needed:
+                    for blocks in computed:
+                        del blocks[i + contiguous :]
+                    found = True
+                    break
+            else:
+                contiguous = 0
+        if not found:
+            for blocks in computed:
+                del blocks[contiguous:]
+        if drop_eagle_block and computed[0]:
+            for blocks in computed:
+                blocks.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention: tokens attend only within their chunk."""
+
+    _RULES = {**SingleTypeKVCacheManager._RULES, "attention_chunk_size": _READ_ONLY}
+
+    def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        if drop_eagle_block:
+            raise ValueError("EAGLE is not supported with chunked local attention")
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        chunk = kv_cache_spec.attention_chunk_size
+        start_block = (max_length // chunk * chunk) // block_size
+        max_blocks = max_length // block_size
+        n_groups = len(kv_cache_group_ids)
+        null = block_pool.null_block
+        computed = tuple([null] * start_block for _ in range(n_groups))
+        for i in range(start_block, min(max_blocks, len(hashes))):
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for g in range(n_groups):
+                computed[g].append(cached[g])
+        while block_size != alignment_tokens and (len(computed[0]) * block_size) % alignment_tokens != 0:
+            for blocks in computed:
+                blocks.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """Mamba (plain mode): only the state after the last cached block is needed."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        block_size = kv_cache_spec.block_size
+        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        max_blocks = min(max_length // block_size, len(hashes))
+        n_groups = len(kv_cache_group_ids)
+        null = block_pool.null_block
+        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(n_groups))
+        for i in range(max_blocks - 1, -1, -1):
+            if ((i + 1) * block_size) % alignment_tokens != 0:
+                continue
+            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
+            if cached is not None:
+                for g in range(n_groups):
+                    computed[g].extend([null] * i)
+                    computed[g].append(cached[g])
+                break
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - 1)
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Cross attention: a static allocation for the encoder tokens; never cached."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
+        raise ValueError("cross attention does not support prefix caching")
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        return None
+
+    def _check_cache_inputs(self, request, request_id, num_tokens, hits, attaching, total_computed_tokens) -> None:
+        return None  # (never cached)
+
+
+spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def _manager_class(spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
+    for klass in type(spec).__mro__:
+        if klass in spec_manager_map:
+            return spec_manager_map[klass]
+    raise ValueError(f"no KV-cache manager for spec type {type(spec).__name__}")
+
+
+def _admission_cap(spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+    if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+        return spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+    return None
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec,
+    block_pool: BlockPool,
+    enable_caching: bool,
+    kv_cache_group_id: int,
+    scheduler_block_size: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+) -> SingleTypeKVCacheManager:
+    klass = _manager_class(kv_cache_spec)
+    return klass(
+        kv_cache_spec,
+        block_pool,
+        enable_caching,
+        kv_cache_group_id,
+        scheduler_block_size,
+        _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
+    )
