@@ -75,8 +75,15 @@ VLLM_INIT = [
 
 
 def test_constructor_parameters_are_vllms_in_vllms_order(impl):
-    params = list(inspect.signature(impl.kv_cache.KVCacheManager).parameters)
-    assert params[: len(VLLM_INIT)] == VLLM_INIT
+    cfg = config([full_spec()])
+    mgr = impl.kv_cache.KVCacheManager(cfg, 64, BS, BS, 32, True, True, 0, 3, True, False, 1, 1, None, 0.5, False)
+    assert (mgr.max_model_len, mgr.enable_caching, mgr.use_eagle, mgr.log_stats) == (64, True, True, True)
+    assert mgr.coordinator.num_reprefillable_tokens == 2
+    assert (mgr.enable_kv_cache_events, mgr.metrics_collector, mgr.watermark_blocks) == (False, None, 8)
+    assert mgr.mamba_shared_prefix_checkpoint is False
+    if impl.name == "python":  # (a compiled class's __init__ has no introspectable signature)
+        params = [p for p in inspect.signature(impl.kv_cache.KVCacheManager.__init__).parameters if p != "self"]
+        assert params[: len(VLLM_INIT)] == VLLM_INIT
 
 
 def test_constructor_as_vllms_scheduler_calls_it(impl):
@@ -241,9 +248,8 @@ def test_block_pool_takes_vllms_keywords(impl):
 
 
 def test_block_pool_parameters_in_vllms_order(impl):
-    params = list(inspect.signature(impl.kv_cache.BlockPool).parameters)
-    assert params[:7] == ["num_gpu_blocks", "enable_caching", "hash_block_size", "enable_kv_cache_events",
-                          "metrics_collector", "num_hash_lookahead_tokens", "medium"]
+    pool = impl.kv_cache.BlockPool(8, True, BS, True, None, 3, "CPU")
+    assert (pool.enable_kv_cache_events, pool.num_hash_lookahead_tokens, pool.medium) == (True, 3, "CPU")
 
 
 # ----------------------------------------------------------------- 2. stats
@@ -498,17 +504,6 @@ def test_take_events_warns_about_an_unknown_group(impl, caplog):
     assert "Group index `3` not in KV cache metadata" in caplog.text
 
 
-# ----------------------------------------------------------------- 4. blocks
-def test_kv_cache_block_pool_keyword(impl):
-    blk = impl.kv_cache.KVCacheBlock(3)
-    assert blk.pool is None
-    pool = impl.kv_cache.BlockPool(8, True, BS)
-    assert impl.kv_cache.KVCacheBlock(3, pool=pool).pool is pool
-    assert all(b.pool is pool for b in pool.blocks)
-    with pytest.raises(TypeError):
-        impl.kv_cache.KVCacheBlock(3, 0, pool)  # keyword only
-
-
 # ----------------------------------------------------------------- the method surface
 # Every KVCacheManager method vLLM 0.33.0's scheduler calls, with vLLM's parameters.
 VLLM_METHODS = {
@@ -549,3 +544,40 @@ def test_manager_methods_have_vllms_parameters(impl, name):
     method = getattr(impl.kv_cache.KVCacheManager, name)
     params = [p for p in inspect.signature(method).parameters if p != "self"]
     assert params == VLLM_METHODS[name]
+
+
+def test_hash_lookahead_caches_only_the_blocks_that_have_hashes(impl):
+    """With lookahead a block's hash waits for the tokens after it; vLLM caches only the
+    blocks that have hashes, and the rest once they get them."""
+    mgr = manager(impl, num_hash_lookahead_tokens=2)
+    req = request(impl, "a", range(12), lookahead=2)
+    assert len(req.block_hashes) == 2  # block 2 needs tokens 12 and 13
+    assert mgr.allocate_slots(req, 12) is not None
+    assert cached_flags(mgr, "a") == [True, True, False]
+    req.num_computed_tokens = 12
+    req.append_output_token_ids([12, 13])
+    assert len(req.block_hashes) == 3
+    mgr.cache_blocks(req, 12)
+    assert cached_flags(mgr, "a") == [True, True, True]
+
+
+def test_cache_blocks_of_a_request_holding_none_does_nothing(impl):
+    mgr = manager(impl)
+    mgr.cache_blocks(request(impl, "a", range(8)), 8)
+    assert mgr.get_block_ids("a") == ([],)
+    with pytest.raises(ValueError):
+        mgr.cache_blocks(request(impl, "a", range(8)), -1)
+
+
+@pytest.mark.parametrize("specs", [[full_spec()], [full_spec(), swa_spec()]])
+def test_blocks_without_hashes_are_not_cached(impl, specs):
+    """A request with fewer hashes than full blocks (its hasher lags, or none was given):
+    vLLM caches the blocks that have hashes and raises nothing."""
+    mgr = manager(impl, specs, num_blocks=32)
+    req = request(impl, "a", range(13))
+    del req.block_hashes[1:]
+    assert mgr.allocate_slots(req, 13) is not None
+    assert cached_flags(mgr, "a") == [True, False, False, False]
+    bare = impl.kv_cache.Request("b", list(range(13)))  # no hasher: no hashes at all
+    assert mgr.allocate_slots(bare, 13) is not None
+    assert cached_flags(mgr, "b") == [False] * 4

@@ -617,14 +617,26 @@ BAD_CALLS = {
     "KVCacheManager(dcp_world_size=2)": lambda o: o["mod"].KVCacheManager(
         o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
         dcp_world_size=2),
-    "KVCacheManager(watermark=1.5)": lambda o: o["mod"].KVCacheManager(
+    "KVCacheManager(watermark=-0.1)": lambda o: o["mod"].KVCacheManager(
         o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
-        watermark=1.5),
+        watermark=-0.1),
+    "KVCacheManager(num_hash_lookahead_tokens=-1)": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+        num_hash_lookahead_tokens=-1),
+    "KVCacheManager(num_prefill_lookahead='2')": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+        num_prefill_lookahead="2"),
+    "BlockPool(medium=5)": lambda o: o["mod"].BlockPool(4, True, 4, medium=5),
     "KVCacheManager(scheduler_block_size=6)": lambda o: o["mod"].KVCacheManager(
         o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=6, hash_block_size=4),
     "resolve_block_hashes(block_size=6)": lambda o: o["mod"].resolve_block_hashes([], 4, 6),
     "cdiv(1, 0)": lambda o: o["mod"].cdiv(1, 0),
     # kv_cache: methods
+    "manager.get_computed_blocks(max_cache_hit_length=-1)": lambda o: o["manager"].get_computed_blocks(
+        o["request"], max_cache_hit_length=-1),
+    "manager.truncate_computed_blocks(None, 0)": lambda o: o["manager"].truncate_computed_blocks(None, 0),
+    "manager.cache_blocks(request, -1)": lambda o: o["manager"].cache_blocks(o["request"], -1),
+    "manager.record_blocks_for_zeroing(5, 0)": lambda o: o["manager"].record_blocks_for_zeroing(5, 0),
     "pool.get_new_blocks(-1)": lambda o: o["pool"].get_new_blocks(-1),
     "pool.get_new_blocks('1')": lambda o: o["pool"].get_new_blocks("1"),
     "pool.get_new_blocks(True)": lambda o: o["pool"].get_new_blocks(True),

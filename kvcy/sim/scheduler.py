@@ -501,6 +501,7 @@ def replay(
     get_computed_blocks = mgr.get_computed_blocks
     allocate_slots = mgr.allocate_slots
     free = mgr.free
+    record_prefix_cache_stats = mgr.record_prefix_cache_stats
     RUNNING, PREEMPTED, FINISHED = RequestStatus.RUNNING, RequestStatus.PREEMPTED, RequestStatus.FINISHED_LENGTH_CAPPED
     budget_per_step = config.max_num_batched_tokens
     max_seqs = config.max_num_seqs
@@ -673,6 +674,7 @@ def replay(
                     _put_ids(dec, None if new is None else new.get_block_ids())
                     if new is None:
                         break
+                    record_prefix_cache_stats(req, hit)  # (as vLLM's scheduler: once, at admission)
                     waiting.popleft()
                     running.append(live)
                     req.status = RUNNING
