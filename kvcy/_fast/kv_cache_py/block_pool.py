@@ -290,6 +290,7 @@ class BlockPool(_Checked):
             lora_name=lora.lora_name if lora is not None else None,
             extra_keys=extra_keys_list if extra_keys_list else None,
             group_idx=group_id,
+            session_id=getattr(request, "session_id", None),  # (vLLM's Request has one; kvcy's none)
             lookahead_token_ids=lookahead_ids,
         )
 
