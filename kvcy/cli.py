@@ -1,8 +1,9 @@
 """The ``kvcy`` command and the argument types its sub-commands share.
 
 ``kvcy replay ...`` lives in :mod:`kvcy.sim.cli`, ``kvcy plan ...`` in
-:mod:`kvcy.plan`; each module adds its sub-parser with ``add_parser`` and
-runs the parsed arguments with ``run``.  Both take sizes and counts through
+:mod:`kvcy.plan`; each module adds its argparse sub-parser with ``add_parser``,
+which names the module's ``run`` with ``set_defaults(func=run)``: argparse
+picks the sub-command and :func:`main` calls ``args.func(args)``.  Both take sizes and counts through
 the one set of parsers below, so ``32GiB`` or ``0`` means the same (and is
 refused the same way) in every command.
 
@@ -28,11 +29,8 @@ __all__ = [
     "size_arg",
 ]
 
-#: Sub-command name -> the module that adds its parser and runs it.
-_COMMANDS = {
-    "replay": "kvcy.sim.cli",
-    "plan": "kvcy.plan",
-}
+#: The modules whose ``add_parser`` adds a sub-command (``replay``, ``plan``).
+_COMMAND_MODULES = ("kvcy.sim.cli", "kvcy.plan")
 
 #: The largest memory size accepted (1 PiB): anything above is a typo, not a GPU.
 MAX_MEMORY_BYTES = 1 << 50
@@ -140,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version and the live implementation (cython or python), then exit",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
-    for module_name in _COMMANDS.values():
+    for module_name in _COMMAND_MODULES:
         importlib.import_module(module_name).add_parser(sub)
     return parser
 
@@ -149,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``kvcy``; return the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    prog = parser.prog
     try:
         args = parser.parse_args(argv)
-        return int(args.run(args) or 0)
+        prog = f"{parser.prog} {args.command}"
+        return int(args.func(args) or 0)
     except SystemExit as exc:  # argparse has printed the usage and the message (or the help)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except BrokenPipeError:  # e.g. piped into head: stop quietly
@@ -160,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
-        prog = f"kvcy {argv[0]}" if argv and argv[0] in _COMMANDS else "kvcy"
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 

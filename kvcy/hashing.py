@@ -5,15 +5,21 @@ A block hash is ``hash_fn((parent, tuple(block_token_ids), extra_keys))`` where
 ``NONE_HASH`` is ``hash_fn(seed)`` with the seed rules of :func:`init_none_hash`.
 
 The registered hash functions, the chain over a request's full blocks and the
-extra keys are computed by the selected twin of ``kvcy._fast._hashing``: the
-compiled one serialises straight into a C buffer (the same bytes as pickle /
-canonical CBOR) and digests with OpenSSL / libxxhash; the pure-Python one is
+extra keys are computed by the selected twin, read at call time through
+``kvcy._fast.hashing``: the compiled ``kvcy/_fast/_hashing_c.pyx`` serialises
+straight into a C buffer (the same bytes as pickle / canonical CBOR) and digests
+with OpenSSL / libxxhash; the pure-Python ``kvcy/_fast/_hashing_py.py`` is
 vLLM's recipe.  :func:`get_request_block_hasher` returns the per-request
 callable that ``kvcy.Request`` runs whenever tokens are appended.
 
 ``xxh3_raw`` is kvcy's own algorithm (not in vLLM): XXH3-128 over the parent
 digest, the token ids as int64 little-endian and the canonical CBOR of the extra
 keys; specified in docs/hashing.md so that other languages can recompute it.
+
+Which twin: :mod:`kvcy._fast` picks one at import, for all of kvcy: the
+compiled one when it imports, the pure-Python one with ``KVCY_NO_EXTENSIONS=1``
+or when the extension is missing or broken (``KVCY_REQUIRE_EXTENSIONS=1`` makes
+that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``).
 """
 
 from __future__ import annotations

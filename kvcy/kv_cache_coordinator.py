@@ -1,6 +1,18 @@
-"""Coordinators over the KV-cache groups: no prefix cache, unitary, hybrid.
+"""Coordinators over the KV-cache groups (vLLM 0.33.0's ``vllm.v1.core.kv_cache_coordinator``).
 
-Re-exports the selected twin under vLLM's names.
+Exports, all from stem ``coordinators``: ``KVCacheCoordinator`` (the base),
+``KVCacheCoordinatorNoPrefixCache``, ``UnitaryKVCacheCoordinator`` (one
+group), ``HybridKVCacheCoordinator`` (several attention types, one prefix hit
+agreed across them) and ``get_kv_cache_coordinator`` (picks one for a config).
+
+A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
+into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
+(pure Python): the two twins of one concept.
+
+Which twin: :mod:`kvcy._fast` picks one at import, for all of kvcy: the
+compiled one when it imports, the pure-Python one with ``KVCY_NO_EXTENSIONS=1``
+or when the extension is missing or broken (``KVCY_REQUIRE_EXTENSIONS=1`` makes
+that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``).
 """
 
 from typing import TYPE_CHECKING

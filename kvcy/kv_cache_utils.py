@@ -1,25 +1,55 @@
 """Blocks, the free-block queue, block hashing and KV-cache sizing, under vLLM's names.
 
-``KVCacheBlock`` and ``FreeKVCacheBlockQueue`` come from the selected twin;
-hashing from :mod:`kvcy.hashing`; sizing from :mod:`kvcy.kv_cache_sizing`.
+The names of vLLM 0.33.0's ``vllm.v1.core.kv_cache_utils``, gathered from where
+kvcy keeps them:
+
+* ``KVCacheBlock`` (stem ``kv_cache_block``) and ``FreeKVCacheBlockQueue``
+  (stem ``free_queue``): the selected twin's classes.
+* Block hashing (``BlockHash``, ``hash_block_tokens``, ``init_none_hash``,
+  ``get_request_block_hasher``, ...): :mod:`kvcy.hashing`, whose hot part has
+  its own twins, ``kvcy/_fast/_hashing_c.pyx`` and ``kvcy/_fast/_hashing_py.py``.
+  ``NONE_HASH`` is read live from :mod:`kvcy.hashing` (``init_none_hash``
+  rebinds it there).
+* Sizing (``get_kv_cache_config``, ``get_num_blocks``, ...):
+  :mod:`kvcy.kv_cache_sizing`, pure Python.
+* Prefix-cache metrics (``PrefixCacheStats``, ``CachingMetrics``,
+  ``PrefixCachingMetrics``): :mod:`kvcy.metrics`.
+
+A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
+into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
+(pure Python): the two twins of one concept.
+
+Which twin: :mod:`kvcy._fast` picks one at import, for all of kvcy: the
+compiled one when it imports, the pure-Python one with ``KVCY_NO_EXTENSIONS=1``
+or when the extension is missing or broken (``KVCY_REQUIRE_EXTENSIONS=1`` makes
+that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``).
 """
 
 from typing import TYPE_CHECKING
 
 from kvcy._fast import kv_cache as _impl
 from kvcy.hashing import (
+    DEFAULT_NONE_HASH_SEED,
     BlockHash,
+    BlockHashList,
+    BlockHashListWithBlockSize,
     BlockHashWithGroupId,
+    ExternalBlockHash,
     generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
     get_hash_fn_by_name,
     get_none_hash,
+    get_none_hash_seed,
     get_request_block_hasher,
     hash_block_tokens,
     init_none_hash,
     make_block_hash_with_group_id,
+    maybe_convert_block_hash,
     need_extra_keys,
+    resolve_block_hashes,
+    resolve_none_hash_seed,
+    to_event_extra_keys,
 )
 from kvcy.kv_cache_sizing import (  # the sizing layer, seed 002
     check_enough_kv_cache_memory,
@@ -55,19 +85,6 @@ else:
     KVCacheBlock = _impl.KVCacheBlock
     FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
 
-# --- vLLM 0.33.0 names added for the drop-in (issue 14).
-from kvcy.hashing import (  # noqa: E402,F401
-    DEFAULT_NONE_HASH_SEED,
-    BlockHashList,
-    BlockHashListWithBlockSize,
-    ExternalBlockHash,
-    get_none_hash_seed,
-    maybe_convert_block_hash,
-    resolve_block_hashes,
-    resolve_none_hash_seed,
-    to_event_extra_keys,
-)
-
 
 def __getattr__(name: str):
     # NONE_HASH is read live from kvcy.hashing: init_none_hash rebinds it there.
@@ -77,10 +94,15 @@ def __getattr__(name: str):
         return hashing.NONE_HASH
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "BlockHash",
+    "BlockHashList",
+    "BlockHashListWithBlockSize",
     "BlockHashWithGroupId",
     "CachingMetrics",
+    "DEFAULT_NONE_HASH_SEED",
+    "ExternalBlockHash",
     "FreeKVCacheBlockQueue",
     "KVCacheBlock",
     "KVCacheBlockCopy",
@@ -99,6 +121,7 @@ __all__ = [
     "get_kv_cache_groups",
     "get_max_concurrency_for_kv_cache_config",
     "get_none_hash",
+    "get_none_hash_seed",
     "get_num_blocks",
     "get_num_tokens_for_kv_cache_config",
     "get_request_block_hasher",
@@ -113,17 +136,12 @@ __all__ = [
     "max_memory_usage_bytes",
     "max_memory_usage_bytes_from_groups",
     "may_override_num_blocks",
-    "need_extra_keys",
-    "unify_hybrid_kv_cache_specs",
-    "unify_kv_cache_configs",
-    "unify_kv_cache_spec_page_size",
-    "DEFAULT_NONE_HASH_SEED",
-    "BlockHashList",
-    "BlockHashListWithBlockSize",
-    "ExternalBlockHash",
-    "get_none_hash_seed",
     "maybe_convert_block_hash",
+    "need_extra_keys",
     "resolve_block_hashes",
     "resolve_none_hash_seed",
     "to_event_extra_keys",
+    "unify_hybrid_kv_cache_specs",
+    "unify_kv_cache_configs",
+    "unify_kv_cache_spec_page_size",
 ]

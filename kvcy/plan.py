@@ -22,7 +22,9 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
 from kvcy.config import CACHE_DTYPES, CacheConfig, KVCacheSettings
@@ -50,7 +52,13 @@ from kvcy.kv_cache_sizing import (
 )
 
 __all__ = [
+    "ChunkedLocalLayer",
+    "FullLayer",
+    "LayerType",
+    "MLALayer",
+    "MambaLayer",
     "ModelDescription",
+    "SlidingWindowLayer",
     "add_parser",
     "build_kv_cache_spec",
     "load_presets",
@@ -60,7 +68,6 @@ __all__ = [
     "run",
 ]
 
-LAYER_KINDS = ("full", "sliding_window", "chunked_local", "mla", "mamba")
 #: Attention block sizes are kept a multiple of this when grown to fit a Mamba state.
 KERNEL_BLOCK_ALIGNMENT = 16
 
@@ -78,9 +85,8 @@ def _human_bytes(n: float) -> str:
 
 
 def load_presets() -> dict[str, dict[str, Any]]:
-    """The bundled model presets by name."""
-    text = resources.files("kvcy").joinpath("data/model_presets.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    """The bundled model presets by name, as JSON objects (read them with :meth:`ModelDescription.from_dict`)."""
+    return msgspec.json.decode(resources.files("kvcy").joinpath("data/model_presets.json").read_bytes())
 
 
 def _require_positive_int(where: str, value: Any) -> int:
@@ -89,6 +95,92 @@ def _require_positive_int(where: str, value: Any) -> int:
     if value <= 0:
         raise ValueError(f"{where} must be positive, got {value}")
     return value
+
+
+_PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+_NonEmptyNames = Annotated[list[str], msgspec.Meta(min_length=1)]
+
+
+class _LayerType(msgspec.Struct, frozen=True, tag_field="kind"):
+    """One layer type of a model description; the JSON object's ``kind`` picks the subclass."""
+
+
+class FullLayer(_LayerType, frozen=True, tag="full"):
+    """Full attention: ``num_kv_heads`` heads of ``head_size``."""
+
+    num_kv_heads: _PositiveInt
+    head_size: _PositiveInt
+
+
+class SlidingWindowLayer(_LayerType, frozen=True, tag="sliding_window"):
+    """Attention over the last ``sliding_window`` tokens."""
+
+    num_kv_heads: _PositiveInt
+    head_size: _PositiveInt
+    sliding_window: _PositiveInt
+
+
+class ChunkedLocalLayer(_LayerType, frozen=True, tag="chunked_local"):
+    """Attention within ``attention_chunk_size``-token chunks."""
+
+    num_kv_heads: _PositiveInt
+    head_size: _PositiveInt
+    attention_chunk_size: _PositiveInt
+
+
+class MLALayer(_LayerType, frozen=True, tag="mla"):
+    """Multi-head latent attention: one latent of ``head_size`` per token."""
+
+    head_size: _PositiveInt
+
+
+class MambaLayer(_LayerType, frozen=True, tag="mamba"):
+    """A Mamba layer's state: one tensor per shape, each with its dtype."""
+
+    shapes: Annotated[list[Annotated[list[_PositiveInt], msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+    dtypes: list[str]
+
+    def __post_init__(self) -> None:
+        if len(self.dtypes) != len(self.shapes):
+            raise ValueError(f"a mamba layer needs as many 'dtypes' as 'shapes' ({len(self.shapes)}), "
+                             f"got {len(self.dtypes)}")
+
+
+#: A layer type of a model description, by its ``kind``.
+LayerType = FullLayer | SlidingWindowLayer | ChunkedLocalLayer | MLALayer | MambaLayer
+
+
+class _ModelFile(msgspec.Struct, frozen=True):
+    """A model description as a preset or JSON file gives it (see :class:`ModelDescription`).
+
+    ``attention`` values stay JSON objects here and are read one by one, so an
+    error names the layer type it is in.
+    """
+
+    max_model_len: _PositiveInt
+    attention: Annotated[dict[str, dict[str, Any]], msgspec.Meta(min_length=1)]
+    description: str = ""
+    dtype: str = "bfloat16"
+    block_size: _PositiveInt = 16
+    layers: _NonEmptyNames | None = None
+    num_layers: _PositiveInt | None = None
+    layer_pattern: _NonEmptyNames | None = None
+
+    def __post_init__(self) -> None:
+        if self.layers is None and (self.num_layers is None or self.layer_pattern is None):
+            raise ValueError("give 'layers' or 'num_layers' with a non-empty 'layer_pattern'")
+        try:
+            canonical_dtype(self.dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"dtype: {exc}") from None
+
+
+def _convert(data: Any, type_: Any, where: str) -> Any:
+    """``msgspec.convert`` with a :class:`ValueError` that says where (``where``, then msgspec's path)."""
+    try:
+        return msgspec.convert(data, type_)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 @dataclass
@@ -101,11 +193,11 @@ class ModelDescription:
         max_model_len: longest request, in tokens.
         dtype: the model's dtype (the KV cache's with cache dtype "auto").
         block_size: tokens per block.
-        attention: layer type name -> ``{"kind": ..., params}``; kinds are
-            ``full``, ``sliding_window`` (``sliding_window``), ``chunked_local``
-            (``attention_chunk_size``), ``mla`` and ``mamba`` (``shapes``,
-            ``dtypes``); attention kinds take ``num_kv_heads`` (1 for MLA)
-            and ``head_size``.
+        attention: layer type name -> its :data:`LayerType` (in JSON, an
+            object whose ``kind`` is ``full``, ``sliding_window`` (with
+            ``sliding_window``), ``chunked_local`` (``attention_chunk_size``),
+            ``mla`` or ``mamba`` (``shapes``, ``dtypes``); attention kinds
+            take ``head_size`` and, but for MLA, ``num_kv_heads``).
         layers: the type name of every layer, in order.
     """
 
@@ -114,79 +206,64 @@ class ModelDescription:
     max_model_len: int
     dtype: str
     block_size: int
-    attention: dict[str, dict[str, Any]]
+    attention: dict[str, LayerType]
     layers: list[str]
 
     @classmethod
-    def from_dict(cls, name: str, data: dict[str, Any]) -> ModelDescription:
-        """Read and check a description (preset or JSON file).
+    def from_dict(cls, name: str, data: Any) -> ModelDescription:
+        """Read and check a description (a preset or a JSON file's object).
 
         The layers are either ``"layers": [type, ...]`` or
         ``"num_layers": N`` with a ``"layer_pattern"`` repeated to N layers.
+        msgspec checks the types and ranges (:class:`_ModelFile`, :data:`LayerType`).
 
         Raises:
-            ValueError: a missing or bad field, named in the message.
+            ValueError: a missing or bad field, named in the message with its JSON path.
         """
-        if not isinstance(data, dict):
-            raise ValueError(f"model {name!r}: the description must be a JSON object")
         where = f"model {name!r}"
-        attention = data.get("attention")
-        if not isinstance(attention, dict) or not attention:
-            raise ValueError(f"{where}: 'attention' must map layer type names to their parameters")
-        for type_name, params in attention.items():
-            _check_layer_type(f"{where}: attention[{type_name!r}]", params)
-        if "layers" in data:
-            layers = data["layers"]
-            if not isinstance(layers, list) or not layers:
-                raise ValueError(f"{where}: 'layers' must be a non-empty list of layer type names")
+        return cls._from_file(name, _convert(data, _ModelFile, where), where)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelDescription:
+        """Read and check a JSON model description file; the model is named after the file.
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: not JSON, or a missing or bad field (the message names the file and the field).
+        """
+        path = Path(path)
+        where = f"model description {str(path)!r}"
+        try:
+            data = msgspec.json.decode(path.read_bytes(), type=_ModelFile)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"cannot read {where}: {exc}") from None  # JSON is malformed: ...
+        return cls._from_file(path.stem, data, where)
+
+    @classmethod
+    def _from_file(cls, name: str, data: _ModelFile, where: str) -> ModelDescription:
+        attention = {
+            type_name: _convert(params, LayerType, f"{where}: attention[{type_name!r}]")
+            for type_name, params in data.attention.items()
+        }
+        if data.layers is not None:
+            layers = list(data.layers)
         else:
-            num_layers = _require_positive_int(f"{where}: num_layers", data.get("num_layers"))
-            pattern = data.get("layer_pattern")
-            if not isinstance(pattern, list) or not pattern:
-                raise ValueError(f"{where}: give 'layers' or 'num_layers' with a non-empty 'layer_pattern'")
-            layers = [pattern[i % len(pattern)] for i in range(num_layers)]
-        unknown = sorted({t for t in layers if t not in attention}, key=str)
+            pattern = data.layer_pattern
+            layers = [pattern[i % len(pattern)] for i in range(data.num_layers)]
+        unknown = sorted(set(layers) - attention.keys())
         if unknown:
             raise ValueError(f"{where}: layer types {unknown} are not described under 'attention'")
-        dtype = data.get("dtype", "bfloat16")
-        try:
-            canonical_dtype(dtype)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: dtype: {exc}") from None
         return cls(
             name=name,
-            description=str(data.get("description", "")),
-            max_model_len=_require_positive_int(f"{where}: max_model_len", data.get("max_model_len")),
-            dtype=dtype,
-            block_size=_require_positive_int(f"{where}: block_size", data.get("block_size", 16)),
-            attention=dict(attention),
-            layers=list(layers),
+            description=data.description,
+            max_model_len=data.max_model_len,
+            dtype=data.dtype,
+            block_size=data.block_size,
+            attention=attention,
+            layers=layers,
         )
-
-
-def _check_layer_type(where: str, params: Any) -> None:
-    if not isinstance(params, dict):
-        raise ValueError(f"{where} must be an object with a 'kind'")
-    kind = params.get("kind")
-    if kind not in LAYER_KINDS:
-        raise ValueError(f"{where}: kind must be one of {LAYER_KINDS}, got {kind!r}")
-    if kind == "mamba":
-        shapes, dtypes = params.get("shapes"), params.get("dtypes")
-        if not isinstance(shapes, list) or not shapes or not isinstance(dtypes, list) or len(dtypes) != len(shapes):
-            raise ValueError(f"{where}: a mamba layer needs 'shapes' and as many 'dtypes'")
-        for shape in shapes:
-            if not isinstance(shape, list) or not shape:
-                raise ValueError(f"{where}: every shape must be a non-empty list of sizes")
-            for d in shape:
-                _require_positive_int(f"{where}: shape size", d)
-        return
-    _require_positive_int(f"{where}: head_size", params.get("head_size"))
-    if kind != "mla":
-        _require_positive_int(f"{where}: num_kv_heads", params.get("num_kv_heads"))
-    if kind == "sliding_window":
-        _require_positive_int(f"{where}: sliding_window", params.get("sliding_window"))
-    if kind == "chunked_local":
-        _require_positive_int(f"{where}: attention_chunk_size", params.get("attention_chunk_size"))
 
 
 def interleave_layers(counts: dict[str, int]) -> list[str]:
@@ -224,38 +301,34 @@ def build_kv_cache_spec(
     bs = model.block_size if block_size is None else _require_positive_int("block_size", block_size)
     dtype, quant = _attention_dtype(model, cache_dtype)
 
-    def attention_spec(params: dict[str, Any], block: int) -> AttentionSpec:
-        kind = params["kind"]
-        common = dict(block_size=block, head_size=params["head_size"], dtype=dtype, kv_quant_mode=quant)
-        if kind == "mla":
+    def attention_spec(params: LayerType, block: int) -> AttentionSpec:
+        common = dict(block_size=block, head_size=params.head_size, dtype=dtype, kv_quant_mode=quant)
+        if isinstance(params, MLALayer):
             mla_dtype = "uint8" if cache_dtype == "fp8_ds_mla" else dtype
             return MLAAttentionSpec(
                 **{**common, "dtype": mla_dtype},
                 num_kv_heads=1,
                 cache_dtype_str=cache_dtype if cache_dtype != "auto" else None,
             )
-        common["num_kv_heads"] = params["num_kv_heads"]
-        if kind == "sliding_window":
-            return SlidingWindowSpec(**common, sliding_window=params["sliding_window"])
-        if kind == "chunked_local":
-            return ChunkedLocalAttentionSpec(**common, attention_chunk_size=params["attention_chunk_size"])
+        common["num_kv_heads"] = params.num_kv_heads
+        if isinstance(params, SlidingWindowLayer):
+            return SlidingWindowSpec(**common, sliding_window=params.sliding_window)
+        if isinstance(params, ChunkedLocalLayer):
+            return ChunkedLocalAttentionSpec(**common, attention_chunk_size=params.attention_chunk_size)
         return FullAttentionSpec(**common)
 
-    kinds = {params["kind"] for t, params in model.attention.items() if t in model.layers}
-    mamba_states: dict[str, int] = {}
-    for type_name, params in model.attention.items():
-        if params["kind"] == "mamba":
-            probe = MambaSpec(block_size=1, shapes=params["shapes"], dtypes=params["dtypes"])
-            mamba_states[type_name] = probe.page_size_bytes
+    used = {t: params for t, params in model.attention.items() if t in model.layers}
+    mamba_states = {
+        t: MambaSpec(block_size=1, shapes=params.shapes, dtypes=params.dtypes).page_size_bytes
+        for t, params in model.attention.items()
+        if isinstance(params, MambaLayer)
+    }
     attention_block = bs
     padded_mamba_page = None
-    if "mamba" in kinds and kinds - {"mamba"}:
-        per_token = max(
-            attention_spec(params, 1).page_size_bytes
-            for t, params in model.attention.items()
-            if params["kind"] != "mamba" and t in model.layers
-        )
-        state = max(mamba_states[t] for t in mamba_states if t in model.layers)
+    attention_used = [params for params in used.values() if not isinstance(params, MambaLayer)]
+    if attention_used and len(attention_used) < len(used):  # Mamba and attention layers together
+        per_token = max(attention_spec(params, 1).page_size_bytes for params in attention_used)
+        state = max(mamba_states[t] for t in mamba_states if t in used)
         needed = KERNEL_BLOCK_ALIGNMENT * cdiv(state, KERNEL_BLOCK_ALIGNMENT * per_token)
         attention_block = max(bs, needed)
         padded_mamba_page = attention_block * per_token
@@ -263,12 +336,12 @@ def build_kv_cache_spec(
     specs: dict[str, KVCacheSpec] = {}
     by_type: dict[str, KVCacheSpec] = {}
     for type_name, params in model.attention.items():
-        if params["kind"] == "mamba":
+        if isinstance(params, MambaLayer):
             page = padded_mamba_page if padded_mamba_page and padded_mamba_page > mamba_states[type_name] else None
             by_type[type_name] = MambaSpec(
                 block_size=model.max_model_len,
-                shapes=params["shapes"],
-                dtypes=params["dtypes"],
+                shapes=params.shapes,
+                dtypes=params.dtypes,
                 page_size_padded=page,
             )
         else:
@@ -485,7 +558,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_EPILOG,
     )
-    p.set_defaults(run=run, _parser=p)
+    p.set_defaults(func=run, _parser=p)
     src = p.add_argument_group("model (a preset, a file, or layer flags)")
     src.add_argument("--preset", help="a bundled model description (see --list-presets)")
     src.add_argument("--model", type=Path, help="a JSON model description (same format as the presets)")
@@ -591,10 +664,9 @@ def _load_model(args: argparse.Namespace, p: argparse.ArgumentParser) -> ModelDe
             model = ModelDescription.from_dict(args.preset, presets[args.preset])
         elif args.model:
             try:
-                data = json.loads(args.model.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
+                model = ModelDescription.from_json(args.model)
+            except OSError as exc:
                 p.error(f"cannot read model description {str(args.model)!r}: {exc}")
-            model = ModelDescription.from_dict(args.model.stem, data)
         else:
             model = _model_from_flags(args, p)
         if args.dtype and (args.preset or args.model):

@@ -5,10 +5,21 @@ manager reads: the token lists, ``num_computed_tokens``, ``status`` and the
 block hashes, which are kept up to date incrementally as output tokens are
 appended (only newly completed blocks are hashed).
 
-``Request`` comes from the selected twin (``kvcy.IMPLEMENTATION``): the
-compiled one is a ``cdef class`` whose fields the compiled manager reads
-directly.  Each twin's manager accepts either twin's ``Request`` and any
-object with the same attributes.
+Exports ``Request`` (stem ``request``): the compiled one is a ``cdef class``
+whose fields the compiled manager reads directly; each twin's manager accepts
+either twin's ``Request`` and any object with the same attributes.  The plain
+types around it (``RequestStatus``, ``FinishReason``, ``LoRARequest``,
+``MultiModalFeatureSpec``, ``PlaceholderRange``, ``validate_token_ids``) are
+one pure-Python module for both twins, :mod:`kvcy._request_types`.
+
+A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
+into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
+(pure Python): the two twins of one concept.
+
+Which twin: :mod:`kvcy._fast` picks one at import, for all of kvcy: the
+compiled one when it imports, the pure-Python one with ``KVCY_NO_EXTENSIONS=1``
+or when the extension is missing or broken (``KVCY_REQUIRE_EXTENSIONS=1`` makes
+that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,19 @@
-"""Per-attention-type block bookkeeping (full, sliding window, chunked local, Mamba, cross).
+"""Per-attention-type block bookkeeping (vLLM 0.33.0's ``vllm.v1.core.single_type_kv_cache_manager``).
 
-Re-exports the selected twin under vLLM's names.
+Exports, all from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
+(the base), ``FullAttentionManager``, ``SlidingWindowManager``,
+``ChunkedLocalAttentionManager``, ``MambaManager``, ``CrossAttentionManager``,
+``spec_manager_map`` (spec class -> manager class) and
+``get_manager_for_kv_cache_spec``.
+
+A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
+into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
+(pure Python): the two twins of one concept.
+
+Which twin: :mod:`kvcy._fast` picks one at import, for all of kvcy: the
+compiled one when it imports, the pure-Python one with ``KVCY_NO_EXTENSIONS=1``
+or when the extension is missing or broken (``KVCY_REQUIRE_EXTENSIONS=1`` makes
+that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``).
 """
 
 from typing import TYPE_CHECKING

@@ -9,7 +9,15 @@ import sys
 import pytest
 
 from kvcy import plan as plan_mod
-from kvcy.plan import ModelDescription, build_kv_cache_spec, interleave_layers, load_presets, make_plan
+from kvcy.plan import (
+    FullLayer,
+    MambaLayer,
+    ModelDescription,
+    build_kv_cache_spec,
+    interleave_layers,
+    load_presets,
+    make_plan,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -257,16 +265,30 @@ def test_bad_arguments_exit_2(capsys, argv, message):
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"max_model_len": 64, "attention": {}, "layers": ["a"]}, "'attention'"),
+        ({"max_model_len": 64, "attention": {}, "layers": ["a"]},
+         r"Expected `object` of length >= 1 - at `\$\.attention`"),
         ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
           "layers": ["b"]}, "not described"),
         ({"max_model_len": 0, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
-          "layers": ["a"]}, "max_model_len must be positive"),
+          "layers": ["a"]}, r"model 'bad': Expected `int` >= 1 - at `\$\.max_model_len`"),
         ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 0, "head_size": 8}},
-          "layers": ["a"]}, "num_kv_heads must be positive"),
+          "layers": ["a"]}, r"attention\['a'\]: Expected `int` >= 1 - at `\$\.num_kv_heads`"),
         ({"max_model_len": 64, "attention": {"a": {"kind": "sliding_window", "num_kv_heads": 1, "head_size": 8}},
-          "layers": ["a"]}, "sliding_window must be"),
-        ({"max_model_len": 64, "attention": {"a": {"kind": "conv", "head_size": 8}}, "layers": ["a"]}, "kind"),
+          "layers": ["a"]}, r"attention\['a'\]: Object missing required field `sliding_window`"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "conv", "head_size": 8}}, "layers": ["a"]},
+         r"attention\['a'\]: Invalid value 'conv' - at `\$\.kind`"),
+        # msgspec does the type checks: no bool or string passes for an integer
+        ({"max_model_len": True, "attention": {"a": {"kind": "mla", "head_size": 8}}, "layers": ["a"]},
+         r"Expected `int`, got `bool` - at `\$\.max_model_len`"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "mla", "head_size": "8"}}, "layers": ["a"]},
+         r"Expected `int`, got `str` - at `\$\.head_size`"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "mamba", "shapes": [[4, 0]], "dtypes": ["float32"]}},
+          "layers": ["a"]}, r"Expected `int` >= 1 - at `\$\.shapes\[0\]\[1\]`"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "mla", "head_size": 8}}, "layers": []},
+         r"Expected `array` of length >= 1 - at `\$\.layers`"),
+        ({"max_model_len": 64, "attention": {"a": {"kind": "mla", "head_size": 8}}, "layers": ["a"],
+          "dtype": "float13"}, "dtype: unknown dtype 'float13'"),
+        ([1, 2], r"model 'bad': Expected `object`, got `array`"),
         ({"max_model_len": 64, "attention": {"a": {"kind": "mamba", "shapes": [[4]], "dtypes": []}},
           "layers": ["a"]}, "dtypes"),
         ({"max_model_len": 64, "attention": {"a": {"kind": "full", "num_kv_heads": 1, "head_size": 8}},
@@ -283,6 +305,25 @@ def test_bad_model_file_exits_2(capsys, tmp_path):
     path.write_text("{not json")
     rc, _, err = run(capsys, "--model", str(path), "--memory", "1G")
     assert rc == 2 and "cannot read model description" in err
+    path.write_text(json.dumps({"max_model_len": 64, "attention": {"a": {"kind": "full", "head_size": 8}},
+                                "layers": ["a"]}))
+    rc, _, err = run(capsys, "--model", str(path), "--memory", "1G")
+    # the file, the layer type and msgspec's path to the field
+    assert rc == 2 and f"model description {str(path)!r}: attention['a']: Object missing required field " \
+        "`num_kv_heads`" in err
+    rc, _, err = run(capsys, "--model", str(tmp_path / "absent.json"), "--memory", "1G")
+    assert rc == 2 and "cannot read model description" in err and "No such file" in err
+
+
+def test_model_file_reads_like_its_dict(tmp_path):
+    preset = load_presets()["mamba-hybrid-8b"]
+    path = tmp_path / "hybrid.json"
+    path.write_text(json.dumps(preset))
+    from_file = ModelDescription.from_json(path)
+    assert from_file.name == "hybrid"
+    assert from_file.attention == ModelDescription.from_dict("hybrid", preset).attention
+    assert isinstance(from_file.attention["mamba"], MambaLayer) and isinstance(from_file.attention["full"], FullLayer)
+    assert from_file.attention["mamba"].shapes == [[3, 10240], [128, 64, 128]]
 
 
 def test_cli_dispatch_and_module_entry_point():

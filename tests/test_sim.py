@@ -63,6 +63,35 @@ def test_replay_is_deterministic(small_trace):
     assert a.step_digests == b.step_digests and a.decisions_digest == b.decisions_digest
 
 
+def test_a_step_that_schedules_nothing_stops_the_loop():
+    """A manager that admits nothing would leave the loop spinning on one waiting request."""
+
+    class NoBlocks:
+        def get_block_ids(self):
+            return ([],)
+
+    class RefusingManager:
+        def __init__(self):
+            self.calls: list[str] = []
+
+        def free(self, request):
+            self.calls.append("free")
+
+        def get_computed_blocks(self, request):
+            self.calls.append("get_computed_blocks")
+            return NoBlocks(), 0, 0
+
+        def allocate_slots(self, request, num_new_tokens, **kwargs):
+            self.calls.append("allocate_slots")
+            return None
+
+    trace = Trace("t", [TraceRequest("a", 0.0, 20, 2, prompt=fresh_tokens(b"a", 20), index=0)])
+    mgr = RefusingManager()
+    with pytest.raises(RuntimeError, match=r"the scheduler made no progress at step 0 \(0 running, 1 waiting\)"):
+        replay(trace, ReplayConfig(num_blocks=8), "python", manager=mgr, timer_overhead=0)
+    assert mgr.calls == ["get_computed_blocks", "allocate_slots"]  # one admission tried, then the loop stopped
+
+
 def test_too_long_requests_are_rejected():
     reqs = [
         TraceRequest("a", 0.0, 100, 5, prompt=fresh_tokens(b"a", 100), index=0),

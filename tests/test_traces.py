@@ -98,30 +98,52 @@ def test_arrivals_sorted_stably(tmp_path):
         ({"timestamp": 0, "input_length": "9", "output_length": 1, "hash_ids": [0]}, "input_length"),
         ({"timestamp": 0, "input_length": 1, "output_length": -2, "hash_ids": [0]}, "output_length"),
         ({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": ["a"]}, "hash_ids"),
-        ([1, 2], "JSON object"),
-        # json reads NaN and Infinity: a NaN arrival never compares as arrived (the replay spun forever)
-        ({"timestamp": float("nan"), "input_length": 1, "output_length": 1, "hash_ids": [0]}, "got nan"),
-        ({"timestamp": float("inf"), "input_length": 1, "output_length": 1, "hash_ids": [0]}, "got inf"),
-        ({"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [0]}, "from 0 to 1e\\+13"),
+        ([1, 2], "Expected `object`, got `array`"),
+        # Python's json writes NaN and Infinity, which are not JSON: a NaN arrival never compares as
+        # arrived (the replay spun forever); msgspec refuses them as it decodes
+        ({"timestamp": float("nan"), "input_length": 1, "output_length": 1, "hash_ids": [0]},
+         r"JSON is malformed: invalid character \(byte 14\)"),
+        ({"timestamp": float("inf"), "input_length": 1, "output_length": 1, "hash_ids": [0]}, "JSON is malformed"),
+        ({"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [0]},
+         r"Expected `float` <= 10000000000000.0 - at `\$\.timestamp`"),
+        ({"timestamp": True, "input_length": 1, "output_length": 1, "hash_ids": [0]},
+         r"Expected `float`, got `bool` - at `\$\.timestamp`"),
+        ({"timestamp": 0, "input_length": 1, "output_length": 1.5, "hash_ids": [0]},
+         r"Expected `int`, got `float` - at `\$\.output_length`"),
+        ({"timestamp": 0, "input_length": 1, "output_length": 1}, "Object missing required field `hash_ids`"),
+        ({"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []},
+         r"Expected `int` >= 1 - at `\$\.input_length`"),
         ({"timestamp": 0, "input_length": 2**40, "output_length": 1, "hash_ids": [0]}, "input_length"),
         ({"timestamp": 0, "input_length": 1, "output_length": 10**12, "hash_ids": [0]}, "output_length"),
-        ({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [2**63]}, "hash_ids"),
+        ({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [2**63]},
+         r"Expected `int` <= 9223372036854775807 - at `\$\.hash_ids\[0\]`"),
+        ({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [2**64]}, "hash_ids"),
     ],
 )
 def test_read_mooncake_rejects_bad_lines(tmp_path, row, message):
     path = _write(tmp_path, [{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}, row])
     with pytest.raises(ValueError, match=message) as e:
         read_mooncake(path)
-    assert "line 2" in str(e.value)
+    assert str(e.value).startswith("t.jsonl line 2: ")
 
 
 def test_read_mooncake_not_json_and_missing(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text("{nope\n")
-    with pytest.raises(ValueError, match="line 1: not JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl line 1: JSON is malformed: object keys must be strings"):
         read_mooncake(path)
     with pytest.raises(FileNotFoundError):
         read_mooncake(tmp_path / "absent.jsonl")
+
+
+def test_read_mooncake_checks_only_the_lines_it_reads(tmp_path):
+    good = json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]}).encode()
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(good + b"\n\n   \n" + b"\xff\xfe not text\n")
+    t = read_mooncake(path, limit=1)  # the bad line is counted, not read
+    assert len(t) == 1 and t.total_in_source == 2
+    with pytest.raises(ValueError, match=r"t.jsonl line 4: JSON is malformed"):
+        read_mooncake(path)
 
 
 # --------------------------------------------------------------------------- bundled file

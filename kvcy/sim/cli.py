@@ -81,7 +81,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "replay", help="replay a request trace through the KV-cache manager",
         description=_DESCRIPTION, epilog=_EPILOG,
     )
-    p.set_defaults(run=run)
+    p.set_defaults(func=run)
     p.add_argument("trace", nargs="?", metavar="TRACE", help="trace to replay (default: the bundled trace)")
     p.add_argument("--limit", type=positive_int, metavar="K", help="replay only the first K requests")
     p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the synthetic trace (default 0)")

@@ -30,6 +30,10 @@ prefill, recompute preemption), synchronously and without a model:
    for storing; see :mod:`kvcy.sim.offload`.  Its calls are timed apart
    (``offload_ns``).
 
+The loop is a small state class, one method per phase above
+(``_ReplayLoop.take_arrivals``, ``schedule_running``, ``admit_waiting``,
+``offer_stores``, ``advance``, ``end_step``, then ``report``).
+
 No input makes the loop spin: arrival times are checked before it starts
 (finite, in order), an idle engine must reach the next arrival, a step must
 schedule something, and more steps than ``max_model_len`` without a finished
@@ -458,8 +462,45 @@ def replay(
     request_cls = getattr(sys.modules.get(type(mgr).__module__), "Request", Request)
     res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
 
-    # Refuse times the simulated clock cannot follow (NaN never compares as
-    # arrived) before anything runs.
+    _check_arrivals(trace)
+    accepted = [tr for tr in trace if tr.num_prompt_tokens + tr.num_output_tokens <= max_model_len]
+    res.rejected = len(trace) - len(accepted)
+    res.requests = len(accepted)
+    names = None
+    if capture_step is not None or expected_digests is not None:
+        names = {tr.index: tr.request_id for tr in trace}
+    res.timer_overhead_ns = timer_overhead
+    tier = None
+    if config.cpu_offload_blocks:
+        from kvcy.sim.offload import CPUTier
+
+        tier = CPUTier(impl, config.cpu_offload_blocks, config.offload_policy, config.block_size)
+        res.offload_impl = tier.impl
+
+    bar, own_bar = _progress_bar(progress, impl, len(trace))
+    if bar is not None and res.rejected:
+        bar.update(res.rejected)
+    loop = _ReplayLoop(
+        res, mgr, accepted, hasher, request_cls, tier,
+        bar=bar, names=names, capture_step=capture_step, expected_digests=expected_digests,
+    )
+    gc.collect()
+    wall0 = time.perf_counter()
+    try:
+        loop.run(stop_after_step)
+    finally:
+        if own_bar is not None:
+            own_bar.close()
+    res.wall_s = time.perf_counter() - wall0
+    if expected_digests is not None and stop_after_step is None and loop.step != len(expected_digests):
+        res.steps = loop.step
+        raise Divergence(loop.step, res)
+    loop.report()
+    return res
+
+
+def _check_arrivals(trace: Trace) -> None:
+    """Refuse times the simulated clock cannot follow (NaN never compares as arrived), before anything runs."""
     last_arrival = 0.0
     for tr in trace:
         a = tr.arrival_ms
@@ -474,339 +515,410 @@ def replay(
             )
         last_arrival = a
 
-    accepted: list[TraceRequest] = []
-    for tr in trace:
-        if tr.num_prompt_tokens + tr.num_output_tokens > max_model_len:
-            res.rejected += 1
-        else:
-            accepted.append(tr)
-    res.requests = len(accepted)
-    names = None
-    if capture_step is not None or expected_digests is not None:
-        names = {tr.index: tr.request_id for tr in trace}
 
-    bar = own_bar = None
+def _progress_bar(progress: bool | Any, impl: str, total: int) -> tuple[Any, Any]:
+    """The bar to tick (or ``None``) and the bar this replay opened and must close (or ``None``)."""
     if progress is True:
         from tqdm import tqdm
 
-        bar = own_bar = tqdm(total=len(trace), unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
-    elif progress is not False and progress is not None:
-        bar = progress
-    if bar is not None and res.rejected:
-        bar.update(res.rejected)
+        bar = tqdm(total=total, unit="req", desc=f"replay [{impl}]", leave=False, mininterval=0.25)
+        return bar, bar
+    if progress is not False and progress is not None:
+        return progress, None
+    return None, None
 
-    res.timer_overhead_ns = timer_overhead
-    raw_ns = 0
-    perf = time.perf_counter_ns
-    get_computed_blocks = mgr.get_computed_blocks
-    allocate_slots = mgr.allocate_slots
-    free = mgr.free
-    record_prefix_cache_stats = mgr.record_prefix_cache_stats
-    RUNNING, PREEMPTED, FINISHED = RequestStatus.RUNNING, RequestStatus.PREEMPTED, RequestStatus.FINISHED_LENGTH_CAPPED
-    budget_per_step = config.max_num_batched_tokens
-    max_seqs = config.max_num_seqs
-    step_ms, token_ms = config.step_ms, config.token_us / 1000.0
-    reserve_full_isl = config.reserve_full_isl
-    tier = None
-    if config.cpu_offload_blocks:
-        from kvcy.sim.offload import CPUTier
 
-        tier = CPUTier(impl, config.cpu_offload_blocks, config.offload_policy, config.block_size)
-        res.offload_impl = tier.impl
-    off_step_ns = res.offload_step_ns
-    off_raw_ns = 0
-    off_calls = 0
+class _ReplayLoop:
+    """The scheduler loop of one replay, one method per phase of a step.
 
-    pending = deque(accepted)
-    waiting: deque[_Live] = deque()
-    running: list[_Live] = []
-    step_ns = res.step_ns
-    digests = res.step_digests
-    usage_sum = 0.0
-    clock = 0.0
-    step = 0
-    calls = 0
-    # The stall guard: the oldest running request finishes within
-    # max_model_len steps (see Raises), so more steps than that without a
-    # finished request mean the loop is not getting anywhere.
-    last_finish_step = 0
-    stall_steps = max_model_len + 2
+    :meth:`run` calls, each step: :meth:`take_arrivals`, :meth:`schedule_running`,
+    :meth:`admit_waiting` (unless something was preempted), :meth:`offer_stores`
+    (with a CPU tier), :meth:`advance` (the model step: sample, finish, free) and
+    :meth:`end_step` (times, digest).  :meth:`report` fills the result at the
+    end.  The step's decisions (``dec``), its token budget, what it scheduled and
+    its timed nanoseconds live on the instance while the step runs; each phase
+    binds what it uses to locals, so the timed manager calls run as they would
+    in one long function.
+    """
 
-    gc.collect()
-    wall0 = time.perf_counter()
-    try:
-        while pending or waiting or running:
-            while pending and pending[0].arrival_ms <= clock:
-                waiting.append(_Live(pending.popleft()))
-            if not waiting and not running:
-                clock = pending[0].arrival_ms  # idle: jump to the next arrival
-                if not pending[0].arrival_ms <= clock:  # pragma: no cover - arrivals are checked above
-                    raise RuntimeError(f"the simulated clock cannot reach the arrival of {pending[0].request_id!r}")
-                continue
+    __slots__ = (
+        # Fixed for the replay.
+        "res", "mgr", "hasher", "request_cls", "tier", "bar", "names", "capture_step", "expected_digests",
+        "get_computed_blocks", "allocate_slots", "free", "timer_overhead", "max_model_len", "budget_per_step",
+        "max_seqs", "reserve_full_isl", "step_ms", "token_ms", "stall_steps",
+        # The queues: not yet arrived, waiting (front first), running (oldest first).
+        "pending", "waiting", "running",
+        # Running totals.
+        "clock", "step", "calls", "raw_ns", "off_calls", "off_raw_ns", "usage_sum", "last_finish_step",
+        # This step.
+        "dec", "ns", "off_ns", "step_calls0", "off_calls0", "budget", "scheduled", "preempted",
+    )
 
-            dec: list[int] = []
-            ns = 0
-            off_ns = 0
-            off_calls0 = off_calls
-            step_calls0 = calls
-            budget = budget_per_step
-            scheduled: list[tuple[_Live, int]] = []
-            preempted = False
+    def __init__(
+        self, res: ReplayResult, mgr: Any, accepted: list[TraceRequest], hasher: Any, request_cls: type, tier: Any,
+        *, bar: Any, names: Mapping[int, str] | None, capture_step: int | None, expected_digests: list[bytes] | None,
+    ) -> None:
+        config = res.config
+        self.res, self.mgr, self.hasher, self.request_cls, self.tier = res, mgr, hasher, request_cls, tier
+        self.bar, self.names, self.capture_step, self.expected_digests = bar, names, capture_step, expected_digests
+        self.get_computed_blocks = mgr.get_computed_blocks
+        self.allocate_slots = mgr.allocate_slots
+        self.free = mgr.free
+        self.timer_overhead = res.timer_overhead_ns
+        self.max_model_len = res.max_model_len
+        self.budget_per_step = config.max_num_batched_tokens
+        self.max_seqs = config.max_num_seqs
+        self.reserve_full_isl = config.reserve_full_isl
+        self.step_ms, self.token_ms = config.step_ms, config.token_us / 1000.0
+        # The stall guard: the oldest running request finishes within
+        # max_model_len steps (see replay's Raises), so more steps than that
+        # without a finished request mean the loop is not getting anywhere.
+        self.stall_steps = res.max_model_len + 2
+        self.last_finish_step = 0
+        self.pending: deque[TraceRequest] = deque(accepted)
+        self.waiting: deque[_Live] = deque()
+        self.running: list[_Live] = []
+        self.clock = self.usage_sum = 0.0
+        self.step = self.calls = self.raw_ns = self.off_calls = self.off_raw_ns = 0
+        self.dec: list[int] = []
+        self.scheduled: list[tuple[_Live, int]] = []
+        self.ns = self.off_ns = self.step_calls0 = self.off_calls0 = self.budget = 0
+        self.preempted = False
 
-            # Running requests: continue prefills, one decode token each.
-            i = 0
-            while i < len(running) and budget > 0:
-                live = running[i]
-                req = live.req
-                n = req.num_tokens - req.num_computed_tokens
-                if n > budget:
-                    n = budget
-                cap = max_model_len - 1 - req.num_computed_tokens
-                if n > cap:
-                    n = cap
-                if n <= 0:
-                    i += 1
-                    continue
-                while True:
-                    t0 = perf()
-                    new = allocate_slots(req, n)
-                    ns += perf() - t0
-                    calls += 1
-                    if new is not None:
-                        break
-                    victim = running.pop()
-                    vreq = victim.req
-                    t0 = perf()
-                    free(vreq)
-                    ns += perf() - t0
-                    calls += 1
-                    vreq.status = PREEMPTED
-                    vreq.num_computed_tokens = 0
-                    vreq.num_preemptions += 1
-                    waiting.appendleft(victim)
-                    res.preemptions += 1
-                    preempted = True
-                    dec += (_PREEMPT, victim.trace.index)
-                    if victim is live:
-                        break
-                if new is None:
-                    break
-                dec += (_ALLOC, live.trace.index, n)
-                _put_ids(dec, new.get_block_ids())
-                scheduled.append((live, n))
-                budget -= n
-                i += 1
-
-            # Waiting requests: prefix-cache lookup, then allocate.
-            if not preempted:
-                while waiting and budget > 0 and len(running) < max_seqs:
-                    live = waiting[0]
-                    req = live.req
-                    if req is None:
-                        tr = live.trace
-                        req = request_cls(
-                            tr.request_id,
-                            tr.prompt_token_ids(),
-                            max_tokens=tr.num_output_tokens,
-                            block_hasher=hasher,
-                            arrival_time=tr.arrival_ms / 1000.0,
-                        )
-                        live.req = req
-                        live.outputs = tr.output_token_ids()
-                        if tier is not None:
-                            t0 = perf()
-                            live.off = tier.state(tr.request_id, tr.num_prompt_tokens, tr.index)
-                            off_ns += perf() - t0
-                            off_calls += 1
-                    t0 = perf()
-                    blocks, hit, _boundary = get_computed_blocks(req)
-                    ns += perf() - t0
-                    calls += 1
-                    dec += (_LOOKUP, live.trace.index, hit)
-                    _put_ids(dec, blocks.get_block_ids())
-                    if tier is None:
-                        ext = 0
-                        n = req.num_tokens - hit
-                        if n > budget:
-                            n = budget
-                        t0 = perf()
-                        new = allocate_slots(
-                            req,
-                            n,
-                            num_new_computed_tokens=hit,
-                            new_computed_blocks=blocks,
-                            num_lookahead_tokens=0,
-                            full_sequence_must_fit=reserve_full_isl,
-                            has_scheduled_reqs=bool(running),
-                        )
-                        ns += perf() - t0
-                        calls += 1
-                    else:
-                        t0 = perf()
-                        ext, cpu_keys = tier.lookup(live.off, req, hit, dec)
-                        off_ns += perf() - t0
-                        off_calls += 1
-                        n = req.num_tokens - hit - ext
-                        if n > budget:
-                            n = budget
-                        t0 = perf()
-                        new = allocate_slots(
-                            req,
-                            n,
-                            num_new_computed_tokens=hit,
-                            new_computed_blocks=blocks,
-                            num_lookahead_tokens=0,
-                            num_external_computed_tokens=ext,
-                            full_sequence_must_fit=reserve_full_isl,
-                            has_scheduled_reqs=bool(running),
-                        )
-                        ns += perf() - t0
-                        calls += 1
-                        if new is not None:
-                            t0 = perf()
-                            if ext:
-                                tier.load(live.off, cpu_keys, hit + ext, dec)
-                            else:
-                                tier.admitted(live.off)
-                            off_ns += perf() - t0
-                            off_calls += 1
-                    dec += (_ALLOC, live.trace.index, n)
-                    _put_ids(dec, None if new is None else new.get_block_ids())
-                    if new is None:
-                        break
-                    record_prefix_cache_stats(req, hit)  # (as vLLM's scheduler: once, at admission)
-                    waiting.popleft()
-                    running.append(live)
-                    req.status = RUNNING
-                    req.num_computed_tokens = hit + ext
-                    if req.num_preemptions:
-                        res.recompute_query_tokens += req.num_tokens
-                        res.recompute_hit_tokens += hit
-                        res.recompute_cpu_hit_tokens += ext
-                    else:
-                        res.query_tokens += req.num_tokens
-                        res.hit_tokens += hit
-                        res.cpu_hit_tokens += ext
-                    scheduled.append((live, n))
-                    budget -= n
-
-            if not scheduled:
+    def run(self, stop_after_step: int | None) -> None:
+        """Step until every request finished (or past ``stop_after_step``)."""
+        while self.pending or self.waiting or self.running:
+            if not self.take_arrivals():
+                continue  # idle: the clock jumped to the next arrival
+            self.dec = []
+            self.ns = self.off_ns = 0
+            self.off_calls0 = self.off_calls
+            self.step_calls0 = self.calls
+            self.budget = self.budget_per_step
+            self.scheduled = []
+            self.preempted = False
+            self.schedule_running()
+            if not self.preempted:
+                self.admit_waiting()
+            if not self.scheduled:
                 raise RuntimeError(
-                    f"the scheduler made no progress at step {step} "
-                    f"({len(running)} running, {len(waiting)} waiting)"
+                    f"the scheduler made no progress at step {self.step} "
+                    f"({len(self.running)} running, {len(self.waiting)} waiting)"
                 )
-            usage = mgr.usage
-            usage_sum += usage
-            if usage > res.peak_usage:
-                res.peak_usage = usage
-
-            # The connector's store offers (build_connector_meta): this step's
-            # blocks, then the ends of the requests that finished last step.
-            if tier is not None:
-                t0 = perf()
-                offer = tier.offer
-                for live, n in scheduled:
-                    offer(live.off, live.req.num_computed_tokens + n, dec)
-                tier.end_previous(dec)
-                off_ns += perf() - t0
-                off_calls += 1
-
-            # Model step: advance computed tokens, sample, finish.
-            num_scheduled = 0
-            done = False
-            for live, n in scheduled:
-                num_scheduled += n
-                live.req.num_computed_tokens += n
-            for live, n in scheduled:
-                req = live.req
-                if req.num_computed_tokens < req.num_tokens:
-                    continue  # a prefill chunk
-                req.append_output_token_ids(live.outputs[req.num_output_tokens])
-                if req.num_output_tokens >= live.trace.num_output_tokens:
-                    req.status = FINISHED
-                    dec += (_FINISH, live.trace.index)
-                    _put_ids(dec, mgr.get_block_ids(req.request_id))
-                    t0 = perf()
-                    free(req)
-                    ns += perf() - t0
-                    calls += 1
-                    res.finished += 1
-                    res.prompt_tokens += req.num_prompt_tokens
-                    res.output_tokens += req.num_output_tokens
-                    if tier is not None:
-                        tier.finished(live.off)
-                    live.req = None  # drop the tokens
-                    live.outputs = []
-                    done = True
-                    if bar is not None:
-                        bar.update(1)
-            if done:
-                running = [lv for lv in running if lv.req is not None]
-                last_finish_step = step
-            elif step - last_finish_step > stall_steps:
-                raise RuntimeError(
-                    f"the scheduler made no progress: no request finished in {step - last_finish_step:,} steps "
-                    f"(step {step}, {len(running)} running, {len(waiting)} waiting, max_model_len {max_model_len:,})"
-                )
-
-            raw_ns += ns
-            ns -= (calls - step_calls0) * timer_overhead
-            step_ns.append(ns if ns > 0 else 0)
-            if tier is not None:
-                t0 = perf()
-                tier.step_end()  # the worker reports this step's stores and loads done
-                if not (pending or waiting or running) and tier.has_pending:
-                    # The last step: the requests that finished in it end now
-                    # rather than at a next step that never comes.
-                    tier.end_previous(dec)
-                    tier.step_end()
-                off_ns += perf() - t0
-                off_calls += 1
-                off_raw_ns += off_ns
-                off_ns -= (off_calls - off_calls0) * timer_overhead
-                off_step_ns.append(off_ns if off_ns > 0 else 0)
-            digest = hashlib.blake2b(array("q", dec).tobytes(), digest_size=8).digest()
-            digests.append(digest)
-            if capture_step == step:
-                res.captured = decode_decisions(dec, names)
-            if expected_digests is not None and (step >= len(expected_digests) or expected_digests[step] != digest):
-                res.captured = decode_decisions(dec, names)
-                res.steps = step + 1
-                raise Divergence(step, res)
-            step += 1
-            clock += step_ms + token_ms * num_scheduled
-            if stop_after_step is not None and step > stop_after_step:
+            usage = self.mgr.usage
+            self.usage_sum += usage
+            if usage > self.res.peak_usage:
+                self.res.peak_usage = usage
+            if self.tier is not None:
+                self.offer_stores()
+            num_scheduled = self.advance()
+            self.end_step()
+            self.step += 1
+            self.clock += self.step_ms + self.token_ms * num_scheduled
+            if stop_after_step is not None and self.step > stop_after_step:
                 break
-    finally:
-        if own_bar is not None:
-            own_bar.close()
 
-    res.wall_s = time.perf_counter() - wall0
-    if expected_digests is not None and stop_after_step is None and step != len(expected_digests):
+    def take_arrivals(self) -> bool:
+        """Requests whose arrival time has passed join the waiting queue; ``False``: idle, the clock jumped."""
+        pending, waiting, clock = self.pending, self.waiting, self.clock
+        while pending and pending[0].arrival_ms <= clock:
+            waiting.append(_Live(pending.popleft()))
+        if waiting or self.running:
+            return True
+        self.clock = pending[0].arrival_ms  # idle: jump to the next arrival
+        if not pending[0].arrival_ms <= self.clock:  # pragma: no cover - arrivals are checked before the loop
+            raise RuntimeError(f"the simulated clock cannot reach the arrival of {pending[0].request_id!r}")
+        return False
+
+    def schedule_running(self) -> None:
+        """Running requests, in order, while the budget lasts: the rest of the prefill or one decode token.
+
+        When ``allocate_slots`` refuses, the last running request is preempted
+        (freed, to the front of the waiting queue) and the allocation retried;
+        when that was the current request, scheduling stops.
+        """
+        running, waiting, dec, scheduled, res = self.running, self.waiting, self.dec, self.scheduled, self.res
+        perf = time.perf_counter_ns
+        allocate_slots, free = self.allocate_slots, self.free
+        PREEMPTED = RequestStatus.PREEMPTED
+        max_model_len = self.max_model_len
+        budget = self.budget
+        ns = 0
+        calls = self.calls
+        i = 0
+        while i < len(running) and budget > 0:
+            live = running[i]
+            req = live.req
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget:
+                n = budget
+            cap = max_model_len - 1 - req.num_computed_tokens
+            if n > cap:
+                n = cap
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                t0 = perf()
+                new = allocate_slots(req, n)
+                ns += perf() - t0
+                calls += 1
+                if new is not None:
+                    break
+                victim = running.pop()
+                vreq = victim.req
+                t0 = perf()
+                free(vreq)
+                ns += perf() - t0
+                calls += 1
+                vreq.status = PREEMPTED
+                vreq.num_computed_tokens = 0
+                vreq.num_preemptions += 1
+                waiting.appendleft(victim)
+                res.preemptions += 1
+                self.preempted = True
+                dec += (_PREEMPT, victim.trace.index)
+                if victim is live:
+                    break
+            if new is None:
+                break
+            dec += (_ALLOC, live.trace.index, n)
+            _put_ids(dec, new.get_block_ids())
+            scheduled.append((live, n))
+            budget -= n
+            i += 1
+        self.budget = budget
+        self.ns += ns
+        self.calls = calls
+
+    def first_look(self, live: _Live) -> Any:
+        """Build a waiting request's ``Request`` (tokens, block hashes) and its CPU-tier state."""
+        tr = live.trace
+        req = self.request_cls(
+            tr.request_id,
+            tr.prompt_token_ids(),
+            max_tokens=tr.num_output_tokens,
+            block_hasher=self.hasher,
+            arrival_time=tr.arrival_ms / 1000.0,
+        )
+        live.req = req
+        live.outputs = tr.output_token_ids()
+        if self.tier is not None:
+            perf = time.perf_counter_ns
+            t0 = perf()
+            live.off = self.tier.state(tr.request_id, tr.num_prompt_tokens, tr.index)
+            self.off_ns += perf() - t0
+            self.off_calls += 1
+        return req
+
+    def admit_waiting(self) -> None:
+        """Waiting requests, front first, while the budget lasts and fewer than ``max_num_seqs`` run.
+
+        Admission stops at the first request :meth:`admit` refuses.
+        """
+        waiting, running, max_seqs = self.waiting, self.running, self.max_seqs
+        while waiting and self.budget > 0 and len(running) < max_seqs:
+            live = waiting[0]
+            if not self.admit(live):
+                break
+            waiting.popleft()
+            running.append(live)
+
+    def admit(self, live: _Live) -> bool:
+        """Admit one waiting request, or return ``False`` when the pool refuses it.
+
+        ``get_computed_blocks``, then (with a CPU tier) the tier's lookup, then
+        ``allocate_slots`` with the hits; on success the tier loads its hit.
+        """
+        req = live.req
+        if req is None:
+            req = self.first_look(live)
+        dec, tier, running, res = self.dec, self.tier, self.running, self.res
+        perf = time.perf_counter_ns
+        get_computed_blocks, allocate_slots = self.get_computed_blocks, self.allocate_slots
+        reserve_full_isl, budget = self.reserve_full_isl, self.budget
+        t0 = perf()
+        blocks, hit, _boundary = get_computed_blocks(req)
+        ns = perf() - t0
+        dec += (_LOOKUP, live.trace.index, hit)
+        _put_ids(dec, blocks.get_block_ids())
+        if tier is None:
+            ext = 0
+            n = req.num_tokens - hit
+            if n > budget:
+                n = budget
+            t0 = perf()
+            new = allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                                 num_lookahead_tokens=0, full_sequence_must_fit=reserve_full_isl,
+                                 has_scheduled_reqs=bool(running))
+            ns += perf() - t0
+        else:
+            t0 = perf()
+            ext, cpu_keys = tier.lookup(live.off, req, hit, dec)
+            off_ns = perf() - t0
+            n = req.num_tokens - hit - ext
+            if n > budget:
+                n = budget
+            t0 = perf()
+            new = allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                                 num_lookahead_tokens=0, num_external_computed_tokens=ext,
+                                 full_sequence_must_fit=reserve_full_isl, has_scheduled_reqs=bool(running))
+            ns += perf() - t0
+            self.off_calls += 1
+            if new is not None:
+                t0 = perf()
+                if ext:
+                    tier.load(live.off, cpu_keys, hit + ext, dec)
+                else:
+                    tier.admitted(live.off)
+                off_ns += perf() - t0
+                self.off_calls += 1
+            self.off_ns += off_ns
+        self.ns += ns
+        self.calls += 2
+        dec += (_ALLOC, live.trace.index, n)
+        _put_ids(dec, None if new is None else new.get_block_ids())
+        if new is None:
+            return False
+        self.mgr.record_prefix_cache_stats(req, hit)  # (as vLLM's scheduler: once, at admission)
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = hit + ext
+        if req.num_preemptions:
+            res.recompute_query_tokens += req.num_tokens
+            res.recompute_hit_tokens += hit
+            res.recompute_cpu_hit_tokens += ext
+        else:
+            res.query_tokens += req.num_tokens
+            res.hit_tokens += hit
+            res.cpu_hit_tokens += ext
+        self.scheduled.append((live, n))
+        self.budget = budget - n
+        return True
+
+    def offer_stores(self) -> None:
+        """The CPU tier's store offers (the connector's build_connector_meta).
+
+        This step's blocks, then the ends of the requests that finished last step.
+        """
+        tier, dec = self.tier, self.dec
+        perf = time.perf_counter_ns
+        t0 = perf()
+        offer = tier.offer
+        for live, n in self.scheduled:
+            offer(live.off, live.req.num_computed_tokens + n, dec)
+        tier.end_previous(dec)
+        self.off_ns += perf() - t0
+        self.off_calls += 1
+
+    def advance(self) -> int:
+        """The model step: computed tokens advance, completed prefills and decodes sample, finished requests free.
+
+        Returns the tokens scheduled this step.
+        """
+        dec, res, tier, bar, mgr = self.dec, self.res, self.tier, self.bar, self.mgr
+        perf = time.perf_counter_ns
+        free = self.free
+        FINISHED = RequestStatus.FINISHED_LENGTH_CAPPED
+        scheduled = self.scheduled
+        num_scheduled = 0
+        done = False
+        for live, n in scheduled:
+            num_scheduled += n
+            live.req.num_computed_tokens += n
+        for live, n in scheduled:
+            req = live.req
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk
+            req.append_output_token_ids(live.outputs[req.num_output_tokens])
+            if req.num_output_tokens >= live.trace.num_output_tokens:
+                req.status = FINISHED
+                dec += (_FINISH, live.trace.index)
+                _put_ids(dec, mgr.get_block_ids(req.request_id))
+                t0 = perf()
+                free(req)
+                self.ns += perf() - t0
+                self.calls += 1
+                res.finished += 1
+                res.prompt_tokens += req.num_prompt_tokens
+                res.output_tokens += req.num_output_tokens
+                if tier is not None:
+                    tier.finished(live.off)
+                live.req = None  # drop the tokens
+                live.outputs = []
+                done = True
+                if bar is not None:
+                    bar.update(1)
+        step = self.step
+        if done:
+            self.running = [lv for lv in self.running if lv.req is not None]
+            self.last_finish_step = step
+        elif step - self.last_finish_step > self.stall_steps:
+            raise RuntimeError(
+                f"the scheduler made no progress: no request finished in {step - self.last_finish_step:,} steps "
+                f"(step {step}, {len(self.running)} running, {len(self.waiting)} waiting, "
+                f"max_model_len {self.max_model_len:,})"
+            )
+        return num_scheduled
+
+    def end_step(self) -> None:
+        """Record the step's manager (and CPU-tier) time less the timer's cost, and its decisions digest.
+
+        Raises:
+            Divergence: the digest is not the expected one.
+        """
+        res, tier, dec, step = self.res, self.tier, self.dec, self.step
+        timer_overhead = self.timer_overhead
+        ns = self.ns
+        self.raw_ns += ns
+        ns -= (self.calls - self.step_calls0) * timer_overhead
+        res.step_ns.append(ns if ns > 0 else 0)
+        if tier is not None:
+            perf = time.perf_counter_ns
+            t0 = perf()
+            tier.step_end()  # the worker reports this step's stores and loads done
+            if not (self.pending or self.waiting or self.running) and tier.has_pending:
+                # The last step: the requests that finished in it end now
+                # rather than at a next step that never comes.
+                tier.end_previous(dec)
+                tier.step_end()
+            off_ns = self.off_ns + perf() - t0
+            self.off_calls += 1
+            self.off_raw_ns += off_ns
+            off_ns -= (self.off_calls - self.off_calls0) * timer_overhead
+            res.offload_step_ns.append(off_ns if off_ns > 0 else 0)
+        digest = hashlib.blake2b(array("q", dec).tobytes(), digest_size=8).digest()
+        res.step_digests.append(digest)
+        if self.capture_step == step:
+            res.captured = decode_decisions(dec, self.names)
+        expected = self.expected_digests
+        if expected is not None and (step >= len(expected) or expected[step] != digest):
+            res.captured = decode_decisions(dec, self.names)
+            res.steps = step + 1
+            raise Divergence(step, res)
+
+    def report(self) -> None:
+        """Fill the result's totals and the manager's (and CPU tier's) counters once the loop is done."""
+        res, mgr, tier, step = self.res, self.mgr, self.tier, self.step
         res.steps = step
-        raise Divergence(step, res)
-    res.steps = step
-    res.sim_time_s = clock / 1000.0
-    res.mean_usage = usage_sum / step if step else 0.0
-    res.manager_calls = calls
-    res.manager_ns = sum(step_ns)
-    res.manager_ns_raw = raw_ns
-    res.free_blocks_at_end = mgr.block_pool.get_num_free_blocks()
-    if tier is not None:
-        res.offload_calls = off_calls
-        res.offload_ns = sum(off_step_ns)
-        res.offload_ns_raw = off_raw_ns
-        res.cpu_blocks_loaded = tier.blocks_loaded
-        res.cpu_blocks_stored = tier.blocks_stored
-        res.cpu_evictions = tier.evictions
-        res.cpu_stores_refused = tier.stores_refused
-    res.evictions = getattr(mgr.block_pool, "num_evictions", None)
-    stats = mgr.make_prefix_cache_stats() if hasattr(mgr, "make_prefix_cache_stats") else None
-    if stats is not None:
-        res.manager_prefix_cache_stats = {
-            k: int(getattr(stats, k))
-            for k in ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
-            if hasattr(stats, k)
-        }
-    return res
-
+        res.sim_time_s = self.clock / 1000.0
+        res.mean_usage = self.usage_sum / step if step else 0.0
+        res.manager_calls = self.calls
+        res.manager_ns = sum(res.step_ns)
+        res.manager_ns_raw = self.raw_ns
+        res.free_blocks_at_end = mgr.block_pool.get_num_free_blocks()
+        if tier is not None:
+            res.offload_calls = self.off_calls
+            res.offload_ns = sum(res.offload_step_ns)
+            res.offload_ns_raw = self.off_raw_ns
+            res.cpu_blocks_loaded = tier.blocks_loaded
+            res.cpu_blocks_stored = tier.blocks_stored
+            res.cpu_evictions = tier.evictions
+            res.cpu_stores_refused = tier.stores_refused
+        res.evictions = getattr(mgr.block_pool, "num_evictions", None)
+        stats = mgr.make_prefix_cache_stats() if hasattr(mgr, "make_prefix_cache_stats") else None
+        if stats is not None:
+            res.manager_prefix_cache_stats = {
+                k: int(getattr(stats, k))
+                for k in ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
+                if hasattr(stats, k)
+            }

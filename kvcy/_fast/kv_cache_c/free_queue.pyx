@@ -42,9 +42,9 @@ cdef int _set_block_key(KVCacheBlock block, object key) except -1:
 # (no_gc_clear stays on the definition: Cython does not take it from the .pxd.)
 @cython.no_gc_clear
 cdef class FreeKVCacheBlockQueue:
-    """Queue of free blocks (a doubly linked list in vLLM), kept as a ring of pointers.
+    """Queue of free blocks (a doubly linked list in vLLM).
 
-    A fake head and tail (``block_id == -1``) stand at the ends, as in vLLM.
+    This twin keeps it as a ring of pointers.  A fake head and tail (``block_id == -1``) stand at the ends, as in vLLM.
     Order: head = next to allocate, tail = most recently freed.
 
     The blocks sit in one array, in queue order, at consecutive positions

@@ -26,7 +26,13 @@ cdef class KVCacheBlock:
     of the cycle collector (pools hold up to millions of them).
     """
 
-    def __init__(self, int32_t block_id):
+    def __init__(self, object block_id):
+        # An int (or an int subclass, as the pure twin takes), never a float: a typed
+        # ``int32_t`` argument would truncate 1.5 to 1.
+        if type(block_id) is not int:
+            if not isinstance(block_id, int):
+                raise TypeError("an integer is required")
+            block_id = int(block_id)
         self.block_id = block_id
         self._ref_cnt = 0
         self._hash = None

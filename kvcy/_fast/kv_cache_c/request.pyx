@@ -16,7 +16,7 @@ def _known_hashers():
 
 
 cdef class Request:
-    """A request as the KV-cache manager sees it (compiled twin).
+    """A request as the KV-cache manager sees it.
 
     The same constructor, attributes and errors as the pure-Python twin's
     ``Request``; the fields are C fields that the compiled manager reads
