@@ -2,7 +2,9 @@
 
 Shared by both twins' ``Request`` (``kvcy/_fast/_kv_cache_{c,py}``) and
 re-exported by :mod:`kvcy.request`; kept apart so that the twins can import
-them while ``kvcy._fast`` is still loading.
+them while ``kvcy._fast`` is still loading.  ``KVCacheBlockCopy`` (what the
+managers' ``take_kv_cache_block_copies`` returns) lives here for the same
+reason; :mod:`kvcy.kv_cache_utils` re-exports it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import enum
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "FinishReason",
+    "KVCacheBlockCopy",
     "LoRARequest",
     "check_request_args",
     "MultiModalFeatureSpec",
@@ -183,3 +186,17 @@ def check_request_args(
             f"prompt_embeds has {len(prompt_embeds)} rows for {len(prompt)} prompt tokens"
         )
     return prompt, features
+
+
+class KVCacheBlockCopy(NamedTuple):
+    """One block copy the worker runs: ``src_block_id``'s KV into ``dst_block_id``."""
+
+    src_block_id: int
+    dst_block_id: int
+
+
+class KVCacheBlockCopy(NamedTuple):
+    """One block copy the worker runs: ``src_block_id``'s KV into ``dst_block_id``."""
+
+    src_block_id: int
+    dst_block_id: int

@@ -75,6 +75,7 @@ from kvcy.kv_cache_sizing import (  # the sizing layer, seed 002
     unify_kv_cache_spec_page_size,
 )
 from kvcy.metrics import CachingMetrics, PrefixCacheStats, PrefixCachingMetrics
+from kvcy._request_types import KVCacheBlockCopy
 
 if TYPE_CHECKING:
     # Type checkers see the pure-Python twin (the compiled one has the same API:
@@ -104,6 +105,7 @@ __all__ = [
     "ExternalBlockHash",
     "FreeKVCacheBlockQueue",
     "KVCacheBlock",
+    "KVCacheBlockCopy",
     "PrefixCacheStats",
     "PrefixCachingMetrics",
     "check_enough_kv_cache_memory",

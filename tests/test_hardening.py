@@ -164,7 +164,9 @@ def _tamper(req, how, index=5):
         req.block_hashes[index] = None
 
 
-TAMPERINGS = {"not bytes": TypeError, "removed": RuntimeError, "None": TypeError}
+# (Hashes removed are not an error: as in vLLM, only the blocks with hashes are cached --
+# with hash lookahead the hashes lag behind the tokens; tests/test_dropin_api.py.)
+TAMPERINGS = {"not bytes": TypeError, "None": TypeError}
 
 
 @pytest.mark.parametrize("how", list(TAMPERINGS))

@@ -599,6 +599,85 @@ BAD_CALLS = {
     "KVCacheBlock(-2**31-1)": lambda o: o["mod"].KVCacheBlock(-(2**31) - 1),
     "KVCacheBlock(2**64)": lambda o: o["mod"].KVCacheBlock(2**64),
     "KVCacheBlock(None)": lambda o: o["mod"].KVCacheBlock(None),
+    "KVCacheBlock(1.5)": lambda o: o["mod"].KVCacheBlock(1.5),
+    "KVCacheBlocks(list)": lambda o: o["mod"].KVCacheBlocks([[]]),
+    "Request(request_id=5)": lambda o: o["mod"].Request(5, [1, 2]),
+    "Request(tokens=['a'])": lambda o: o["mod"].Request("r", ["a"]),
+    "Request(tokens=[2**64])": lambda o: o["mod"].Request("r", [2**64]),
+    "Request(report mode)": lambda o: o["mod"].Request("r", [1], kv_cache_report_mode="sometimes"),
+    "KVCacheManager(max_model_len=0)": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=0, scheduler_block_size=4, hash_block_size=4),
+    "KVCacheManager(dcp_world_size=2)": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+        dcp_world_size=2),
+    "KVCacheManager(watermark=-0.1)": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+        watermark=-0.1),
+    "KVCacheManager(scheduler_block_size=6)": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=6, hash_block_size=4),
+    "resolve_block_hashes(block_size=6)": lambda o: o["mod"].resolve_block_hashes([], 4, 6),
+    "cdiv(1, 0)": lambda o: o["mod"].cdiv(1, 0),
+    "KVCacheManager(num_hash_lookahead_tokens=-1)": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+        num_hash_lookahead_tokens=-1),
+    "KVCacheManager(num_prefill_lookahead='2')": lambda o: o["mod"].KVCacheManager(
+        o["manager"].kv_cache_config, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+        num_prefill_lookahead="2"),
+    "BlockPool(medium=5)": lambda o: o["mod"].BlockPool(4, True, 4, medium=5),
+    "manager.get_computed_blocks(max_cache_hit_length=-1)": lambda o: o["manager"].get_computed_blocks(
+        o["request"], max_cache_hit_length=-1),
+    "manager.truncate_computed_blocks(None, 0)": lambda o: o["manager"].truncate_computed_blocks(None, 0),
+    "manager.cache_blocks(request, -1)": lambda o: o["manager"].cache_blocks(o["request"], -1),
+    "manager.record_blocks_for_zeroing(5, 0)": lambda o: o["manager"].record_blocks_for_zeroing(5, 0),
+    # kv_cache: methods
+    "pool.get_new_blocks(-1)": lambda o: o["pool"].get_new_blocks(-1),
+    "pool.get_new_blocks('1')": lambda o: o["pool"].get_new_blocks("1"),
+    "pool.get_new_blocks(True)": lambda o: o["pool"].get_new_blocks(True),
+    "pool.get_new_blocks(too many)": lambda o: o["pool"].get_new_blocks(10**6),
+    "pool.free_blocks([None])": lambda o: o["pool"].free_blocks([None]),
+    "pool.free_blocks([free block])": lambda o: o["pool"].free_blocks([o["pool"].blocks[-1]]),
+    "pool.touch([None])": lambda o: o["pool"].touch([None]),
+    "pool.evict_blocks({-1})": lambda o: o["pool"].evict_blocks({-1}),
+    "pool.evict_blocks({'a'})": lambda o: o["pool"].evict_blocks({"a"}),
+    "queue.popleft_n(-1)": lambda o: o["queue"].popleft_n(-1),
+    "queue.popleft_n(too many)": lambda o: o["queue"].popleft_n(10**6),
+    "queue.remove(held block)": lambda o: o["queue"].remove(o["block"]),
+    "queue.append(None)": lambda o: o["queue"].append(None),
+    "queue.append(held block)": lambda o: o["queue"].append(o["block"]),
+    "block.set_block_hash(short)": lambda o: o["mod"].KVCacheBlock(3).set_block_hash(b"ab"),
+    "block.set_block_hash(num_tokens=-1)": lambda o: o["mod"].KVCacheBlock(3).set_block_hash(b"h" * 36, -1),
+    "request.append_output_token_ids(['a'])": lambda o: o["request"].append_output_token_ids(["a"]),
+    "manager.allocate_slots(-1)": lambda o: o["manager"].allocate_slots(o["request"], -1),
+    "manager.allocate_slots('1')": lambda o: o["manager"].allocate_slots(o["request"], "1"),
+    "manager.allocate_slots(0)": lambda o: o["manager"].allocate_slots(o["mod"].Request("n", [1, 2]), 0),
+    "manager.allocate_slots(None)": lambda o: o["manager"].allocate_slots(None, 4),
+    "manager.allocate_slots(lookahead=-1)": lambda o: o["manager"].allocate_slots(o["request"], 4,
+                                                                                 num_lookahead_tokens=-1),
+    "manager.free(None)": lambda o: o["manager"].free(None),
+    "manager.get_blocks(5)": lambda o: o["manager"].get_blocks(5),
+    "manager.get_computed_blocks(None)": lambda o: o["manager"].get_computed_blocks(None),
+    "manager.remove_skipped_blocks(-1)": lambda o: o["manager"].remove_skipped_blocks("r", -1),
+    # hashing
+    "digest(unknown algo)": lambda o: o["hashing"].digest("md5", b""),
+    "hash_blocks(block_size=0)": lambda o: o["hashing"].hash_blocks("sha256", b"p" * 32, [1, 2], 0, 1, 0),
+    "hash_blocks(past the tokens)": lambda o: o["hashing"].hash_blocks("sha256", b"p" * 32, [1, 2], 0, 2, 2),
+    "hash_blocks(extra_keys length)": lambda o: o["hashing"].hash_blocks("sha256", b"p" * 32, [1, 2], 0, 1, 2,
+                                                                         [None, None]),
+    "RequestBlockHasher(block_size=0)": lambda o: o["hashing"].RequestBlockHasher(0, "sha256", lambda: b""),
+    "RequestBlockHasher(lookahead=-1)": lambda o: o["hashing"].RequestBlockHasher(4, "sha256", lambda: b"",
+                                                                                  None, -1),
+    # offload
+    "CPUOffloadingManager(-1)": lambda o: o["offload"].CPUOffloadingManager(-1),
+    "CPUOffloadingManager(policy)": lambda o: o["offload"].CPUOffloadingManager(4, "fifo"),
+    "LRUCachePolicy('4')": lambda o: o["offload"].LRUCachePolicy("4"),
+    "cpu_manager.lookup(str key)": lambda o: o["cpu_manager"].lookup("key", o["ctx"]),
+    "cpu_manager.lookup(short key)": lambda o: o["cpu_manager"].lookup(b"k", o["ctx"]),
+    "cpu_manager.prepare_load(unknown key)": lambda o: o["cpu_manager"].prepare_load([b"k" * 8], o["ctx"]),
+    "cpu_manager.prepare_store(str key)": lambda o: o["cpu_manager"].prepare_store(["k"], o["ctx"]),
+    "cpu_manager.prepare_store(no context)": lambda o: o["cpu_manager"].prepare_store([b"k" * 8], None),
+    "cpu_manager.touch(str key)": lambda o: o["cpu_manager"].touch(["k"], o["ctx"]),
+    "CPUOffloadingManager(store_threshold=-1)": lambda o: o["offload"].CPUOffloadingManager(4, store_threshold=-1),
+    "ChunkStatus('a')": lambda o: o["offload"].ChunkStatus("a"),
     "lru.insert(chunk=None)": lambda o: o["lru"].insert(b"k" * 8, None, o["ctx"]),
 }
 
@@ -614,9 +693,6 @@ def _outcome(call, objs) -> str:
 # Bad calls the twins answer differently today, in code outside this test's branch (for the
 # lead, as PENDING_COMPILED; an entry that no longer differs fails).
 PENDING_CALLS = {
-    "KVCacheBlock(1.5)": "the compiled KVCacheBlock takes a float block id (int32_t argument); the pure "
-                         "twin refuses it (TypeError: an integer is required): take it as an object "
-                         "and check it with operator.index",
     "lru.insert(chunk=None)": "offload twins: the compiled policy's typed ``ChunkStatus chunk`` refuses a "
                               "non-chunk (TypeError: Argument 'chunk' has incorrect type ...), the pure "
                               "one fails later with AttributeError: check the type in _offload_py",

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, final
 
 from typing_extensions import disjoint_base
 
-from kvcy._request_types import LoRARequest, MultiModalFeatureSpec, RequestStatus
+from kvcy._request_types import KVCacheBlockCopy, LoRARequest, MultiModalFeatureSpec, RequestStatus
 from kvcy.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from kvcy.kv_events import KVCacheEvent
 from kvcy.metrics import PrefixCacheStats
@@ -128,6 +128,8 @@ class BlockPool:
     enable_kv_cache_events: bool
     use_int_block_hashes: bool
     kv_event_queue: list[KVCacheEvent]
+    num_hash_lookahead_tokens: int
+    medium: str | None
     metrics_collector: Any
     num_evictions: int
     def __init__(
@@ -137,6 +139,8 @@ class BlockPool:
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         metrics_collector: Any = None,
+        num_hash_lookahead_tokens: int = 0,
+        medium: str | None = "GPU",
         use_int_block_hashes: bool | None = None,
     ) -> None: ...
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[KVCacheBlock] | None: ...
@@ -173,6 +177,8 @@ class SingleTypeKVCacheManager:
     use_eagle: bool
     req_to_blocks: dict[str, list[KVCacheBlock]]
     num_cached_block: dict[str, int]
+    new_block_ids: list[int]
+    retains_longer_hit: ClassVar[bool]
     def __init__(
         self,
         kv_cache_spec: KVCacheSpec,
@@ -181,6 +187,7 @@ class SingleTypeKVCacheManager:
         kv_cache_group_id: int,
         scheduler_block_size: int,
         max_admission_blocks_per_request: int | None = None,
+        needs_kv_cache_zeroing: bool = False,
     ) -> None: ...
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int: ...
     def get_num_blocks_to_allocate(
@@ -192,6 +199,7 @@ class SingleTypeKVCacheManager:
         num_local_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int = 0,
     ) -> int: ...
     def add_local_computed_blocks(
         self,
@@ -201,9 +209,17 @@ class SingleTypeKVCacheManager:
         num_external_computed_tokens: int,
     ) -> None: ...
     def allocate_external_computed_blocks(
-        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
     ) -> None: ...
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]: ...
+    @property
+    def records_new_block_ids(self) -> bool: ...
+    def take_new_block_ids(self) -> list[int]: ...
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]: ...
     def cache_blocks(self, request: Request, num_tokens: int) -> None: ...
     @classmethod
     def reachable_block_mask(
@@ -216,7 +232,9 @@ class SingleTypeKVCacheManager:
     ) -> list[bool] | None: ...
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
     def free(self, request_id: str) -> None: ...
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None: ...
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int: ...
     @classmethod
     def find_longest_cache_hit(
@@ -262,6 +280,7 @@ def get_manager_for_kv_cache_spec(
     scheduler_block_size: int,
     max_in_flight_tokens: int,
     max_model_len: int,
+    needs_kv_cache_zeroing: bool = False,
 ) -> SingleTypeKVCacheManager: ...
 
 @disjoint_base
@@ -274,6 +293,9 @@ class KVCacheCoordinator:
     block_pool: BlockPool
     eagle_group_ids: set[int]
     single_type_managers: tuple[SingleTypeKVCacheManager, ...]
+    num_reprefillable_tokens: int
+    drop_eagle_group_ids: set[int]
+    enable_partial_hash_hits: bool
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
@@ -285,6 +307,9 @@ class KVCacheCoordinator:
         scheduler_block_size: int,
         hash_block_size: int,
         use_int_block_hashes: bool | None = None,
+        metrics_collector: Any = None,
+        num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None: ...
     def get_num_blocks_to_allocate(
         self,
@@ -296,6 +321,7 @@ class KVCacheCoordinator:
         num_local_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int = 0,
     ) -> int: ...
     def allocate_new_computed_blocks(
         self,
@@ -303,6 +329,7 @@ class KVCacheCoordinator:
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> None: ...
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int = 0
@@ -311,7 +338,9 @@ class KVCacheCoordinator:
     def free(self, request_id: str) -> None: ...
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None: ...
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]: ...
     def holds(self, request_id: str) -> bool: ...
     def find_longest_cache_hit(
@@ -331,6 +360,9 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         scheduler_block_size: int,
         hash_block_size: int,
         use_int_block_hashes: bool | None = None,
+        metrics_collector: Any = None,
+        num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None: ...
 
 @disjoint_base
@@ -354,6 +386,9 @@ def get_kv_cache_coordinator(
     scheduler_block_size: int,
     hash_block_size: int,
     use_int_block_hashes: bool | None = None,
+    metrics_collector: Any = None,
+    num_prefill_lookahead: int = 0,
+    num_hash_lookahead_tokens: int = 0,
 ) -> KVCacheCoordinator: ...
 
 @disjoint_base
@@ -363,8 +398,11 @@ class KVCacheBlocks:
     def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None: ...
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks: ...
     def __eq__(self, other: object, /) -> bool: ...
-    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None: ...
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None: ...
     def get_unhashed_block_ids(self) -> list[int]: ...
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]: ...
     def new_empty(self) -> KVCacheBlocks: ...
 
 @disjoint_base
@@ -383,6 +421,8 @@ class KVCacheManager:
     watermark_blocks: int
     kv_cache_event_metadata: tuple[Any, ...]
     empty_kv_cache_blocks: KVCacheBlocks
+    mamba_shared_prefix_checkpoint: bool
+    retained_hit_group_ids: tuple[int, ...]
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
@@ -392,19 +432,29 @@ class KVCacheManager:
         max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
         log_stats: bool = False,
         enable_kv_cache_events: bool = False,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
         watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
         use_int_block_hashes: bool | None = None,
     ) -> None: ...
     @property
     def usage(self) -> float: ...
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None: ...
     def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks: ...
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]: ...
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool: ...
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None: ...
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]: ...
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]: ...
     def allocate_slots(
         self,
         request: Request,
@@ -418,9 +468,12 @@ class KVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None: ...
     def free(self, request: Request) -> None: ...
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None: ...
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None: ...
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]: ...
     def evict_blocks(self, block_ids: set[int]) -> None: ...
     def reset_prefix_cache(self) -> bool: ...
@@ -428,4 +481,13 @@ class KVCacheManager:
     def take_events(self) -> list[KVCacheEvent]: ...
     def get_blocks(self, request_id: str) -> KVCacheBlocks: ...
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]: ...
+    def estimate_cached_tokens(self, request: Request) -> int: ...
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None: ...
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks: ...
+    def take_new_block_ids(self) -> list[int]: ...
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None: ...
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]: ...
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]: ...
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]: ...
     def new_step_starts(self) -> None: ...

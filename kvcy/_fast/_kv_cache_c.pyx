@@ -42,8 +42,10 @@ from libc.string cimport memcpy
 
 from kvcy.hashing import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     MambaSpec,
     SlidingWindowSpec,
@@ -51,7 +53,6 @@ from kvcy.kv_cache_interface import (
     get_kv_cache_spec_sliding_window,
 )
 from kvcy.kv_events import (
-    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -61,7 +62,7 @@ from kvcy.kv_events import (
 )
 from kvcy.metrics import PrefixCacheStats
 from kvcy._fast._request_tables import _BlockTable, _CountTable
-from kvcy._request_types import RequestStatus, check_request_args, validate_token_ids
+from kvcy._request_types import KVCacheBlockCopy, RequestStatus, check_request_args, validate_token_ids
 
 logger = logging.getLogger("kvcy")
 

@@ -780,6 +780,7 @@ class _ReplayLoop:
         _put_ids(dec, None if new is None else new.get_block_ids())
         if new is None:
             return False
+        self.mgr.record_prefix_cache_stats(req, hit)  # (as vLLM's scheduler: once, at admission)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = hit + ext
         if req.num_preemptions:

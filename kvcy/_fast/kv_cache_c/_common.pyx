@@ -56,6 +56,13 @@ cdef inline Py_ssize_t _check_count(str name, object value) except -1:
     return _check_count_slow(name, value)
 
 
+def _lookahead_count(str name, object value):
+    # A lookahead token count (the constructors' keywords): a non-negative int.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+        raise ValueError(f"{name} must be a non-negative int (at most 2**62), got {value!r}")
+    return int(value)
+
+
 cdef int32_t _check_ref_cnt(object value) except -1:
     """A reference count as assigned from outside: an int in [0, 2**31)."""
     cdef Py_ssize_t v = _check_count("ref_cnt", value)

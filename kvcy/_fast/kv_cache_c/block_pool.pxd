@@ -15,6 +15,8 @@ cdef class BlockPool:
     cdef readonly bint enable_kv_cache_events
     cdef readonly bint use_int_block_hashes
     cdef readonly list kv_event_queue
+    cdef readonly Py_ssize_t num_hash_lookahead_tokens
+    cdef readonly object medium
     cdef public object metrics_collector
     cdef public Py_ssize_t num_evictions
 
@@ -26,8 +28,11 @@ cdef class BlockPool:
                             Py_ssize_t kv_cache_group_id, object block_mask=*)
     cdef int _check_hashes_to_cache(self, object request, Py_ssize_t num_cached_blocks,
                                     Py_ssize_t num_full_blocks, Py_ssize_t block_size) except -1
+    cdef tuple _event_extra_keys(self, request, Py_ssize_t start, Py_ssize_t end, Py_ssize_t mm_idx,
+                                 list lookahead_ids)
     cdef object _block_stored(self, request, list hashes, parent, Py_ssize_t start, Py_ssize_t end,
-                              Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list)
+                              Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list,
+                              list lookahead_ids)
     cdef list _get_new_blocks(self, Py_ssize_t num_blocks)
     cdef int _queue_removed(self, KVCacheBlock block) except -1
     cdef int _touch(self, list blocks) except -1

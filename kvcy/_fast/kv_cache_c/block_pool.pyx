@@ -39,12 +39,18 @@ cdef class BlockPool:
         hash_block_size: the block size request hashes are computed at.
         enable_kv_cache_events: queue BlockStored / BlockRemoved /
             AllBlocksCleared events for ``take_events``.
+        metrics_collector: accepted and kept; nothing is sampled.
+        num_hash_lookahead_tokens: tokens after each block that its hash
+            covers; ``BlockStored`` events then carry them
+            (``lookahead_token_ids``) and the extra keys of that longer span.
+        medium: the storage medium ``BlockStored`` events report.
         use_int_block_hashes: publish hashes in events as 64-bit ints
             (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
 
     def __init__(self, num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events=False,
-                 metrics_collector=None, use_int_block_hashes=None):
+                 metrics_collector=None, num_hash_lookahead_tokens=0, medium="GPU",
+                 use_int_block_hashes=None):
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if num_gpu_blocks < 1:
@@ -56,7 +62,12 @@ cdef class BlockPool:
             )
         if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
             raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
+        if medium is not None and not isinstance(medium, str):
+            raise TypeError(f"medium must be a str or None, got {type(medium).__name__}")
         self.num_gpu_blocks = num_gpu_blocks
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.medium = medium
         self.enable_caching = bool(enable_caching)
         self.hash_block_size = hash_block_size
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
@@ -182,17 +193,18 @@ cdef class BlockPool:
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
+            lookahead_ids = [] if self.num_hash_lookahead_tokens else None
             mm_idx = 0
             for i in range(num_cached_blocks, num_full_blocks):
                 if (<KVCacheBlock>blocks[i]).is_null or (mask is not None and not mask[i - num_cached_blocks]):
                     continue
                 start = i * block_size
-                keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+                keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx, lookahead_ids)
                 extra_keys_list.append(untag_extra_keys(keys))
             self.kv_event_queue.append(
                 self._block_stored(
                     request, new_hashes, parent, num_cached_blocks * block_size,
-                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list,
+                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list, lookahead_ids,
                 )
             )
 
@@ -232,8 +244,27 @@ cdef class BlockPool:
                 raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
         return 0
 
+    cdef tuple _event_extra_keys(self, request, Py_ssize_t start, Py_ssize_t end, Py_ssize_t mm_idx,
+                                 list lookahead_ids):
+        # One block's extra keys for its BlockStored event, and the multimodal
+        # index to resume at.  With hash lookahead they cover the block and its
+        # lookahead tokens (as its hash does), whose ids go to lookahead_ids.
+        cdef Py_ssize_t lookahead = self.num_hash_lookahead_tokens
+        if not lookahead:
+            return generate_block_hash_extra_keys(request, start, end, mm_idx)
+        keys, mm_idx = generate_block_hash_extra_keys(request, start, end + lookahead, mm_idx)
+        features = request.mm_features
+        while mm_idx > 0:  # (the next block starts inside the lookahead: resume at its first item)
+            pos = features[mm_idx - 1].mm_position
+            if pos.offset + pos.length <= end:
+                break
+            mm_idx -= 1
+        lookahead_ids.append(request.all_token_ids[end:end + lookahead])
+        return keys, mm_idx
+
     cdef object _block_stored(self, request, list hashes, parent, Py_ssize_t start, Py_ssize_t end,
-                              Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list):
+                              Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list,
+                              list lookahead_ids):
         lora = request.lora_request
         return BlockStored(
             block_hashes=hashes,
@@ -241,10 +272,12 @@ cdef class BlockPool:
             token_ids=request.all_token_ids[start:end],
             block_size=block_size,
             lora_id=lora.lora_int_id if lora is not None else None,
-            medium=MEDIUM_GPU,
+            medium=self.medium,
             lora_name=lora.lora_name if lora is not None else None,
             extra_keys=extra_keys_list if extra_keys_list else None,
             group_idx=group_id,
+            session_id=getattr(request, "session_id", None),  # (vLLM's Request has one; kvcy's none)
+            lookahead_token_ids=lookahead_ids,
         )
 
     def emit_cached_block_events(self, request, Py_ssize_t num_cached_blocks, Py_ssize_t block_size,
@@ -255,16 +288,17 @@ cdef class BlockPool:
         block_hashes = _resolve(request.block_hashes, self.hash_block_size, block_size)
         hashes = []
         extra_keys_list = []
+        lookahead_ids = [] if self.num_hash_lookahead_tokens else None
         mm_idx = 0
         for i in range(num_cached_blocks):
             hashes.append(self._ext(block_hashes[i]))
             start = i * block_size
-            keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+            keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx, lookahead_ids)
             extra_keys_list.append(untag_extra_keys(keys))
         self.kv_event_queue.append(
             self._block_stored(
                 request, hashes, None, 0, num_cached_blocks * block_size, block_size,
-                kv_cache_group_id, extra_keys_list,
+                kv_cache_group_id, extra_keys_list, lookahead_ids,
             )
         )
 
@@ -322,7 +356,7 @@ cdef class BlockPool:
     cdef int _queue_removed(self, KVCacheBlock block) except -1:
         # The BlockRemoved event of a block about to lose its key.
         self.kv_event_queue.append(
-            BlockRemoved(block_hashes=[self._ext(block._hash)], medium=MEDIUM_GPU, group_idx=block._group)
+            BlockRemoved(block_hashes=[self._ext(block._hash)], medium=self.medium, group_idx=block._group)
         )
         return 0
 

@@ -14,17 +14,21 @@ cdef class KVCacheCoordinator:
     cdef readonly set eagle_group_ids
     cdef readonly tuple single_type_managers
     cdef readonly tuple _cross_attention
+    cdef readonly Py_ssize_t num_reprefillable_tokens
+    cdef readonly set drop_eagle_group_ids
+    cdef readonly bint enable_partial_hash_hits
     cdef Py_ssize_t _n_managers
     cdef bint _any_cross
 
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
-        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*, Py_ssize_t prefill_end=*,
     ) except -1
     cpdef allocate_new_computed_blocks(self, str request_id, tuple new_computed_blocks,
                                        Py_ssize_t num_local_computed_tokens,
-                                       Py_ssize_t num_external_computed_tokens)
+                                       Py_ssize_t num_external_computed_tokens,
+                                       tuple skip_zeroing_group_ids=*)
     cpdef tuple allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens,
                                     Py_ssize_t num_tokens_main_model, Py_ssize_t num_encoder_tokens=*)
     cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_encoder_tokens)
@@ -34,7 +38,8 @@ cdef class KVCacheCoordinator:
                                  tuple new_computed_blocks, bint attaching,
                                  Py_ssize_t total_computed_tokens) except -1
     cpdef free(self, str request_id)
-    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens)
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
+                                object num_prompt_tokens=*)
     cpdef bint holds(self, str request_id)
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length)
 

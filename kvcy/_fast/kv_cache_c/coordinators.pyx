@@ -13,10 +13,18 @@ cdef inline int _check_group_count(tuple per_group, Py_ssize_t n) except -1:
 
 
 cdef class KVCacheCoordinator:
-    """Drives the single-type managers of all KV-cache groups over one block pool."""
+    """Drives the single-type managers of all KV-cache groups over one block pool.
+
+    ``num_prefill_lookahead`` (multi-module MTP: the drafter re-prefills that
+    many tokens less one) keeps the last ``num_reprefillable_tokens`` computed
+    tokens out of the prefix cache; ``num_hash_lookahead_tokens`` goes to the
+    block pool's events.
+    """
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
+                 metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0):
+        num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
         if scheduler_block_size % hash_block_size != 0 or any(
             scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
@@ -31,18 +39,30 @@ cdef class KVCacheCoordinator:
         self.enable_caching = enable_caching
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
-        self.block_pool = BlockPool(
-            kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
-            use_int_block_hashes=use_int_block_hashes,
-        )
         eagle_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
         if use_eagle and not eagle_ids:
             eagle_ids = set(range(len(groups)))
+        if enable_caching and eagle_ids and scheduler_block_size < num_prefill_lookahead:
+            # (the EAGLE drop excludes one scheduler block: the re-prefilled tokens must fit in it)
+            raise ValueError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size (={scheduler_block_size}) "
+                f">= num_speculative_tokens (={num_prefill_lookahead})."
+            )
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+            metrics_collector, num_hash_lookahead_tokens, use_int_block_hashes=use_int_block_hashes,
+        )
         self.eagle_group_ids = eagle_ids
+        # The groups whose hits drop the EAGLE block: flagged groups drop it only with use_eagle.
+        self.drop_eagle_group_ids = eagle_ids if use_eagle else set()
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+        # Fine-grained (sub-block) hits need Mamba "align" mode, which kvcy does not implement.
+        self.enable_partial_hash_hits = False
+        needs_zeroing = kv_cache_config.needs_kv_cache_zeroing
         self.single_type_managers = tuple(
             get_manager_for_kv_cache_spec(
                 g.kv_cache_spec, self.block_pool, enable_caching, i, scheduler_block_size,
-                max_in_flight_tokens, max_model_len,
+                max_in_flight_tokens, max_model_len, needs_zeroing,
             )
             for i, g in enumerate(groups)
         )
@@ -53,8 +73,9 @@ cdef class KVCacheCoordinator:
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
-        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False, Py_ssize_t prefill_end=0,
     ) except -1:
+        """Blocks all groups must take from the free pool (``prefill_end``: see the managers')."""
         cdef Py_ssize_t total = 0, i
         cdef SingleTypeKVCacheManager manager
         _check_group_count(new_computed_blocks, self._n_managers)
@@ -73,8 +94,12 @@ cdef class KVCacheCoordinator:
 
     cpdef allocate_new_computed_blocks(self, str request_id, tuple new_computed_blocks,
                                        Py_ssize_t num_local_computed_tokens,
-                                       Py_ssize_t num_external_computed_tokens):
+                                       Py_ssize_t num_external_computed_tokens,
+                                       tuple skip_zeroing_group_ids=()):
         """Attach each group's prefix-cache hits (and external-token blocks) to a new request.
+
+        The external-token blocks of the groups in ``skip_zeroing_group_ids``
+        (an async load writes them) are not reported for zeroing.
 
         Raises:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
@@ -100,9 +125,11 @@ cdef class KVCacheCoordinator:
                 request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
             )
         if num_external_computed_tokens > 0:
-            for manager in self.single_type_managers:
+            for i in range(self._n_managers):
+                manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
                 manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                    request_id, num_local_computed_tokens, num_external_computed_tokens,
+                    not (skip_zeroing_group_ids and i in skip_zeroing_group_ids),
                 )
 
     cpdef tuple allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens,
@@ -136,13 +163,17 @@ cdef class KVCacheCoordinator:
         return tuple(out) if any_new else None
 
     cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
+        """Cache every group's full blocks among the first ``num_computed_tokens`` tokens
+        (less the re-prefillable ones)."""
         cdef SingleTypeKVCacheManager manager
+        cdef Py_ssize_t n = num_computed_tokens - self.num_reprefillable_tokens
         for manager in self.single_type_managers:
-            manager.cache_blocks(request, num_computed_tokens)
+            manager.cache_blocks(request, n if n > 0 else 0)
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
         # The num_tokens cache_blocks hands this manager.
-        return num_computed_tokens
+        cdef Py_ssize_t n = num_computed_tokens - self.num_reprefillable_tokens
+        return n if n > 0 else 0
 
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_computed_tokens,
                                  tuple new_computed_blocks, bint attaching,
@@ -171,10 +202,11 @@ cdef class KVCacheCoordinator:
     def get_num_common_prefix_blocks(self, running_request_id):
         return [m.get_num_common_prefix_blocks(running_request_id) for m in self.single_type_managers]
 
-    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens):
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
+                                object num_prompt_tokens=None):
         cdef SingleTypeKVCacheManager manager
         for manager in self.single_type_managers:
-            manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+            manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def get_blocks(self, request_id):
         cdef SingleTypeKVCacheManager m
@@ -196,9 +228,11 @@ cdef class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Coordinator for prefix caching off: any number of groups, never a hit."""
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
+                 metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0):
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, False,
-                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes)
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+                         metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
         self.num_single_type_manager = len(self.single_type_managers)
 
     def get_num_common_prefix_blocks(self, running_request_id):
@@ -212,9 +246,11 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Coordinator for exactly one KV-cache group with prefix caching on."""
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
+                 metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0):
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes)
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+                         metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
@@ -225,7 +261,7 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
                 f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
             )
-        self.use_eagle = 0 in self.eagle_group_ids
+        self.use_eagle = 0 in self.drop_eagle_group_ids
         self._manager.use_eagle = self.use_eagle
         self._group_ids = [0]
         if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
@@ -246,9 +282,11 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
     """
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None):
+                 enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
+                 metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0):
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes)
+                         enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+                         metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
         for manager in self.single_type_managers:
             if manager.block_size % hash_block_size != 0:
                 raise ValueError(
@@ -269,7 +307,7 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
             if isinstance(spec, CrossAttentionSpec):
                 continue
             klass = type(self.single_type_managers[i])
-            use_eagle = i in self.eagle_group_ids
+            use_eagle = i in self.drop_eagle_group_ids
             for entry in groups:
                 if entry[0] == spec:
                     entry[1].append(i)
@@ -288,19 +326,22 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
 
     cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
-        cdef Py_ssize_t aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
-        cdef Py_ssize_t n
         cdef SingleTypeKVCacheManager manager
         for manager in self.single_type_managers:
-            n = aligned
-            if manager.use_eagle and aligned > 0:
-                n = min(num_computed_tokens, aligned + manager.block_size)
-            manager.cache_blocks(request, n)
+            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
-        cdef Py_ssize_t aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        # Hits are scheduler-block aligned; EAGLE groups keep one block past the
+        # boundary (their hit looks one block further, then drops it), within the
+        # finalized tokens (the re-prefillable ones are left out).
+        cdef Py_ssize_t sbs = self.scheduler_block_size
+        cdef Py_ssize_t aligned = num_computed_tokens // sbs * sbs
+        cdef Py_ssize_t finalized
         if manager.use_eagle and aligned > 0:
-            return min(num_computed_tokens, aligned + manager.block_size)
+            finalized = num_computed_tokens - self.num_reprefillable_tokens
+            if finalized < 0:
+                finalized = 0
+            return min(finalized, finalized // sbs * sbs + manager.block_size)
         return aligned
 
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
@@ -363,18 +404,20 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
 
 def get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                              enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                             use_int_block_hashes=None):
+                             use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
+                             num_hash_lookahead_tokens=0):
+    extra = (use_int_block_hashes, metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
             kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
         )
     if len(kv_cache_config.kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-        enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
     )

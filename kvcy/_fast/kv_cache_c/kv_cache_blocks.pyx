@@ -23,21 +23,27 @@ cdef class KVCacheBlocks:
 
     __hash__ = None
 
-    def get_block_ids(self, allow_none=False):
-        """Block ids per group (``None`` with ``allow_none`` when there are none)."""
+    def get_block_ids(self, allow_none=False, *, group_ids=None):
+        """Block ids per group: all groups, or those in ``group_ids`` in that order
+        (``None`` with ``allow_none`` when every one of them is empty)."""
         cdef object group
         cdef KVCacheBlock blk
-        if allow_none and all(len(g) == 0 for g in self.blocks):
+        groups = self.blocks if group_ids is None else tuple([self.blocks[i] for i in group_ids])
+        if allow_none and all(len(g) == 0 for g in groups):
             return None
         out = []
-        for group in self.blocks:
+        for group in groups:
             out.append([blk.block_id for blk in group])
         return tuple(out)
 
     def get_unhashed_block_ids(self):
-        if len(self.blocks) != 1:
-            raise ValueError("get_unhashed_block_ids supports exactly one group")
+        """Ids of the one group's blocks that are not cached (asserts a single group, as vLLM does)."""
+        assert len(self.blocks) == 1, "Only one group is supported"
         return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self):
+        """Ids of each group's blocks that are not cached, leaving out null blocks."""
+        return [[b.block_id for b in group if b.block_hash is None and not b.is_null] for group in self.blocks]
 
     def new_empty(self):
         return KVCacheBlocks(tuple([() for _ in range(len(self.blocks))]))

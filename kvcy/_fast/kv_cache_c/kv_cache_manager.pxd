@@ -20,13 +20,17 @@ cdef class KVCacheManager:
     cdef readonly tuple kv_cache_event_metadata
     cdef readonly KVCacheBlocks empty_kv_cache_blocks
     cdef readonly tuple _group_block_sizes
+    cdef readonly bint mamba_shared_prefix_checkpoint
+    cdef readonly tuple retained_hit_group_ids
     cdef tuple _no_blocks  # no block per group: what allocate_slots works with when there are no hits
-    cdef FullAttentionManager _full  # the only manager, when it is plain full attention: the decode fast path
-    cdef bint _full_lookup_ok  # ... and get_computed_blocks needs no stats, events, EAGLE or coarser hashes
+    # The only manager, when it is plain full attention caching every computed
+    # token and recording no block ids: the decode fast path.
+    cdef FullAttentionManager _full
+    cdef bint _full_lookup_ok  # ... and get_computed_blocks needs no events, EAGLE or coarser hashes
     cdef dict __dict__
 
     cpdef KVCacheBlocks create_kv_cache_blocks(self, tuple blocks)
-    cdef object _general_lookup(self, request)
+    cdef object _general_lookup(self, request, Py_ssize_t max_cache_hit_length)
     cdef object _full_lookup(self, Request request)
     cdef object _full_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_new_comp, object hits,
                             Py_ssize_t n_look, Py_ssize_t n_reserved, bint delay_cache_blocks,

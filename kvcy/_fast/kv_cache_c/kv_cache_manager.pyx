@@ -45,6 +45,17 @@ cdef inline Py_ssize_t _tokens_to_cache(Py_ssize_t total_computed, Py_ssize_t n_
     return n if n < num_tokens else num_tokens
 
 
+cdef inline Py_ssize_t _full_blocks_to_cache(Py_ssize_t total_computed, Py_ssize_t n_new, Py_ssize_t num_tokens,
+                                             Py_ssize_t num_hashes, Py_ssize_t block_size) noexcept:
+    # The full blocks cached after the allocation (one group at the hash block
+    # size): those of _tokens_to_cache, but only blocks with a hash (with hash
+    # lookahead the hashes lag behind the tokens).
+    cdef Py_ssize_t n = _tokens_to_cache(total_computed, n_new, num_tokens)
+    if n > num_hashes * block_size:
+        n = num_hashes * block_size
+    return n // block_size
+
+
 cdef int _refuse_hits_when_held(str request_id) except -1:
     # (Not inline: off the hot paths.)
     raise ValueError(
@@ -83,26 +94,45 @@ cdef class KVCacheManager:
             sliding-window / chunked admission cap); defaults to max_model_len.
         enable_caching: prefix caching on or off.
         use_eagle: drop the last hit block (EAGLE needs its hidden states).
-        log_stats: keep PrefixCacheStats (``make_prefix_cache_stats``).
+        num_hash_lookahead_tokens: tokens after each block that its hash
+            covers (as the request hasher was built); events carry them.
+        num_prefill_lookahead: multi-module MTP's speculative tokens: the last
+            ``num_prefill_lookahead - 1`` computed tokens may be re-prefilled,
+            so they are not cached.
+        log_stats: keep PrefixCacheStats (``record_prefix_cache_stats``,
+            ``make_prefix_cache_stats``).
         enable_kv_cache_events: queue KV events (``take_events``).
+        dcp_world_size, pcp_world_size: context parallelism, not implemented
+            (1 only).
+        metrics_collector: accepted and kept; nothing is sampled.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
+        enable_mamba_shared_prefix_checkpoint: vLLM's opt-in; it takes effect
+            only with fine-grained partial hits, which kvcy does not make, so
+            ``mamba_shared_prefix_checkpoint`` stays False (as vLLM's does then).
         use_int_block_hashes: publish event hashes as 64-bit ints (default:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
 
     def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
-                 max_in_flight_tokens=None, enable_caching=True, use_eagle=False, log_stats=False,
-                 enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1, metrics_collector=None,
-                 watermark=0.0, use_int_block_hashes=None):
+                 max_in_flight_tokens=None, enable_caching=True, use_eagle=False, num_hash_lookahead_tokens=0,
+                 num_prefill_lookahead=0, log_stats=False, enable_kv_cache_events=False, dcp_world_size=1,
+                 pcp_world_size=1, metrics_collector=None, watermark=0.0,
+                 enable_mamba_shared_prefix_checkpoint=False, use_int_block_hashes=None):
         for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
                             ("hash_block_size", hash_block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if dcp_world_size != 1 or pcp_world_size != 1:
-            raise ValueError("decode/prefill context parallelism is not supported (dcp/pcp world size must be 1)")
-        if not 0.0 <= float(watermark) < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+            raise NotImplementedError(
+                "decode/prefill context parallelism (dcp/pcp world size > 1) is not implemented in kvcy"
+            )
+        num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
+        num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
+        assert watermark >= 0.0, "watermark must be non-negative"
+        watermark_blocks = watermark * kv_cache_config.num_blocks
+        if not watermark_blocks < 2**62:  # (inf, or more blocks than a count holds)
+            raise ValueError(f"watermark {watermark!r} is too large")
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
         if not kv_cache_config.kv_cache_groups and enable_caching:
@@ -117,12 +147,22 @@ cdef class KVCacheManager:
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
             self.enable_caching, self.enable_kv_cache_events, scheduler_block_size,
-            hash_block_size, use_int_block_hashes,
+            hash_block_size, use_int_block_hashes, metrics_collector, num_prefill_lookahead,
+            num_hash_lookahead_tokens,
+        )
+        coordinator = self.coordinator
+        # (vLLM's narrowing; False here, as partial hits are never enabled.)
+        self.mamba_shared_prefix_checkpoint = bool(
+            enable_mamba_shared_prefix_checkpoint and coordinator.eagle_group_ids
+            and coordinator.enable_partial_hash_hits and coordinator.num_reprefillable_tokens == 0
+        )
+        self.retained_hit_group_ids = tuple(
+            m.kv_cache_group_id for m in coordinator.single_type_managers if m.retains_longer_hit
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool = self.coordinator.block_pool
         self.kv_cache_config = kv_cache_config
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.watermark_blocks = int(watermark_blocks)
         self.kv_cache_event_metadata = tuple(
             (get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
             for g in kv_cache_config.kv_cache_groups
@@ -134,10 +174,12 @@ cdef class KVCacheManager:
         self._group_block_sizes = tuple(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups)
         managers = self.coordinator.single_type_managers
         self._full = None
-        if len(managers) == 1 and type(managers[0]) is FullAttentionManager:
+        if (len(managers) == 1 and type(managers[0]) is FullAttentionManager
+                and coordinator.num_reprefillable_tokens == 0
+                and not (<FullAttentionManager>managers[0])._record_new_block_ids):
             self._full = <FullAttentionManager>managers[0]
         self._full_lookup_ok = (
-            self._full is not None and self.enable_caching and not self.log_stats
+            self._full is not None and self.enable_caching
             and not self.enable_kv_cache_events and type(self.coordinator) is UnitaryKVCacheCoordinator
             and not (<UnitaryKVCacheCoordinator>self.coordinator).use_eagle
             and self._full.block_size == self.block_pool.hash_block_size
@@ -164,32 +206,57 @@ cdef class KVCacheManager:
                 return KVCacheBlocks(blocks)
         return self.empty_kv_cache_blocks
 
+    # ------------------------------------------------------------------ stats
+    def prefix_cache_lookup_enabled(self, request):
+        """Whether a prefix-cache lookup may run for this request (caching on, and
+        the request does not skip reading the cache)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request, num_hits):
+        """Count one lookup of ``request`` that hit ``num_hits`` tokens.
+
+        The scheduler calls this when it admits the request (``get_computed_blocks``
+        records nothing); a request that skipped the lookup is not counted.
+        """
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
     # ------------------------------------------------------------------ lookups
-    def get_computed_blocks(self, request):
+    def get_computed_blocks(self, request, max_cache_hit_length=None):
         """The longest prefix-cache hit for a request; changes no reference counts.
 
+        Args:
+            request: the request.
+            max_cache_hit_length: the longest hit to look for; by default
+                ``request.num_tokens - 1`` (the last token is always computed).
+
         Returns:
-            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
-            never covers the request's last token.
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+
+        Raises:
+            ValueError / TypeError: ``max_cache_hit_length`` is not a non-negative int.
         """
+        if max_cache_hit_length is not None:
+            return self._general_lookup(request, _check_count("max_cache_hit_length", max_cache_hit_length))
         if self._full_lookup_ok and type(request) is Request:
             return self._full_lookup(<Request>request)
-        return self._general_lookup(request)
+        return self._general_lookup(request, -1)
 
-    cdef object _general_lookup(self, request):
+    cdef object _general_lookup(self, request, Py_ssize_t max_cache_hit_length):
+        # max_cache_hit_length: -1 for the default (all tokens but the last).
         if _no_lookup(self, request):
             return self.empty_kv_cache_blocks, 0, 0
-        cdef Py_ssize_t max_cache_hit_length = _num_tokens(request) - 1
+        if max_cache_hit_length < 0:
+            max_cache_hit_length = _num_tokens(request) - 1
         cdef tuple res = self.coordinator.find_longest_cache_hit(_block_hashes_of(request), max_cache_hit_length)
         cdef tuple computed_blocks = res[0]
         cdef Py_ssize_t num_new_computed_tokens = res[1]
         cdef Py_ssize_t num_uncached = res[2]
-        if self.log_stats:
-            self.prefix_cache_stats.record(
-                num_tokens=_num_tokens(request),
-                num_hits=num_new_computed_tokens,
-                preempted=request.num_preemptions > 0,
-            )
         if (
             num_new_computed_tokens > 0
             and self.enable_kv_cache_events
@@ -203,6 +270,25 @@ cdef class KVCacheManager:
         boundary = num_new_computed_tokens + num_uncached if num_uncached else 0
         return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens, boundary
 
+    def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
+        """The local prefix hit of a request scheduled with a KV connector.
+
+        Returns ``get_computed_blocks``' triple and ``hit_diverged``, which is
+        False: only a hybrid of Mamba and full attention can have per-group hits
+        that diverge, and that connector path is out of kvcy's scope.
+
+        Raises:
+            NotImplementedError: the cache has Mamba and full-attention groups.
+        """
+        if self.kv_cache_config.has_mamba_layers and isinstance(self.coordinator, HybridKVCacheCoordinator) and any(
+            isinstance(g.kv_cache_spec, FullAttentionSpec) for g in self.kv_cache_config.kv_cache_groups
+        ):
+            raise NotImplementedError(
+                "get_computed_blocks_for_connector with Mamba and full-attention groups (per-group hits for a "
+                "KV connector) is not implemented in kvcy"
+            )
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
     cdef object _full_lookup(self, Request request):
         # get_computed_blocks for one plain full-attention group with no
         # stats, events, EAGLE or coarser hashes: _general_lookup's steps with
@@ -215,7 +301,7 @@ cdef class KVCacheManager:
         cdef FullAttentionManager mgr = self._full
         cdef object hashes = request._block_hashes
         if type(hashes) is not list or mgr.kv_cache_group_id > 0xFFFFFFFF:
-            return self._general_lookup(request)
+            return self._general_lookup(request, -1)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(
             hashes, PyList_GET_SIZE(request._all_token_ids) - 1, mgr.block_size)
         cdef list hits = []
@@ -229,11 +315,13 @@ cdef class KVCacheManager:
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
                        num_encoder_tokens=0, full_sequence_must_fit=False, reserved_blocks=0,
-                       has_scheduled_reqs=True):
+                       has_scheduled_reqs=True, skip_zeroing_group_ids=()):
         """Add slots for ``num_new_tokens`` (+ lookahead) tokens of a request.
 
         Returns the newly allocated blocks per group, or ``None`` -- with
-        nothing allocated or touched -- when the pool cannot hold them.
+        nothing allocated or touched -- when the pool cannot hold them.  The
+        external-token blocks of the groups in ``skip_zeroing_group_ids`` (an
+        async load writes them) are not reported for zeroing.
 
         Raises:
             ValueError: a negative count; no tokens at all; prefix hits handed
@@ -260,6 +348,8 @@ cdef class KVCacheManager:
         cdef Py_ssize_t n_reserved = (
             0 if reserved_blocks is _ZERO else _check_count("reserved_blocks", reserved_blocks)
         )
+        if type(skip_zeroing_group_ids) is not tuple:
+            skip_zeroing_group_ids = tuple(skip_zeroing_group_ids)
         if n_new == 0 and n_new_comp == 0 and n_ext == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
@@ -350,7 +440,7 @@ cdef class KVCacheManager:
             return None
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
-                request_id, new_blocks_list, num_local_computed_tokens, n_ext
+                request_id, new_blocks_list, num_local_computed_tokens, n_ext, skip_zeroing_group_ids
             )
         cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
         if caching:
@@ -427,7 +517,8 @@ cdef class KVCacheManager:
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:
             # What the caching below reads of the request's hashes, checked now.
-            num_full = _tokens_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids)) // bs
+            num_full = _full_blocks_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids),
+                                             PyList_GET_SIZE(request._block_hashes), bs)
             if request._kv_ncached < num_full:
                 if n_hits > 0:
                     num_cached = n_hits
@@ -462,7 +553,8 @@ cdef class KVCacheManager:
             new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
         if caching:
-            num_full = _tokens_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids)) // bs
+            num_full = _full_blocks_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids),
+                                             PyList_GET_SIZE(request._block_hashes), bs)
             if request._kv_ncached < num_full:
                 if fresh:
                     num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
@@ -498,9 +590,14 @@ cdef class KVCacheManager:
             # list goes now (as the Python twin's does), not with the request.
             (<Request>request)._kv_blocks = None
 
-    def remove_skipped_blocks(self, request_id, processed_computed_tokens):
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None):
+        """Free the blocks before each group's attention window (replaced by the null block).
+
+        ``num_prompt_tokens`` is for vLLM's R-SWA groups, which kvcy does not
+        have; the groups here ignore it.
+        """
         cdef Py_ssize_t n = _check_count("processed_computed_tokens", processed_computed_tokens)
-        self.coordinator.remove_skipped_blocks(request_id, n)
+        self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
         return self.coordinator.pop_blocks_for_free(request.request_id)
@@ -517,15 +614,24 @@ cdef class KVCacheManager:
         return True
 
     def get_num_common_prefix_blocks(self, running_request_id):
-        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+        """0 per group: deprecated in vLLM 0.33.0 (cascade attention is gone), kept for old schedulers."""
+        return [0] * self.num_kv_cache_groups
 
     def take_events(self):
-        """Drain the KV events, annotated with each group's spec kind and window."""
+        """Drain the KV events, annotated with each group's spec kind and window.
+
+        A ``BlockStored`` of a group the manager does not have is logged and
+        left as it is.
+        """
         events = self.block_pool.take_events()
         meta = self.kv_cache_event_metadata
         for event in events:
-            if type(event) is BlockStored and event.group_idx is not None and 0 <= event.group_idx < len(meta):
-                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
+            if type(event) is not BlockStored or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(meta):
+                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
         return events
 
     def get_blocks(self, request_id):
@@ -539,6 +645,137 @@ cdef class KVCacheManager:
 
     def get_block_ids(self, request_id):
         return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):
+        """The request's block ids that hold its first ``num_computed_tokens`` tokens.
+
+        Attention groups are cut at ``cdiv(num_computed_tokens, block_size)``
+        blocks; cross-attention, encoder-only and Mamba groups are given whole.
+        """
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        out = []
+        for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id)):
+            spec = group.kv_cache_spec
+            if isinstance(spec, AttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec)):
+                ids = ids[: cdiv(num_computed_tokens, spec.block_size)]
+            out.append(ids)
+        return tuple(out)
+
+    def estimate_cached_tokens(self, request):
+        """How many leading tokens of the request its blocks hold in the prefix cache.
+
+        The least, over the prefix-cacheable groups (not cross-attention or
+        encoder-only), of the most tokens any of the group's blocks was cached
+        for; 0 if none.
+        """
+        cached = None
+        for group, blocks in zip(self.kv_cache_config.kv_cache_groups, self.get_blocks(_rid(request)).blocks):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable or isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec)):
+                continue
+            most = 0
+            for block in blocks:
+                n = block.block_hash_num_tokens
+                if n is not None and n > most:
+                    most = n
+            cached = most if cached is None or most < cached else cached
+        return cached or 0
+
+    def cache_blocks(self, request, num_computed_tokens):
+        """Cache the request's full blocks among its first ``num_computed_tokens``
+        tokens (cached ones included), when caching is on.  A request that
+        holds no blocks has none to cache.
+
+        Raises:
+            ValueError: a negative count.
+        """
+        cdef Py_ssize_t n = _check_count("num_computed_tokens", num_computed_tokens)
+        cdef str request_id
+        if self.enable_caching:
+            request_id = _rid(request)
+            if not self.coordinator.holds(request_id):
+                return
+            self.coordinator._check_cache_inputs(request, request_id, n, self._no_blocks, False, 0)
+            self.coordinator.cache_blocks(request, n)
+
+    def truncate_computed_blocks(self, blocks, num_computed_tokens):
+        """A lookup result cut at ``num_computed_tokens`` (a multiple of every block size).
+
+        Only a view: no reference count changes and ``blocks`` is left as it
+        is.  A Mamba group keeps what it has up to the cut.
+
+        Raises:
+            AssertionError: the cut is not block-aligned, or past a group's hit
+                (as in vLLM).
+            TypeError: ``blocks`` is not a KVCacheBlocks.
+        """
+        if not isinstance(blocks, KVCacheBlocks):
+            raise TypeError(f"blocks must be KVCacheBlocks, got {type(blocks).__name__}")
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        out = []
+        for group_blocks, manager, group in zip(
+            blocks.blocks, self.coordinator.single_type_managers, self.kv_cache_config.kv_cache_groups, strict=True
+        ):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable:
+                assert not group_blocks
+                out.append([])
+                continue
+            assert num_computed_tokens % manager.block_size == 0
+            num_blocks = num_computed_tokens // manager.block_size
+            if isinstance(spec, MambaSpec):
+                num_blocks = min(num_blocks, len(group_blocks))
+            else:
+                assert num_blocks <= len(group_blocks)
+            out.append(list(group_blocks[:num_blocks]))
+        return self.create_kv_cache_blocks(tuple(out))
+
+    # ------------------------------------------------------------------ KV-cache zeroing, copies
+    def take_new_block_ids(self):
+        """The attention blocks taken since the last call, for the worker to zero.
+
+        Empty unless the config needs zeroing (``needs_kv_cache_zeroing``).
+        """
+        ids = []
+        for manager in self.coordinator.single_type_managers:
+            ids.extend(manager.take_new_block_ids())
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id, start_token):
+        """Report the request's blocks from ``start_token`` on for zeroing again
+        (e.g. the blocks a failed async load left unwritten).
+
+        Raises:
+            AssertionError: ``start_token`` is not block-aligned (zeroing a
+                partly valid block would wipe its valid part), as in vLLM.
+        """
+        _check_rid(request_id)
+        start_token = _check_count("start_token", start_token)
+        for manager in self.coordinator.single_type_managers:
+            if manager.records_new_block_ids:
+                assert start_token % manager.block_size == 0
+                blocks = (<SingleTypeKVCacheManager>manager)._req_to_blocks.get(request_id) or []
+                _record_ids((<SingleTypeKVCacheManager>manager).new_block_ids, blocks[start_token // manager.block_size:])
+
+    def take_kv_cache_block_copies(self):
+        """The block copies (copy-on-write of partial hits) queued since the last call,
+        and the blocks they keep; always empty, as kvcy's hits are whole blocks."""
+        copies = []
+        retained = []
+        for manager in self.coordinator.single_type_managers:
+            for source, copy in manager.take_pending_cow_copies():
+                copies.append(KVCacheBlockCopy(source.block_id, copy.block_id))
+                retained.extend((source, copy))
+        return copies, retained
+
+    def take_boundary_state_offloads(self):
+        """Mamba "align" boundary states for a KV connector; always empty (kvcy has no align mode)."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request):
+        """Mamba "align" partial tails of a finishing request; always empty (kvcy has no align mode)."""
+        _rid(request)
+        return []
 
     def new_step_starts(self):
         return None

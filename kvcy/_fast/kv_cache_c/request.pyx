@@ -225,3 +225,9 @@ cdef inline object _block_hashes_of(object request):
     if type(request) is Request:
         return (<Request>request)._block_hashes
     return request.block_hashes
+
+
+cdef inline Py_ssize_t _hashed(object request, Py_ssize_t num_tokens, Py_ssize_t hash_block_size) except? -1:
+    # Of the first num_tokens tokens, those the request has block hashes for.
+    cdef Py_ssize_t n = len(_block_hashes_of(request)) * hash_block_size
+    return num_tokens if num_tokens < n else n

@@ -36,19 +36,21 @@ cdef class SingleTypeKVCacheManager:
     # the record cannot go stale behind the manager's back.
     cdef _Generation _gen
     cdef readonly KVCacheBlock _null_block
+    cdef readonly bint _record_new_block_ids  # (KV-cache zeroing: new_block_ids records what is taken)
+    cdef readonly list new_block_ids
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, object new_computed_blocks,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
-        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*, Py_ssize_t prefill_end=*,
     ) except -1
     cpdef add_local_computed_blocks(self, str request_id, object new_computed_blocks,
                                     Py_ssize_t num_local_computed_tokens,
                                     Py_ssize_t num_external_computed_tokens)
     cdef list _checked_hits(self, object new_computed_blocks, Py_ssize_t total_computed_tokens)
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
-                                            Py_ssize_t num_external_computed_tokens)
+                                            Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=*)
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens)
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens)
@@ -59,7 +61,8 @@ cdef class SingleTypeKVCacheManager:
     cpdef free(self, str request_id)
     cdef bint _free_held(self, str request_id) except -1
     cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1
-    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens)
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
+                                object num_prompt_tokens=*)
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
 

@@ -18,6 +18,14 @@ def _checked_count(name, value):
     return _check_count(name, value)
 
 
+cdef int _record_ids(list ids, list blocks) except -1:
+    # Append the blocks' ids (blocks taken, for the worker to zero).
+    cdef object b
+    for b in blocks:
+        ids.append((<KVCacheBlock>b).block_id)
+    return 0
+
+
 cdef class _Generation:
     """A manager's generation (SingleTypeKVCacheManager._gen), shared with its table views."""
 
@@ -29,10 +37,21 @@ cdef class _Generation:
 
 
 cdef class SingleTypeKVCacheManager:
-    """Block bookkeeping for one KV-cache group of one attention type."""
+    """Block bookkeeping for one KV-cache group of one attention type.
+
+    With ``needs_kv_cache_zeroing`` (the config's: Mamba layers or mixed
+    precision), an attention group records the ids of the blocks it takes for
+    the worker to zero (``take_new_block_ids``).
+    """
+
+    #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
+    retains_longer_hit = False
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
-                 Py_ssize_t scheduler_block_size, max_admission_blocks_per_request=None):
+                 Py_ssize_t scheduler_block_size, max_admission_blocks_per_request=None,
+                 needs_kv_cache_zeroing=False):
+        self._record_new_block_ids = bool(needs_kv_cache_zeroing) and isinstance(kv_cache_spec, AttentionSpec)
+        self.new_block_ids = []
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.block_pool = block_pool
@@ -57,12 +76,13 @@ cdef class SingleTypeKVCacheManager:
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, object new_computed_blocks,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
-        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False, Py_ssize_t prefill_end=0,
     ) except -1:
         """Blocks this group must take from the free pool to hold ``num_tokens``.
 
         Evictable cache hits (free, ref_cnt 0) count too: touching them takes
-        them out of the free pool.
+        them out of the free pool.  ``prefill_end`` matters only to Mamba
+        prefill checkpoints under sparse retention, which kvcy does not keep.
         """
         cdef Py_ssize_t num_required_blocks = _cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self._cap >= 0 and self._cap < num_required_blocks:
@@ -128,8 +148,12 @@ cdef class SingleTypeKVCacheManager:
                                  self.block_pool.blocks)
 
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
-                                            Py_ssize_t num_external_computed_tokens):
-        """New blocks for tokens a KV connector computed (after every group touched its hits)."""
+                                            Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=True):
+        """New blocks for tokens a KV connector computed (after every group touched its hits).
+
+        ``record_for_zeroing=False``: an async load writes them, so they are not
+        reported for zeroing.
+        """
         cdef Py_ssize_t total = num_local_computed_tokens + num_external_computed_tokens
         cdef Py_ssize_t num_skipped_tokens = self.get_num_skipped_tokens(total)
         if num_skipped_tokens > 0:
@@ -141,8 +165,12 @@ cdef class SingleTypeKVCacheManager:
         cdef Py_ssize_t num_new_blocks = _cdiv(total, self.block_size) - PyList_GET_SIZE(req_blocks)
         # (holding as many already: nothing to do, as in vLLM -- never a
         # negative count to the unchecked pop)
+        cdef list new_blocks
         if num_new_blocks > 0:
-            req_blocks.extend(self.block_pool._get_new_blocks(num_new_blocks))
+            new_blocks = self.block_pool._get_new_blocks(num_new_blocks)
+            req_blocks.extend(new_blocks)
+            if self._record_new_block_ids and record_for_zeroing:
+                _record_ids(self.new_block_ids, new_blocks)
 
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
@@ -164,14 +192,32 @@ cdef class SingleTypeKVCacheManager:
             return None
         cdef list new_blocks = self.block_pool._get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
+        if self._record_new_block_ids:
+            _record_ids(self.new_block_ids, new_blocks)
         return new_blocks
 
+    @property
+    def records_new_block_ids(self):
+        """Whether the worker zeroes this group's new blocks (their ids are recorded)."""
+        return self._record_new_block_ids
+
+    def take_new_block_ids(self):
+        """The ids of the blocks taken since the last call (for zeroing), and forget them."""
+        ids = self.new_block_ids
+        self.new_block_ids = []
+        return ids
+
+    def take_pending_cow_copies(self):
+        """Copy-on-write (source, copy) pairs of partial prefix hits; kvcy makes none (hits are whole blocks)."""
+        return []
+
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
-        """Cache the request's full blocks among its first ``num_tokens`` tokens."""
+        """Cache the request's full blocks among its first ``num_tokens`` tokens
+        (those it has hashes for: with hash lookahead the hashes lag behind)."""
         cdef str request_id = _rid(request)
         cdef PyObject* p = PyDict_GetItem(self._num_cached_block, request_id)
         cdef Py_ssize_t num_cached_blocks = 0 if p == NULL else <Py_ssize_t><object>p
-        cdef Py_ssize_t num_full_blocks = num_tokens // self.block_size
+        cdef Py_ssize_t num_full_blocks = _hashed(request, num_tokens, self.block_pool.hash_block_size) // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
         self.block_pool.cache_full_blocks(
@@ -209,6 +255,7 @@ cdef class SingleTypeKVCacheManager:
                 num_cached = skipped
         else:
             num_cached = 0
+        num_tokens = _hashed(request, num_tokens, self.block_pool.hash_block_size)
         return self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
                                                       self.block_size)
 
@@ -254,8 +301,13 @@ cdef class SingleTypeKVCacheManager:
             self.block_pool._free_blocks(freed)
         return 0
 
-    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens):
-        """Free the blocks before the attention window, replacing them with the null block."""
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
+                                object num_prompt_tokens=None):
+        """Free the blocks before the attention window, replacing them with the null block.
+
+        ``num_prompt_tokens`` is for managers that free a gap after the prompt
+        (vLLM's R-SWA); these ones ignore it.
+        """
         cdef Py_ssize_t num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
         if num_skipped_tokens <= 0:
             return
@@ -637,7 +689,8 @@ def _admission_cap(spec, max_in_flight_tokens, max_model_len):
 
 
 def get_manager_for_kv_cache_spec(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
-                                  scheduler_block_size, max_in_flight_tokens, max_model_len):
+                                  scheduler_block_size, max_in_flight_tokens, max_model_len,
+                                  needs_kv_cache_zeroing=False):
     klass = _manager_class(kv_cache_spec)
     return klass(
         kv_cache_spec,
@@ -646,4 +699,5 @@ def get_manager_for_kv_cache_spec(kv_cache_spec, block_pool, enable_caching, kv_
         kv_cache_group_id,
         scheduler_block_size,
         _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
+        needs_kv_cache_zeroing,
     )

@@ -104,6 +104,19 @@ def _request_id(request: Any) -> str:
     return request_id
 
 
+def _lookahead_count(name: str, value: Any) -> int:
+    # A lookahead token count (the constructors' keywords): a non-negative int.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+        raise ValueError(f"{name} must be a non-negative int (at most 2**62), got {value!r}")
+    return int(value)
+
+
+def _hashed(request: Any, num_tokens: int, hash_block_size: int) -> int:
+    # Of the first num_tokens tokens, those the request has block hashes for.
+    n = len(request.block_hashes) * hash_block_size
+    return num_tokens if num_tokens < n else n
+
+
 def _check_rid(request_id: Any) -> None:
     if not isinstance(request_id, str):
         raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")

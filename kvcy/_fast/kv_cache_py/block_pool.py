@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
 from kvcy.kv_events import (
-    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -22,7 +21,14 @@ from kvcy.kv_events import (
     external_block_hash,
     untag_extra_keys,
 )
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _as_index, _check_count, _request_id
+from kvcy._fast.kv_cache_py._common import (
+    _READ_ONLY,
+    _Checked,
+    _as_index,
+    _check_count,
+    _lookahead_count,
+    _request_id,
+)
 from kvcy._fast.kv_cache_py.block_map import BlockHashToBlockMap, _group_key, resolve_block_hashes
 from kvcy._fast.kv_cache_py.free_queue import FreeKVCacheBlockQueue
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
@@ -73,6 +79,11 @@ class BlockPool(_Checked):
         hash_block_size: the block size request hashes are computed at.
         enable_kv_cache_events: queue BlockStored / BlockRemoved /
             AllBlocksCleared events for ``take_events``.
+        metrics_collector: accepted and kept; nothing is sampled.
+        num_hash_lookahead_tokens: tokens after each block that its hash
+            covers; ``BlockStored`` events then carry them
+            (``lookahead_token_ids``) and the extra keys of that longer span.
+        medium: the storage medium ``BlockStored`` events report.
         use_int_block_hashes: publish hashes in events as 64-bit ints
             (default: vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
@@ -82,7 +93,7 @@ class BlockPool(_Checked):
     _RULES = dict.fromkeys(
         ("num_gpu_blocks", "enable_caching", "hash_block_size", "blocks", "free_block_queue",
          "cached_block_hash_to_block", "null_block", "enable_kv_cache_events", "use_int_block_hashes",
-         "kv_event_queue"),
+         "kv_event_queue", "num_hash_lookahead_tokens", "medium"),
         _READ_ONLY,
     )
 
@@ -102,6 +113,8 @@ class BlockPool(_Checked):
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         metrics_collector: Any = None,
+        num_hash_lookahead_tokens: int = 0,
+        medium: str | None = "GPU",
         use_int_block_hashes: bool | None = None,
     ) -> None:
         if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
@@ -115,7 +128,12 @@ class BlockPool(_Checked):
             )
         if isinstance(hash_block_size, bool) or not isinstance(hash_block_size, int) or hash_block_size <= 0:
             raise ValueError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
+        if medium is not None and not isinstance(medium, str):
+            raise TypeError(f"medium must be a str or None, got {type(medium).__name__}")
         self.num_gpu_blocks = num_gpu_blocks
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.medium = medium
         self.enable_caching = bool(enable_caching)
         self.hash_block_size = hash_block_size
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
@@ -210,17 +228,18 @@ class BlockPool(_Checked):
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
+            lookahead_ids = [] if self.num_hash_lookahead_tokens else None
             mm_idx = 0
             for i in range(num_cached_blocks, num_full_blocks):
                 if blocks[i]._is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                     continue
                 start = i * block_size
-                keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+                keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx, lookahead_ids)
                 extra_keys_list.append(untag_extra_keys(keys))
             self.kv_event_queue.append(
                 self._block_stored(
                     request, new_hashes, parent, num_cached_blocks * block_size,
-                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list,
+                    num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list, lookahead_ids,
                 )
             )
 
@@ -258,8 +277,25 @@ class BlockPool(_Checked):
                 cache.pop(blk._key, blk._block_id)
                 blk.reset_hash()
 
+    def _event_extra_keys(self, request, start: int, end: int, mm_idx: int, lookahead_ids: list | None):
+        # One block's extra keys for its BlockStored event, and the multimodal
+        # index to resume at.  With hash lookahead they cover the block and its
+        # lookahead tokens (as its hash does), whose ids go to lookahead_ids.
+        lookahead = self.num_hash_lookahead_tokens
+        if not lookahead:
+            return generate_block_hash_extra_keys(request, start, end, mm_idx)
+        keys, mm_idx = generate_block_hash_extra_keys(request, start, end + lookahead, mm_idx)
+        features = request.mm_features
+        while mm_idx > 0:  # (the next block starts inside the lookahead: resume at its first item)
+            pos = features[mm_idx - 1].mm_position
+            if pos.offset + pos.length <= end:
+                break
+            mm_idx -= 1
+        lookahead_ids.append(request.all_token_ids[end:end + lookahead])
+        return keys, mm_idx
+
     def _block_stored(
-        self, request, hashes, parent, start, end, block_size, group_id, extra_keys_list
+        self, request, hashes, parent, start, end, block_size, group_id, extra_keys_list, lookahead_ids
     ) -> BlockStored:
         lora = request.lora_request
         return BlockStored(
@@ -268,10 +304,12 @@ class BlockPool(_Checked):
             token_ids=request.all_token_ids[start:end],
             block_size=block_size,
             lora_id=lora.lora_int_id if lora is not None else None,
-            medium=MEDIUM_GPU,
+            medium=self.medium,
             lora_name=lora.lora_name if lora is not None else None,
             extra_keys=extra_keys_list if extra_keys_list else None,
             group_idx=group_id,
+            session_id=getattr(request, "session_id", None),  # (vLLM's Request has one; kvcy's none)
+            lookahead_token_ids=lookahead_ids,
         )
 
     def emit_cached_block_events(
@@ -283,16 +321,17 @@ class BlockPool(_Checked):
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
         hashes = []
         extra_keys_list = []
+        lookahead_ids = [] if self.num_hash_lookahead_tokens else None
         mm_idx = 0
         for i in range(num_cached_blocks):
             hashes.append(self._ext(block_hashes[i]))
             start = i * block_size
-            keys, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+            keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx, lookahead_ids)
             extra_keys_list.append(untag_extra_keys(keys))
         self.kv_event_queue.append(
             self._block_stored(
                 request, hashes, None, 0, num_cached_blocks * block_size, block_size,
-                kv_cache_group_id, extra_keys_list,
+                kv_cache_group_id, extra_keys_list, lookahead_ids,
             )
         )
 
@@ -330,7 +369,7 @@ class BlockPool(_Checked):
             self.kv_event_queue.append(
                 BlockRemoved(
                     block_hashes=[self._ext(key[:-4])],
-                    medium=MEDIUM_GPU,
+                    medium=self.medium,
                     group_idx=int.from_bytes(key[-4:], "big"),
                 )
             )

@@ -16,7 +16,7 @@ from kvcy.kv_cache_interface import (
     KVCacheConfig,
     MambaSpec,
 )
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
@@ -30,12 +30,19 @@ if TYPE_CHECKING:
 
 
 class KVCacheCoordinator(_Checked):
-    """Drives the single-type managers of all KV-cache groups over one block pool."""
+    """Drives the single-type managers of all KV-cache groups over one block pool.
+
+    ``num_prefill_lookahead`` (multi-module MTP: the drafter re-prefills that
+    many tokens less one) keeps the last ``num_reprefillable_tokens`` computed
+    tokens out of the prefix cache; ``num_hash_lookahead_tokens`` goes to the
+    block pool's events.
+    """
 
     # All fixed when made.
     _RULES = dict.fromkeys(
         ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
-         "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention"),
+         "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention", "num_reprefillable_tokens",
+         "drop_eagle_group_ids", "enable_partial_hash_hits"),
         _READ_ONLY,
     )
 
@@ -50,7 +57,11 @@ class KVCacheCoordinator(_Checked):
         scheduler_block_size: int,
         hash_block_size: int,
         use_int_block_hashes: bool | None = None,
+        metrics_collector: Any = None,
+        num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
+        num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
         if scheduler_block_size % hash_block_size != 0 or any(
             scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
@@ -65,17 +76,31 @@ class KVCacheCoordinator(_Checked):
         self.enable_caching = enable_caching
         self.scheduler_block_size = scheduler_block_size
         self.hash_block_size = hash_block_size
+        eagle_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
+        if use_eagle and not eagle_ids:
+            eagle_ids = set(range(len(groups)))
+        if enable_caching and eagle_ids and scheduler_block_size < num_prefill_lookahead:
+            # (the EAGLE drop excludes one scheduler block: the re-prefilled tokens must fit in it)
+            raise ValueError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size (={scheduler_block_size}) "
+                f">= num_speculative_tokens (={num_prefill_lookahead})."
+            )
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
             enable_caching,
             hash_block_size,
             enable_kv_cache_events,
+            metrics_collector,
+            num_hash_lookahead_tokens,
             use_int_block_hashes=use_int_block_hashes,
         )
-        eagle_ids = {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)}
-        if use_eagle and not eagle_ids:
-            eagle_ids = set(range(len(groups)))
         self.eagle_group_ids = eagle_ids
+        # The groups whose hits drop the EAGLE block: flagged groups drop it only with use_eagle.
+        self.drop_eagle_group_ids = eagle_ids if use_eagle else set()
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+        # Fine-grained (sub-block) hits need Mamba "align" mode, which kvcy does not implement.
+        self.enable_partial_hash_hits = False
+        needs_zeroing = kv_cache_config.needs_kv_cache_zeroing
         self.single_type_managers = tuple(
             get_manager_for_kv_cache_spec(
                 g.kv_cache_spec,
@@ -85,6 +110,7 @@ class KVCacheCoordinator(_Checked):
                 scheduler_block_size,
                 max_in_flight_tokens,
                 max_model_len,
+                needs_zeroing,
             )
             for i, g in enumerate(groups)
         )
@@ -100,7 +126,9 @@ class KVCacheCoordinator(_Checked):
         num_local_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int = 0,
     ) -> int:
+        """Blocks all groups must take from the free pool (``prefill_end``: see the managers')."""
         total = 0
         for i, manager in enumerate(self.single_type_managers):
             if self._cross_attention[i]:
@@ -125,8 +153,12 @@ class KVCacheCoordinator(_Checked):
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> None:
         """Attach each group's prefix-cache hits (and external-token blocks) to a new request.
+
+        The external-token blocks of the groups in ``skip_zeroing_group_ids``
+        (an async load writes them) are not reported for zeroing.
 
         Raises:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
@@ -135,10 +167,10 @@ class KVCacheCoordinator(_Checked):
         for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
             manager._check_hits(blocks, num_local_computed_tokens + num_external_computed_tokens)
         self._allocate_new_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens,
-                                           num_external_computed_tokens)
+                                           num_external_computed_tokens, tuple(skip_zeroing_group_ids))
 
     def _allocate_new_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
-                                      num_external_computed_tokens) -> None:
+                                      num_external_computed_tokens, skip_zeroing_group_ids=()) -> None:
         # Without the checks: KVCacheManager.allocate_slots's hit count has checked every hit.
         managers = self.single_type_managers
         for manager in managers:
@@ -153,9 +185,10 @@ class KVCacheCoordinator(_Checked):
                 request_id, new_computed_blocks[i], num_local_computed_tokens, num_external_computed_tokens
             )
         if num_external_computed_tokens > 0:
-            for manager in managers:
+            for i, manager in enumerate(managers):
                 manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                    request_id, num_local_computed_tokens, num_external_computed_tokens,
+                    i not in skip_zeroing_group_ids,
                 )
 
     def allocate_new_blocks(
@@ -171,12 +204,16 @@ class KVCacheCoordinator(_Checked):
         )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache every group's full blocks among the first ``num_computed_tokens`` tokens
+        (less the re-prefillable ones)."""
+        n = num_computed_tokens - self.num_reprefillable_tokens
         for manager in self.single_type_managers:
-            manager.cache_blocks(request, num_computed_tokens)
+            manager.cache_blocks(request, n if n > 0 else 0)
 
     def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
         # The num_tokens cache_blocks hands this manager.
-        return num_computed_tokens
+        n = num_computed_tokens - self.num_reprefillable_tokens
+        return n if n > 0 else 0
 
     def _check_cache_inputs(self, request: Request, request_id: str, num_computed_tokens: int,
                             new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
@@ -199,9 +236,11 @@ class KVCacheCoordinator(_Checked):
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [m.get_num_common_prefix_blocks(running_request_id) for m in self.single_type_managers]
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
         for manager in self.single_type_managers:
-            manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+            manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
@@ -226,10 +265,12 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                 use_int_block_hashes=None) -> None:
+                 use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
+                 num_hash_lookahead_tokens=0) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, False,
                          enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                         use_int_block_hashes)
+                         use_int_block_hashes, metrics_collector, num_prefill_lookahead,
+                         num_hash_lookahead_tokens)
         self.num_single_type_manager = len(self.single_type_managers)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -246,10 +287,12 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                 use_int_block_hashes=None) -> None:
+                 use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
+                 num_hash_lookahead_tokens=0) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                          enable_caching, enable_kv_cache_events, scheduler_block_size,
-                         hash_block_size, use_int_block_hashes)
+                         hash_block_size, use_int_block_hashes, metrics_collector,
+                         num_prefill_lookahead, num_hash_lookahead_tokens)
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
@@ -259,7 +302,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
                 f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
             )
-        self.use_eagle = 0 in self.eagle_group_ids
+        self.use_eagle = 0 in self.drop_eagle_group_ids
         self.single_type_managers[0].use_eagle = self.use_eagle
         self._manager_cls = type(self.single_type_managers[0])
         if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
@@ -285,10 +328,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                 use_int_block_hashes=None) -> None:
+                 use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
+                 num_hash_lookahead_tokens=0) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                          enable_caching, enable_kv_cache_events, scheduler_block_size,
-                         hash_block_size, use_int_block_hashes)
+                         hash_block_size, use_int_block_hashes, metrics_collector,
+                         num_prefill_lookahead, num_hash_lookahead_tokens)
         for manager in self.single_type_managers:
             if manager.block_size % hash_block_size != 0:
                 raise ValueError(
@@ -309,7 +354,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             if isinstance(spec, CrossAttentionSpec):
                 continue
             klass = type(self.single_type_managers[i])
-            use_eagle = i in self.eagle_group_ids
+            use_eagle = i in self.drop_eagle_group_ids
             for entry in groups:
                 if entry[0] == spec:
                     entry[1].append(i)
@@ -328,17 +373,20 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
         for manager in self.single_type_managers:
-            n = aligned
-            if manager.use_eagle and aligned > 0:
-                n = min(num_computed_tokens, aligned + manager.block_size)
-            manager.cache_blocks(request, n)
+            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
 
     def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
-        aligned = num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
+        # Hits are scheduler-block aligned; EAGLE groups keep one block past the
+        # boundary (their hit looks one block further, then drops it), within the
+        # finalized tokens (the re-prefillable ones are left out).
+        sbs = self.scheduler_block_size
+        aligned = num_computed_tokens // sbs * sbs
         if manager.use_eagle and aligned > 0:
-            return min(num_computed_tokens, aligned + manager.block_size)
+            finalized = num_computed_tokens - self.num_reprefillable_tokens
+            if finalized < 0:
+                finalized = 0
+            return min(finalized, finalized // sbs * sbs + manager.block_size)
         return aligned
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
@@ -403,18 +451,22 @@ def get_kv_cache_coordinator(
     scheduler_block_size: int,
     hash_block_size: int,
     use_int_block_hashes: bool | None = None,
+    metrics_collector: Any = None,
+    num_prefill_lookahead: int = 0,
+    num_hash_lookahead_tokens: int = 0,
 ) -> KVCacheCoordinator:
+    extra = (use_int_block_hashes, metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
             kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
         )
     if len(kv_cache_config.kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-            enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+            enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-        enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
     )

@@ -38,16 +38,24 @@ class KVCacheBlocks(_Checked):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
-        """Block ids per group (``None`` with ``allow_none`` when there are none)."""
-        if allow_none and all(len(g) == 0 for g in self.blocks):
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        """Block ids per group: all groups, or those in ``group_ids`` in that order
+        (``None`` with ``allow_none`` when every one of them is empty)."""
+        groups = self.blocks if group_ids is None else tuple([self.blocks[i] for i in group_ids])
+        if allow_none and all(len(g) == 0 for g in groups):
             return None
-        return tuple([blk._block_id for blk in group] for group in self.blocks)
+        return tuple([blk._block_id for blk in group] for group in groups)
 
     def get_unhashed_block_ids(self) -> list[int]:
-        if len(self.blocks) != 1:
-            raise ValueError("get_unhashed_block_ids supports exactly one group")
+        """Ids of the one group's blocks that are not cached (asserts a single group, as vLLM does)."""
+        assert len(self.blocks) == 1, "Only one group is supported"
         return [b._block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        """Ids of each group's blocks that are not cached, leaving out null blocks."""
+        return [[b.block_id for b in group if b.block_hash is None and not b.is_null] for group in self.blocks]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))

@@ -5,19 +5,38 @@ From vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from kvcy.kv_cache_interface import (
+    AttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
+    FullAttentionSpec,
     KVCacheConfig,
+    MambaSpec,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
 )
 from kvcy.kv_events import BlockStored, KVCacheEvent
 from kvcy.metrics import PrefixCacheStats
-from kvcy._request_types import RequestStatus
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _as_index, _check_count, _check_rid, _request_id
+from kvcy._request_types import KVCacheBlockCopy, RequestStatus
+from kvcy._fast.kv_cache_py._common import (
+    _READ_ONLY,
+    _Checked,
+    _as_index,
+    _check_count,
+    _check_rid,
+    _lookahead_count,
+    _request_id,
+    cdiv,
+)
 from kvcy._fast.kv_cache_py.block_pool import _check_touchable
-from kvcy._fast.kv_cache_py.coordinators import UnitaryKVCacheCoordinator, get_kv_cache_coordinator
+from kvcy._fast.kv_cache_py.coordinators import (
+    HybridKVCacheCoordinator,
+    UnitaryKVCacheCoordinator,
+    get_kv_cache_coordinator,
+)
 from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
 from kvcy._fast.kv_cache_py.request import Request
 
@@ -29,6 +48,8 @@ _PREEMPTED = RequestStatus.PREEMPTED
 # Compared by value (``in`` falls back to ==), as vLLM does: a status from
 # vLLM's own RequestStatus class counts the same as kvcy's.
 _WATERMARK_STATUSES = (_WAITING, _PREEMPTED)
+
+logger = logging.getLogger("kvcy")
 
 
 class KVCacheManager(_Checked):
@@ -43,10 +64,22 @@ class KVCacheManager(_Checked):
             sliding-window / chunked admission cap); defaults to max_model_len.
         enable_caching: prefix caching on or off.
         use_eagle: drop the last hit block (EAGLE needs its hidden states).
-        log_stats: keep PrefixCacheStats (``make_prefix_cache_stats``).
+        num_hash_lookahead_tokens: tokens after each block that its hash
+            covers (as the request hasher was built); events carry them.
+        num_prefill_lookahead: multi-module MTP's speculative tokens: the last
+            ``num_prefill_lookahead - 1`` computed tokens may be re-prefilled,
+            so they are not cached.
+        log_stats: keep PrefixCacheStats (``record_prefix_cache_stats``,
+            ``make_prefix_cache_stats``).
         enable_kv_cache_events: queue KV events (``take_events``).
+        dcp_world_size, pcp_world_size: context parallelism, not implemented
+            (1 only).
+        metrics_collector: accepted and kept; nothing is sampled.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
+        enable_mamba_shared_prefix_checkpoint: vLLM's opt-in; it takes effect
+            only with fine-grained partial hits, which kvcy does not make, so
+            ``mamba_shared_prefix_checkpoint`` stays False (as vLLM's does then).
         use_int_block_hashes: publish event hashes as 64-bit ints (default:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
@@ -56,7 +89,8 @@ class KVCacheManager(_Checked):
         **dict.fromkeys(
             ("max_model_len", "enable_caching", "enable_kv_cache_events", "use_eagle", "log_stats",
              "coordinator", "num_kv_cache_groups", "block_pool", "kv_cache_config", "kv_cache_event_metadata",
-             "empty_kv_cache_blocks", "_group_block_sizes", "_no_blocks"),
+             "empty_kv_cache_blocks", "_group_block_sizes", "_no_blocks", "mamba_shared_prefix_checkpoint",
+             "retained_hit_group_ids"),
             _READ_ONLY,
         ),
         "watermark_blocks": _as_index,
@@ -71,12 +105,15 @@ class KVCacheManager(_Checked):
         max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
         log_stats: bool = False,
         enable_kv_cache_events: bool = False,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
         metrics_collector: Any = None,
         watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
         use_int_block_hashes: bool | None = None,
     ) -> None:
         for name, value in (("max_model_len", max_model_len), ("scheduler_block_size", scheduler_block_size),
@@ -84,9 +121,15 @@ class KVCacheManager(_Checked):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if dcp_world_size != 1 or pcp_world_size != 1:
-            raise ValueError("decode/prefill context parallelism is not supported (dcp/pcp world size must be 1)")
-        if not 0.0 <= float(watermark) < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {watermark!r}")
+            raise NotImplementedError(
+                "decode/prefill context parallelism (dcp/pcp world size > 1) is not implemented in kvcy"
+            )
+        num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
+        num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
+        assert watermark >= 0.0, "watermark must be non-negative"
+        watermark_blocks = watermark * kv_cache_config.num_blocks
+        if not watermark_blocks < 2**62:  # (inf, or more blocks than a count holds)
+            raise ValueError(f"watermark {watermark!r} is too large")
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
         if not kv_cache_config.kv_cache_groups and enable_caching:
@@ -101,12 +144,22 @@ class KVCacheManager(_Checked):
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
             self.enable_caching, self.enable_kv_cache_events, scheduler_block_size,
-            hash_block_size, use_int_block_hashes,
+            hash_block_size, use_int_block_hashes, metrics_collector, num_prefill_lookahead,
+            num_hash_lookahead_tokens,
+        )
+        coordinator = self.coordinator
+        # (vLLM's narrowing; False here, as partial hits are never enabled.)
+        self.mamba_shared_prefix_checkpoint = bool(
+            enable_mamba_shared_prefix_checkpoint and coordinator.eagle_group_ids
+            and coordinator.enable_partial_hash_hits and coordinator.num_reprefillable_tokens == 0
+        )
+        self.retained_hit_group_ids = tuple(
+            m.kv_cache_group_id for m in coordinator.single_type_managers if m.retains_longer_hit
         )
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool = self.coordinator.block_pool
         self.kv_cache_config = kv_cache_config
-        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.watermark_blocks = int(watermark_blocks)
         self.kv_cache_event_metadata = tuple(
             (get_kv_cache_spec_kind(g.kv_cache_spec).value, get_kv_cache_spec_sliding_window(g.kv_cache_spec))
             for g in kv_cache_config.kv_cache_groups
@@ -137,14 +190,45 @@ class KVCacheManager(_Checked):
     def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
+    # ------------------------------------------------------------------ stats
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether a prefix-cache lookup may run for this request (caching on, and
+        the request does not skip reading the cache)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Count one lookup of ``request`` that hit ``num_hits`` tokens.
+
+        The scheduler calls this when it admits the request (``get_computed_blocks``
+        records nothing); a request that skipped the lookup is not counted.
+        """
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
     # ------------------------------------------------------------------ lookups
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
         """The longest prefix-cache hit for a request; changes no reference counts.
 
+        Args:
+            request: the request.
+            max_cache_hit_length: the longest hit to look for; by default
+                ``request.num_tokens - 1`` (the last token is always computed).
+
         Returns:
-            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
-            never covers the request's last token.
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+
+        Raises:
+            ValueError / TypeError: ``max_cache_hit_length`` is not a non-negative int.
         """
+        if max_cache_hit_length is not None:
+            max_cache_hit_length = _check_count("max_cache_hit_length", max_cache_hit_length)
         if not self.enable_caching:
             return self.empty_kv_cache_blocks, 0, 0
         try:
@@ -153,16 +237,11 @@ class KVCacheManager(_Checked):
             raise TypeError(f"expected a Request, got {type(request).__name__}") from None
         if skip:
             return self.empty_kv_cache_blocks, 0, 0
-        max_cache_hit_length = request.num_tokens - 1
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
         computed_blocks, num_new_computed_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
-        if self.log_stats:
-            self.prefix_cache_stats.record(
-                num_tokens=request.num_tokens,
-                num_hits=num_new_computed_tokens,
-                preempted=request.num_preemptions > 0,
-            )
         if (
             num_new_computed_tokens > 0
             and self.enable_kv_cache_events
@@ -175,6 +254,27 @@ class KVCacheManager(_Checked):
                     )
         boundary = num_new_computed_tokens + num_uncached if num_uncached else 0
         return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens, boundary
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """The local prefix hit of a request scheduled with a KV connector.
+
+        Returns ``get_computed_blocks``' triple and ``hit_diverged``, which is
+        False: only a hybrid of Mamba and full attention can have per-group hits
+        that diverge, and that connector path is out of kvcy's scope.
+
+        Raises:
+            NotImplementedError: the cache has Mamba and full-attention groups.
+        """
+        if self.kv_cache_config.has_mamba_layers and isinstance(self.coordinator, HybridKVCacheCoordinator) and any(
+            isinstance(g.kv_cache_spec, FullAttentionSpec) for g in self.kv_cache_config.kv_cache_groups
+        ):
+            raise NotImplementedError(
+                "get_computed_blocks_for_connector with Mamba and full-attention groups (per-group hits for a "
+                "KV connector) is not implemented in kvcy"
+            )
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(
@@ -190,11 +290,14 @@ class KVCacheManager(_Checked):
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """Add slots for ``num_new_tokens`` (+ lookahead) tokens of a request.
 
         Returns the newly allocated blocks per group, or ``None`` -- with
-        nothing allocated or touched -- when the pool cannot hold them.
+        nothing allocated or touched -- when the pool cannot hold them.  The
+        external-token blocks of the groups in ``skip_zeroing_group_ids`` (an
+        async load writes them) are not reported for zeroing.
 
         Raises:
             ValueError: a negative count; no tokens at all; prefix hits handed
@@ -208,6 +311,8 @@ class KVCacheManager(_Checked):
         num_external_computed_tokens = _check_count("num_external_computed_tokens", num_external_computed_tokens)
         num_encoder_tokens = _check_count("num_encoder_tokens", num_encoder_tokens)
         reserved_blocks = _check_count("reserved_blocks", reserved_blocks)
+        if skip_zeroing_group_ids.__class__ is not tuple:
+            skip_zeroing_group_ids = tuple(skip_zeroing_group_ids)
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
@@ -276,7 +381,8 @@ class KVCacheManager(_Checked):
             return None
         if has_new_computed or num_external_computed_tokens > 0:
             coordinator._allocate_new_computed_blocks(
-                request_id, new_blocks_list, num_local_computed_tokens, num_external_computed_tokens
+                request_id, new_blocks_list, num_local_computed_tokens, num_external_computed_tokens,
+                skip_zeroing_group_ids,
             )
         new_blocks = coordinator.allocate_new_blocks(
             request_id, num_tokens_need_slot, num_tokens_main_model, num_encoder_tokens
@@ -298,9 +404,16 @@ class KVCacheManager(_Checked):
         if self.coordinator.holds(request_id):
             self.coordinator.free(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free the blocks before each group's attention window (replaced by the null block).
+
+        ``num_prompt_tokens`` is for vLLM's R-SWA groups, which kvcy does not
+        have; the groups here ignore it.
+        """
         processed_computed_tokens = _check_count("processed_computed_tokens", processed_computed_tokens)
-        self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
+        self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         return self.coordinator.pop_blocks_for_free(request.request_id)
@@ -317,15 +430,24 @@ class KVCacheManager(_Checked):
         return True
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+        """0 per group: deprecated in vLLM 0.33.0 (cascade attention is gone), kept for old schedulers."""
+        return [0] * self.num_kv_cache_groups
 
     def take_events(self) -> list[KVCacheEvent]:
-        """Drain the KV events, annotated with each group's spec kind and window."""
+        """Drain the KV events, annotated with each group's spec kind and window.
+
+        A ``BlockStored`` of a group the manager does not have is logged and
+        left as it is.
+        """
         events = self.block_pool.take_events()
         meta = self.kv_cache_event_metadata
         for event in events:
-            if event.__class__ is BlockStored and event.group_idx is not None and 0 <= event.group_idx < len(meta):
-                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
+            if event.__class__ is not BlockStored or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(meta):
+                logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
         return events
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
@@ -339,6 +461,137 @@ class KVCacheManager(_Checked):
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        """The request's block ids that hold its first ``num_computed_tokens`` tokens.
+
+        Attention groups are cut at ``cdiv(num_computed_tokens, block_size)``
+        blocks; cross-attention, encoder-only and Mamba groups are given whole.
+        """
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        out = []
+        for group, ids in zip(self.kv_cache_config.kv_cache_groups, self.get_block_ids(request_id)):
+            spec = group.kv_cache_spec
+            if isinstance(spec, AttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec)):
+                ids = ids[: cdiv(num_computed_tokens, spec.block_size)]
+            out.append(ids)
+        return tuple(out)
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """How many leading tokens of the request its blocks hold in the prefix cache.
+
+        The least, over the prefix-cacheable groups (not cross-attention or
+        encoder-only), of the most tokens any of the group's blocks was cached
+        for; 0 if none.
+        """
+        cached = None
+        for group, blocks in zip(self.kv_cache_config.kv_cache_groups, self.get_blocks(_request_id(request)).blocks):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable or isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec)):
+                continue
+            most = 0
+            for block in blocks:
+                n = block.block_hash_num_tokens
+                if n is not None and n > most:
+                    most = n
+            cached = most if cached is None or most < cached else cached
+        return cached or 0
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks among its first ``num_computed_tokens``
+        tokens (cached ones included), when caching is on.  A request that
+        holds no blocks has none to cache.
+
+        Raises:
+            ValueError: a negative count.
+        """
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        if self.enable_caching:
+            request_id = _request_id(request)
+            coordinator = self.coordinator
+            if not coordinator.holds(request_id):
+                return
+            coordinator._check_cache_inputs(request, request_id, num_computed_tokens, self._no_blocks, False, 0)
+            coordinator.cache_blocks(request, num_computed_tokens)
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        """A lookup result cut at ``num_computed_tokens`` (a multiple of every block size).
+
+        Only a view: no reference count changes and ``blocks`` is left as it
+        is.  A Mamba group keeps what it has up to the cut.
+
+        Raises:
+            AssertionError: the cut is not block-aligned, or past a group's hit
+                (as in vLLM).
+            TypeError: ``blocks`` is not a KVCacheBlocks.
+        """
+        if not isinstance(blocks, KVCacheBlocks):
+            raise TypeError(f"blocks must be KVCacheBlocks, got {type(blocks).__name__}")
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        out = []
+        for group_blocks, manager, group in zip(
+            blocks.blocks, self.coordinator.single_type_managers, self.kv_cache_config.kv_cache_groups, strict=True
+        ):
+            spec = group.kv_cache_spec
+            if not spec.prefix_cacheable:
+                assert not group_blocks
+                out.append([])
+                continue
+            assert num_computed_tokens % manager.block_size == 0
+            num_blocks = num_computed_tokens // manager.block_size
+            if isinstance(spec, MambaSpec):
+                num_blocks = min(num_blocks, len(group_blocks))
+            else:
+                assert num_blocks <= len(group_blocks)
+            out.append(list(group_blocks[:num_blocks]))
+        return self.create_kv_cache_blocks(tuple(out))
+
+    # ------------------------------------------------------------------ KV-cache zeroing, copies
+    def take_new_block_ids(self) -> list[int]:
+        """The attention blocks taken since the last call, for the worker to zero.
+
+        Empty unless the config needs zeroing (``needs_kv_cache_zeroing``).
+        """
+        ids: list[int] = []
+        for manager in self.coordinator.single_type_managers:
+            ids.extend(manager.take_new_block_ids())
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Report the request's blocks from ``start_token`` on for zeroing again
+        (e.g. the blocks a failed async load left unwritten).
+
+        Raises:
+            AssertionError: ``start_token`` is not block-aligned (zeroing a
+                partly valid block would wipe its valid part), as in vLLM.
+        """
+        _check_rid(request_id)
+        start_token = _check_count("start_token", start_token)
+        for manager in self.coordinator.single_type_managers:
+            if manager.records_new_block_ids:
+                assert start_token % manager.block_size == 0
+                blocks = manager._req_to_blocks.get(request_id) or []
+                manager.new_block_ids.extend([b._block_id for b in blocks[start_token // manager.block_size:]])
+
+    def take_kv_cache_block_copies(self) -> tuple[list, list[KVCacheBlock]]:
+        """The block copies (copy-on-write of partial hits) queued since the last call,
+        and the blocks they keep; always empty, as kvcy's hits are whole blocks."""
+        copies: list = []
+        retained: list[KVCacheBlock] = []
+        for manager in self.coordinator.single_type_managers:
+            for source, copy in manager.take_pending_cow_copies():
+                copies.append(KVCacheBlockCopy(source.block_id, copy.block_id))
+                retained.extend((source, copy))
+        return copies, retained
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba "align" boundary states for a KV connector; always empty (kvcy has no align mode)."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """Mamba "align" partial tails of a finishing request; always empty (kvcy has no align mode)."""
+        _request_id(request)
+        return []
 
     def new_step_starts(self) -> None:
         return None

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -19,7 +20,7 @@ from kvcy.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from kvcy._fast._request_tables import _BlockTable, _CountTable
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _hashed, cdiv
 from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import BlockPool, _check_touchable
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
@@ -40,16 +41,24 @@ def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
 
 
 class SingleTypeKVCacheManager(_Checked):
-    """Block bookkeeping for one KV-cache group of one attention type."""
+    """Block bookkeeping for one KV-cache group of one attention type.
+
+    With ``needs_kv_cache_zeroing`` (the config's: Mamba layers or mixed
+    precision), an attention group records the ids of the blocks it takes for
+    the worker to zero (``take_new_block_ids``).
+    """
 
     # Fixed when made; use_eagle is set by the coordinators.  The two dicts
     # cannot be replaced; their entries may still be changed (vLLM's tests do).
     _RULES = dict.fromkeys(
         ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
          "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
-         "_req_to_blocks", "_num_cached_block", "_null_block"),
+         "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids"),
         _READ_ONLY,
     )
+
+    #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
+    retains_longer_hit = False
 
     def __init__(
         self,
@@ -59,7 +68,10 @@ class SingleTypeKVCacheManager(_Checked):
         kv_cache_group_id: int,
         scheduler_block_size: int,
         max_admission_blocks_per_request: int | None = None,
+        needs_kv_cache_zeroing: bool = False,
     ) -> None:
+        self._record_new_block_ids = bool(needs_kv_cache_zeroing) and isinstance(kv_cache_spec, AttentionSpec)
+        self.new_block_ids: list[int] = []
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.block_pool = block_pool
@@ -88,11 +100,13 @@ class SingleTypeKVCacheManager(_Checked):
         num_local_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        prefill_end: int = 0,
     ) -> int:
         """Blocks this group must take from the free pool to hold ``num_tokens``.
 
         Evictable cache hits (free, ref_cnt 0) count too: touching them takes
-        them out of the free pool.
+        them out of the free pool.  ``prefill_end`` matters only to Mamba
+        prefill checkpoints under sparse retention, which kvcy does not keep.
         """
         num_required_blocks = cdiv(num_tokens, self.block_size)
         cap = self._max_admission_blocks_per_request
@@ -163,9 +177,17 @@ class SingleTypeKVCacheManager(_Checked):
         self._num_cached_block[request_id] = len(req_blocks)
 
     def allocate_external_computed_blocks(
-        self, request_id: str, num_local_computed_tokens: int, num_external_computed_tokens: int
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
     ) -> None:
-        """New blocks for tokens a KV connector computed (after every group touched its hits)."""
+        """New blocks for tokens a KV connector computed (after every group touched its hits).
+
+        ``record_for_zeroing=False``: an async load writes them, so they are not
+        reported for zeroing.
+        """
         total = num_local_computed_tokens + num_external_computed_tokens
         num_skipped_tokens = self.get_num_skipped_tokens(total)
         if num_skipped_tokens > 0:
@@ -175,7 +197,10 @@ class SingleTypeKVCacheManager(_Checked):
         req_blocks = self._req_to_blocks.setdefault(request_id, [])
         num_new_blocks = cdiv(total, self.block_size) - len(req_blocks)
         if num_new_blocks > 0:  # (holding as many already: nothing to do, as in vLLM)
-            req_blocks.extend(self.block_pool.get_new_blocks(num_new_blocks))
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+            req_blocks.extend(new_blocks)
+            if self._record_new_block_ids and record_for_zeroing:
+                self.new_block_ids.extend([b._block_id for b in new_blocks])
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         """Give the request at least ``num_tokens`` slots; return the new blocks."""
@@ -185,13 +210,31 @@ class SingleTypeKVCacheManager(_Checked):
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
+        if self._record_new_block_ids:
+            self.new_block_ids.extend([b._block_id for b in new_blocks])
         return new_blocks
 
+    @property
+    def records_new_block_ids(self) -> bool:
+        """Whether the worker zeroes this group's new blocks (their ids are recorded)."""
+        return self._record_new_block_ids
+
+    def take_new_block_ids(self) -> list[int]:
+        """The ids of the blocks taken since the last call (for zeroing), and forget them."""
+        ids = self.new_block_ids
+        object.__setattr__(self, "new_block_ids", [])
+        return ids
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """Copy-on-write (source, copy) pairs of partial prefix hits; kvcy makes none (hits are whole blocks)."""
+        return []
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the request's full blocks among its first ``num_tokens`` tokens."""
+        """Cache the request's full blocks among its first ``num_tokens`` tokens
+        (those it has hashes for: with hash lookahead the hashes lag behind)."""
         request_id = request.request_id
         num_cached_blocks = self._num_cached_block.get(request_id, 0)
-        num_full_blocks = num_tokens // self.block_size
+        num_full_blocks = _hashed(request, num_tokens, self.block_pool.hash_block_size) // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
         self.block_pool.cache_full_blocks(
@@ -236,6 +279,7 @@ class SingleTypeKVCacheManager(_Checked):
                 num_cached = max(skipped, len(hits))
             else:
                 num_cached = 0
+        num_tokens = _hashed(request, num_tokens, self.block_pool.hash_block_size)
         self.block_pool._check_hashes_to_cache(request, num_cached, num_tokens // self.block_size,
                                                self.block_size)
 
@@ -265,8 +309,14 @@ class SingleTypeKVCacheManager(_Checked):
         if freed:
             self.block_pool.free_blocks(freed)
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        """Free the blocks before the attention window, replacing them with the null block."""
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free the blocks before the attention window, replacing them with the null block.
+
+        ``num_prompt_tokens`` is for managers that free a gap after the prompt
+        (vLLM's R-SWA); these ones ignore it.
+        """
         num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
         if num_skipped_tokens <= 0:
             return
@@ -560,6 +610,7 @@ def get_manager_for_kv_cache_spec(
     scheduler_block_size: int,
     max_in_flight_tokens: int,
     max_model_len: int,
+    needs_kv_cache_zeroing: bool = False,
 ) -> SingleTypeKVCacheManager:
     klass = _manager_class(kv_cache_spec)
     return klass(
@@ -569,4 +620,5 @@ def get_manager_for_kv_cache_spec(
         kv_cache_group_id,
         scheduler_block_size,
         _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
+        needs_kv_cache_zeroing,
     )
