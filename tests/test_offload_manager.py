@@ -351,3 +351,45 @@ def test_arc_ghost_hits_move_the_target(offload_impl, ctx):
     assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()]
     m.prepare_store(ks("a"), ReqContext(req_id="p"))  # a store miss on a ghost of t1
     assert offload_check_state(m)["arc"]["target_t1_size"] == 1.0
+
+
+# =============================================================================
+# count_hits: the connector's admission lookups as one call
+# =============================================================================
+def test_count_hits_counts_hits_up_to_the_first_miss_or_pending_key(offload_impl, policy, ctx):
+    manager = offload_impl.CPUOffloadingManager(num_chunks=8, cache_policy=policy)
+    stored(manager, "a b c", ctx)
+    assert manager.prepare_store(ks("d"), ctx) is not None  # d: write-pending
+    keys = ks("a b c d e")
+    expected = []
+    for start in range(len(keys) + 2):
+        for stop in [None, *range(len(keys) + 2)]:
+            n = 0
+            for key in keys[start:stop]:
+                if manager.lookup(key, ctx) is not LookupResult.HIT:
+                    break
+                n += 1
+            expected.append(n)
+    got = [manager.count_hits(keys, ctx, start, stop)
+           for start in range(len(keys) + 2) for stop in [None, *range(len(keys) + 2)]]
+    assert got == expected
+    assert manager.count_hits(keys, ctx) == 3 and manager.count_hits(ks("e a"), ctx) == 0
+    assert manager.count_hits(keys[:2], ctx, 0, 2) == 2 and manager.count_hits([], ctx) == 0
+    manager.complete_store(ks("d"), ctx)
+    assert manager.count_hits(keys, ctx) == 4
+
+
+def test_count_hits_checks_only_the_keys_it_looks_at(offload_impl, ctx):
+    manager = offload_impl.CPUOffloadingManager(num_chunks=8)
+    stored(manager, "a", ctx)
+    assert manager.count_hits([k("x"), "not a key"], ctx) == 0  # stops at the miss first
+    with pytest.raises(TypeError, match="an offload key must be bytes, got str"):
+        manager.count_hits([k("a"), "not a key"], ctx)
+    with pytest.raises(ValueError, match="a block hash plus a 4-byte group index"):
+        manager.count_hits([k("a"), b"ab"], ctx)
+    with pytest.raises(TypeError, match="keys must be a list of offload keys, got tuple"):
+        manager.count_hits((k("a"),), ctx)
+    with pytest.raises(TypeError, match="start must be an int, got float"):
+        manager.count_hits([k("a")], ctx, 0.0)
+    with pytest.raises(ValueError, match="stop must be non-negative, got -1"):
+        manager.count_hits([k("a")], ctx, 0, -1)

@@ -1608,6 +1608,57 @@ cdef class CPUOffloadingManager:
                 return _MISS
         return _HIT if st.ref_cnt >= 0 else _HIT_PENDING
 
+    def count_hits(self, keys, req_context, start=0, stop=None):
+        """How many of ``keys[start:stop]``, from the first, ``lookup`` as ``HIT``.
+
+        The connector's admission loop (one ``lookup`` per key until the first
+        one that is not a ``HIT``) as one call; like ``lookup``, no side
+        effects.  Only the keys looked at are checked.
+
+        Args:
+            keys: a list of offload keys.
+            req_context: the request looking.
+            start: the first index looked at (clamped to ``len(keys)``).
+            stop: one past the last (``None``: the end; clamped likewise).
+
+        Raises:
+            TypeError: ``keys`` is not a list, ``start`` / ``stop`` are not
+                ints, or a key looked at is not bytes.
+            ValueError: a negative ``start`` / ``stop``, or a key looked at is
+                shorter than 4 bytes.
+        """
+        cdef list ks
+        cdef Py_ssize_t n, i, first, last
+        cdef PyObject *p
+        cdef ChunkStatus st
+        cdef CachePolicy policy = self._pol
+        if type(keys) is not list:
+            raise TypeError(f"keys must be a list of offload keys, got {type(keys).__name__}")
+        ks = <list>keys
+        n = len(ks)
+        first = _check_int("start", start)
+        last = n if stop is None else _check_int("stop", stop)
+        if first > n:
+            first = n
+        if last > n:
+            last = n
+        i = first
+        while i < last and i < len(ks):
+            key = ks[i]
+            if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
+                _check_key_slow(key)
+            if policy._native:
+                p = PyDict_GetItemWithError(policy._chunks, key)
+                if p == NULL or (<ChunkStatus>p).ref_cnt < 0:
+                    break
+            else:
+                # a Python policy: its get may run any code (the list may change)
+                st = policy.c_get(key)
+                if st is None or st.ref_cnt < 0:
+                    break
+            i += 1
+        return i - first if i > first else 0
+
     def get_load_source(self, key, req_context):
         """Always ``CacheHitSource.HOST``: hits come from host memory."""
         _check_key(key)
