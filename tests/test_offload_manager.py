@@ -353,6 +353,30 @@ def test_arc_ghost_hits_move_the_target(offload_impl, ctx):
     assert offload_check_state(m)["arc"]["target_t1_size"] == 1.0
 
 
+def test_arc_ghosts_are_not_resident(offload_impl, ctx):
+    # (the compiled twin keeps ghosts and resident keys in one map)
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc", enable_events=True)
+    stored(m, "a b", ctx)
+    assert evict_one(m, ReqContext(req_id="o"), "c") == ks("a")
+    m.complete_store(ks("c"), ctx)
+    policy = m._policy
+    assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()]
+    assert m.lookup(k("a"), ctx) is LookupResult.MISS and m.count_hits(ks("a b"), ctx) == 0
+    assert policy.get(k("a")) is None and list(policy.t1) == ks("b c")
+    with pytest.raises(AssertionError, match="not found in cache"):
+        m.prepare_load(ks("a"), ctx)
+    m.complete_store(ks("a"), ctx)  # a ghost is not write-pending: ignored
+    with pytest.raises(KeyError):
+        policy.remove(k("a"))
+    assert policy.evict(3, set()) is None  # 2 resident keys (and a ghost)
+    list(m.take_events())
+    m.prepare_store(ks("a"), ReqContext(req_id="p"))  # a ghost comes back: resident again, no ghost left
+    state = offload_check_state(m)["arc"]
+    assert state["b1"] == [ks("b")[0].hex()] and m.lookup(k("a"), ctx) is LookupResult.HIT_PENDING
+    m.reset_cache()
+    assert m.lookup(k("b"), ctx) is LookupResult.MISS and offload_check_state(m)["arc"]["b1"] == []
+
+
 # =============================================================================
 # count_hits: the connector's admission lookups as one call
 # =============================================================================

@@ -303,6 +303,11 @@ cdef class _Node:
     cdef int where          # 0: in no list; 1: t1; 2: t2; 3: b1; 4: b2
 
 
+cdef inline bint _is_ghost(_Node n) noexcept:
+    """An ARC ghost (in b1 or b2): a plain _Node, never a ChunkStatus."""
+    return n.where == 3 or n.where == 4
+
+
 @cython.final
 @cython.no_gc
 cdef class _DList:
@@ -464,6 +469,7 @@ cdef class CachePolicy:
     """
     cdef readonly Py_ssize_t cache_capacity
     cdef dict _chunks       # native policies: every resident key -> its ChunkStatus
+                            # (ARC: and every ghost key -> its ghost _Node, see _is_ghost)
     cdef bint _native       # LRUCachePolicy / ARCCachePolicy (C paths), else Python calls
 
     def __init__(self, cache_capacity):
@@ -475,7 +481,7 @@ cdef class CachePolicy:
         cdef PyObject *p
         if self._native:
             p = PyDict_GetItemWithError(self._chunks, key)
-            if p == NULL:
+            if p == NULL or _is_ghost(<_Node>p):
                 return None
             return <ChunkStatus>p
         got = self.get(key)
@@ -995,7 +1001,9 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef _DList _t2
     cdef _DList _b1
     cdef _DList _b2
-    cdef dict _ghosts           # key -> its _Node in b1 or b2
+    # One map for resident and ghost keys (CachePolicy._chunks): a key's one
+    # lookup says resident, ghost or neither, and an eviction turns its entry
+    # into a ghost in place.
     cdef double _target
 
     def __init__(self, cache_capacity):
@@ -1005,7 +1013,6 @@ cdef class ARCCachePolicy(CachePolicy):
         self._t2 = _DList()
         self._b1 = _DList()
         self._b2 = _DList()
-        self._ghosts = {}
         self._target = 0.0
 
     cdef inline _DList _list_of(self, _Node n):
@@ -1019,21 +1026,19 @@ cdef class ARCCachePolicy(CachePolicy):
 
     cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos,
                       bint absent=False) except -1:
-        cdef _Node gn
-        cdef ChunkStatus old = None if absent else self.c_get(key)
-        if old is not None:
+        cdef _Node old
+        # (nothing below runs Python code: the key is exact bytes)
+        cdef PyObject *p = PyDict_SetDefault(self._chunks, key, st)
+        if p != <PyObject *>st:
+            # a ghost, or (when not absent) a resident key's old chunk
+            old = <_Node>p
+            if not _is_ghost(old):
+                (<ChunkStatus>old).owned = False
             self._list_of(old).unlink(old)
             old.where = 0
-            old.owned = False
-        if self._ghosts:
-            g = self._ghosts.pop(key, None)
-            if g is not None:
-                gn = <_Node>g
-                self._list_of(gn).unlink(gn)
-                gn.where = 0
+            self._chunks[key] = st
         st.key = key
         st.owned = True
-        self._chunks[key] = st
         st.where = 1
         self._t1.append(st)
         return 0
@@ -1049,10 +1054,10 @@ cdef class ARCCachePolicy(CachePolicy):
         return 0
 
     cdef int _ghost_hit(self, object key) except -1:
-        cdef PyObject *g = PyDict_GetItemWithError(self._ghosts, key)
+        cdef PyObject *g = PyDict_GetItemWithError(self._chunks, key)
         cdef _Node gn
         cdef double d
-        if g == NULL:
+        if g == NULL or not _is_ghost(<_Node>g):
             return 0
         gn = <_Node>g
         if gn.where == 3:
@@ -1190,28 +1195,30 @@ cdef class ARCCachePolicy(CachePolicy):
                 self._b2.append(g)
             st.where = 0
             st.owned = False
-            del self._chunks[st.key]
-            self._ghosts[st.key] = g
+            self._chunks[st.key] = g       # the key's entry becomes its ghost
         while self._b1.size > self.cache_capacity:
             g = self._b1.head
             self._b1.unlink(g)
             g.where = 0
-            del self._ghosts[g.key]
+            del self._chunks[g.key]
         while self._b2.size > self.cache_capacity:
             g = self._b2.head
             self._b2.unlink(g)
             g.where = 0
-            del self._ghosts[g.key]
+            del self._chunks[g.key]
         return out
 
     cdef int c_clear(self) except -1:
-        for st in self._chunks.values():
-            (<ChunkStatus>st).owned = False
+        cdef _Node n
+        for lst in (self._t1, self._t2):
+            n = (<_DList>lst).head
+            while n is not None:
+                (<ChunkStatus>n).owned = False
+                n = n.next
         self._t1.clear()
         self._t2.clear()
         self._b1.clear()
         self._b2.clear()
-        self._ghosts = {}
         self._chunks = {}
         self._target = 0.0
         return 0
@@ -1279,7 +1286,7 @@ cdef class ARCCachePolicy(CachePolicy):
 
     def evict(self, n, protected):
         """Pick ``n`` evictable, unprotected keys, from t1 while it is over target, else t2."""
-        return _evict_native(self, len(self._chunks), n, protected)
+        return _evict_native(self, self._t1.size + self._t2.size, n, protected)
 
     def clear(self):
         """Forget every key and ghost; the target goes back to 0."""
@@ -1599,7 +1606,7 @@ cdef class CPUOffloadingManager:
             _check_key_slow(key)
         if self._pol._native:
             p = PyDict_GetItemWithError(self._pol._chunks, key)
-            if p == NULL:
+            if p == NULL or _is_ghost(<_Node>p):
                 return _MISS
             st = <ChunkStatus>p
         else:
@@ -1649,7 +1656,7 @@ cdef class CPUOffloadingManager:
                 _check_key_slow(key)
             if policy._native:
                 p = PyDict_GetItemWithError(policy._chunks, key)
-                if p == NULL or (<ChunkStatus>p).ref_cnt < 0:
+                if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
                     break
             else:
                 # a Python policy: its get may run any code (the list may change)
