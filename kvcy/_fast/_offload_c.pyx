@@ -454,6 +454,44 @@ cdef list _ordered(list groups, _Positions pos):
     return keys if out is None else out
 
 
+cdef int _one_group_order(list keys, _Positions pos, vector[Py_ssize_t]& order) except -1:
+    """The request order of ``keys`` (first seen first) when they all belong to
+    one group: 1, with ``order`` = indices into ``keys``, head first; 0 (and
+    ``order`` untouched) for keys of several groups.
+
+    For one group, order_request_keys is a stable sort by position when every
+    key has one, else the keys as they are.
+    """
+    cdef Py_ssize_t i, n = len(keys)
+    cdef uint32_t g0
+    cdef int64_t p
+    cdef bint all_positioned = True, is_sorted = True
+    cdef vector[pair[int64_t, Py_ssize_t]] by_pos
+    if n:
+        g0 = _group_of(<bytes>keys[0])
+        for i in range(1, n):
+            if _group_of(<bytes>keys[i]) != g0:
+                return 0
+    by_pos.reserve(n)
+    for i in range(n):
+        if not pos.get(keys[i], &p):
+            all_positioned = False
+            break
+        if i and p < by_pos.back().first:
+            is_sorted = False
+        by_pos.push_back(pair[int64_t, Py_ssize_t](p, i))
+    order.clear()
+    order.reserve(n)
+    if all_positioned and not is_sorted:
+        cpp_sort(by_pos.begin(), by_pos.end())   # (position, index): a stable order
+        for i in range(n):
+            order.push_back(by_pos[i].second)
+    else:
+        for i in range(n):
+            order.push_back(i)
+    return 1
+
+
 # =============================================================================
 # The policy interface
 # =============================================================================
@@ -852,17 +890,18 @@ cdef class LRUCachePolicy(CachePolicy):
         manager's record): grouped by group index in index order, keeping
         that order within a group, as the manager would pass them."""
         cdef Py_ssize_t i, n = len(keys)
-        cdef uint32_t g0
-        cdef bint one_group = True
+        cdef vector[Py_ssize_t] order
+        cdef ChunkStatus st
         if n == 0:
             return 0
-        g0 = _group_of(<bytes>keys[0])
-        for i in range(1, n):
-            if _group_of(<bytes>keys[i]) != g0:
-                one_group = False
-                break
-        if one_group:
-            return self.c_on_request_finished([keys], None, None, None, pos)
+        if _one_group_order(keys, pos, order):
+            # fresh ranks, tail first (reading the positions above was the
+            # only step that could run Python code)
+            for i in range(n - 1, -1, -1):
+                st = self.c_get(keys[order[i]])
+                if st is not None:
+                    self._refresh(st)
+            return 0
         by_group = {}
         for key in keys:
             by_group.setdefault(_group_of(<bytes>key), []).append(key)
@@ -1135,6 +1174,33 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_on_request_finished(self, list groups, set insertion_only, set reused,
                                    object ctx, _Positions pos) except -1:
         return self._finish(_ordered(groups, pos), insertion_only, reused)
+
+    cdef int c_finish_flags(self, list keys, list flags, vector[Py_ssize_t]& order) except -1:
+        """``_finish`` for a record's keys and flags (``keys[order[i]]``, head
+        first): a key with ``_REUSED`` is reused, else one with ``_INSERTED``
+        is insertion-only, as the manager's sets would say."""
+        cdef Py_ssize_t i, j, f
+        cdef ChunkStatus st
+        for j in range(<Py_ssize_t>order.size() - 1, -1, -1):
+            i = order[j]
+            f = <Py_ssize_t>flags[i]
+            if not (f & (_REUSED | _INSERTED)):
+                continue
+            st = self.c_get(keys[i])
+            if st is None:
+                continue
+            if f & _REUSED:
+                if st.where == 1:
+                    self._t1.unlink(st)
+                    st.where = 2
+                    self._t2.append(st)
+                else:
+                    self._t2.unlink(st)
+                    self._t2.append(st)
+            else:
+                self._list_of(st).unlink(st)
+                self._list_of(st).append(st)
+        return 0
 
     cdef int c_mark_evictable(self, bytes key) except -1:
         return 0
@@ -1559,8 +1625,9 @@ cdef class CPUOffloadingManager:
             new_keys.append(key)
         if new_keys is not None:
             self._pol.c_on_request_access(new_keys, ctx, pos)
-        if reused:
-            rec.fold()
+        if not reused or type(self._pol) is LRUCachePolicy:
+            return 0        # (the native LRU reads no flags)
+        rec.fold()
         for key in reused:
             f = PyDict_GetItemWithError(flags, key)
             if f != NULL and not ((<Py_ssize_t><object>f) & (_INSERTED | _REUSED)):
@@ -1901,7 +1968,8 @@ cdef class CPUOffloadingManager:
             self._free.pop_back()
         policy.c_insert_new(new, ids, req_context, pos)
         self._n_pending += n
-        rec.inserted_log.extend(new)
+        if type(policy) is not LRUCachePolicy:
+            rec.inserted_log.extend(new)     # (the native LRU reads no flags)
         return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(ids), evicted_keys=evicted_keys)
 
     def complete_store(self, keys, req_context, success=True):
@@ -1950,20 +2018,27 @@ cdef class CPUOffloadingManager:
         or one already finished.
         """
         cdef _AccessRecord rec
-        cdef list groups, members, ordered
+        cdef list groups, members, ordered, keys
         cdef _Positions pos
+        cdef vector[Py_ssize_t] order
         _check_context(req_context)
         rec = self._get_record(req_context, False)
         if rec is None or rec.finished:
             return
         rec.finished = True
-        rec.fold()
         pos = _positions(req_context)
         if type(self._pol) is LRUCachePolicy:
-            # the native LRU ranks the keys by position only: no flag sets,
-            # and one group in the common case
+            # the native LRU ranks the keys by position only: no flags (it
+            # keeps none), and one group in the common case
             (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos)
             return
+        rec.fold()
+        if type(self._pol) is ARCCachePolicy:
+            # one group (the common case): the flags as they are, no sets
+            keys = list(rec.keys)
+            if _one_group_order(keys, pos, order):
+                (<ARCCachePolicy>self._pol).c_finish_flags(keys, list(rec.keys.values()), order)
+                return
         by_group = {}
         insertion_only = set()
         reused = set()
