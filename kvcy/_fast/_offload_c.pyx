@@ -1658,6 +1658,9 @@ cdef class CPUOffloadingManager:
         return 0
 
     # -- the OffloadingManager API ---------------------------------------------
+    @cython.binding(False)
+    @cython.embedsignature(True)
+    @cython.embedsignature.format("clinic")
     def lookup(self, key, req_context):
         """``HIT`` if ``key`` is readable, ``HIT_PENDING`` if being written, else ``MISS``.
 
