@@ -32,6 +32,9 @@ from libcpp.vector cimport vector
 from libcpp.utility cimport pair
 from libcpp.algorithm cimport sort as cpp_sort
 
+cdef extern from "Python.h":
+    object _PyDict_NewPresized(Py_ssize_t minused)
+
 cdef extern from *:
     """
     #include <set>
@@ -1094,11 +1097,13 @@ cdef class ARCCachePolicy(CachePolicy):
 
     cdef int _ghost_hit(self, object key) except -1:
         cdef PyObject *g = PyDict_GetItemWithError(self._chunks, key)
-        cdef _Node gn
-        cdef double d
         if g == NULL or not _is_ghost(<_Node>g):
             return 0
-        gn = <_Node>g
+        self._ghost_node_hit(<_Node>g)
+        return 0
+
+    cdef void _ghost_node_hit(self, _Node gn) noexcept:
+        cdef double d
         if gn.where == 3:
             d = <double>self._b2.size / <double>self._b1.size
             if d < 1.0:
@@ -1117,7 +1122,6 @@ cdef class ARCCachePolicy(CachePolicy):
                 self._target = 0.0
             self._b2.unlink(gn)
             self._b2.append(gn)
-        return 0
 
     cdef int c_touch(self, list keys, object ctx) except -1:
         cdef Py_ssize_t i
@@ -1146,6 +1150,41 @@ cdef class ARCCachePolicy(CachePolicy):
         return 0
 
     cdef int c_on_request_access(self, list keys, object ctx, _Positions pos) except -1:
+        return 0
+
+    cdef int c_ghost_hits(self, list nodes) except -1:
+        """``c_on_store_miss`` for keys whose map entries were read just before:
+        ``nodes[i]`` is the key's ghost node then, or None (no ghost)."""
+        cdef Py_ssize_t i
+        cdef _Node g
+        for i in range(len(nodes) - 1, -1, -1):
+            g = <_Node>nodes[i]
+            if g is not None and _is_ghost(g):     # (still a ghost: nothing trimmed it)
+                self._ghost_node_hit(g)
+        return 0
+
+    cdef int c_insert_new_ghosts(self, list keys, vector[Py_ssize_t]& ids, list ghosts) except -1:
+        """``c_insert_new`` where ``ghosts[i]`` is ``keys[i]``'s ghost node as read
+        before the eviction (or None): a ghost still in place is replaced by the
+        new chunk in one map write."""
+        cdef Py_ssize_t i
+        cdef _Node g
+        cdef ChunkStatus st
+        cdef bytes key
+        for i in range(len(keys)):
+            key = <bytes>keys[i]
+            st = _new_status(ids[i])
+            g = <_Node>ghosts[i]
+            if g is not None and _is_ghost(g):
+                self._list_of(g).unlink(g)
+                g.where = 0
+                self._chunks[key] = st
+                st.key = key
+                st.owned = True
+                st.where = 1
+                self._t1.append(st)
+            else:
+                self.c_insert(key, st, None, None, True)
         return 0
 
     cdef int _finish(self, list order, object insertion_only, object reused) except -1:
@@ -1604,6 +1643,11 @@ cdef class CPUOffloadingManager:
         cdef bint filter_resident = statuses is not None and self._pol._native
         cdef bint missed
         cdef Py_ssize_t size = PyDict_Size(flags)
+        if size == 0 and n > 8:
+            # a request's first batch of keys: one table of the right size
+            # instead of growing it key by key
+            flags = <dict>_PyDict_NewPresized(n)
+            rec.keys = flags
         for i in range(n):
             key = keys[i]
             missed = track_missed and statuses[i] is None
@@ -1858,6 +1902,10 @@ cdef class CPUOffloadingManager:
         cdef list new = []
         cdef list ready = []
         cdef list statuses = []         # per offered key: its chunk, or None
+        cdef list new_ghosts = None     # native ARC, per new key: its ghost node, or None
+        cdef list miss_ghosts = None
+        cdef bint is_arc = type(policy) is ARCCachePolicy
+        cdef PyObject *p
         cdef list to_record, misses, evicted_keys, evicted, record_statuses
         cdef set offered, kept = None
         cdef dict flags
@@ -1876,8 +1924,23 @@ cdef class CPUOffloadingManager:
                 if key in offered:
                     raise ValueError(f"prepare_store got key {key!r} more than once")
                 offered.add(key)
+        if is_arc:
+            new_ghosts = []
         for key in offer:
-            st = policy.c_get(key)
+            if is_arc:
+                # one lookup says resident, ghost (kept for the store miss
+                # and the insert below) or neither
+                p = PyDict_GetItemWithError(policy._chunks, key)
+                if p == NULL:
+                    st = None
+                    new_ghosts.append(None)
+                elif _is_ghost(<_Node>p):
+                    st = None
+                    new_ghosts.append(<_Node>p)
+                else:
+                    st = <ChunkStatus>p
+            else:
+                st = policy.c_get(key)
             statuses.append(st)
             if st is None:
                 new.append(key)
@@ -1919,16 +1982,25 @@ cdef class CPUOffloadingManager:
             if len(kept) != len(new):
                 self._skipped += len(new) - len(kept)
                 new = [k for k in new if k in kept]
+                new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
         misses = None
         if new and type(policy) is not LRUCachePolicy:
             # (the native LRU policy ignores store misses: nothing to track)
             misses = []
-            for key in new:
+            if new_ghosts is not None:
+                miss_ghosts = []
+            for i in range(len(new)):
+                key = new[i]
                 f = PyDict_GetItemWithError(flags, key)
                 if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
                     misses.append(key)
-            if misses:
+                    if miss_ghosts is not None:
+                        miss_ghosts.append(new_ghosts[i])
+            if miss_ghosts is not None:
+                # the ghost hits of these misses, from the nodes found above
+                (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
+            elif misses:
                 policy.c_on_store_miss(misses, req_context)
         # 3. the access record (and the misses, in it)
         self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None)
@@ -1969,7 +2041,10 @@ cdef class CPUOffloadingManager:
         for i in range(n - num_fresh):
             ids.push_back(self._free.back())
             self._free.pop_back()
-        policy.c_insert_new(new, ids, req_context, pos)
+        if new_ghosts is not None:
+            (<ARCCachePolicy>policy).c_insert_new_ghosts(new, ids, new_ghosts)
+        else:
+            policy.c_insert_new(new, ids, req_context, pos)
         self._n_pending += n
         if type(policy) is not LRUCachePolicy:
             rec.inserted_log.extend(new)     # (the native LRU reads no flags)
