@@ -377,6 +377,24 @@ def test_arc_ghosts_are_not_resident(offload_impl, ctx):
     assert m.lookup(k("b"), ctx) is LookupResult.MISS and offload_check_state(m)["arc"]["b1"] == []
 
 
+def test_lru_finish_ranks_the_keys_resident_now_whatever_happened_to_their_chunks(offload_impl, ctx):
+    # (the compiled twin's record remembers each key's chunk for on_request_finished)
+    m = offload_impl.CPUOffloadingManager(4, cache_policy="lru")
+    keys = ks("a b c")
+    ctx._offload_key_positions.update({key: 16 * (i + 1) for i, key in enumerate(keys)})
+    m.on_new_request(ctx)
+    m.complete_store(m.prepare_store(keys, ctx).keys_to_store, ctx)
+    policy = m._policy
+    [(key_a, chunk_a)] = policy.evict(1, set())  # the tail goes first: c
+    assert key_a == k("c")
+    other = type(policy)(cache_capacity=4)
+    other.insert(key_a, chunk_a, ReqContext(req_id="o"))  # its chunk now lives in another policy
+    stored(m, "c", ReqContext(req_id="x"))  # and c is stored again, in a new chunk
+    m.on_request_finished(ctx)  # fresh ranks, tail first: c, b, a (the head ends most recent)
+    assert [key for key, _ in policy.evict(3, set())] == ks("c b a")
+    assert [key for key, _ in other.evict(1, set())] == [k("c")]  # the other policy is untouched
+
+
 # =============================================================================
 # count_hits: the connector's admission lookups as one call
 # =============================================================================

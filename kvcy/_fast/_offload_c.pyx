@@ -380,6 +380,7 @@ cdef class ChunkStatus(_Node):
     cdef KvcyRankSet.iterator order_it  # its entry in that set, while in_order
     cdef bint in_order              # in an LRU policy's order set
     cdef bint owned                 # resident in some policy
+    cdef void *lru_owner            # the LRU policy that made it resident last (with owned: holds it)
 
     def __init__(self, chunk_id):
         self.chunk_id = _check_int("chunk_id", chunk_id)
@@ -793,6 +794,7 @@ cdef class LRUCachePolicy(CachePolicy):
             old.owned = False
         st.key = key
         st.owned = True
+        st.lru_owner = <void *>self
         self._chunks[key] = st
         if ranked:
             self._link_ranked(st, a, -p)
@@ -802,6 +804,12 @@ cdef class LRUCachePolicy(CachePolicy):
 
     cdef int c_insert_new(self, list keys, vector[Py_ssize_t]& ids, object ctx,
                           _Positions pos) except -1:
+        return self.c_insert_new_noted(keys, ids, ctx, pos, None)
+
+    cdef int c_insert_new_noted(self, list keys, vector[Py_ssize_t]& ids, object ctx,
+                                _Positions pos, dict note) except -1:
+        # (with ``note``, a request record: each key's value there becomes its
+        # new chunk, the hint on_request_finished reads)
         # c_insert per key, with the request's rank taken once (at the first
         # key with a position, as c_insert would) and each ranked key inserted
         # with the previous one as hint: an offer's keys come head first, so
@@ -833,14 +841,18 @@ cdef class LRUCachePolicy(CachePolicy):
                     erased = self._erased
                 st.key = key
                 st.owned = True
+                st.lru_owner = <void *>self
                 self._chunks[key] = st
                 self._link_ranked_at(st, a, -p, hint)
                 hint = st.order_it
             else:
                 st.key = key
                 st.owned = True
+                st.lru_owner = <void *>self
                 self._chunks[key] = st
                 self._link_fresh(st)
+            if note is not None:
+                note[key] = st
         return 0
 
     cdef int c_remove(self, bytes key) except -1:
@@ -888,7 +900,7 @@ cdef class LRUCachePolicy(CachePolicy):
                 self._refresh(st)
         return 0
 
-    cdef int c_finish_keys(self, list keys, _Positions pos) except -1:
+    cdef int c_finish_keys(self, list keys, _Positions pos, list hints=None) except -1:
         """c_on_request_finished for a request's keys, first seen first (the
         manager's record): grouped by group index in index order, keeping
         that order within a group, as the manager would pass them."""
@@ -899,9 +911,18 @@ cdef class LRUCachePolicy(CachePolicy):
             return 0
         if _one_group_order(keys, pos, order):
             # fresh ranks, tail first (reading the positions above was the
-            # only step that could run Python code)
+            # only step that could run Python code).  ``hints[j]``: the chunk
+            # keys[j] had when recorded, or None; still this key's chunk if
+            # still resident under the same key object.
             for i in range(n - 1, -1, -1):
-                st = self.c_get(keys[order[i]])
+                j = order[i]
+                h = hints[j] if hints is not None else None
+                if (h is not None and type(h) is ChunkStatus and (<ChunkStatus>h).owned
+                        and (<ChunkStatus>h).lru_owner == <void *>self
+                        and (<ChunkStatus>h).key is keys[j]):
+                    st = <ChunkStatus>h
+                else:
+                    st = self.c_get(keys[j])
                 if st is not None:
                     self._refresh(st)
             return 0
@@ -1641,6 +1662,7 @@ cdef class CPUOffloadingManager:
         cdef PyObject *f
         cdef Py_ssize_t i, n = len(keys)
         cdef bint filter_resident = statuses is not None and self._pol._native
+        cdef bint lru = type(self._pol) is LRUCachePolicy
         cdef bint missed
         cdef Py_ssize_t size = PyDict_Size(flags)
         if size == 0 and n > 8:
@@ -1651,7 +1673,12 @@ cdef class CPUOffloadingManager:
         for i in range(n):
             key = keys[i]
             missed = track_missed and statuses[i] is None
-            PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
+            if lru:
+                # the native LRU keeps no flags: the value is the key's chunk
+                # when known (a hint for on_request_finished), else None
+                PyDict_SetDefault(flags, key, None if statuses is None else statuses[i])
+            else:
+                PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
             if PyDict_Size(flags) == size:
                 # seen before
                 if missed:
@@ -1835,7 +1862,7 @@ cdef class CPUOffloadingManager:
             st.ref_cnt += 1
             ids.push_back(st.chunk_id)
         if rec is not None:
-            self._record(rec, ks, ks, req_context, _positions(req_context), None)
+            self._record(rec, ks, ks, req_context, _positions(req_context), chunks)
         return _chunk_spec(ids)
 
     def touch(self, keys, req_context):
@@ -2043,6 +2070,8 @@ cdef class CPUOffloadingManager:
             self._free.pop_back()
         if new_ghosts is not None:
             (<ARCCachePolicy>policy).c_insert_new_ghosts(new, ids, new_ghosts)
+        elif type(policy) is LRUCachePolicy:
+            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, req_context, pos, rec.keys)
         else:
             policy.c_insert_new(new, ids, req_context, pos)
         self._n_pending += n
@@ -2108,7 +2137,7 @@ cdef class CPUOffloadingManager:
         if type(self._pol) is LRUCachePolicy:
             # the native LRU ranks the keys by position only: no flags (it
             # keeps none), and one group in the common case
-            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos)
+            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos, list(rec.keys.values()))
             return
         rec.fold()
         if type(self._pol) is ARCCachePolicy:
