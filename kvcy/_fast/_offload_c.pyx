@@ -807,9 +807,9 @@ cdef class LRUCachePolicy(CachePolicy):
         return self.c_insert_new_noted(keys, ids, ctx, pos, None)
 
     cdef int c_insert_new_noted(self, list keys, vector[Py_ssize_t]& ids, object ctx,
-                                _Positions pos, dict note) except -1:
-        # (with ``note``, a request record: each key's value there becomes its
-        # new chunk, the hint on_request_finished reads)
+                                _Positions pos, list made) except -1:
+        # (``made``: the statuses to use, one per key, made by the manager
+        # before it knew their chunk ids; the request's record holds them)
         # c_insert per key, with the request's rank taken once (at the first
         # key with a position, as c_insert would) and each ranked key inserted
         # with the previous one as hint: an offer's keys come head first, so
@@ -827,7 +827,12 @@ cdef class LRUCachePolicy(CachePolicy):
             return CachePolicy.c_insert_new(self, keys, ids, ctx, pos)
         for i in range(n):
             key = <bytes>keys[i]
-            st = _new_status(ids[i])
+            if made is not None:
+                st = <ChunkStatus>made[i]
+                st.chunk_id = ids[i]
+                st.ref_cnt = -1
+            else:
+                st = _new_status(ids[i])
             if pos.get(key, &p):
                 if not have_rank:
                     a = self._request_rank(ctx)
@@ -851,8 +856,6 @@ cdef class LRUCachePolicy(CachePolicy):
                 st.lru_owner = <void *>self
                 self._chunks[key] = st
                 self._link_fresh(st)
-            if note is not None:
-                note[key] = st
         return 0
 
     cdef int c_remove(self, bytes key) except -1:
@@ -1648,14 +1651,17 @@ cdef class CPUOffloadingManager:
         return rec
 
     cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,
-                     _Positions pos, list statuses, bint track_missed=False) except -1:
+                     _Positions pos, list statuses, bint track_missed=False,
+                     list hints=None) except -1:
         """Note keys a request loaded or offered; the policy hears of the new ones.
 
         ``statuses`` (optional, parallel to ``keys``) are the keys' chunks as the
         caller found them, ``None`` for a key that is not resident: the native
         LRU policy then only looks at the resident ones (it ignores the others).
         With ``track_missed`` the non-resident ones are this offer's store
-        misses, noted in their flags here.
+        misses, noted in their flags here.  ``hints`` (native LRU, optional,
+        parallel to ``keys``): the record's value for each new key instead of
+        its status (the chunk a new key is about to get).
         """
         cdef dict flags = rec.keys
         cdef list new_keys = None
@@ -1676,7 +1682,8 @@ cdef class CPUOffloadingManager:
             if lru:
                 # the native LRU keeps no flags: the value is the key's chunk
                 # when known (a hint for on_request_finished), else None
-                PyDict_SetDefault(flags, key, None if statuses is None else statuses[i])
+                PyDict_SetDefault(flags, key, hints[i] if hints is not None
+                                  else (None if statuses is None else statuses[i]))
             else:
                 PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
             if PyDict_Size(flags) == size:
@@ -1930,6 +1937,8 @@ cdef class CPUOffloadingManager:
         cdef list ready = []
         cdef list statuses = []         # per offered key: its chunk, or None
         cdef list new_ghosts = None     # native ARC, per new key: its ghost node, or None
+        cdef list pre_new = None        # native LRU, per new key: the status it will get
+        cdef list record_hints = None
         cdef list miss_ghosts = None
         cdef bint is_arc = type(policy) is ARCCachePolicy
         cdef PyObject *p
@@ -1986,6 +1995,18 @@ cdef class CPUOffloadingManager:
         if counts is None and len(new) + len(ready) == n_offer:
             to_record = offer
             record_statuses = statuses
+            if type(policy) is LRUCachePolicy and new:
+                # the chunks the new keys will get, made now, so that the
+                # record notes them (on_request_finished reads them) as it
+                # notes the resident keys' chunks
+                pre_new = []
+                record_hints = []
+                for i in range(n_offer):
+                    st = <ChunkStatus>statuses[i]
+                    if st is None:
+                        st = _new_status(-1)
+                        pre_new.append(st)
+                    record_hints.append(st)
         else:
             # offered keys that are kept (new, past the threshold) or ready
             if kept is None:
@@ -2030,7 +2051,8 @@ cdef class CPUOffloadingManager:
             elif misses:
                 policy.c_on_store_miss(misses, req_context)
         # 3. the access record (and the misses, in it)
-        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None)
+        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
+                     record_hints)
         n = len(new)
         if n == 0:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
@@ -2070,8 +2092,8 @@ cdef class CPUOffloadingManager:
             self._free.pop_back()
         if new_ghosts is not None:
             (<ARCCachePolicy>policy).c_insert_new_ghosts(new, ids, new_ghosts)
-        elif type(policy) is LRUCachePolicy:
-            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, req_context, pos, rec.keys)
+        elif pre_new is not None:
+            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, req_context, pos, pre_new)
         else:
             policy.c_insert_new(new, ids, req_context, pos)
         self._n_pending += n
