@@ -10,10 +10,16 @@ as typed ``cdef class``es returning the shared API objects of
 ``kvcy.kv_offload``.  What differs is the bookkeeping:
 
 * each policy keeps one dict key -> ``ChunkStatus``; a status is also the node
-  of the intrusive lists (ARC's t1/t2, and b1/b2 ghost nodes; LRU's fresh ranks);
+  of the intrusive lists (ARC's t1/t2, LRU's fresh ranks); ARC's ghosts are
+  plain nodes in b1/b2 and in the same dict, so one lookup tells resident,
+  ghost or neither;
 * LRU keys ranked with their request live in a C++ ``std::set`` ordered by
   ``(rank, key bytes)``, and eviction merges it with the fresh-rank list;
-* a request's record is one insertion-ordered dict key -> flags;
+* a request's record is one insertion-ordered dict key -> flags (for the
+  native LRU, which needs no flags: key -> the chunk it had, a hint that
+  ``on_request_finished`` checks before using);
+* ``count_hits`` is the connector's admission loop (lookups until the first
+  key that is not a hit) as one call;
 * every public call checks its arguments first (bounds checks are off in the
   build), and the state Python can see is read-only (``chunks``, ``t1``... are
   views or snapshots), so no Python-level call or assignment can corrupt it.
