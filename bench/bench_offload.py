@@ -7,6 +7,8 @@ cost per key.  The tier is always full (every chunk holds a readable key), as
 in a server that has been running for a while:
 
 * ``lookup``: 256 lookups of resident keys (the scheduler's per-key probe);
+* ``count_hits``: the same 256 lookups as one call, as the replay's admission
+  makes them (lookups until the first key that is not a hit);
 * ``store+evict``: ``prepare_store`` of 256 new keys, which evicts 256, then
   their ``complete_store``;
 * ``connector step``: what vLLM's offloading connector asks of the manager in
@@ -77,6 +79,22 @@ def test_lookup_full_tier(benchmark, impl, policy, freeze_startup_heap):
 
     _run(benchmark, impl, f"offload lookup x{N_KEYS}, full tier ({policy})", run, N_KEYS)
     assert manager.lookup(batch[0], ctx).name == "HIT"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_count_hits_full_tier(benchmark, impl, policy, freeze_startup_heap):
+    """The same 256 lookups as one ``count_hits`` call (the replay's admission; the row above stays vLLM's pattern)."""
+    manager, keys = _full_manager(impl.offload, policy)
+    batch = keys[1000 : 1000 + N_KEYS]
+    ctx = ReqContext(req_id="probe")
+    count_hits = manager.count_hits
+    freeze_startup_heap()
+
+    def run():
+        count_hits(batch, ctx)
+
+    _run(benchmark, impl, f"offload count_hits x{N_KEYS}, full tier ({policy})", run, N_KEYS)
+    assert manager.count_hits(batch, ctx) == N_KEYS
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -351,3 +351,87 @@ def test_arc_ghost_hits_move_the_target(offload_impl, ctx):
     assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()]
     m.prepare_store(ks("a"), ReqContext(req_id="p"))  # a store miss on a ghost of t1
     assert offload_check_state(m)["arc"]["target_t1_size"] == 1.0
+
+
+def test_arc_ghosts_are_not_resident(offload_impl, ctx):
+    # (the compiled twin keeps ghosts and resident keys in one map)
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc", enable_events=True)
+    stored(m, "a b", ctx)
+    assert evict_one(m, ReqContext(req_id="o"), "c") == ks("a")
+    m.complete_store(ks("c"), ctx)
+    policy = m._policy
+    assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()]
+    assert m.lookup(k("a"), ctx) is LookupResult.MISS and m.count_hits(ks("a b"), ctx) == 0
+    assert policy.get(k("a")) is None and list(policy.t1) == ks("b c")
+    with pytest.raises(AssertionError, match="not found in cache"):
+        m.prepare_load(ks("a"), ctx)
+    m.complete_store(ks("a"), ctx)  # a ghost is not write-pending: ignored
+    with pytest.raises(KeyError):
+        policy.remove(k("a"))
+    assert policy.evict(3, set()) is None  # 2 resident keys (and a ghost)
+    list(m.take_events())
+    m.prepare_store(ks("a"), ReqContext(req_id="p"))  # a ghost comes back: resident again, no ghost left
+    state = offload_check_state(m)["arc"]
+    assert state["b1"] == [ks("b")[0].hex()] and m.lookup(k("a"), ctx) is LookupResult.HIT_PENDING
+    m.reset_cache()
+    assert m.lookup(k("b"), ctx) is LookupResult.MISS and offload_check_state(m)["arc"]["b1"] == []
+
+
+def test_lru_finish_ranks_the_keys_resident_now_whatever_happened_to_their_chunks(offload_impl, ctx):
+    # (the compiled twin's record remembers each key's chunk for on_request_finished)
+    m = offload_impl.CPUOffloadingManager(4, cache_policy="lru")
+    keys = ks("a b c")
+    ctx._offload_key_positions.update({key: 16 * (i + 1) for i, key in enumerate(keys)})
+    m.on_new_request(ctx)
+    m.complete_store(m.prepare_store(keys, ctx).keys_to_store, ctx)
+    policy = m._policy
+    [(key_a, chunk_a)] = policy.evict(1, set())  # the tail goes first: c
+    assert key_a == k("c")
+    other = type(policy)(cache_capacity=4)
+    other.insert(key_a, chunk_a, ReqContext(req_id="o"))  # its chunk now lives in another policy
+    stored(m, "c", ReqContext(req_id="x"))  # and c is stored again, in a new chunk
+    m.on_request_finished(ctx)  # fresh ranks, tail first: c, b, a (the head ends most recent)
+    assert [key for key, _ in policy.evict(3, set())] == ks("c b a")
+    assert [key for key, _ in other.evict(1, set())] == [k("c")]  # the other policy is untouched
+
+
+# =============================================================================
+# count_hits: the connector's admission lookups as one call
+# =============================================================================
+def test_count_hits_counts_hits_up_to_the_first_miss_or_pending_key(offload_impl, policy, ctx):
+    manager = offload_impl.CPUOffloadingManager(num_chunks=8, cache_policy=policy)
+    stored(manager, "a b c", ctx)
+    assert manager.prepare_store(ks("d"), ctx) is not None  # d: write-pending
+    keys = ks("a b c d e")
+    expected = []
+    for start in range(len(keys) + 2):
+        for stop in [None, *range(len(keys) + 2)]:
+            n = 0
+            for key in keys[start:stop]:
+                if manager.lookup(key, ctx) is not LookupResult.HIT:
+                    break
+                n += 1
+            expected.append(n)
+    got = [manager.count_hits(keys, ctx, start, stop)
+           for start in range(len(keys) + 2) for stop in [None, *range(len(keys) + 2)]]
+    assert got == expected
+    assert manager.count_hits(keys, ctx) == 3 and manager.count_hits(ks("e a"), ctx) == 0
+    assert manager.count_hits(keys[:2], ctx, 0, 2) == 2 and manager.count_hits([], ctx) == 0
+    manager.complete_store(ks("d"), ctx)
+    assert manager.count_hits(keys, ctx) == 4
+
+
+def test_count_hits_checks_only_the_keys_it_looks_at(offload_impl, ctx):
+    manager = offload_impl.CPUOffloadingManager(num_chunks=8)
+    stored(manager, "a", ctx)
+    assert manager.count_hits([k("x"), "not a key"], ctx) == 0  # stops at the miss first
+    with pytest.raises(TypeError, match="an offload key must be bytes, got str"):
+        manager.count_hits([k("a"), "not a key"], ctx)
+    with pytest.raises(ValueError, match="a block hash plus a 4-byte group index"):
+        manager.count_hits([k("a"), b"ab"], ctx)
+    with pytest.raises(TypeError, match="keys must be a list of offload keys, got tuple"):
+        manager.count_hits((k("a"),), ctx)
+    with pytest.raises(TypeError, match="start must be an int, got float"):
+        manager.count_hits([k("a")], ctx, 0.0)
+    with pytest.raises(ValueError, match="stop must be non-negative, got -1"):
+        manager.count_hits([k("a")], ctx, 0, -1)

@@ -10,10 +10,16 @@ as typed ``cdef class``es returning the shared API objects of
 ``kvcy.kv_offload``.  What differs is the bookkeeping:
 
 * each policy keeps one dict key -> ``ChunkStatus``; a status is also the node
-  of the intrusive lists (ARC's t1/t2, and b1/b2 ghost nodes; LRU's fresh ranks);
+  of the intrusive lists (ARC's t1/t2, LRU's fresh ranks); ARC's ghosts are
+  plain nodes in b1/b2 and in the same dict, so one lookup tells resident,
+  ghost or neither;
 * LRU keys ranked with their request live in a C++ ``std::set`` ordered by
   ``(rank, key bytes)``, and eviction merges it with the fresh-rank list;
-* a request's record is one insertion-ordered dict key -> flags;
+* a request's record is one insertion-ordered dict key -> flags (for the
+  native LRU, which needs no flags: key -> the chunk it had, a hint that
+  ``on_request_finished`` checks before using);
+* ``count_hits`` is the connector's admission loop (lookups until the first
+  key that is not a hit) as one call;
 * every public call checks its arguments first (bounds checks are off in the
   build), and the state Python can see is read-only (``chunks``, ``t1``... are
   views or snapshots), so no Python-level call or assignment can corrupt it.
@@ -31,6 +37,9 @@ from libc.stdint cimport int64_t, uint32_t
 from libcpp.vector cimport vector
 from libcpp.utility cimport pair
 from libcpp.algorithm cimport sort as cpp_sort
+
+cdef extern from "Python.h":
+    object _PyDict_NewPresized(Py_ssize_t minused)
 
 cdef extern from *:
     """
@@ -303,6 +312,11 @@ cdef class _Node:
     cdef int where          # 0: in no list; 1: t1; 2: t2; 3: b1; 4: b2
 
 
+cdef inline bint _is_ghost(_Node n) noexcept:
+    """An ARC ghost (in b1 or b2): a plain _Node, never a ChunkStatus."""
+    return n.where == 3 or n.where == 4
+
+
 @cython.final
 @cython.no_gc
 cdef class _DList:
@@ -372,6 +386,7 @@ cdef class ChunkStatus(_Node):
     cdef KvcyRankSet.iterator order_it  # its entry in that set, while in_order
     cdef bint in_order              # in an LRU policy's order set
     cdef bint owned                 # resident in some policy
+    cdef void *lru_owner            # the LRU policy that made it resident last (with owned: holds it)
 
     def __init__(self, chunk_id):
         self.chunk_id = _check_int("chunk_id", chunk_id)
@@ -449,6 +464,44 @@ cdef list _ordered(list groups, _Positions pos):
     return keys if out is None else out
 
 
+cdef int _one_group_order(list keys, _Positions pos, vector[Py_ssize_t]& order) except -1:
+    """The request order of ``keys`` (first seen first) when they all belong to
+    one group: 1, with ``order`` = indices into ``keys``, head first; 0 (and
+    ``order`` untouched) for keys of several groups.
+
+    For one group, order_request_keys is a stable sort by position when every
+    key has one, else the keys as they are.
+    """
+    cdef Py_ssize_t i, n = len(keys)
+    cdef uint32_t g0
+    cdef int64_t p
+    cdef bint all_positioned = True, is_sorted = True
+    cdef vector[pair[int64_t, Py_ssize_t]] by_pos
+    if n:
+        g0 = _group_of(<bytes>keys[0])
+        for i in range(1, n):
+            if _group_of(<bytes>keys[i]) != g0:
+                return 0
+    by_pos.reserve(n)
+    for i in range(n):
+        if not pos.get(keys[i], &p):
+            all_positioned = False
+            break
+        if i and p < by_pos.back().first:
+            is_sorted = False
+        by_pos.push_back(pair[int64_t, Py_ssize_t](p, i))
+    order.clear()
+    order.reserve(n)
+    if all_positioned and not is_sorted:
+        cpp_sort(by_pos.begin(), by_pos.end())   # (position, index): a stable order
+        for i in range(n):
+            order.push_back(by_pos[i].second)
+    else:
+        for i in range(n):
+            order.push_back(i)
+    return 1
+
+
 # =============================================================================
 # The policy interface
 # =============================================================================
@@ -464,6 +517,7 @@ cdef class CachePolicy:
     """
     cdef readonly Py_ssize_t cache_capacity
     cdef dict _chunks       # native policies: every resident key -> its ChunkStatus
+                            # (ARC: and every ghost key -> its ghost _Node, see _is_ghost)
     cdef bint _native       # LRUCachePolicy / ARCCachePolicy (C paths), else Python calls
 
     def __init__(self, cache_capacity):
@@ -475,7 +529,7 @@ cdef class CachePolicy:
         cdef PyObject *p
         if self._native:
             p = PyDict_GetItemWithError(self._chunks, key)
-            if p == NULL:
+            if p == NULL or _is_ghost(<_Node>p):
                 return None
             return <ChunkStatus>p
         got = self.get(key)
@@ -746,6 +800,7 @@ cdef class LRUCachePolicy(CachePolicy):
             old.owned = False
         st.key = key
         st.owned = True
+        st.lru_owner = <void *>self
         self._chunks[key] = st
         if ranked:
             self._link_ranked(st, a, -p)
@@ -755,6 +810,12 @@ cdef class LRUCachePolicy(CachePolicy):
 
     cdef int c_insert_new(self, list keys, vector[Py_ssize_t]& ids, object ctx,
                           _Positions pos) except -1:
+        return self.c_insert_new_noted(keys, ids, ctx, pos, None)
+
+    cdef int c_insert_new_noted(self, list keys, vector[Py_ssize_t]& ids, object ctx,
+                                _Positions pos, list made) except -1:
+        # (``made``: the statuses to use, one per key, made by the manager
+        # before it knew their chunk ids; the request's record holds them)
         # c_insert per key, with the request's rank taken once (at the first
         # key with a position, as c_insert would) and each ranked key inserted
         # with the previous one as hint: an offer's keys come head first, so
@@ -772,7 +833,12 @@ cdef class LRUCachePolicy(CachePolicy):
             return CachePolicy.c_insert_new(self, keys, ids, ctx, pos)
         for i in range(n):
             key = <bytes>keys[i]
-            st = _new_status(ids[i])
+            if made is not None:
+                st = <ChunkStatus>made[i]
+                st.chunk_id = ids[i]
+                st.ref_cnt = -1
+            else:
+                st = _new_status(ids[i])
             if pos.get(key, &p):
                 if not have_rank:
                     a = self._request_rank(ctx)
@@ -786,12 +852,14 @@ cdef class LRUCachePolicy(CachePolicy):
                     erased = self._erased
                 st.key = key
                 st.owned = True
+                st.lru_owner = <void *>self
                 self._chunks[key] = st
                 self._link_ranked_at(st, a, -p, hint)
                 hint = st.order_it
             else:
                 st.key = key
                 st.owned = True
+                st.lru_owner = <void *>self
                 self._chunks[key] = st
                 self._link_fresh(st)
         return 0
@@ -841,22 +909,32 @@ cdef class LRUCachePolicy(CachePolicy):
                 self._refresh(st)
         return 0
 
-    cdef int c_finish_keys(self, list keys, _Positions pos) except -1:
+    cdef int c_finish_keys(self, list keys, _Positions pos, list hints=None) except -1:
         """c_on_request_finished for a request's keys, first seen first (the
         manager's record): grouped by group index in index order, keeping
         that order within a group, as the manager would pass them."""
         cdef Py_ssize_t i, n = len(keys)
-        cdef uint32_t g0
-        cdef bint one_group = True
+        cdef vector[Py_ssize_t] order
+        cdef ChunkStatus st
         if n == 0:
             return 0
-        g0 = _group_of(<bytes>keys[0])
-        for i in range(1, n):
-            if _group_of(<bytes>keys[i]) != g0:
-                one_group = False
-                break
-        if one_group:
-            return self.c_on_request_finished([keys], None, None, None, pos)
+        if _one_group_order(keys, pos, order):
+            # fresh ranks, tail first (reading the positions above was the
+            # only step that could run Python code).  ``hints[j]``: the chunk
+            # keys[j] had when recorded, or None; still this key's chunk if
+            # still resident under the same key object.
+            for i in range(n - 1, -1, -1):
+                j = order[i]
+                h = hints[j] if hints is not None else None
+                if (h is not None and type(h) is ChunkStatus and (<ChunkStatus>h).owned
+                        and (<ChunkStatus>h).lru_owner == <void *>self
+                        and (<ChunkStatus>h).key is keys[j]):
+                    st = <ChunkStatus>h
+                else:
+                    st = self.c_get(keys[j])
+                if st is not None:
+                    self._refresh(st)
+            return 0
         by_group = {}
         for key in keys:
             by_group.setdefault(_group_of(<bytes>key), []).append(key)
@@ -995,7 +1073,9 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef _DList _t2
     cdef _DList _b1
     cdef _DList _b2
-    cdef dict _ghosts           # key -> its _Node in b1 or b2
+    # One map for resident and ghost keys (CachePolicy._chunks): a key's one
+    # lookup says resident, ghost or neither, and an eviction turns its entry
+    # into a ghost in place.
     cdef double _target
 
     def __init__(self, cache_capacity):
@@ -1005,7 +1085,6 @@ cdef class ARCCachePolicy(CachePolicy):
         self._t2 = _DList()
         self._b1 = _DList()
         self._b2 = _DList()
-        self._ghosts = {}
         self._target = 0.0
 
     cdef inline _DList _list_of(self, _Node n):
@@ -1019,21 +1098,19 @@ cdef class ARCCachePolicy(CachePolicy):
 
     cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos,
                       bint absent=False) except -1:
-        cdef _Node gn
-        cdef ChunkStatus old = None if absent else self.c_get(key)
-        if old is not None:
+        cdef _Node old
+        # (nothing below runs Python code: the key is exact bytes)
+        cdef PyObject *p = PyDict_SetDefault(self._chunks, key, st)
+        if p != <PyObject *>st:
+            # a ghost, or (when not absent) a resident key's old chunk
+            old = <_Node>p
+            if not _is_ghost(old):
+                (<ChunkStatus>old).owned = False
             self._list_of(old).unlink(old)
             old.where = 0
-            old.owned = False
-        if self._ghosts:
-            g = self._ghosts.pop(key, None)
-            if g is not None:
-                gn = <_Node>g
-                self._list_of(gn).unlink(gn)
-                gn.where = 0
+            self._chunks[key] = st
         st.key = key
         st.owned = True
-        self._chunks[key] = st
         st.where = 1
         self._t1.append(st)
         return 0
@@ -1049,12 +1126,14 @@ cdef class ARCCachePolicy(CachePolicy):
         return 0
 
     cdef int _ghost_hit(self, object key) except -1:
-        cdef PyObject *g = PyDict_GetItemWithError(self._ghosts, key)
-        cdef _Node gn
-        cdef double d
-        if g == NULL:
+        cdef PyObject *g = PyDict_GetItemWithError(self._chunks, key)
+        if g == NULL or not _is_ghost(<_Node>g):
             return 0
-        gn = <_Node>g
+        self._ghost_node_hit(<_Node>g)
+        return 0
+
+    cdef void _ghost_node_hit(self, _Node gn) noexcept:
+        cdef double d
         if gn.where == 3:
             d = <double>self._b2.size / <double>self._b1.size
             if d < 1.0:
@@ -1073,7 +1152,6 @@ cdef class ARCCachePolicy(CachePolicy):
                 self._target = 0.0
             self._b2.unlink(gn)
             self._b2.append(gn)
-        return 0
 
     cdef int c_touch(self, list keys, object ctx) except -1:
         cdef Py_ssize_t i
@@ -1104,6 +1182,41 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_on_request_access(self, list keys, object ctx, _Positions pos) except -1:
         return 0
 
+    cdef int c_ghost_hits(self, list nodes) except -1:
+        """``c_on_store_miss`` for keys whose map entries were read just before:
+        ``nodes[i]`` is the key's ghost node then, or None (no ghost)."""
+        cdef Py_ssize_t i
+        cdef _Node g
+        for i in range(len(nodes) - 1, -1, -1):
+            g = <_Node>nodes[i]
+            if g is not None and _is_ghost(g):     # (still a ghost: nothing trimmed it)
+                self._ghost_node_hit(g)
+        return 0
+
+    cdef int c_insert_new_ghosts(self, list keys, vector[Py_ssize_t]& ids, list ghosts) except -1:
+        """``c_insert_new`` where ``ghosts[i]`` is ``keys[i]``'s ghost node as read
+        before the eviction (or None): a ghost still in place is replaced by the
+        new chunk in one map write."""
+        cdef Py_ssize_t i
+        cdef _Node g
+        cdef ChunkStatus st
+        cdef bytes key
+        for i in range(len(keys)):
+            key = <bytes>keys[i]
+            st = _new_status(ids[i])
+            g = <_Node>ghosts[i]
+            if g is not None and _is_ghost(g):
+                self._list_of(g).unlink(g)
+                g.where = 0
+                self._chunks[key] = st
+                st.key = key
+                st.owned = True
+                st.where = 1
+                self._t1.append(st)
+            else:
+                self.c_insert(key, st, None, None, True)
+        return 0
+
     cdef int _finish(self, list order, object insertion_only, object reused) except -1:
         cdef Py_ssize_t i
         cdef ChunkStatus st
@@ -1130,6 +1243,33 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_on_request_finished(self, list groups, set insertion_only, set reused,
                                    object ctx, _Positions pos) except -1:
         return self._finish(_ordered(groups, pos), insertion_only, reused)
+
+    cdef int c_finish_flags(self, list keys, list flags, vector[Py_ssize_t]& order) except -1:
+        """``_finish`` for a record's keys and flags (``keys[order[i]]``, head
+        first): a key with ``_REUSED`` is reused, else one with ``_INSERTED``
+        is insertion-only, as the manager's sets would say."""
+        cdef Py_ssize_t i, j, f
+        cdef ChunkStatus st
+        for j in range(<Py_ssize_t>order.size() - 1, -1, -1):
+            i = order[j]
+            f = <Py_ssize_t>flags[i]
+            if not (f & (_REUSED | _INSERTED)):
+                continue
+            st = self.c_get(keys[i])
+            if st is None:
+                continue
+            if f & _REUSED:
+                if st.where == 1:
+                    self._t1.unlink(st)
+                    st.where = 2
+                    self._t2.append(st)
+                else:
+                    self._t2.unlink(st)
+                    self._t2.append(st)
+            else:
+                self._list_of(st).unlink(st)
+                self._list_of(st).append(st)
+        return 0
 
     cdef int c_mark_evictable(self, bytes key) except -1:
         return 0
@@ -1190,28 +1330,30 @@ cdef class ARCCachePolicy(CachePolicy):
                 self._b2.append(g)
             st.where = 0
             st.owned = False
-            del self._chunks[st.key]
-            self._ghosts[st.key] = g
+            self._chunks[st.key] = g       # the key's entry becomes its ghost
         while self._b1.size > self.cache_capacity:
             g = self._b1.head
             self._b1.unlink(g)
             g.where = 0
-            del self._ghosts[g.key]
+            del self._chunks[g.key]
         while self._b2.size > self.cache_capacity:
             g = self._b2.head
             self._b2.unlink(g)
             g.where = 0
-            del self._ghosts[g.key]
+            del self._chunks[g.key]
         return out
 
     cdef int c_clear(self) except -1:
-        for st in self._chunks.values():
-            (<ChunkStatus>st).owned = False
+        cdef _Node n
+        for lst in (self._t1, self._t2):
+            n = (<_DList>lst).head
+            while n is not None:
+                (<ChunkStatus>n).owned = False
+                n = n.next
         self._t1.clear()
         self._t2.clear()
         self._b1.clear()
         self._b2.clear()
-        self._ghosts = {}
         self._chunks = {}
         self._target = 0.0
         return 0
@@ -1279,7 +1421,7 @@ cdef class ARCCachePolicy(CachePolicy):
 
     def evict(self, n, protected):
         """Pick ``n`` evictable, unprotected keys, from t1 while it is over target, else t2."""
-        return _evict_native(self, len(self._chunks), n, protected)
+        return _evict_native(self, self._t1.size + self._t2.size, n, protected)
 
     def clear(self):
         """Forget every key and ghost; the target goes back to 0."""
@@ -1515,26 +1657,41 @@ cdef class CPUOffloadingManager:
         return rec
 
     cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,
-                     _Positions pos, list statuses, bint track_missed=False) except -1:
+                     _Positions pos, list statuses, bint track_missed=False,
+                     list hints=None) except -1:
         """Note keys a request loaded or offered; the policy hears of the new ones.
 
         ``statuses`` (optional, parallel to ``keys``) are the keys' chunks as the
         caller found them, ``None`` for a key that is not resident: the native
         LRU policy then only looks at the resident ones (it ignores the others).
         With ``track_missed`` the non-resident ones are this offer's store
-        misses, noted in their flags here.
+        misses, noted in their flags here.  ``hints`` (native LRU, optional,
+        parallel to ``keys``): the record's value for each new key instead of
+        its status (the chunk a new key is about to get).
         """
         cdef dict flags = rec.keys
         cdef list new_keys = None
         cdef PyObject *f
         cdef Py_ssize_t i, n = len(keys)
         cdef bint filter_resident = statuses is not None and self._pol._native
+        cdef bint lru = type(self._pol) is LRUCachePolicy
         cdef bint missed
         cdef Py_ssize_t size = PyDict_Size(flags)
+        if size == 0 and n > 8:
+            # a request's first batch of keys: one table of the right size
+            # instead of growing it key by key
+            flags = <dict>_PyDict_NewPresized(n)
+            rec.keys = flags
         for i in range(n):
             key = keys[i]
             missed = track_missed and statuses[i] is None
-            PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
+            if lru:
+                # the native LRU keeps no flags: the value is the key's chunk
+                # when known (a hint for on_request_finished), else None
+                PyDict_SetDefault(flags, key, hints[i] if hints is not None
+                                  else (None if statuses is None else statuses[i]))
+            else:
+                PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
             if PyDict_Size(flags) == size:
                 # seen before
                 if missed:
@@ -1552,8 +1709,9 @@ cdef class CPUOffloadingManager:
             new_keys.append(key)
         if new_keys is not None:
             self._pol.c_on_request_access(new_keys, ctx, pos)
-        if reused:
-            rec.fold()
+        if not reused or type(self._pol) is LRUCachePolicy:
+            return 0        # (the native LRU reads no flags)
+        rec.fold()
         for key in reused:
             f = PyDict_GetItemWithError(flags, key)
             if f != NULL and not ((<Py_ssize_t><object>f) & (_INSERTED | _REUSED)):
@@ -1584,6 +1742,9 @@ cdef class CPUOffloadingManager:
         return 0
 
     # -- the OffloadingManager API ---------------------------------------------
+    @cython.binding(False)
+    @cython.embedsignature(True)
+    @cython.embedsignature.format("clinic")
     def lookup(self, key, req_context):
         """``HIT`` if ``key`` is readable, ``HIT_PENDING`` if being written, else ``MISS``.
 
@@ -1599,7 +1760,7 @@ cdef class CPUOffloadingManager:
             _check_key_slow(key)
         if self._pol._native:
             p = PyDict_GetItemWithError(self._pol._chunks, key)
-            if p == NULL:
+            if p == NULL or _is_ghost(<_Node>p):
                 return _MISS
             st = <ChunkStatus>p
         else:
@@ -1607,6 +1768,57 @@ cdef class CPUOffloadingManager:
             if st is None:
                 return _MISS
         return _HIT if st.ref_cnt >= 0 else _HIT_PENDING
+
+    def count_hits(self, keys, req_context, start=0, stop=None):
+        """How many of ``keys[start:stop]``, from the first, ``lookup`` as ``HIT``.
+
+        The connector's admission loop (one ``lookup`` per key until the first
+        one that is not a ``HIT``) as one call; like ``lookup``, no side
+        effects.  Only the keys looked at are checked.
+
+        Args:
+            keys: a list of offload keys.
+            req_context: the request looking.
+            start: the first index looked at (clamped to ``len(keys)``).
+            stop: one past the last (``None``: the end; clamped likewise).
+
+        Raises:
+            TypeError: ``keys`` is not a list, ``start`` / ``stop`` are not
+                ints, or a key looked at is not bytes.
+            ValueError: a negative ``start`` / ``stop``, or a key looked at is
+                shorter than 4 bytes.
+        """
+        cdef list ks
+        cdef Py_ssize_t n, i, first, last
+        cdef PyObject *p
+        cdef ChunkStatus st
+        cdef CachePolicy policy = self._pol
+        if type(keys) is not list:
+            raise TypeError(f"keys must be a list of offload keys, got {type(keys).__name__}")
+        ks = <list>keys
+        n = len(ks)
+        first = _check_int("start", start)
+        last = n if stop is None else _check_int("stop", stop)
+        if first > n:
+            first = n
+        if last > n:
+            last = n
+        i = first
+        while i < last and i < len(ks):
+            key = ks[i]
+            if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
+                _check_key_slow(key)
+            if policy._native:
+                p = PyDict_GetItemWithError(policy._chunks, key)
+                if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+                    break
+            else:
+                # a Python policy: its get may run any code (the list may change)
+                st = policy.c_get(key)
+                if st is None or st.ref_cnt < 0:
+                    break
+            i += 1
+        return i - first if i > first else 0
 
     def get_load_source(self, key, req_context):
         """Always ``CacheHitSource.HOST``: hits come from host memory."""
@@ -1663,7 +1875,7 @@ cdef class CPUOffloadingManager:
             st.ref_cnt += 1
             ids.push_back(st.chunk_id)
         if rec is not None:
-            self._record(rec, ks, ks, req_context, _positions(req_context), None)
+            self._record(rec, ks, ks, req_context, _positions(req_context), chunks)
         return _chunk_spec(ids)
 
     def touch(self, keys, req_context):
@@ -1730,6 +1942,12 @@ cdef class CPUOffloadingManager:
         cdef list new = []
         cdef list ready = []
         cdef list statuses = []         # per offered key: its chunk, or None
+        cdef list new_ghosts = None     # native ARC, per new key: its ghost node, or None
+        cdef list pre_new = None        # native LRU, per new key: the status it will get
+        cdef list record_hints = None
+        cdef list miss_ghosts = None
+        cdef bint is_arc = type(policy) is ARCCachePolicy
+        cdef PyObject *p
         cdef list to_record, misses, evicted_keys, evicted, record_statuses
         cdef set offered, kept = None
         cdef dict flags
@@ -1748,8 +1966,23 @@ cdef class CPUOffloadingManager:
                 if key in offered:
                     raise ValueError(f"prepare_store got key {key!r} more than once")
                 offered.add(key)
+        if is_arc:
+            new_ghosts = []
         for key in offer:
-            st = policy.c_get(key)
+            if is_arc:
+                # one lookup says resident, ghost (kept for the store miss
+                # and the insert below) or neither
+                p = PyDict_GetItemWithError(policy._chunks, key)
+                if p == NULL:
+                    st = None
+                    new_ghosts.append(None)
+                elif _is_ghost(<_Node>p):
+                    st = None
+                    new_ghosts.append(<_Node>p)
+                else:
+                    st = <ChunkStatus>p
+            else:
+                st = policy.c_get(key)
             statuses.append(st)
             if st is None:
                 new.append(key)
@@ -1768,6 +2001,18 @@ cdef class CPUOffloadingManager:
         if counts is None and len(new) + len(ready) == n_offer:
             to_record = offer
             record_statuses = statuses
+            if type(policy) is LRUCachePolicy and new:
+                # the chunks the new keys will get, made now, so that the
+                # record notes them (on_request_finished reads them) as it
+                # notes the resident keys' chunks
+                pre_new = []
+                record_hints = []
+                for i in range(n_offer):
+                    st = <ChunkStatus>statuses[i]
+                    if st is None:
+                        st = _new_status(-1)
+                        pre_new.append(st)
+                    record_hints.append(st)
         else:
             # offered keys that are kept (new, past the threshold) or ready
             if kept is None:
@@ -1791,19 +2036,29 @@ cdef class CPUOffloadingManager:
             if len(kept) != len(new):
                 self._skipped += len(new) - len(kept)
                 new = [k for k in new if k in kept]
+                new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
         misses = None
         if new and type(policy) is not LRUCachePolicy:
             # (the native LRU policy ignores store misses: nothing to track)
             misses = []
-            for key in new:
+            if new_ghosts is not None:
+                miss_ghosts = []
+            for i in range(len(new)):
+                key = new[i]
                 f = PyDict_GetItemWithError(flags, key)
                 if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
                     misses.append(key)
-            if misses:
+                    if miss_ghosts is not None:
+                        miss_ghosts.append(new_ghosts[i])
+            if miss_ghosts is not None:
+                # the ghost hits of these misses, from the nodes found above
+                (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
+            elif misses:
                 policy.c_on_store_miss(misses, req_context)
         # 3. the access record (and the misses, in it)
-        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None)
+        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
+                     record_hints)
         n = len(new)
         if n == 0:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
@@ -1841,9 +2096,15 @@ cdef class CPUOffloadingManager:
         for i in range(n - num_fresh):
             ids.push_back(self._free.back())
             self._free.pop_back()
-        policy.c_insert_new(new, ids, req_context, pos)
+        if new_ghosts is not None:
+            (<ARCCachePolicy>policy).c_insert_new_ghosts(new, ids, new_ghosts)
+        elif pre_new is not None:
+            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, req_context, pos, pre_new)
+        else:
+            policy.c_insert_new(new, ids, req_context, pos)
         self._n_pending += n
-        rec.inserted_log.extend(new)
+        if type(policy) is not LRUCachePolicy:
+            rec.inserted_log.extend(new)     # (the native LRU reads no flags)
         return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(ids), evicted_keys=evicted_keys)
 
     def complete_store(self, keys, req_context, success=True):
@@ -1892,20 +2153,27 @@ cdef class CPUOffloadingManager:
         or one already finished.
         """
         cdef _AccessRecord rec
-        cdef list groups, members, ordered
+        cdef list groups, members, ordered, keys
         cdef _Positions pos
+        cdef vector[Py_ssize_t] order
         _check_context(req_context)
         rec = self._get_record(req_context, False)
         if rec is None or rec.finished:
             return
         rec.finished = True
-        rec.fold()
         pos = _positions(req_context)
         if type(self._pol) is LRUCachePolicy:
-            # the native LRU ranks the keys by position only: no flag sets,
-            # and one group in the common case
-            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos)
+            # the native LRU ranks the keys by position only: no flags (it
+            # keeps none), and one group in the common case
+            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos, list(rec.keys.values()))
             return
+        rec.fold()
+        if type(self._pol) is ARCCachePolicy:
+            # one group (the common case): the flags as they are, no sets
+            keys = list(rec.keys)
+            if _one_group_order(keys, pos, order):
+                (<ARCCachePolicy>self._pol).c_finish_flags(keys, list(rec.keys.values()), order)
+                return
         by_group = {}
         insertion_only = set()
         reused = set()

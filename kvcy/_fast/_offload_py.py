@@ -735,6 +735,41 @@ class CPUOffloadingManager(OffloadingManager):
             return _MISS
         return _HIT if chunk.ref_cnt >= 0 else _HIT_PENDING
 
+    def count_hits(self, keys: list[OffloadKey], req_context: ReqContext, start: int = 0,
+                   stop: int | None = None) -> int:
+        """How many of ``keys[start:stop]``, from the first, ``lookup`` as ``HIT``.
+
+        The connector's admission loop (one ``lookup`` per key until the first
+        one that is not a ``HIT``) as one call; like ``lookup``, no side
+        effects.  Only the keys looked at are checked.
+
+        Args:
+            keys: a list of offload keys.
+            req_context: the request looking.
+            start: the first index looked at (clamped to ``len(keys)``).
+            stop: one past the last (``None``: the end; clamped likewise).
+
+        Raises:
+            TypeError: ``keys`` is not a list, ``start`` / ``stop`` are not
+                ints, or a key looked at is not bytes.
+            ValueError: a negative ``start`` / ``stop``, or a key looked at is
+                shorter than 4 bytes.
+        """
+        if type(keys) is not list:
+            raise TypeError(f"keys must be a list of offload keys, got {type(keys).__name__}")
+        n = len(keys)
+        start = min(_check_int("start", start), n)
+        stop = n if stop is None else min(_check_int("stop", stop), n)
+        get = self._policy.get
+        for i in range(start, stop):
+            key = keys[i]
+            if type(key) is not bytes or len(key) < 4:
+                _check_key(key)
+            chunk = get(key)
+            if chunk is None or chunk.ref_cnt < 0:
+                return i - start
+        return max(stop - start, 0)
+
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         """Always ``CacheHitSource.HOST``: hits come from host memory."""
         _check_key(key)

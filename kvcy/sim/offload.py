@@ -96,6 +96,8 @@ class CPUTier:
         self._req_context = ReqContext
         self._suffix = make_offload_key(b"", 0)  # group 0's 4-byte suffix
         self._hit = LookupResult.HIT
+        # lookup until the first key that is not a HIT, in one call (a manager without it: key by key)
+        self._count_hits = getattr(self.manager, "count_hits", None)
         self.block_size = block_size
         # this step's jobs, completed at its end: (state, keys) per request
         self._loads: list[tuple[_ReqState, list[bytes]]] = []
@@ -141,11 +143,17 @@ class CPUTier:
             self._keys_to(st, req.block_hashes, max(last, st.prompt_blocks))  # every prompt key, for the offers
         if last > first:
             keys = st.keys
-            lookup, ctx, hit = self.manager.lookup, st.ctx, self._hit
-            for i in range(first, last):
-                if lookup(keys[i], ctx) is not hit:
-                    break
-                hits.append(keys[i])
+            if self._count_hits is not None:
+                # the loop below as one call of the manager (both twins have it)
+                n = self._count_hits(keys, st.ctx, first, last)
+                if n:
+                    hits = keys[first : first + n]
+            else:
+                lookup, ctx, hit = self.manager.lookup, st.ctx, self._hit
+                for i in range(first, last):
+                    if lookup(keys[i], ctx) is not hit:
+                        break
+                    hits.append(keys[i])
         dec += (CPU_LOOKUP, st.index, len(hits))
         return len(hits) * bs, hits
 
