@@ -580,6 +580,8 @@ def objects():
         objs["offload"] = mods["offload"]
         objs["cpu_manager"] = mods["offload"].CPUOffloadingManager(4)
         objs["lru"] = mods["offload"].LRUCachePolicy(4)
+        objs["arc"] = mods["offload"].ARCCachePolicy(4)
+        objs["chunk"] = mods["offload"].ChunkStatus(0)
         objs["ctx"] = ReqContext(req_id="r")
         objs["hasher"] = get_request_block_hasher(4, get_hash_fn_by_name("sha256"))
         out[impl] = objs
@@ -679,6 +681,9 @@ BAD_CALLS = {
     "CPUOffloadingManager(store_threshold=-1)": lambda o: o["offload"].CPUOffloadingManager(4, store_threshold=-1),
     "ChunkStatus('a')": lambda o: o["offload"].ChunkStatus("a"),
     "lru.insert(chunk=None)": lambda o: o["lru"].insert(b"k" * 8, None, o["ctx"]),
+    "arc.insert(chunk=5)": lambda o: o["arc"].insert(b"k" * 8, 5, o["ctx"]),
+    "arc.insert(key='k')": lambda o: o["arc"].insert("k" * 8, o["chunk"], o["ctx"]),
+    "lru.insert(key=b'k')": lambda o: o["lru"].insert(b"k", o["chunk"], o["ctx"]),
 }
 
 
@@ -692,11 +697,7 @@ def _outcome(call, objs) -> str:
 
 # Bad calls the twins answer differently today, in code outside this test's branch (for the
 # lead, as PENDING_COMPILED; an entry that no longer differs fails).
-PENDING_CALLS = {
-    "lru.insert(chunk=None)": "offload twins: the compiled policy's typed ``ChunkStatus chunk`` refuses a "
-                              "non-chunk (TypeError: Argument 'chunk' has incorrect type ...), the pure "
-                              "one fails later with AttributeError: check the type in _offload_py",
-}
+PENDING_CALLS: dict[str, str] = {}
 
 
 @needs_compiled

@@ -644,6 +644,13 @@ cdef class CachePolicy:
         """A resident key's ``ref_cnt`` left 0 (a load pinned it)."""
 
 
+cdef ChunkStatus _as_chunk(object chunk):
+    # The chunk argument of a policy's public insert (the pure twin's _check_chunk).
+    if type(chunk) is not ChunkStatus and not isinstance(chunk, ChunkStatus):
+        raise TypeError(f"chunk must be a ChunkStatus, got {type(chunk).__name__}")
+    return <ChunkStatus>chunk
+
+
 cdef int _check_new_chunk(ChunkStatus chunk) except -1:
     if chunk.owned:
         raise ValueError(f"{chunk!r} already holds a key of a cache policy")
@@ -1013,11 +1020,11 @@ cdef class LRUCachePolicy(CachePolicy):
         """The chunk of a resident key, or ``None``."""
         return self.c_get(key)
 
-    def insert(self, key, ChunkStatus chunk not None, req_context):
+    def insert(self, key, chunk, req_context):
         """Make ``key`` resident; ranked with its request if its position is known."""
         _check_key(key)
-        _check_new_chunk(chunk)
-        self.c_insert(bytes(key), chunk, req_context, _positions(req_context))
+        _check_new_chunk(_as_chunk(chunk))
+        self.c_insert(bytes(key), <ChunkStatus>chunk, req_context, _positions(req_context))
 
     def remove(self, key):
         """Drop a resident key."""
@@ -1396,11 +1403,11 @@ cdef class ARCCachePolicy(CachePolicy):
         """The chunk of a resident key, or ``None``."""
         return self.c_get(key)
 
-    def insert(self, key, ChunkStatus chunk not None, req_context):
+    def insert(self, key, chunk, req_context):
         """Make ``key`` the newest entry of ``t1``; it stops being a ghost."""
         _check_key(key)
-        _check_new_chunk(chunk)
-        self.c_insert(bytes(key), chunk, req_context, None)
+        _check_new_chunk(_as_chunk(chunk))
+        self.c_insert(bytes(key), <ChunkStatus>chunk, req_context, None)
 
     def remove(self, key):
         """Drop a resident key, leaving no ghost."""

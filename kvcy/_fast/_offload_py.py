@@ -102,6 +102,12 @@ def _check_key(key: Any) -> None:
         )
 
 
+def _check_chunk(chunk: Any) -> None:
+    """The chunk argument of a policy's insert (the compiled twin types it)."""
+    if not isinstance(chunk, ChunkStatus):
+        raise TypeError(f"chunk must be a ChunkStatus, got {type(chunk).__name__}")
+
+
 def _check_keys(keys: Any) -> list:
     """``keys`` as a list of valid offload keys, or a TypeError / ValueError."""
     if isinstance(keys, (bytes, str)) or not isinstance(keys, Iterable):
@@ -310,6 +316,8 @@ class LRUCachePolicy(CachePolicy):
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
         """Make ``key`` resident; ranked with its request if its position is known."""
+        _check_key(key)
+        _check_chunk(chunk)
         position = req_context.get_offload_key_position(key)
         if position is None:
             rank = self._fresh_rank()
@@ -445,6 +453,8 @@ class ARCCachePolicy(CachePolicy):
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
         """Make ``key`` the newest entry of ``t1``; it stops being a ghost."""
+        _check_key(key)
+        _check_chunk(chunk)
         self.t1[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)
