@@ -515,12 +515,17 @@ class FullAttentionSpec(AttentionSpec):
     """Value head size; defaults to ``head_size``."""
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    non_causal: bool = False
+    """Whether the layer attends non-causally (e.g. a prefix LM).  The layout is
+    unchanged; the engine core reads it to turn off scheduling features that
+    assume causal attention (chunked prefill, prefix caching)."""
 
     def _post_init_head_sizes(self) -> None:
         owner = type(self).__name__
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
         _check_int(owner, "head_size_v", self.head_size_v)
+        _check_bool(owner, "non_causal", self.non_causal)
         _check_int(owner, "sliding_window", self.sliding_window, optional=True)
         _check_int(owner, "attention_chunk_size", self.attention_chunk_size, optional=True)
         if self.sliding_window is not None and self.attention_chunk_size is not None:
@@ -561,7 +566,8 @@ class FullAttentionSpec(AttentionSpec):
 
     @classmethod
     def merge(cls, specs: list):
-        """Merge full-attention specs that differ at most in their recorded windows.
+        """Merge full-attention specs that differ at most in their recorded windows
+        and causality (the merged spec is non-causal if any layer is).
 
         Raises:
             ValueError: an empty list, or differing window sizes (as in vLLM).
@@ -597,6 +603,8 @@ class FullAttentionSpec(AttentionSpec):
             tokens_per_state=first.tokens_per_state,
             sliding_window=sliding_window,
             attention_chunk_size=attention_chunk_size,
+            # one non-causal layer makes the whole group non-causal
+            non_causal=any(spec.non_causal for spec in specs),
             **first._merge_extra(),
         )
         _assert_same_attention(specs, merged, ["head_size_v"])

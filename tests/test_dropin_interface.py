@@ -204,3 +204,15 @@ def test_cross_and_chunked_specs_keep_new_fields():
     ch = ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype="fp16",
                                    attention_chunk_size=64, is_draft=True)
     assert ch.is_draft and ch.dcp_sharded
+
+
+# --------------------------------------------------------------------------- gaps §6: non_causal
+def test_full_attention_non_causal_and_its_merge():
+    assert full().non_causal is False
+    nc = full(non_causal=True)
+    assert nc.non_causal and nc != full() and nc.page_size_bytes == full().page_size_bytes
+    assert FullAttentionSpec.merge([full(), full()]).non_causal is False
+    merged = FullAttentionSpec.merge([full(), nc, full()])
+    assert merged.non_causal is True and merged == nc
+    with pytest.raises(TypeError, match="non_causal"):
+        full(non_causal=1)

@@ -494,6 +494,9 @@ def _vllm_specs() -> dict[str, Any]:
         "full-sliding": v.FullAttentionSpec(
             block_size=16, num_kv_heads=4, head_size=64, head_size_v=32, dtype=torch.float16, sliding_window=128
         ),
+        "non-causal": v.FullAttentionSpec(
+            block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, non_causal=True
+        ),
         "fp8": v.FullAttentionSpec(
             block_size=32, num_kv_heads=2, head_size=128, dtype=torch.uint8, kv_quant_mode=v.KVQuantMode.FP8_PER_TENSOR
         ),
@@ -533,7 +536,7 @@ def test_specs_convert_field_by_field(name: str) -> None:
     assert converted.block_size == spec.block_size
     assert converted.page_size_bytes == spec.page_size_bytes
     for field in ("num_kv_heads", "head_size", "sliding_window", "attention_chunk_size", "cache_dtype_str", "sink_len",
-                  "shapes", "page_size_padded", "dcp_sharded"):
+                  "shapes", "page_size_padded", "dcp_sharded", "non_causal"):
         if hasattr(spec, field):
             assert getattr(converted, field) == getattr(spec, field), field
     if hasattr(spec, "kv_quant_mode"):
@@ -553,7 +556,6 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
     cases = [
         (v.RSWASpec(**attn, rswa_window=64), "RSWASpec"),
         (v.CircularBufferSpec(**attn), "CircularBufferSpec"),
-        (v.FullAttentionSpec(**attn, non_causal=True), "FullAttentionSpec.non_causal"),
         (
             v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16),
             "SlidingWindowSpec.extra_retained_tokens",
