@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum, IntEnum
 from fractions import Fraction
 from functools import cached_property
-from math import prod
+from math import gcd, prod
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,6 +51,7 @@ __all__ = [
     "KVQuantMode",
     "MLAAttentionSpec",
     "MambaSpec",
+    "MultipleOf",
     "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
@@ -278,6 +279,25 @@ def _setting(config: Any, name: str, nested: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class MultipleOf:
+    """A block-stride alignment of whole kernel blocks of up to ``base`` tokens.
+
+    Given as a spec's ``block_stride_alignment`` when the attention backend
+    splits each KV-cache block into kernel blocks: the stride between physical
+    blocks must then be a whole number of kernel-block pages (see
+    :meth:`KVCacheSpec.get_block_stride_alignment`).
+    """
+
+    base: int
+
+    def __post_init__(self) -> None:
+        _check_int("MultipleOf", "base", self.base)
+
+    def __repr__(self) -> str:
+        return f"MultipleOf({self.base})"
+
+
 def _admission_capped_bytes(spec: Any, config: Any) -> int:
     """Memory one request can hold for a spec whose blocks are capped per
     request (``max_admission_blocks_per_request``): sliding window, chunked local."""
@@ -305,6 +325,10 @@ class KVCacheSpec:
     dcp_sharded: bool = False
     """Whether decode context parallelism would shard this cache's tokens
     across ranks (only meaningful with dcp, which kvcy does not support)."""
+    block_stride_alignment: int | MultipleOf | None = None
+    """Byte alignment the stride between physical blocks needs (packed layers
+    included): an int of bytes, :class:`MultipleOf` for whole kernel blocks,
+    or None for none.  See :meth:`get_block_stride_alignment`."""
     is_draft: bool = field(default=False, compare=False)
     """Whether a draft model owns the layer; never part of equality."""
 
@@ -313,6 +337,42 @@ class KVCacheSpec:
         _check_int(owner, "block_size", self.block_size)
         _check_bool(owner, "dcp_sharded", self.dcp_sharded)
         _check_bool(owner, "is_draft", self.is_draft)
+        alignment = self.block_stride_alignment
+        if not isinstance(alignment, MultipleOf):
+            if alignment is not None and (isinstance(alignment, bool) or not isinstance(alignment, int)):
+                raise TypeError(
+                    f"{owner}.block_stride_alignment must be an int, a MultipleOf or None, "
+                    f"got {type(alignment).__name__}: {alignment!r}"
+                )
+            _check_int(owner, "block_stride_alignment", alignment, optional=True)
+
+    def get_block_stride_alignment(self) -> int:
+        """Bytes the stride between physical blocks must be a multiple of.
+
+        An int alignment is returned as is (1 for None).  For ``MultipleOf(n)``
+        the kernel block is ``gcd(n, block_size)`` tokens: 1 when that is the
+        whole block, else the page size of a copy of this spec with the kernel
+        block size (the spec's own fields, ``page_size_padded`` included, kept).
+        """
+        alignment = self.block_stride_alignment
+        if not isinstance(alignment, MultipleOf):
+            return alignment or 1
+        kernel_block_size = gcd(alignment.base, self.block_size)
+        if kernel_block_size == self.block_size:
+            return 1
+        return replace(self, block_size=kernel_block_size).page_size_bytes
+
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        """Token granularity a block table row is padded to (None: not padded)."""
+        return 128
+
+    def get_num_kernel_states(self, kernel_block_size: int) -> int:
+        """States in one kernel block of ``kernel_block_size`` tokens (1 for recurrent state)."""
+        _check_int(type(self).__name__, "kernel_block_size", kernel_block_size)
+        if self.tokens_per_state > 0:
+            return int(kernel_block_size // self.tokens_per_state)
+        return 1
 
     @property
     def prefix_cacheable(self) -> bool:
@@ -592,6 +652,7 @@ class FullAttentionSpec(AttentionSpec):
             )
         merged = cls(
             block_size=first.block_size,
+            block_stride_alignment=first.block_stride_alignment,
             dcp_sharded=first.dcp_sharded,
             max_tp_shards=first.max_tp_shards,
             num_kv_heads=first.num_kv_heads,
@@ -704,6 +765,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         first = specs[0]
         merged = cls(
             block_size=first.block_size,
+            block_stride_alignment=first.block_stride_alignment,
             dcp_sharded=first.dcp_sharded,
             max_tp_shards=first.max_tp_shards,
             num_kv_heads=first.num_kv_heads,
@@ -856,6 +918,10 @@ class MambaSpec(KVCacheSpec):
     @property
     def tokens_per_state(self) -> int:
         return -1
+
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        return None
 
     @property
     def state_content_size_bytes(self) -> int:

@@ -216,3 +216,41 @@ def test_full_attention_non_causal_and_its_merge():
     assert merged.non_causal is True and merged == nc
     with pytest.raises(TypeError, match="non_causal"):
         full(non_causal=1)
+
+
+# --------------------------------------------------------------------------- gaps §6: block stride alignment
+def test_block_stride_alignment():
+    from kvcy.kv_cache_interface import MultipleOf
+
+    assert full().block_stride_alignment is None and full().get_block_stride_alignment() == 1
+    assert full(block_stride_alignment=4096).get_block_stride_alignment() == 4096
+    assert full(block_stride_alignment=4096) != full() and full(block_stride_alignment=4096).page_size_bytes == (
+        full().page_size_bytes)
+    # MultipleOf: whole kernel blocks of gcd(base, block_size) tokens
+    spec = full(block_size=64, block_stride_alignment=MultipleOf(16))
+    assert spec.get_block_stride_alignment() == full(block_size=16).page_size_bytes
+    assert full(block_size=16, block_stride_alignment=MultipleOf(32)).get_block_stride_alignment() == 1
+    assert full(block_size=48, block_stride_alignment=MultipleOf(32)).get_block_stride_alignment() == (
+        full(block_size=16).page_size_bytes)
+    assert hash(spec) == hash(full(block_size=64, block_stride_alignment=MultipleOf(16)))
+    assert repr(MultipleOf(16)) == "MultipleOf(16)"
+    m = MambaSpec(block_size=16, shapes=((2,),), dtypes=("float32",), block_stride_alignment=256)
+    assert m.get_block_stride_alignment() == 256 and m.block_table_token_alignment is None
+    assert full().block_table_token_alignment == 128 and swa().block_table_token_alignment == 128
+    assert full().get_num_kernel_states(8) == 8 and full(tokens_per_state=4).get_num_kernel_states(8) == 2
+    assert m.get_num_kernel_states(8) == 1
+    # merges keep it and refuse a mix
+    assert FullAttentionSpec.merge([spec, spec]).block_stride_alignment == MultipleOf(16)
+    assert MLAAttentionSpec.merge([mla(block_stride_alignment=512)] * 2).block_stride_alignment == 512
+    with pytest.raises(AssertionError, match="block_stride_alignment"):
+        FullAttentionSpec.merge([full(), full(block_stride_alignment=4096)])
+    with pytest.raises(AssertionError):
+        MLAAttentionSpec.merge([mla(), mla(block_stride_alignment=512)])
+    with pytest.raises(ValueError, match="block_stride_alignment must be positive"):
+        full(block_stride_alignment=0)
+    with pytest.raises(TypeError, match="block_stride_alignment"):
+        full(block_stride_alignment=True)
+    with pytest.raises(TypeError, match="block_stride_alignment"):
+        full(block_stride_alignment="16")
+    with pytest.raises(ValueError, match="MultipleOf.base"):
+        MultipleOf(0)

@@ -486,6 +486,7 @@ def test_general_plugin_loads_through_vllm(monkeypatch: pytest.MonkeyPatch) -> N
 
 def _vllm_specs() -> dict[str, Any]:
     import torch
+    from vllm.v1.attention.backend import MultipleOf
     from vllm.v1 import kv_cache_interface as v
 
     full = v.FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
@@ -496,6 +497,13 @@ def _vllm_specs() -> dict[str, Any]:
         ),
         "non-causal": v.FullAttentionSpec(
             block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, non_causal=True
+        ),
+        "aligned": v.FullAttentionSpec(
+            block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, block_stride_alignment=4096
+        ),
+        "aligned-kernel": v.SlidingWindowSpec(
+            block_size=64, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=96,
+            block_stride_alignment=MultipleOf(16),
         ),
         "fp8": v.FullAttentionSpec(
             block_size=32, num_kv_heads=2, head_size=128, dtype=torch.uint8, kv_quant_mode=v.KVQuantMode.FP8_PER_TENSOR
@@ -541,6 +549,9 @@ def test_specs_convert_field_by_field(name: str) -> None:
             assert getattr(converted, field) == getattr(spec, field), field
     if hasattr(spec, "kv_quant_mode"):
         assert converted.kv_quant_mode.name == spec.kv_quant_mode.name
+    assert repr(converted.block_stride_alignment) == repr(spec.block_stride_alignment)
+    assert converted.get_block_stride_alignment() == spec.get_block_stride_alignment()
+    assert converted.block_table_token_alignment == spec.block_table_token_alignment
     if hasattr(spec, "dtype"):
         assert converted.dtype is spec.dtype  # a torch.dtype is kept as given
     if name == "uniform":
@@ -560,7 +571,6 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
             v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16),
             "SlidingWindowSpec.extra_retained_tokens",
         ),
-        (v.FullAttentionSpec(**attn, block_stride_alignment=256), "FullAttentionSpec.block_stride_alignment"),
         (v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), num_prefill_checkpoint_blocks=2),
          "MambaSpec.num_prefill_checkpoint_blocks"),
     ]
