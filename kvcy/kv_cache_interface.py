@@ -43,6 +43,7 @@ __all__ = [
     "FullAttentionSpec",
     "HiddenStateCacheSpec",
     "KVCacheConfig",
+    "KVCacheGroupRole",
     "KVCacheGroupSpec",
     "KVCacheLayout",
     "KVCacheSpec",
@@ -1256,6 +1257,15 @@ class KVCacheTensor:
         return self.offset + layer_index * self.layer_stride + block_id * self.block_stride
 
 
+class KVCacheGroupRole(str, Enum):
+    """What a cache group is for: an ordinary group, or one of HiSparse's two
+    (its device-side source and its indexer), which kvcy does not support."""
+
+    DEFAULT = "default"
+    HISPARSE_SOURCE = "hisparse_source"
+    HISPARSE_INDEXER = "hisparse_indexer"
+
+
 @dataclass
 class KVCacheGroupSpec:
     """Layers sharing one block table; the manager treats them as one layer."""
@@ -1268,8 +1278,21 @@ class KVCacheGroupSpec:
     """Whether the group lives in the HiSparse host pool (not supported)."""
     enable_kv_transfer: bool = True
     """Whether the group is part of the KV state a connector transfers."""
+    role: KVCacheGroupRole = KVCacheGroupRole.DEFAULT
+    """The group's role; only ``DEFAULT`` is supported (the others are HiSparse's)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.role, KVCacheGroupRole):
+            try:
+                self.role = KVCacheGroupRole(self.role)
+            except ValueError:
+                raise ValueError(
+                    f"KVCacheGroupSpec.role must be one of {[r.value for r in KVCacheGroupRole]}, got {self.role!r}"
+                ) from None
+        if self.role is not KVCacheGroupRole.DEFAULT:
+            raise NotImplementedError(
+                f"KVCacheGroupSpec.role={self.role.value!r}: HiSparse cache groups are not supported"
+            )
         if self.host_resident:
             raise NotImplementedError("KVCacheGroupSpec.host_resident: HiSparse host-resident KV is not supported")
 

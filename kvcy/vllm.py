@@ -100,6 +100,8 @@ def _convert_value(owner: str, name: str, value: Any) -> Any:
         return {k: _convert_value(owner, name, v) for k, v in value.items()}
     if name == "kv_quant_mode":
         return ki.KVQuantMode[value.name]
+    if name == "role" and isinstance(value, enum.Enum):
+        return ki.KVCacheGroupRole(value.value)
     if name == "block_stride_alignment" and type(value).__name__ == "MultipleOf":
         return ki.MultipleOf(value.base)  # vLLM's own MultipleOf (vllm.v1.attention.backend)
     if name == "mamba_type" and isinstance(value, enum.Enum):

@@ -254,3 +254,18 @@ def test_block_stride_alignment():
         full(block_stride_alignment="16")
     with pytest.raises(ValueError, match="MultipleOf.base"):
         MultipleOf(0)
+
+
+# --------------------------------------------------------------------------- gaps §6: group role
+def test_kv_cache_group_role():
+    from kvcy.kv_cache_interface import KVCacheGroupRole
+
+    assert [r.value for r in KVCacheGroupRole] == ["default", "hisparse_source", "hisparse_indexer"]
+    group = KVCacheGroupSpec(["f"], full())
+    assert group.role is KVCacheGroupRole.DEFAULT
+    assert KVCacheGroupSpec(["f"], full(), role="default").role is KVCacheGroupRole.DEFAULT
+    for role in (KVCacheGroupRole.HISPARSE_SOURCE, "hisparse_indexer"):
+        with pytest.raises(NotImplementedError, match="KVCacheGroupSpec.role.*HiSparse"):
+            KVCacheGroupSpec(["f"], full(), role=role)
+    with pytest.raises(ValueError, match="KVCacheGroupSpec.role"):
+        KVCacheGroupSpec(["f"], full(), role="leader")

@@ -632,4 +632,5 @@ def test_config_converts_groups_tensors_and_settings() -> None:
     groups = converted.kv_cache_groups
     assert [type(g.kv_cache_spec).__name__ for g in groups] == ["FullAttentionSpec", "SlidingWindowSpec"]
     assert [(g.is_eagle_group, g.enable_kv_transfer) for g in groups] == [(False, True), (True, False)]
+    assert all(g.role is kvcy.kv_cache_interface.KVCacheGroupRole.DEFAULT for g in groups)
     assert converted.prefix_cacheable_group_ids == config.prefix_cacheable_group_ids == (0,)
