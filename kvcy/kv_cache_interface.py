@@ -24,7 +24,7 @@ connector paths) are accepted at their "off" values and raise
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum, IntEnum
 from fractions import Fraction
@@ -1307,14 +1307,43 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = None
     """Token interval of retained sliding-window / Mamba prefix-cache
     checkpoints; None retains them densely (the only mode kvcy implements)."""
+    kv_cache_layout: str | None = None
+    """Name of the physical KV-cache layout the engine core chose for all
+    workers (None: not resolved).  The manager does not read it."""
+    hash_block_size: int | None = None
+    """Tokens per prefix-cache block hash, as the engine core resolved it
+    (None: not resolved).  kvcy's manager takes its hash block size as an
+    argument, as vLLM's does."""
+    cache_hit_alignment_tokens: int | None = None
+    """Token granularity of prefix-cache hits, as the engine core resolved it
+    (None: not resolved)."""
     hisparse_host_num_blocks: int | None = None
     """Blocks of the HiSparse host pool; only None (HiSparse off) is supported."""
+    hisparse_host_block_stride: int | None = None
+    """Bytes between HiSparse host blocks; only None (HiSparse off) is supported."""
+    hisparse_shared_host_pool: bool = False
+    """Whether TP ranks share one HiSparse host pool; only False is supported."""
+    kv_tp_replicas: int = 1
+    """Consecutive tensor-parallel ranks that hold identical KV for every
+    layer (1: no replicas)."""
 
     def __post_init__(self) -> None:
-        if self.hisparse_host_num_blocks is not None:
-            raise NotImplementedError(
-                "KVCacheConfig.hisparse_host_num_blocks: HiSparse host-resident KV is not supported"
+        if self.kv_cache_layout is not None and not isinstance(self.kv_cache_layout, str):
+            raise TypeError(
+                "KVCacheConfig.kv_cache_layout must be a string or None, "
+                f"got {type(self.kv_cache_layout).__name__}: {self.kv_cache_layout!r}"
             )
+        _check_int("KVCacheConfig", "hash_block_size", self.hash_block_size, optional=True)
+        _check_int("KVCacheConfig", "cache_hit_alignment_tokens", self.cache_hit_alignment_tokens, optional=True)
+        _check_int("KVCacheConfig", "kv_tp_replicas", self.kv_tp_replicas)
+        _check_bool("KVCacheConfig", "hisparse_shared_host_pool", self.hisparse_shared_host_pool)
+        for name, off in (
+            ("hisparse_host_num_blocks", None),
+            ("hisparse_host_block_stride", None),
+            ("hisparse_shared_host_pool", False),
+        ):
+            if getattr(self, name) is not off:
+                raise NotImplementedError(f"KVCacheConfig.{name}: HiSparse host-resident KV is not supported")
 
     @cached_property
     def transfer_group_ids(self) -> tuple[int, ...]:
@@ -1327,6 +1356,43 @@ class KVCacheConfig:
         return tuple(
             i for i in self.transfer_group_ids if self.kv_cache_groups[i].kv_cache_spec.prefix_cacheable
         )
+
+    @cached_property
+    def prefix_cacheable_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The groups of :attr:`prefix_cacheable_group_ids`."""
+        return tuple(self.kv_cache_groups[i] for i in self.prefix_cacheable_group_ids)
+
+    @cached_property
+    def transfer_groups(self) -> tuple[KVCacheGroupSpec, ...]:
+        """The groups of :attr:`transfer_group_ids`."""
+        return tuple(self.kv_cache_groups[i] for i in self.transfer_group_ids)
+
+    @cached_property
+    def transfer_group_index_by_layer(self) -> dict[str, int]:
+        """For each layer of a transferable group, that group's index in :attr:`transfer_groups`."""
+        return {name: index for index, group in enumerate(self.transfer_groups) for name in group.layer_names}
+
+    def select_transfer_block_ids(self, block_ids: Sequence[list[int]]) -> tuple[list[int], ...]:
+        """The entries of a per-group ``block_ids`` that belong to transferable groups.
+
+        Raises:
+            ValueError: ``block_ids`` does not have one entry per group.
+        """
+        if len(block_ids) != len(self.kv_cache_groups):
+            raise ValueError(f"Expected {len(self.kv_cache_groups)} KV cache groups, got {len(block_ids)}.")
+        return tuple(block_ids[i] for i in self.transfer_group_ids)
+
+    @property
+    def host_group_ids(self) -> tuple[int, ...]:
+        """Ids of host-resident (HiSparse) groups: always empty in kvcy."""
+        return tuple(i for i, g in enumerate(self.kv_cache_groups) if g.host_resident)
+
+    def num_blocks_of(self, tensor: KVCacheTensor) -> int:
+        """Blocks the pool behind ``tensor`` can address (the device pool's, in kvcy)."""
+        if not tensor.host_resident:
+            return self.num_blocks
+        assert self.hisparse_host_num_blocks is not None
+        return self.hisparse_host_num_blocks
 
     @property
     def has_mamba_layers(self) -> bool:

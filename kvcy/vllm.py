@@ -39,12 +39,6 @@ __all__ = [
 
 SUPPORTED_VLLM_VERSION = "0.33.0"
 
-# vLLM KVCacheConfig fields its manager never reads: the engine core resolves them for the
-# workers and the KV connectors (the manager takes its block sizes as keywords).
-_CONFIG_FIELDS_NOT_FOR_THE_MANAGER = frozenset(
-    {"kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens", "kv_tp_replicas"}
-)
-
 # vLLM fills an attention spec's head_size_v in from head_size when it is not given; its MLA
 # specs store 0 ("no separate V").  Either value is what kvcy derives on its own.
 _NO_V = {"MLAAttentionSpec": 0, "HiddenStateCacheSpec": 0, "SlidingWindowMLASpec": 0}
@@ -197,7 +191,7 @@ def convert_kv_cache_config(config: Any) -> Any:
 
     The fields vLLM's engine core resolves for its workers and connectors
     (``kv_cache_layout``, ``hash_block_size``, ``cache_hit_alignment_tokens``,
-    ``kv_tp_replicas``) are not read by vLLM's manager either and are left behind.
+    ``kv_tp_replicas``) are carried over as they are; neither manager reads them.
 
     Raises:
         NotImplementedError: HiSparse settings, or a group or spec kvcy does not support.
@@ -216,8 +210,6 @@ def convert_kv_cache_config(config: Any) -> Any:
             ]
         elif field.name in kvcy_fields:
             kwargs[field.name] = value
-        elif field.name in _CONFIG_FIELDS_NOT_FOR_THE_MANAGER:
-            continue
         elif value != _default(field):
             raise NotImplementedError(
                 f"KVCacheConfig.{field.name}={value!r}: this vLLM feature is not supported by kvcy"

@@ -269,3 +269,37 @@ def test_kv_cache_group_role():
             KVCacheGroupSpec(["f"], full(), role=role)
     with pytest.raises(ValueError, match="KVCacheGroupSpec.role"):
         KVCacheGroupSpec(["f"], full(), role="leader")
+
+
+# --------------------------------------------------------------------------- gaps §6: config fields
+def test_kv_cache_config_engine_fields_and_group_views():
+    groups = [
+        KVCacheGroupSpec(["f0", "f1"], full()),
+        KVCacheGroupSpec(["x"], full(), enable_kv_transfer=False),
+        KVCacheGroupSpec(["s"], swa()),
+    ]
+    cfg = KVCacheConfig(8, [], groups)
+    assert (cfg.kv_cache_layout, cfg.hash_block_size, cfg.cache_hit_alignment_tokens, cfg.kv_tp_replicas) == (
+        None, None, None, 1)
+    assert (cfg.hisparse_host_block_stride, cfg.hisparse_shared_host_pool) == (None, False)
+    # positional order as vLLM's: ..., prefix_cache_retention_interval, kv_cache_layout, hash_block_size
+    pos = KVCacheConfig(8, [], groups, None, "HND", 32, 64, kv_tp_replicas=2)
+    assert (pos.kv_cache_layout, pos.hash_block_size, pos.cache_hit_alignment_tokens, pos.kv_tp_replicas) == (
+        "HND", 32, 64, 2)
+    assert cfg.transfer_groups == (groups[0], groups[2])
+    assert cfg.prefix_cacheable_groups == (groups[0], groups[2])
+    assert cfg.transfer_group_index_by_layer == {"f0": 0, "f1": 0, "s": 1}
+    assert cfg.select_transfer_block_ids([[1], [2], [3]]) == ([1], [3])
+    with pytest.raises(ValueError, match="Expected 3 KV cache groups, got 2"):
+        cfg.select_transfer_block_ids([[1], [2]])
+    assert cfg.host_group_ids == ()
+    tensor = KVCacheTensor(size=1024, layers=["f0"], layer_stride=1024, block_stride=128)
+    assert cfg.num_blocks_of(tensor) == 8
+    for bad, exc in (({"kv_tp_replicas": 0}, ValueError), ({"hash_block_size": 0}, ValueError),
+                     ({"cache_hit_alignment_tokens": "16"}, TypeError), ({"kv_cache_layout": 3}, TypeError),
+                     ({"hisparse_shared_host_pool": 1}, TypeError)):
+        with pytest.raises(exc, match=next(iter(bad))):
+            KVCacheConfig(8, [], groups, **bad)
+    for off in ({"hisparse_host_block_stride": 64}, {"hisparse_shared_host_pool": True}):
+        with pytest.raises(NotImplementedError, match=next(iter(off))):
+            KVCacheConfig(8, [], groups, **off)

@@ -633,4 +633,6 @@ def test_config_converts_groups_tensors_and_settings() -> None:
     assert [type(g.kv_cache_spec).__name__ for g in groups] == ["FullAttentionSpec", "SlidingWindowSpec"]
     assert [(g.is_eagle_group, g.enable_kv_transfer) for g in groups] == [(False, True), (True, False)]
     assert all(g.role is kvcy.kv_cache_interface.KVCacheGroupRole.DEFAULT for g in groups)
+    assert (converted.kv_cache_layout, converted.hash_block_size, converted.cache_hit_alignment_tokens,
+            converted.kv_tp_replicas) == ("NHD", 16, 16, 1)
     assert converted.prefix_cacheable_group_ids == config.prefix_cacheable_group_ids == (0,)
