@@ -816,6 +816,10 @@ class SlidingWindowSpec(AttentionSpec):
 
     sliding_window: int
     head_size_v: int | None = None
+    extra_retained_tokens: int = 0
+    """Tokens below the window whose blocks are kept (not attended), for
+    speculative decoding that re-prefills the last few tokens.  Only 0 is
+    supported: kvcy's managers do not retain the extra blocks."""
 
     def _post_init_head_sizes(self) -> None:
         owner = type(self).__name__
@@ -823,6 +827,17 @@ class SlidingWindowSpec(AttentionSpec):
         if self.head_size_v is None:
             object.__setattr__(self, "head_size_v", self.head_size)
         _check_int(owner, "head_size_v", self.head_size_v)
+        _check_int(owner, "extra_retained_tokens", self.extra_retained_tokens, minimum=0)
+        if self.extra_retained_tokens:
+            raise NotImplementedError(
+                f"{owner}.extra_retained_tokens={self.extra_retained_tokens}: retaining blocks below the "
+                "sliding window is not supported by kvcy's managers (only 0 is)"
+            )
+
+    @property
+    def num_retained_tokens(self) -> int:
+        """Tokens below a request's first scheduled position that must stay readable."""
+        return self.sliding_window - 1 + self.extra_retained_tokens
 
     @property
     def state_content_size_bytes(self) -> int:
@@ -839,7 +854,7 @@ class SlidingWindowSpec(AttentionSpec):
         tokens plus one step of new ones (capped at the model length), plus
         one block because the window need not start on a block boundary.
         """
-        num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        num_tokens = min(self.num_retained_tokens + max_num_batched_tokens, max_model_len)
         return cdiv(num_tokens, self.block_size) + 1
 
     def max_memory_usage_bytes(self, config: Any) -> int:

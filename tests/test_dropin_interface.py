@@ -303,3 +303,18 @@ def test_kv_cache_config_engine_fields_and_group_views():
     for off in ({"hisparse_host_block_stride": 64}, {"hisparse_shared_host_pool": True}):
         with pytest.raises(NotImplementedError, match=next(iter(off))):
             KVCacheConfig(8, [], groups, **off)
+
+
+# --------------------------------------------------------------------------- gaps §6: extra retained tokens
+def test_sliding_window_extra_retained_tokens():
+    spec = swa()
+    assert spec.extra_retained_tokens == 0 and spec.num_retained_tokens == 63
+    assert swa(extra_retained_tokens=0) == spec
+    assert SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype="bf16",
+                                sliding_window=128).num_retained_tokens == 127
+    with pytest.raises(NotImplementedError, match="SlidingWindowSpec.extra_retained_tokens=16"):
+        swa(extra_retained_tokens=16)
+    with pytest.raises(ValueError, match="extra_retained_tokens must be >= 0"):
+        swa(extra_retained_tokens=-1)
+    with pytest.raises(TypeError, match="extra_retained_tokens"):
+        swa(extra_retained_tokens=1.0)
