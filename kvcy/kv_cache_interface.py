@@ -24,6 +24,7 @@ connector paths) are accepted at their "off" values and raise
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum, IntEnum
@@ -1006,7 +1007,37 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kv_cache_specs:
-            object.__setattr__(self, "dcp_sharded", next(iter(self.kv_cache_specs.values())).dcp_sharded)
+            object.__setattr__(self, "dcp_sharded", self.first_spec.dcp_sharded)
+
+    @property
+    def first_spec(self) -> KVCacheSpec:
+        """The spec of the first layer.
+
+        Raises:
+            ValueError: there are no layers.
+        """
+        if not self.kv_cache_specs:
+            raise ValueError("UniformTypeKVCacheSpecs has no layer specs")
+        return next(iter(self.kv_cache_specs.values()))
+
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        return self.first_spec.block_table_token_alignment
+
+    @property
+    def uses_slot_mapping(self) -> bool:
+        return self.first_spec.uses_slot_mapping
+
+    def get_max_layers_per_page_size(self) -> int:
+        """How many layers share the most common page size (for a balanced
+        group, the number of repetitions of the layer pattern)."""
+        return Counter(spec.page_size_bytes for spec in self.kv_cache_specs.values()).most_common(1)[0][1]
+
+    def max_memory_usage_pages(self, config: Any) -> int:
+        """Most blocks (pages) one request can make this group hold."""
+        return max(
+            cdiv(spec.max_memory_usage_bytes(config), spec.page_size_bytes) for spec in self.kv_cache_specs.values()
+        )
 
     def __hash__(self) -> int:
         return hash((self.block_size, tuple(sorted(self.kv_cache_specs.items(), key=lambda kv: kv[0]))))
@@ -1037,10 +1068,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
         return next(iter(widths))
 
     def max_memory_usage_bytes(self, config: Any) -> int:
-        max_pages = max(
-            cdiv(spec.max_memory_usage_bytes(config), spec.page_size_bytes) for spec in self.kv_cache_specs.values()
-        )
-        return max_pages * self.page_size_bytes
+        return self.max_memory_usage_pages(config) * self.page_size_bytes
 
     @classmethod
     def is_uniform_type(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
@@ -1054,6 +1082,8 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
             raise ValueError("kv_cache_specs must not be empty")
         specs = list(kv_cache_specs.values())
         if len({spec.block_size for spec in specs}) > 1:
+            return False
+        if len({spec.dcp_sharded for spec in specs}) > 1:
             return False
         one = specs[0]
         # subclasses before their bases

@@ -318,3 +318,22 @@ def test_sliding_window_extra_retained_tokens():
         swa(extra_retained_tokens=-1)
     with pytest.raises(TypeError, match="extra_retained_tokens"):
         swa(extra_retained_tokens=1.0)
+
+
+# --------------------------------------------------------------------------- gaps §6: uniform-type specs
+def test_uniform_type_specs_helpers():
+    a, b, c = full(), full(num_kv_heads=4), full(num_kv_heads=4)
+    uni = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": a, "b": b, "c": c})
+    assert uni.first_spec is a
+    assert uni.block_table_token_alignment == 128 and uni.uses_slot_mapping
+    assert uni.get_max_layers_per_page_size() == 2
+    settings = SimpleNamespace(max_model_len=100, max_num_batched_tokens=32, max_num_encoder_input_tokens=0,
+                               cache_config=None)
+    assert uni.max_memory_usage_pages(settings) == 7
+    assert uni.max_memory_usage_bytes(settings) == 7 * uni.page_size_bytes
+    m = MambaSpec(block_size=16, shapes=((2,),), dtypes=("float32",))
+    assert UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"m": m}).block_table_token_alignment is None
+    # layers that differ in dcp sharding are not one type (as in vLLM)
+    assert not UniformTypeKVCacheSpecs.is_uniform_type({"a": a, "b": full(dcp_sharded=False)})
+    with pytest.raises(ValueError, match="no layer specs"):
+        UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={}).first_spec

@@ -556,6 +556,8 @@ def test_specs_convert_field_by_field(name: str) -> None:
         assert converted.dtype is spec.dtype  # a torch.dtype is kept as given
     if name == "uniform":
         assert set(converted.kv_cache_specs) == {"a", "b"}
+        assert converted.get_max_layers_per_page_size() == spec.get_max_layers_per_page_size()
+        assert converted.uses_slot_mapping == spec.uses_slot_mapping
         assert all(type(s).__module__ == "kvcy.kv_cache_interface" for s in converted.kv_cache_specs.values())
 
 
