@@ -212,6 +212,12 @@ cdef class KVCacheCoordinator:
         cdef SingleTypeKVCacheManager m
         return tuple([m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers])
 
+    def new_step_starts(self):
+        """Tell every single-type manager that a new scheduler step begins."""
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
+
     cpdef bint holds(self, str request_id):
         """Whether the request holds blocks (had a successful allocation since its last free)."""
         cdef SingleTypeKVCacheManager manager

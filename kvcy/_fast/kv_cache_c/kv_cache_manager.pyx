@@ -778,4 +778,5 @@ cdef class KVCacheManager:
         return []
 
     def new_step_starts(self):
-        return None
+        """A new scheduler step begins: the coordinator tells every single-type manager."""
+        self.coordinator.new_step_starts()

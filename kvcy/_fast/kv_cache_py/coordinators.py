@@ -245,6 +245,11 @@ class KVCacheCoordinator(_Checked):
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
 
+    def new_step_starts(self) -> None:
+        """Tell every single-type manager that a new scheduler step begins."""
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
+
     def holds(self, request_id: str) -> bool:
         """Whether the request holds blocks (had a successful allocation since its last free)."""
         for manager in self.single_type_managers:

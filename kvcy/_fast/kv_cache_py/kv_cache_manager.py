@@ -594,4 +594,5 @@ class KVCacheManager(_Checked):
         return []
 
     def new_step_starts(self) -> None:
-        return None
+        """A new scheduler step begins: the coordinator tells every single-type manager."""
+        self.coordinator.new_step_starts()
