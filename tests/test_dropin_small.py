@@ -76,3 +76,27 @@ def test_new_step_starts_reaches_every_single_type_manager(impl, groups, enable_
     mgr.new_step_starts()
     assert coordinator_calls == [coordinator]
     assert seen == list(coordinator.single_type_managers)
+
+
+# ------------------------------------------------- §3 hits for a request that holds blocks
+@pytest.mark.parametrize("groups", [1, 2])
+def test_hits_for_a_request_that_holds_blocks_assert(impl, groups):
+    """vLLM's coordinator asserts that a tracked request brings no new hits; kvcy asserts first."""
+    mgr = manager(impl, groups)
+    a = impl.kv_cache.Request("a", list(range(12)), block_hasher=hasher())
+    assert mgr.allocate_slots(a, 12) is not None
+    b = impl.kv_cache.Request("b", list(range(12)), block_hasher=hasher())
+    blocks, n, _ = mgr.get_computed_blocks(b)
+    assert n > 0
+    assert mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks) is not None
+    held = mgr.get_block_ids("b")
+    free_before = sorted(x.block_id for x in mgr.block_pool.free_block_queue.get_all_free_blocks())
+    with pytest.raises(AssertionError, match="already holds blocks"):
+        mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
+    with pytest.raises(AssertionError, match="already holds blocks"):
+        mgr.coordinator.allocate_new_computed_blocks("b", blocks.blocks, n, 0)
+    assert mgr.get_block_ids("b") == held
+    assert sorted(x.block_id for x in mgr.block_pool.free_block_queue.get_all_free_blocks()) == free_before
+    # Empty hits for a running request are fine (vLLM's coordinator returns at once).
+    mgr.coordinator.allocate_new_computed_blocks("b", tuple([] for _ in range(groups)), n, 0)
+    assert mgr.get_block_ids("b") == held

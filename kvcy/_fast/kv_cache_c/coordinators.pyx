@@ -104,6 +104,8 @@ cdef class KVCacheCoordinator:
         Raises:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
             (nothing changes: every group's hits are checked first).
+            AssertionError: the request already holds blocks and a group has
+            hits for it, as in vLLM (nothing changes).
         """
         cdef SingleTypeKVCacheManager manager
         cdef Py_ssize_t i
@@ -115,7 +117,7 @@ cdef class KVCacheCoordinator:
             if request_id in manager._num_cached_block:
                 for blocks in new_computed_blocks:
                     if len(blocks):
-                        raise RuntimeError(
+                        raise AssertionError(
                             f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
                         )
                 return

@@ -57,8 +57,8 @@ cdef inline Py_ssize_t _full_blocks_to_cache(Py_ssize_t total_computed, Py_ssize
 
 
 cdef int _refuse_hits_when_held(str request_id) except -1:
-    # (Not inline: off the hot paths.)
-    raise ValueError(
+    # (Not inline: off the hot paths.)  vLLM's coordinator asserts here.
+    raise AssertionError(
         f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
         "a request's first allocation"
     )
@@ -324,10 +324,12 @@ cdef class KVCacheManager:
         async load writes them) are not reported for zeroing.
 
         Raises:
-            ValueError: a negative count; no tokens at all; prefix hits handed
-                to a running request.  (Tokens past ``max_model_len`` are not an
-                error: the counts are clamped to it, as in vLLM.)
+            ValueError: a negative count; no tokens at all.  (Tokens past
+                ``max_model_len`` are not an error: the counts are clamped to
+                it, as in vLLM.)
             TypeError: a count that is not an int.
+            AssertionError: prefix hits handed to a request that already holds
+                blocks (vLLM's coordinator asserts this too; here nothing changes).
         """
         cdef Py_ssize_t n_new = _check_count("num_new_tokens", num_new_tokens)
         # (Defaults left as they are -- the interned 0 -- need no checking.)

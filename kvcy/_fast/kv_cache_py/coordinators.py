@@ -162,7 +162,9 @@ class KVCacheCoordinator(_Checked):
 
         Raises:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
-            (nothing changes).
+            (nothing changes: every group's hits are checked first).
+            AssertionError: the request already holds blocks and a group has
+            hits for it, as in vLLM (nothing changes).
         """
         for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
             manager._check_hits(blocks, num_local_computed_tokens + num_external_computed_tokens)
@@ -176,7 +178,7 @@ class KVCacheCoordinator(_Checked):
         for manager in managers:
             if request_id in manager._num_cached_block:
                 if any(len(blocks) for blocks in new_computed_blocks):
-                    raise RuntimeError(
+                    raise AssertionError(
                         f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
                     )
                 return

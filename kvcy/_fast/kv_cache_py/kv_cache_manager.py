@@ -300,10 +300,12 @@ class KVCacheManager(_Checked):
         async load writes them) are not reported for zeroing.
 
         Raises:
-            ValueError: a negative count; no tokens at all; prefix hits handed
-                to a running request.  (Tokens past ``max_model_len`` are not an
-                error: the counts are clamped to it, as in vLLM.)
+            ValueError: a negative count; no tokens at all.  (Tokens past
+                ``max_model_len`` are not an error: the counts are clamped to
+                it, as in vLLM.)
             TypeError: a count that is not an int.
+            AssertionError: prefix hits handed to a request that already holds
+                blocks (vLLM's coordinator asserts this too; here nothing changes).
         """
         num_new_tokens = _check_count("num_new_tokens", num_new_tokens)
         num_new_computed_tokens = _check_count("num_new_computed_tokens", num_new_computed_tokens)
@@ -332,7 +334,7 @@ class KVCacheManager(_Checked):
                 )
             has_new_computed = True
             if self.coordinator.holds(request_id):
-                raise ValueError(
+                raise AssertionError(
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
