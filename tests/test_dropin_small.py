@@ -100,3 +100,18 @@ def test_hits_for_a_request_that_holds_blocks_assert(impl, groups):
     # Empty hits for a running request are fine (vLLM's coordinator returns at once).
     mgr.coordinator.allocate_new_computed_blocks("b", tuple([] for _ in range(groups)), n, 0)
     assert mgr.get_block_ids("b") == held
+
+
+# ------------------------------------------------- §1 no KV-cache groups
+def test_no_groups_with_caching_asserts_as_vllm(impl):
+    """vLLM keeps caching on with no groups, so its hybrid coordinator asserts; kvcy too."""
+    cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[])
+    with pytest.raises(AssertionError, match="HybridKVCacheCoordinator requires at least one cacheable group."):
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                       enable_caching=False)
+    assert mgr.enable_caching is False
+    assert type(mgr.coordinator) is impl.kv_cache.KVCacheCoordinatorNoPrefixCache
+    assert mgr.num_kv_cache_groups == 0
+    assert mgr.get_blocks("x").blocks == ()
+    assert mgr.new_step_starts() is None

@@ -324,7 +324,7 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
             else:
                 groups.append([spec, [i], klass, use_eagle])
         if not groups:
-            raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
+            raise AssertionError("HybridKVCacheCoordinator requires at least one cacheable group.")
         groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
         self.attention_groups = [tuple(e) for e in groups]
         for spec, ids, klass, use_eagle in self.attention_groups:

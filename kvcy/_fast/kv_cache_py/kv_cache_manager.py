@@ -132,8 +132,6 @@ class KVCacheManager(_Checked):
             raise ValueError(f"watermark {watermark!r} is too large")
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
-        if not kv_cache_config.kv_cache_groups and enable_caching:
-            enable_caching = False
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
