@@ -115,3 +115,19 @@ def test_no_groups_with_caching_asserts_as_vllm(impl):
     assert mgr.num_kv_cache_groups == 0
     assert mgr.get_blocks("x").blocks == ()
     assert mgr.new_step_starts() is None
+
+
+# ------------------------------------------------- §7 Request.__repr__
+def test_request_repr_takes_any_status(impl):
+    """A status stored as a plain int (or anything else) must not break repr."""
+    from kvcy._request_types import RequestStatus
+
+    req = impl.kv_cache.Request("a", [1, 2, 3], block_hasher=hasher())
+    assert repr(req) == "Request(id='a', tokens=3, computed=0, status=WAITING)"
+    req.status = RequestStatus.RUNNING
+    assert repr(req).endswith("status=RUNNING)")
+    req.status = int(RequestStatus.RUNNING)
+    assert type(req.status) is int
+    assert repr(req).endswith(f"status={int(RequestStatus.RUNNING)})")
+    req.status = "odd"
+    assert repr(req).endswith("status='odd')")
