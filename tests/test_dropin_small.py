@@ -188,3 +188,29 @@ def test_none_hash_seed_with_vllm(monkeypatch):
         assert hashing.resolve_none_hash_seed(fn) != hashing.resolve_none_hash_seed(fn)
     for fn in (vllm_hashing.sha256, vllm_hashing.sha256_cbor):
         assert hashing.resolve_none_hash_seed(fn) == "vllm-none-hash"
+
+
+# ------------------------------------------------- §3 take_events
+def test_take_events_annotates_and_warns_for_blockstored_subclasses(impl, caplog):
+    """vLLM tests events with isinstance: a BlockStored subclass is annotated, or warned about."""
+    import logging
+
+    from kvcy.kv_events import BlockStored
+
+    class MyStored(BlockStored):
+        pass
+
+    mgr = manager(impl, 2, enable_kv_cache_events=True)
+
+    def stored(group_idx):
+        return MyStored(block_hashes=[1], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=BS,
+                        lora_id=None, medium="GPU", lora_name=None, group_idx=group_idx)
+
+    known, unknown = stored(1), stored(5)
+    mgr.block_pool.kv_event_queue.extend([known, unknown])
+    with caplog.at_level(logging.WARNING, logger="kvcy"):
+        assert mgr.take_events() == [known, unknown]
+    assert (known.kv_cache_spec_kind, known.kv_cache_spec_sliding_window) == mgr.kv_cache_event_metadata[1]
+    assert known.kv_cache_spec_kind is not None
+    assert unknown.kv_cache_spec_kind is None
+    assert "Group index `5` not in KV cache metadata" in caplog.text

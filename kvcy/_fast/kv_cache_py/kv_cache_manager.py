@@ -442,7 +442,7 @@ class KVCacheManager(_Checked):
         events = self.block_pool.take_events()
         meta = self.kv_cache_event_metadata
         for event in events:
-            if event.__class__ is not BlockStored or event.group_idx is None:
+            if not isinstance(event, BlockStored) or event.group_idx is None:
                 continue
             if not 0 <= event.group_idx < len(meta):
                 logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
