@@ -179,9 +179,24 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 ``PYTHONHASHSEED`` is unset: fixed, so that separate processes agree."""
 
 # Algorithms whose collisions can be searched for offline when the seed is
-# known: vLLM's two xxhash variants, and kvcy's xxh3_raw, builtin (Python's
-# hash) and the truncated sha256_cbor_64bit.  They get a random seed.
+# known get a random seed.  vLLM 0.33.0 names two, xxhash and xxhash_cbor
+# (kvcy's registered ones, or vLLM's own functions: see _gets_random_seed).
+# kvcy's own xxh3_raw, builtin (Python's hash) and the truncated
+# sha256_cbor_64bit, which vLLM does not have, get one too: kvcy's choice.
 _NON_CRYPTO_FN_NAMES = frozenset({"xxhash", "xxhash_cbor", "xxh3_raw", "builtin", "sha256_cbor_64bit"})
+_VLLM_NON_CRYPTO_FNS = ("xxhash", "xxhash_cbor")  # attributes of vllm.utils.hashing
+
+
+def _gets_random_seed(hash_fn: Callable[[Any], bytes]) -> bool:
+    # One of kvcy's non-collision-resistant functions, or vLLM's own xxhash /
+    # xxhash_cbor passed in directly (vLLM tests by identity).  vLLM's module
+    # is looked up only if already imported: its functions cannot exist else.
+    if hash_fn_name(hash_fn) in _NON_CRYPTO_FN_NAMES:
+        return True
+    vllm_hashing = sys.modules.get("vllm.utils.hashing")
+    if vllm_hashing is None:
+        return False
+    return any(hash_fn is getattr(vllm_hashing, name, None) for name in _VLLM_NON_CRYPTO_FNS)
 
 _NONE_HASH_SEED: str | None = None
 
@@ -190,15 +205,19 @@ def resolve_none_hash_seed(hash_fn: Callable[[Any], bytes]) -> str:
     """The seed to derive ``NONE_HASH`` from for ``hash_fn``.
 
     ``PYTHONHASHSEED`` when set; otherwise 32 fresh random bytes (as hex) for
-    the non-collision-resistant algorithms (xxhash, xxhash_cbor, xxh3_raw,
-    builtin, sha256_cbor_64bit), so that their seed stays unpredictable, and
-    :data:`DEFAULT_NONE_HASH_SEED` for every other function (sha256,
-    sha256_cbor and functions kvcy does not register), as vLLM does.
+    the non-collision-resistant algorithms, so that their seed stays
+    unpredictable, and :data:`DEFAULT_NONE_HASH_SEED` for every other function
+    (sha256, sha256_cbor and functions kvcy does not register).  As in vLLM
+    0.33.0, xxhash and xxhash_cbor are non-collision-resistant, whether kvcy's
+    or vLLM's own (``vllm.utils.hashing``) functions.  kvcy's xxh3_raw,
+    builtin and sha256_cbor_64bit, which vLLM lacks, count as
+    non-collision-resistant too (vLLM would give a function it does not know
+    the default seed).
     """
     seed = os.environ.get("PYTHONHASHSEED")
     if seed is not None:
         return seed
-    if hash_fn_name(hash_fn) in _NON_CRYPTO_FN_NAMES:
+    if _gets_random_seed(hash_fn):
         return os.urandom(32).hex()
     return DEFAULT_NONE_HASH_SEED
 
@@ -219,11 +238,11 @@ def init_none_hash(hash_fn: Callable[[Any], bytes]) -> bytes:
     """
     global NONE_HASH, _NONE_HASH_SEED
     seed = resolve_none_hash_seed(hash_fn)
-    if os.environ.get("PYTHONHASHSEED") is None and hash_fn_name(hash_fn) in _NON_CRYPTO_FN_NAMES:
+    if os.environ.get("PYTHONHASHSEED") is None and _gets_random_seed(hash_fn):
         logger.warning(
             "PYTHONHASHSEED is not set and %s is not collision resistant: NONE_HASH "
             "uses a random per-process seed, so block hashes differ between processes",
-            hash_fn_name(hash_fn),
+            hash_fn_name(hash_fn) or getattr(hash_fn, "__name__", repr(hash_fn)),
         )
     _NONE_HASH_SEED = seed
     NONE_HASH = hash_fn(seed)

@@ -251,7 +251,8 @@ def test_prefix_hits_for_running_request_rejected(impl):
     blocks, n, _ = mgr.get_computed_blocks(b)
     mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
     free_before = mgr.block_pool.get_num_free_blocks()
-    with pytest.raises(ValueError, match="already holds blocks"):
+    # vLLM's coordinator asserts; kvcy asserts before anything changes.
+    with pytest.raises(AssertionError, match="already holds blocks"):
         mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
     assert mgr.block_pool.get_num_free_blocks() == free_before
 
@@ -608,7 +609,7 @@ def _fast_vs_general_script(kv, seed, subclass):
         try:
             out = fn()
             trace.append((tag, "ok", out.get_block_ids() if hasattr(out, "get_block_ids") else out))
-        except (ValueError, TypeError, RuntimeError) as exc:
+        except (ValueError, TypeError, RuntimeError, AssertionError) as exc:
             trace.append((tag, type(exc).__name__, str(exc)))
 
     for step in range(160):
@@ -678,7 +679,7 @@ def test_compiled_fast_path_matches_general_path(seed):
     bad = [t for t in fast if t[0] == "not blocks"]
     assert bad and all(t[1] == "TypeError" for t in bad)
     assert any(t[0] == "admit" and t[1] == "ok" for t in fast)
-    assert any(t[0] == "again" and t[1] == "ValueError" for t in fast)
+    assert any(t[0] == "again" and t[1] == "AssertionError" for t in fast)
 
 
 def test_two_request_objects_with_one_id_share_its_blocks():

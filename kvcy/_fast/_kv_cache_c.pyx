@@ -26,6 +26,7 @@ includes them):
 * ``kv_cache_manager.pyx``: KVCacheManager
 """
 
+import enum
 import importlib
 import logging
 from weakref import ref as _weakref

@@ -104,6 +104,8 @@ cdef class KVCacheCoordinator:
         Raises:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
             (nothing changes: every group's hits are checked first).
+            AssertionError: the request already holds blocks and a group has
+            hits for it, as in vLLM (nothing changes).
         """
         cdef SingleTypeKVCacheManager manager
         cdef Py_ssize_t i
@@ -115,7 +117,7 @@ cdef class KVCacheCoordinator:
             if request_id in manager._num_cached_block:
                 for blocks in new_computed_blocks:
                     if len(blocks):
-                        raise RuntimeError(
+                        raise AssertionError(
                             f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
                         )
                 return
@@ -211,6 +213,12 @@ cdef class KVCacheCoordinator:
     def get_blocks(self, request_id):
         cdef SingleTypeKVCacheManager m
         return tuple([m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers])
+
+    def new_step_starts(self):
+        """Tell every single-type manager that a new scheduler step begins."""
+        cdef SingleTypeKVCacheManager manager
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
 
     cpdef bint holds(self, str request_id):
         """Whether the request holds blocks (had a successful allocation since its last free)."""
@@ -316,7 +324,7 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
             else:
                 groups.append([spec, [i], klass, use_eagle])
         if not groups:
-            raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
+            raise AssertionError("HybridKVCacheCoordinator requires at least one cacheable group.")
         groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
         self.attention_groups = [tuple(e) for e in groups]
         for spec, ids, klass, use_eagle in self.attention_groups:

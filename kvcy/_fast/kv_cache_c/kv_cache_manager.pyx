@@ -57,8 +57,8 @@ cdef inline Py_ssize_t _full_blocks_to_cache(Py_ssize_t total_computed, Py_ssize
 
 
 cdef int _refuse_hits_when_held(str request_id) except -1:
-    # (Not inline: off the hot paths.)
-    raise ValueError(
+    # (Not inline: off the hot paths.)  vLLM's coordinator asserts here.
+    raise AssertionError(
         f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
         "a request's first allocation"
     )
@@ -135,8 +135,6 @@ cdef class KVCacheManager:
             raise ValueError(f"watermark {watermark!r} is too large")
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
-        if not kv_cache_config.kv_cache_groups and enable_caching:
-            enable_caching = False
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -324,10 +322,12 @@ cdef class KVCacheManager:
         async load writes them) are not reported for zeroing.
 
         Raises:
-            ValueError: a negative count; no tokens at all; prefix hits handed
-                to a running request.  (Tokens past ``max_model_len`` are not an
-                error: the counts are clamped to it, as in vLLM.)
+            ValueError: a negative count; no tokens at all.  (Tokens past
+                ``max_model_len`` are not an error: the counts are clamped to
+                it, as in vLLM.)
             TypeError: a count that is not an int.
+            AssertionError: prefix hits handed to a request that already holds
+                blocks (vLLM's coordinator asserts this too; here nothing changes).
         """
         cdef Py_ssize_t n_new = _check_count("num_new_tokens", num_new_tokens)
         # (Defaults left as they are -- the interned 0 -- need no checking.)
@@ -626,7 +626,7 @@ cdef class KVCacheManager:
         events = self.block_pool.take_events()
         meta = self.kv_cache_event_metadata
         for event in events:
-            if type(event) is not BlockStored or event.group_idx is None:
+            if not isinstance(event, BlockStored) or event.group_idx is None:
                 continue
             if not 0 <= event.group_idx < len(meta):
                 logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
@@ -778,4 +778,5 @@ cdef class KVCacheManager:
         return []
 
     def new_step_starts(self):
-        return None
+        """A new scheduler step begins: the coordinator tells every single-type manager."""
+        self.coordinator.new_step_starts()

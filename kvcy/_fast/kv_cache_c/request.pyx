@@ -172,8 +172,14 @@ cdef class Request:
     def __repr__(self):
         return (
             f"Request(id={self.request_id!r}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens}, status={self.status.name})"
+            f"computed={self.num_computed_tokens}, status={_status_text(self.status)})"
         )
+
+
+cdef str _status_text(object status):
+    # An enum member (kvcy's or vLLM's RequestStatus) by name; anything else
+    # callers stored (a plain int, say) by its repr.
+    return status.name if isinstance(status, enum.Enum) else repr(status)
 
 
 cdef list _checked_block_hashes(object value):

@@ -316,6 +316,10 @@ cdef class SingleTypeKVCacheManager:
     def get_num_common_prefix_blocks(self, running_request_id):
         return 0
 
+    def new_step_starts(self):
+        """A new scheduler step begins; nothing to do for this manager (vLLM's Mamba manager clears its per-step record here)."""
+        return None
+
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
         raise NotImplementedError

@@ -162,7 +162,9 @@ class KVCacheCoordinator(_Checked):
 
         Raises:
             TypeError / RuntimeError: as SingleTypeKVCacheManager.add_local_computed_blocks
-            (nothing changes).
+            (nothing changes: every group's hits are checked first).
+            AssertionError: the request already holds blocks and a group has
+            hits for it, as in vLLM (nothing changes).
         """
         for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
             manager._check_hits(blocks, num_local_computed_tokens + num_external_computed_tokens)
@@ -176,7 +178,7 @@ class KVCacheCoordinator(_Checked):
         for manager in managers:
             if request_id in manager._num_cached_block:
                 if any(len(blocks) for blocks in new_computed_blocks):
-                    raise RuntimeError(
+                    raise AssertionError(
                         f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
                     )
                 return
@@ -244,6 +246,11 @@ class KVCacheCoordinator(_Checked):
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
+
+    def new_step_starts(self) -> None:
+        """Tell every single-type manager that a new scheduler step begins."""
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
 
     def holds(self, request_id: str) -> bool:
         """Whether the request holds blocks (had a successful allocation since its last free)."""
@@ -363,7 +370,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             else:
                 groups.append([spec, [i], klass, use_eagle])
         if not groups:
-            raise ValueError("HybridKVCacheCoordinator requires at least one cacheable group")
+            raise AssertionError("HybridKVCacheCoordinator requires at least one cacheable group.")
         groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
         object.__setattr__(self, "attention_groups", [tuple(e) for e in groups])
         for spec, ids, klass, use_eagle in self.attention_groups:

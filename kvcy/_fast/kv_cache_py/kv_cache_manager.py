@@ -132,8 +132,6 @@ class KVCacheManager(_Checked):
             raise ValueError(f"watermark {watermark!r} is too large")
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
-        if not kv_cache_config.kv_cache_groups and enable_caching:
-            enable_caching = False
         self.max_model_len = max_model_len
         self.enable_caching = bool(enable_caching)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -300,10 +298,12 @@ class KVCacheManager(_Checked):
         async load writes them) are not reported for zeroing.
 
         Raises:
-            ValueError: a negative count; no tokens at all; prefix hits handed
-                to a running request.  (Tokens past ``max_model_len`` are not an
-                error: the counts are clamped to it, as in vLLM.)
+            ValueError: a negative count; no tokens at all.  (Tokens past
+                ``max_model_len`` are not an error: the counts are clamped to
+                it, as in vLLM.)
             TypeError: a count that is not an int.
+            AssertionError: prefix hits handed to a request that already holds
+                blocks (vLLM's coordinator asserts this too; here nothing changes).
         """
         num_new_tokens = _check_count("num_new_tokens", num_new_tokens)
         num_new_computed_tokens = _check_count("num_new_computed_tokens", num_new_computed_tokens)
@@ -332,7 +332,7 @@ class KVCacheManager(_Checked):
                 )
             has_new_computed = True
             if self.coordinator.holds(request_id):
-                raise ValueError(
+                raise AssertionError(
                     f"request {request_id!r} already holds blocks; new_computed_blocks is only for "
                     "a request's first allocation"
                 )
@@ -442,7 +442,7 @@ class KVCacheManager(_Checked):
         events = self.block_pool.take_events()
         meta = self.kv_cache_event_metadata
         for event in events:
-            if event.__class__ is not BlockStored or event.group_idx is None:
+            if not isinstance(event, BlockStored) or event.group_idx is None:
                 continue
             if not 0 <= event.group_idx < len(meta):
                 logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
@@ -594,4 +594,5 @@ class KVCacheManager(_Checked):
         return []
 
     def new_step_starts(self) -> None:
-        return None
+        """A new scheduler step begins: the coordinator tells every single-type manager."""
+        self.coordinator.new_step_starts()

@@ -6,6 +6,7 @@ and block hashes the manager reads, kept up to date as output tokens arrive.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -163,5 +164,11 @@ class Request(_Checked):
     def __repr__(self) -> str:
         return (
             f"Request(id={self.request_id!r}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens}, status={self.status.name})"
+            f"computed={self.num_computed_tokens}, status={_status_text(self.status)})"
         )
+
+
+def _status_text(status: Any) -> str:
+    # An enum member (kvcy's or vLLM's RequestStatus) by name; anything else
+    # callers stored (a plain int, say) by its repr.
+    return status.name if isinstance(status, enum.Enum) else repr(status)

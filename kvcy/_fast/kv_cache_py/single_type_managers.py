@@ -325,6 +325,10 @@ class SingleTypeKVCacheManager(_Checked):
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
+    def new_step_starts(self) -> None:
+        """A new scheduler step begins; nothing to do for this manager (vLLM's Mamba manager clears its per-step record here)."""
+        return None
+
     @classmethod
     def find_longest_cache_hit(
         cls,
