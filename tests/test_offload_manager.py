@@ -435,3 +435,20 @@ def test_count_hits_checks_only_the_keys_it_looks_at(offload_impl, ctx):
         manager.count_hits([k("a")], ctx, 0.0)
     with pytest.raises(ValueError, match="stop must be non-negative, got -1"):
         manager.count_hits([k("a")], ctx, 0, -1)
+
+
+def test_a_policy_insert_of_a_resident_key_replaces_its_chunk(offload_impl, policy, ctx):
+    # (the compiled LRU cleared the old chunk's C field as a Python attribute: an
+    # AttributeError after the old chunk was already unlinked, leaving it in the map)
+    m = offload_impl.CPUOffloadingManager(4, cache_policy=policy)
+    stored(m, "a b", ctx)
+    pol = m._policy
+    old, new = pol.get(k("a")), pol.get(k("b"))
+    pol.remove(k("b"))
+    pol.insert(k("a"), new, ctx)
+    assert pol.get(k("a")) is new
+    assert pol.evict(1, set()) == [(k("a"), new)]
+    assert pol.evict(1, set()) is None
+    other = type(pol)(cache_capacity=4)
+    other.insert(k("b"), old, ctx)  # the replaced chunk is held by no policy now
+    assert other.get(k("b")) is old

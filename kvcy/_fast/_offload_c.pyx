@@ -797,10 +797,13 @@ cdef class LRUCachePolicy(CachePolicy):
     cdef int c_insert(self, bytes key, ChunkStatus st, object ctx, _Positions pos,
                       bint absent=False) except -1:
         cdef int64_t p, a = 0
+        cdef ChunkStatus old
         cdef bint ranked = pos is not None and pos.get(key, &p)
         if ranked:
             a = self._request_rank(ctx)
-        # (nothing below calls back into Python)
+        # (nothing below calls back into Python; ``old`` is typed so that
+        # clearing its C field is not a Python attribute lookup that fails
+        # after the unlink)
         old = None if absent else self.c_get(key)
         if old is not None:
             self._unlink(old)
