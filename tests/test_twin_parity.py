@@ -684,6 +684,14 @@ BAD_CALLS = {
     "arc.insert(chunk=5)": lambda o: o["arc"].insert(b"k" * 8, 5, o["ctx"]),
     "arc.insert(key='k')": lambda o: o["arc"].insert("k" * 8, o["chunk"], o["ctx"]),
     "lru.insert(key=b'k')": lambda o: o["lru"].insert(b"k", o["chunk"], o["ctx"]),
+    "lru.remove(key='k')": lambda o: o["lru"].remove("k" * 8),
+    "arc.remove(key=b'k')": lambda o: o["arc"].remove(b"k"),
+    "lru.evict(n=1.0)": lambda o: o["lru"].evict(1.0, set()),
+    "arc.evict(n=True)": lambda o: o["arc"].evict(True, set()),
+    "lru.touch(None)": lambda o: o["lru"].touch(None, o["ctx"]),
+    "arc.touch(str)": lambda o: o["arc"].touch("k" * 8, o["ctx"]),
+    "arc.on_store_miss(5)": lambda o: o["arc"].on_store_miss(5, o["ctx"]),
+    "lru.on_request_access(bytes)": lambda o: o["lru"].on_request_access(b"k" * 8, o["ctx"]),
 }
 
 

@@ -119,6 +119,21 @@ def _check_keys(keys: Any) -> list:
     return out
 
 
+def _key_seq(keys: Any) -> list:
+    """The keys of a policy call, as a list (each must be hashable; any type)."""
+    if type(keys) is list:
+        return keys
+    if isinstance(keys, (bytes, str)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be a collection of offload keys, got {type(keys).__name__}")
+    return list(keys)
+
+
+def _check_evict_n(n: Any) -> None:
+    """The ``n`` of a policy's evict (the compiled twin checks it the same way)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+
+
 def _check_context(req_context: Any) -> None:
     if not isinstance(req_context, ReqContext):
         raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
@@ -330,6 +345,7 @@ class LRUCachePolicy(CachePolicy):
 
     def remove(self, key: OffloadKey) -> None:
         """Drop a resident key."""
+        _check_key(key)
         del self.chunks[key]
         del self._ranks[key]
         self._live.pop(key, None)
@@ -337,12 +353,13 @@ class LRUCachePolicy(CachePolicy):
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Fresh ranks for the resident keys, last key first (the first ends most recent)."""
         chunks = self.chunks
-        for key in reversed(keys):
+        for key in reversed(_key_seq(keys)):
             if key in chunks:
                 self._set_rank(key, self._fresh_rank())
 
     def on_request_access(self, new_keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Raise resident keys with positions to the request's rank (never lowers one)."""
+        new_keys = _key_seq(new_keys)
         request_rank = self._request_rank(req_context)
         chunks = self.chunks
         ranks = self._ranks
@@ -378,6 +395,7 @@ class LRUCachePolicy(CachePolicy):
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         """Evict the ``n`` evictable, unprotected keys lowest in ``(rank, key)`` order."""
+        _check_evict_n(n)
         if n <= 0:
             return []
         heap = self._heap
@@ -461,6 +479,7 @@ class ARCCachePolicy(CachePolicy):
 
     def remove(self, key: OffloadKey) -> None:
         """Drop a resident key, leaving no ghost."""
+        _check_key(key)
         if self.t1.pop(key, None) is None:
             del self.t2[key]
 
@@ -480,7 +499,7 @@ class ARCCachePolicy(CachePolicy):
         """Last key first: t1 -> t2 (pending keys stay in t1), t2 -> newest, ghosts adapt."""
         t1 = self.t1
         t2 = self.t2
-        for key in reversed(keys):
+        for key in reversed(_key_seq(keys)):
             chunk = t1.pop(key, None)
             if chunk is not None:
                 if chunk.ref_cnt < 0:
@@ -494,7 +513,7 @@ class ARCCachePolicy(CachePolicy):
 
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """A ghost hit for each key, last key first."""
-        for key in reversed(keys):
+        for key in reversed(_key_seq(keys)):
             self._ghost_hit(key)
 
     def on_request_finished(
@@ -522,6 +541,7 @@ class ARCCachePolicy(CachePolicy):
 
     def evict(self, n: int, protected: Collection[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         """Pick ``n`` evictable, unprotected keys, from t1 while it is over target, else t2."""
+        _check_evict_n(n)
         if n <= 0:
             return []
         t1 = self.t1
