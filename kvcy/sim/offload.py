@@ -89,15 +89,14 @@ class CPUTier:
     """
 
     def __init__(self, impl: str, num_blocks: int, policy: str, block_size: int) -> None:
-        from kvcy.kv_offload import LookupResult, ReqContext, make_offload_key
+        from kvcy.kv_offload import ReqContext, make_offload_key
 
         self.impl, twin = offload_twin(impl)
         self.manager = twin.CPUOffloadingManager(num_chunks=num_blocks, cache_policy=policy)
         self._req_context = ReqContext
         self._suffix = make_offload_key(b"", 0)  # group 0's 4-byte suffix
-        self._hit = LookupResult.HIT
-        # lookup until the first key that is not a HIT, in one call (a manager without it: key by key)
-        self._count_hits = getattr(self.manager, "count_hits", None)
+        # lookup until the first key that is not a HIT, in one call
+        self._count_hits = self.manager.count_hits
         self.block_size = block_size
         # this step's jobs, completed at its end: (state, keys) per request
         self._loads: list[tuple[_ReqState, list[bytes]]] = []
@@ -143,17 +142,9 @@ class CPUTier:
             self._keys_to(st, req.block_hashes, max(last, st.prompt_blocks))  # every prompt key, for the offers
         if last > first:
             keys = st.keys
-            if self._count_hits is not None:
-                # the loop below as one call of the manager (both twins have it)
-                n = self._count_hits(keys, st.ctx, first, last)
-                if n:
-                    hits = keys[first : first + n]
-            else:
-                lookup, ctx, hit = self.manager.lookup, st.ctx, self._hit
-                for i in range(first, last):
-                    if lookup(keys[i], ctx) is not hit:
-                        break
-                    hits.append(keys[i])
+            n = self._count_hits(keys, st.ctx, first, last)
+            if n:
+                hits = keys[first : first + n]
         dec += (CPU_LOOKUP, st.index, len(hits))
         return len(hits) * bs, hits
 
