@@ -1327,6 +1327,8 @@ class KVCacheGroupSpec:
     """The group's role; only ``DEFAULT`` is supported (the others are HiSparse's)."""
 
     def __post_init__(self) -> None:
+        for name in ("is_eagle_group", "host_resident", "enable_kv_transfer"):
+            _check_bool("KVCacheGroupSpec", name, getattr(self, name))
         if not isinstance(self.role, KVCacheGroupRole):
             try:
                 self.role = KVCacheGroupRole(self.role)

@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import msgspec
 
 from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
-from kvcy.config import CACHE_DTYPES, CacheConfig, KVCacheSettings
+from kvcy.config import CACHE_DTYPES, CacheConfig, KVCacheSettings, _check_optional_positive_int
 from kvcy.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
@@ -87,14 +87,6 @@ def _human_bytes(n: float) -> str:
 def load_presets() -> dict[str, dict[str, Any]]:
     """The bundled model presets by name, as JSON objects (read them with :meth:`ModelDescription.from_dict`)."""
     return msgspec.json.decode(resources.files("kvcy").joinpath("data/model_presets.json").read_bytes())
-
-
-def _require_positive_int(where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where} must be an integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{where} must be positive, got {value}")
-    return value
 
 
 _PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
@@ -298,7 +290,8 @@ def build_kv_cache_spec(
     """
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"Unknown kv cache dtype: {cache_dtype}")
-    bs = model.block_size if block_size is None else _require_positive_int("block_size", block_size)
+    _check_optional_positive_int("block_size", block_size)  # CacheConfig's check: make_plan refuses alike
+    bs = model.block_size if block_size is None else block_size
     dtype, quant = _attention_dtype(model, cache_dtype)
 
     def attention_spec(params: LayerType, block: int) -> AttentionSpec:
@@ -446,7 +439,7 @@ def _with_len(model: ModelDescription, max_model_len: int) -> ModelDescription:
     return ModelDescription(
         name=model.name,
         description=model.description,
-        max_model_len=_require_positive_int("max_model_len", max_model_len),
+        max_model_len=max_model_len,  # make_plan's KVCacheSettings has checked it
         dtype=model.dtype,
         block_size=model.block_size,
         attention=model.attention,

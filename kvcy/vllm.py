@@ -178,9 +178,8 @@ def convert_kv_cache_group_spec(group: Any) -> Any:
     """
     from kvcy import kv_cache_interface as ki
 
-    role = getattr(group, "role", None)
-    if role is not None and getattr(role, "value", role) != "default":
-        raise NotImplementedError(f"KVCacheGroupSpec.role={role!r}: HiSparse cache groups are not supported by kvcy")
+    # vLLM's role maps onto kvcy's KVCacheGroupRole (_convert_value); kvcy's
+    # KVCacheGroupSpec refuses the HiSparse roles and host residency itself.
     kwargs = _convert_dataclass(group, ki.KVCacheGroupSpec, "KVCacheGroupSpec")
     kwargs["layer_names"] = list(kwargs["layer_names"])
     return ki.KVCacheGroupSpec(**kwargs)

@@ -271,6 +271,14 @@ def test_kv_cache_group_role():
         KVCacheGroupSpec(["f"], full(), role="leader")
 
 
+@pytest.mark.parametrize("name", ["is_eagle_group", "host_resident", "enable_kv_transfer"])
+@pytest.mark.parametrize("value", [0, 1, "no", None])
+def test_kv_cache_group_flags_must_be_bools(name, value):
+    # enable_kv_transfer=0 silently left the group out of transfer_group_ids; "no" was truthy
+    with pytest.raises(TypeError, match=f"KVCacheGroupSpec.{name} must be a bool"):
+        KVCacheGroupSpec(["f"], full(), **{name: value})
+
+
 # --------------------------------------------------------------------------- gaps §6: config fields
 def test_kv_cache_config_engine_fields_and_group_views():
     groups = [

@@ -229,6 +229,18 @@ def test_too_little_memory_exits_1_with_the_estimate(capsys):
     assert "estimated maximum model length is 4096" in err
 
 
+@pytest.mark.parametrize("block_size", [16.0, True, "16"])
+def test_build_kv_cache_spec_refuses_a_block_size_of_the_wrong_type_as_make_plan_does(block_size):
+    # build_kv_cache_spec said ValueError where make_plan (CacheConfig) says TypeError
+    model = ModelDescription.from_dict("llama-3-8b", load_presets()["llama-3-8b"])
+    with pytest.raises(TypeError, match="block_size must be an int or None"):
+        build_kv_cache_spec(model, "auto", block_size)
+    with pytest.raises(TypeError, match="block_size must be an int or None"):
+        make_plan(model, GiB, block_size=block_size)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        build_kv_cache_spec(model, "auto", 0)
+
+
 def test_make_plan_raises_value_error():
     model = ModelDescription.from_dict("llama-3-8b", load_presets()["llama-3-8b"])
     with pytest.raises(ValueError, match="estimated maximum model length is 4096"):

@@ -72,6 +72,14 @@ def test_read_mooncake(tmp_path):
     assert len(read_mooncake(_write(tmp_path, rows), limit=2)) == 2
 
 
+@pytest.mark.parametrize("limit", [2.5, True, "2"])
+def test_read_mooncake_refuses_a_limit_that_is_not_an_int(tmp_path, limit):
+    # 2.5 used to read 3 requests and True 1: a wrong type became a wrong count
+    path = _write(tmp_path, [{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}] * 3)
+    with pytest.raises(TypeError, match="limit must be an int or None"):
+        read_mooncake(path, limit=limit)
+
+
 def test_read_mooncake_gzip(tmp_path):
     path = tmp_path / "t.jsonl.gz"
     with gzip.open(path, "wt") as f:

@@ -250,15 +250,19 @@ def read_mooncake(path: str | Path, limit: int | None = None, name: str | None =
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a malformed line: not JSON, or a field of the wrong type or
+        TypeError: ``limit`` is not an int or None.
+        ValueError: a negative ``limit``, or a malformed line: not JSON, or a field of the wrong type or
             out of range (the message names the line and the field, as msgspec
             reports it: ``t.jsonl line 7: Expected `int` >= 1 - at `$.input_length```).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int or None, got {type(limit).__name__}: {limit!r}")
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
     requests: list[TraceRequest] = []
     total = 0
     with _open_binary(path) as f:
