@@ -602,3 +602,41 @@ def test_cycles_through_the_queue_and_the_map_are_collected(impl):
     gc.collect()
     assert queue_token() is None  # the cycle block -> queue -> ring -> block was found
     assert cache_token() is None  # ... and block -> map -> table -> block
+
+
+# --------------------------------------------------------------------------- lists callers can reach
+# req_to_blocks hands out the manager's own lists and KVCacheBlocks.blocks is
+# public: a non-block put there must be refused alike, never read as a block
+# (the compiled twin read a None's or a bytes' memory as a block id).
+@pytest.mark.parametrize("bad", [None, b"x" * 100, 7])
+def test_a_non_block_in_a_held_list_is_refused_when_zeroing(impl, bad):
+    from kvcy.kv_cache_interface import MambaSpec
+
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    mamba = MambaSpec(block_size=BS, shapes=((2,),), dtypes=("float32",))
+    config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], mamba)])
+    mgr = impl.kv_cache.KVCacheManager(config, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    assert config.needs_kv_cache_zeroing
+    mgr.allocate_slots(impl.kv_cache.Request("a", list(range(12)), block_hasher=hasher()), 12)
+    before = mgr.take_new_block_ids()
+    assert before
+    mgr.coordinator.single_type_managers[0].req_to_blocks["a"].append(bad)
+    with pytest.raises(TypeError, match=f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(bad).__name__}"):
+        mgr.record_blocks_for_zeroing("a", 0)
+    assert mgr.take_new_block_ids() == []  # refused before any group recorded anything
+    mgr.coordinator.single_type_managers[0].req_to_blocks["a"].pop()
+    mgr.record_blocks_for_zeroing("a", 0)
+    assert sorted(mgr.take_new_block_ids()) == sorted(before)
+
+
+@pytest.mark.parametrize("bad", [None, b"x" * 100, 7])
+def test_a_non_block_in_kv_cache_blocks_is_refused_alike(impl, bad):
+    pool = impl.kv_cache.BlockPool(4, True, BS)
+    blocks = impl.kv_cache.KVCacheBlocks(([pool.blocks[1], bad],))
+    with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
+        blocks.get_block_ids()
+    with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
+        repr(blocks)
+    assert impl.kv_cache.KVCacheBlocks(([pool.blocks[1]],)).get_block_ids() == ([1],)

@@ -751,11 +751,20 @@ cdef class KVCacheManager:
         """
         _check_rid(request_id)
         start_token = _check_count("start_token", start_token)
+        cdef list todo = []  # (manager, blocks): all checked before any is recorded
+        cdef object b
         for manager in self.coordinator.single_type_managers:
             if manager.records_new_block_ids:
                 assert start_token % manager.block_size == 0
-                blocks = (<SingleTypeKVCacheManager>manager)._req_to_blocks.get(request_id) or []
-                _record_ids((<SingleTypeKVCacheManager>manager).new_block_ids, blocks[start_token // manager.block_size:])
+                blocks = ((<SingleTypeKVCacheManager>manager)._req_to_blocks.get(request_id)
+                          or [])[start_token // manager.block_size:]
+                for b in blocks:  # (the table's lists are the caller's to change)
+                    if not _is_block(<PyObject*>b):
+                        raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(b).__name__}")
+                todo.append((manager, blocks))
+        for manager, blocks in todo:
+            _record_ids((<SingleTypeKVCacheManager>manager).new_block_ids, blocks)
 
     def take_kv_cache_block_copies(self):
         """The block copies (copy-on-write of partial hits) queued since the last call,

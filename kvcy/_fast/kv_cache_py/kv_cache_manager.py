@@ -6,7 +6,7 @@ From vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvcy.kv_cache_interface import (
     AttentionSpec,
@@ -37,11 +37,9 @@ from kvcy._fast.kv_cache_py.coordinators import (
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
 )
+from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
 from kvcy._fast.kv_cache_py.request import Request
-
-if TYPE_CHECKING:
-    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -567,11 +565,18 @@ class KVCacheManager(_Checked):
         """
         _check_rid(request_id)
         start_token = _check_count("start_token", start_token)
+        todo = []  # (manager, blocks): all checked before any is recorded
         for manager in self.coordinator.single_type_managers:
             if manager.records_new_block_ids:
                 assert start_token % manager.block_size == 0
-                blocks = manager._req_to_blocks.get(request_id) or []
-                manager.new_block_ids.extend([b._block_id for b in blocks[start_token // manager.block_size:]])
+                blocks = (manager._req_to_blocks.get(request_id) or [])[start_token // manager.block_size:]
+                for b in blocks:  # (the table's lists are the caller's to change)
+                    if not isinstance(b, KVCacheBlock):
+                        raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(b).__name__}")
+                todo.append((manager, blocks))
+        for manager, blocks in todo:
+            manager.new_block_ids.extend([b._block_id for b in blocks])
 
     def take_kv_cache_block_copies(self) -> tuple[list, list[KVCacheBlock]]:
         """The block copies (copy-on-write of partial hits) queued since the last call,
