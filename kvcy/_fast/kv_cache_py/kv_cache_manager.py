@@ -200,6 +200,7 @@ class KVCacheManager(_Checked):
         """
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
+        assert self.prefix_cache_stats is not None  # (as vLLM asserts: a public attribute)
         self.prefix_cache_stats.record(
             num_tokens=request.num_tokens,
             num_hits=num_hits,
@@ -421,6 +422,8 @@ class KVCacheManager(_Checked):
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached hashes; False (and nothing changes) while blocks are in use."""
+        if self.log_stats:  # (vLLM asserts it after the reset; here nothing changes first)
+            assert self.prefix_cache_stats is not None
         if not self.block_pool.reset_prefix_cache():
             return False
         if self.log_stats:
