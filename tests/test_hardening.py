@@ -640,3 +640,26 @@ def test_a_non_block_in_kv_cache_blocks_is_refused_alike(impl, bad):
     with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
         repr(blocks)
     assert impl.kv_cache.KVCacheBlocks(([pool.blocks[1]],)).get_block_ids() == ([1],)
+
+
+@pytest.mark.parametrize("ids, error, message", [
+    (["x"], TypeError, "kv_cache_group_ids must be ints, got str"),
+    ([0, None], TypeError, "kv_cache_group_ids must be ints, got NoneType"),
+    ([1.0], TypeError, "kv_cache_group_ids must be ints, got float"),
+    ([-1], ValueError, "KV-cache group id -1 does not fit in 4 bytes"),
+    ([2**33], ValueError, "KV-cache group id 8589934592 does not fit in 4 bytes"),
+])
+@pytest.mark.parametrize("kind", ["FullAttentionManager", "SlidingWindowManager"])
+def test_bad_group_ids_in_a_hit_search_are_refused_alike(impl, kind, ids, error, message):
+    # (the twins raised different errors: the compiled one TypeError/ValueError from
+    # its conversions, the Python one AttributeError/OverflowError)
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    spec = full if kind == "FullAttentionManager" else swa
+    pool = impl.kv_cache.BlockPool(16, True, BS)
+    req = impl.kv_cache.Request("a", list(range(20)), block_hasher=hasher())
+    pool.cache_full_blocks(req, pool.get_new_blocks(2), 0, 2, BS, 0)
+    cls = getattr(impl.kv_cache, kind)
+    with pytest.raises(error, match=message):
+        cls.find_longest_cache_hit(req.block_hashes, 20, ids, pool, spec, False, BS)
+    assert cls.find_longest_cache_hit(req.block_hashes, 20, [0], pool, spec, False, BS)[1] == 8
