@@ -592,3 +592,18 @@ def test_block_stored_carries_the_request_session(impl):
     mgr.allocate_slots(SessionRequest("a", list(range(8)), block_hasher=get_request_block_hasher(BS, SHA)), 8)
     mgr.allocate_slots(request(impl, "b", range(100, 108)), 8)
     assert [e.session_id for e in mgr.take_events()] == ["chat-7", None]
+
+
+def test_stats_object_set_to_none_is_asserted_as_in_vllm(impl):
+    """vLLM 0.33.0 asserts ``prefix_cache_stats is not None`` (a public attribute)
+    before recording or flagging a reset; the reset changes nothing first here."""
+    mgr = manager(impl, log_stats=True)
+    req = request(impl, "a", range(10))
+    mgr.allocate_slots(req, 10)
+    mgr.free(req)
+    mgr.prefix_cache_stats = None
+    with pytest.raises(AssertionError):
+        mgr.record_prefix_cache_stats(req, 4)
+    with pytest.raises(AssertionError):
+        mgr.reset_prefix_cache()
+    assert mgr.get_computed_blocks(request(impl, "b", range(10)))[1] == 8  # the cache was not reset

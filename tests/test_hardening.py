@@ -602,3 +602,64 @@ def test_cycles_through_the_queue_and_the_map_are_collected(impl):
     gc.collect()
     assert queue_token() is None  # the cycle block -> queue -> ring -> block was found
     assert cache_token() is None  # ... and block -> map -> table -> block
+
+
+# --------------------------------------------------------------------------- lists callers can reach
+# req_to_blocks hands out the manager's own lists and KVCacheBlocks.blocks is
+# public: a non-block put there must be refused alike, never read as a block
+# (the compiled twin read a None's or a bytes' memory as a block id).
+@pytest.mark.parametrize("bad", [None, b"x" * 100, 7])
+def test_a_non_block_in_a_held_list_is_refused_when_zeroing(impl, bad):
+    from kvcy.kv_cache_interface import MambaSpec
+
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    mamba = MambaSpec(block_size=BS, shapes=((2,),), dtypes=("float32",))
+    config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], mamba)])
+    mgr = impl.kv_cache.KVCacheManager(config, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    assert config.needs_kv_cache_zeroing
+    mgr.allocate_slots(impl.kv_cache.Request("a", list(range(12)), block_hasher=hasher()), 12)
+    before = mgr.take_new_block_ids()
+    assert before
+    mgr.coordinator.single_type_managers[0].req_to_blocks["a"].append(bad)
+    with pytest.raises(TypeError, match=f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(bad).__name__}"):
+        mgr.record_blocks_for_zeroing("a", 0)
+    assert mgr.take_new_block_ids() == []  # refused before any group recorded anything
+    mgr.coordinator.single_type_managers[0].req_to_blocks["a"].pop()
+    mgr.record_blocks_for_zeroing("a", 0)
+    assert sorted(mgr.take_new_block_ids()) == sorted(before)
+
+
+@pytest.mark.parametrize("bad", [None, b"x" * 100, 7])
+def test_a_non_block_in_kv_cache_blocks_is_refused_alike(impl, bad):
+    pool = impl.kv_cache.BlockPool(4, True, BS)
+    blocks = impl.kv_cache.KVCacheBlocks(([pool.blocks[1], bad],))
+    with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
+        blocks.get_block_ids()
+    with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
+        repr(blocks)
+    assert impl.kv_cache.KVCacheBlocks(([pool.blocks[1]],)).get_block_ids() == ([1],)
+
+
+@pytest.mark.parametrize("ids, error, message", [
+    (["x"], TypeError, "kv_cache_group_ids must be ints, got str"),
+    ([0, None], TypeError, "kv_cache_group_ids must be ints, got NoneType"),
+    ([1.0], TypeError, "kv_cache_group_ids must be ints, got float"),
+    ([-1], ValueError, "KV-cache group id -1 does not fit in 4 bytes"),
+    ([2**33], ValueError, "KV-cache group id 8589934592 does not fit in 4 bytes"),
+])
+@pytest.mark.parametrize("kind", ["FullAttentionManager", "SlidingWindowManager"])
+def test_bad_group_ids_in_a_hit_search_are_refused_alike(impl, kind, ids, error, message):
+    # (the twins raised different errors: the compiled one TypeError/ValueError from
+    # its conversions, the Python one AttributeError/OverflowError)
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    spec = full if kind == "FullAttentionManager" else swa
+    pool = impl.kv_cache.BlockPool(16, True, BS)
+    req = impl.kv_cache.Request("a", list(range(20)), block_hasher=hasher())
+    pool.cache_full_blocks(req, pool.get_new_blocks(2), 0, 2, BS, 0)
+    cls = getattr(impl.kv_cache, kind)
+    with pytest.raises(error, match=message):
+        cls.find_longest_cache_hit(req.block_hashes, 20, ids, pool, spec, False, BS)
+    assert cls.find_longest_cache_hit(req.block_hashes, 20, [0], pool, spec, False, BS)[1] == 8

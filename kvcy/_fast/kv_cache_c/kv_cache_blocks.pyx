@@ -26,14 +26,19 @@ cdef class KVCacheBlocks:
     def get_block_ids(self, allow_none=False, *, group_ids=None):
         """Block ids per group: all groups, or those in ``group_ids`` in that order
         (``None`` with ``allow_none`` when every one of them is empty)."""
-        cdef object group
-        cdef KVCacheBlock blk
+        cdef object group, blk
+        cdef list ids
         groups = self.blocks if group_ids is None else tuple([self.blocks[i] for i in group_ids])
         if allow_none and all(len(g) == 0 for g in groups):
             return None
         out = []
         for group in groups:
-            out.append([blk.block_id for blk in group])
+            ids = []
+            for blk in group:  # (blocks is public: a None would be read as a block)
+                if not _is_block(<PyObject*>blk):
+                    raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}")
+                ids.append((<KVCacheBlock>blk).block_id)
+            out.append(ids)
         return tuple(out)
 
     def get_unhashed_block_ids(self):

@@ -218,6 +218,7 @@ cdef class KVCacheManager:
         """
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
+        assert self.prefix_cache_stats is not None  # (as vLLM asserts: a public attribute)
         self.prefix_cache_stats.record(
             num_tokens=request.num_tokens,
             num_hits=num_hits,
@@ -607,6 +608,8 @@ cdef class KVCacheManager:
 
     def reset_prefix_cache(self):
         """Drop all cached hashes; False (and nothing changes) while blocks are in use."""
+        if self.log_stats:  # (vLLM asserts it after the reset; here nothing changes first)
+            assert self.prefix_cache_stats is not None
         if not self.block_pool.reset_prefix_cache():
             return False
         if self.log_stats:
@@ -751,11 +754,20 @@ cdef class KVCacheManager:
         """
         _check_rid(request_id)
         start_token = _check_count("start_token", start_token)
+        cdef list todo = []  # (manager, blocks): all checked before any is recorded
+        cdef object b
         for manager in self.coordinator.single_type_managers:
             if manager.records_new_block_ids:
                 assert start_token % manager.block_size == 0
-                blocks = (<SingleTypeKVCacheManager>manager)._req_to_blocks.get(request_id) or []
-                _record_ids((<SingleTypeKVCacheManager>manager).new_block_ids, blocks[start_token // manager.block_size:])
+                blocks = ((<SingleTypeKVCacheManager>manager)._req_to_blocks.get(request_id)
+                          or [])[start_token // manager.block_size:]
+                for b in blocks:  # (the table's lists are the caller's to change)
+                    if not _is_block(<PyObject*>b):
+                        raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(b).__name__}")
+                todo.append((manager, blocks))
+        for manager, blocks in todo:
+            _record_ids((<SingleTypeKVCacheManager>manager).new_block_ids, blocks)
 
     def take_kv_cache_block_copies(self):
         """The block copies (copy-on-write of partial hits) queued since the last call,

@@ -332,6 +332,17 @@ cdef class SingleTypeKVCacheManager:
         raise NotImplementedError
 
 
+cdef int _check_group_ids(list ids) except -1:
+    # Each group id an int of 4 bytes (the cache keys hold it), refused alike in both twins.
+    cdef object g
+    for g in ids:
+        if not isinstance(g, int):
+            raise TypeError(f"kv_cache_group_ids must be ints, got {type(g).__name__}")
+        if not 0 <= g <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {g} does not fit in 4 bytes")
+    return 0
+
+
 cdef list _check_hit_args(object kv_cache_group_ids, object block_pool, object alignment_tokens):
     # find_longest_cache_hit's arguments, before any use (a subclass's _hits reads the first
     # group's list and the pool unchecked, and divides by the alignment: cdivision, a zero
@@ -342,7 +353,9 @@ cdef list _check_hit_args(object kv_cache_group_ids, object block_pool, object a
         raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
     if _check_count("alignment_tokens", alignment_tokens) == 0:
         raise ValueError("alignment_tokens must be positive, got 0")
-    return list(kv_cache_group_ids)
+    cdef list ids = list(kv_cache_group_ids)
+    _check_group_ids(ids)
+    return ids
 
 
 cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_blocks, uint32_t gid,

@@ -6,12 +6,9 @@ From vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheBlocks``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from kvcy._fast.kv_cache_py._common import _Checked, _tuple_or_none
-
-if TYPE_CHECKING:
-    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
 
 class KVCacheBlocks(_Checked):
@@ -46,7 +43,14 @@ class KVCacheBlocks(_Checked):
         groups = self.blocks if group_ids is None else tuple([self.blocks[i] for i in group_ids])
         if allow_none and all(len(g) == 0 for g in groups):
             return None
-        return tuple([blk._block_id for blk in group] for group in groups)
+        try:
+            return tuple([blk._block_id for blk in group] for group in groups)
+        except AttributeError:  # (the compiled twin's refusal, found only when it happens)
+            for group in groups:
+                for blk in group:
+                    if not isinstance(blk, KVCacheBlock):
+                        raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}") from None
+            raise
 
     def get_unhashed_block_ids(self) -> list[int]:
         """Ids of the one group's blocks that are not cached (asserts a single group, as vLLM does)."""

@@ -6,7 +6,7 @@ From vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvcy.kv_cache_interface import (
     AttentionSpec,
@@ -37,11 +37,9 @@ from kvcy._fast.kv_cache_py.coordinators import (
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
 )
+from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
 from kvcy._fast.kv_cache_py.request import Request
-
-if TYPE_CHECKING:
-    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -202,6 +200,7 @@ class KVCacheManager(_Checked):
         """
         if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
             return
+        assert self.prefix_cache_stats is not None  # (as vLLM asserts: a public attribute)
         self.prefix_cache_stats.record(
             num_tokens=request.num_tokens,
             num_hits=num_hits,
@@ -423,6 +422,8 @@ class KVCacheManager(_Checked):
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached hashes; False (and nothing changes) while blocks are in use."""
+        if self.log_stats:  # (vLLM asserts it after the reset; here nothing changes first)
+            assert self.prefix_cache_stats is not None
         if not self.block_pool.reset_prefix_cache():
             return False
         if self.log_stats:
@@ -567,11 +568,18 @@ class KVCacheManager(_Checked):
         """
         _check_rid(request_id)
         start_token = _check_count("start_token", start_token)
+        todo = []  # (manager, blocks): all checked before any is recorded
         for manager in self.coordinator.single_type_managers:
             if manager.records_new_block_ids:
                 assert start_token % manager.block_size == 0
-                blocks = manager._req_to_blocks.get(request_id) or []
-                manager.new_block_ids.extend([b._block_id for b in blocks[start_token // manager.block_size:]])
+                blocks = (manager._req_to_blocks.get(request_id) or [])[start_token // manager.block_size:]
+                for b in blocks:  # (the table's lists are the caller's to change)
+                    if not isinstance(b, KVCacheBlock):
+                        raise TypeError(f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(b).__name__}")
+                todo.append((manager, blocks))
+        for manager, blocks in todo:
+            manager.new_block_ids.extend([b._block_id for b in blocks])
 
     def take_kv_cache_block_copies(self) -> tuple[list, list[KVCacheBlock]]:
         """The block copies (copy-on-write of partial hits) queued since the last call,

@@ -38,6 +38,11 @@ def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
         raise TypeError(f"block_pool must be a BlockPool, got {type(block_pool).__name__}")
     if _check_count("alignment_tokens", alignment_tokens) == 0:
         raise ValueError("alignment_tokens must be positive, got 0")
+    for g in kv_cache_group_ids:  # (ints of 4 bytes: the cache keys hold them)
+        if not isinstance(g, int):
+            raise TypeError(f"kv_cache_group_ids must be ints, got {type(g).__name__}")
+        if not 0 <= g <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {g} does not fit in 4 bytes")
 
 
 class SingleTypeKVCacheManager(_Checked):
