@@ -168,9 +168,8 @@ cdef class KVCacheCoordinator:
         """Cache every group's full blocks among the first ``num_computed_tokens`` tokens
         (less the re-prefillable ones)."""
         cdef SingleTypeKVCacheManager manager
-        cdef Py_ssize_t n = num_computed_tokens - self.num_reprefillable_tokens
         for manager in self.single_type_managers:
-            manager.cache_blocks(request, n if n > 0 else 0)
+            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
         # The num_tokens cache_blocks hands this manager.
