@@ -121,11 +121,12 @@ def _included_sources(folder: str) -> list[str]:
 
 # One entry per Cython twin: module name -> extra Extension keyword arguments.
 # Only these are compiled: kvcy/_fast/kv_cache_c/*.pyx are pieces of
-# kvcy._fast._kv_cache_c (Cython ``include``s them), listed as its depends.
+# kvcy._fast._kv_cache_c (Cython ``include``s them), listed as its depends;
+# kvcy/_fast/offload_c/*.pyx likewise of kvcy._fast._offload_c.
 CYTHON_MODULES: dict[str, dict] = {
     "kvcy._fast._kv_cache_c": {"depends": _included_sources("kvcy/_fast/kv_cache_c")},
     "kvcy._fast._hashing_c": _hashing_build_options(),
-    "kvcy._fast._offload_c": {},
+    "kvcy._fast._offload_c": {"depends": _included_sources("kvcy/_fast/offload_c")},
 }
 
 CYTHON_DIRECTIVES = {

@@ -3,7 +3,9 @@
 Each public module named after a vLLM one (``kvcy.block_pool``, ``kvcy.kv_cache_manager``, ...)
 re-exports classes of the selected twin; its docstring names each class, the stem of the twin
 files it lives in (``kvcy/_fast/kv_cache_c/<stem>.pyx`` and ``kvcy/_fast/kv_cache_py/<stem>.py``)
-and how the twin is chosen.
+and how the twin is chosen.  The CPU offloading tier's modules (``kvcy.kv_offload.cpu...``) do
+the same for the offloading twins (``kvcy/_fast/offload_c/<stem>.pyx``,
+``kvcy/_fast/offload_py/<stem>.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvcy import _fast
+from kvcy.kv_offload import _twin as _offload_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvcy"
@@ -39,6 +42,23 @@ TWIN_EXPORTS = {
     "kvcy.request": {"Request": "request"},
 }
 
+#: The same for the offloading twins (kvcy/_fast/offload_c/, kvcy/_fast/offload_py/).
+OFFLOAD_TWIN_EXPORTS = {
+    "kvcy.kv_offload.cpu.manager": {"CPUOffloadingManager": "manager"},
+    "kvcy.kv_offload.cpu.policies.base": {
+        "ChunkStatus": "chunk_status", "CachePolicy": "cache_policy", "order_request_keys": "request_order",
+    },
+    "kvcy.kv_offload.cpu.policies.lru": {"LRUCachePolicy": "lru_policy"},
+    "kvcy.kv_offload.cpu.policies.arc": {"ARCCachePolicy": "arc_policy"},
+}
+
+#: Which twin each table describes: (exports, the live twin module, compiled dir, pure dir, extension).
+LAYOUTS = {
+    "kv_cache": (TWIN_EXPORTS, lambda: _fast.kv_cache, "kv_cache_c", "kv_cache_py", "kvcy._fast._kv_cache_c"),
+    "offload": (OFFLOAD_TWIN_EXPORTS, lambda: _offload_twin.twin, "offload_c", "offload_py",
+                "kvcy._fast._offload_c"),
+}
+
 
 def _sources(*suffixes: str) -> list[Path]:
     return sorted(p for suffix in suffixes for p in PACKAGE.rglob(f"*{suffix}"))
@@ -60,29 +80,34 @@ def test_no_star_imports():
     assert offenders == []
 
 
-@pytest.mark.parametrize("module_name", sorted(TWIN_EXPORTS))
-def test_vllm_named_modules_say_what_they_hold(module_name):
+@pytest.mark.parametrize(
+    ("layout", "module_name"), [(layout, name) for layout, spec in LAYOUTS.items() for name in sorted(spec[0])]
+)
+def test_vllm_named_modules_say_what_they_hold(layout, module_name):
     module = importlib.import_module(module_name)
     doc = module.__doc__
-    exports = TWIN_EXPORTS[module_name]
-    twin = _fast.kv_cache
+    table, live, c_dir, py_dir, extension = LAYOUTS[layout]
+    exports = table[module_name]
+    twin = live()
     for name, stem in exports.items():
         assert name in module.__all__
         assert getattr(module, name) is getattr(twin, name), f"{module_name}.{name} is not the selected twin's"
         assert f"``{name}``" in doc, f"{module_name}'s docstring does not name {name}"
         assert f"stem ``{stem}``" in doc, f"{module_name}'s docstring does not give {name}'s stem {stem}"
-    for words in ("kvcy/_fast/kv_cache_c/S.pyx", "kvcy._fast._kv_cache_c", "kvcy/_fast/kv_cache_py/S.py",
+    for words in (f"kvcy/_fast/{c_dir}/S.pyx", extension, f"kvcy/_fast/{py_dir}/S.py",
                   "KVCY_NO_EXTENSIONS=1", "KVCY_REQUIRE_EXTENSIONS=1", "kvcy.IMPLEMENTATION"):
         assert words in doc, f"{module_name}'s docstring does not say {words}"
 
 
-def test_named_stems_define_the_names():
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_named_stems_define_the_names(layout):
     """Where the per-concept twin files exist, each stem a docstring names defines its names in both twins."""
-    c_dir, py_dir = PACKAGE / "_fast" / "kv_cache_c", PACKAGE / "_fast" / "kv_cache_py"
+    table, _, c_name, py_name, _ = LAYOUTS[layout]
+    c_dir, py_dir = PACKAGE / "_fast" / c_name, PACKAGE / "_fast" / py_name
     if not py_dir.is_dir():
-        pytest.skip("the kv_cache twins are not split into per-concept files in this tree")
+        pytest.skip(f"the {layout} twins are not split into per-concept files in this tree")
     defined = re.compile(r"^(?:cdef\s+class|class|def|cpdef\s+\w+|cpdef)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=", re.MULTILINE)
-    for exports in TWIN_EXPORTS.values():
+    for exports in table.values():
         for name, stem in exports.items():
             for path in (c_dir / f"{stem}.pyx", py_dir / f"{stem}.py"):
                 names = {a or b for a, b in defined.findall(path.read_text(encoding="utf-8"))}
@@ -148,3 +173,27 @@ def test_kv_cache_interface_objects_pickle_by_their_module():
     ):
         back = pickle.loads(pickle.dumps(obj))
         assert back == obj and type(back) is type(obj)
+
+
+#: Lines a per-concept twin file may have at most: one concept, not a file to scroll through.
+MAX_CONCEPT_LINES = 1000
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_split_twins_keep_one_concept_per_file(layout):
+    """The compiled and pure twins have the same stems, and no piece grows into a whole layer again."""
+    _, _, c_name, py_name, _ = LAYOUTS[layout]
+    c_dir, py_dir = PACKAGE / "_fast" / c_name, PACKAGE / "_fast" / py_name
+    pure = {p.stem for p in py_dir.glob("*.py")} - {"__init__"}
+    assert len(pure) >= 5
+    assert {p.stem for p in c_dir.glob("*.pyx")} == pure
+    assert {p.stem for p in c_dir.glob("*.pxd")} == pure
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in [*c_dir.glob("*.pyx"), *c_dir.glob("*.pxd"), *py_dir.glob("*.py")]
+        if (n := p.read_text(encoding="utf-8").count("\n")) > MAX_CONCEPT_LINES
+    }
+    assert long == {}
+    # The assembled twins only put the pieces together.
+    assert (PACKAGE / "_fast" / f"_{layout}_c.pyx").read_text(encoding="utf-8").count("\n") < 150
+    assert (PACKAGE / "_fast" / f"_{layout}_py.py").read_text(encoding="utf-8").count("\n") < 150

@@ -164,20 +164,25 @@ def test_stub_members_and_signatures_match_the_pure_twin():
 
 
 # --------------------------------------------------------------------------- the included sources
-def _kv_cache_c_includes() -> list[str]:
-    """The files ``_kv_cache_c.pyx`` / ``.pxd`` ``include`` (repository-relative), in order."""
+def _includes(twin: str) -> list[str]:
+    """The files ``_<twin>_c.pyx`` / ``.pxd`` ``include`` (repository-relative), in order."""
     out = []
-    for assembly in ("_kv_cache_c.pyx", "_kv_cache_c.pxd"):
+    for assembly in (f"_{twin}_c.pyx", f"_{twin}_c.pxd"):
         for line in (ROOT / "kvcy" / "_fast" / assembly).read_text().splitlines():
             if line.startswith("include "):
                 out.append("kvcy/_fast/" + ast.literal_eval(line.split(None, 1)[1]))
     return out
 
 
-def test_kv_cache_c_is_assembled_from_every_included_source():
-    included = _kv_cache_c_includes()
+#: The compiled twins assembled from per-concept sources: twin -> the folder of its pieces.
+ASSEMBLED = {"kv_cache": "kv_cache_c", "offload": "offload_c"}
+
+
+@pytest.mark.parametrize("twin", sorted(ASSEMBLED))
+def test_compiled_twin_is_assembled_from_every_included_source(twin):
+    included = _includes(twin)
     assert len(included) == len(set(included)) and included, included
-    on_disk = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kvcy" / "_fast" / "kv_cache_c").iterdir())
+    on_disk = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kvcy" / "_fast" / ASSEMBLED[twin]).iterdir())
     # Every piece is included once, nothing else lies there (no __init__.py: not a package).
     assert sorted(included) == on_disk
     # Each concept's implementation (.pyx) comes with its declarations (.pxd).
@@ -185,7 +190,7 @@ def test_kv_cache_c_is_assembled_from_every_included_source():
     assert stems[".pyx"] == stems[".pxd"] and len(stems[".pyx"]) * 2 == len(included)
 
 
-def test_setup_builds_one_kv_cache_extension_that_depends_on_its_includes():
+def test_setup_builds_one_extension_per_twin_that_depends_on_its_includes():
     code = (
         "import runpy, sys\n"
         "sys.argv = ['setup.py', '--name']\n"
@@ -196,11 +201,13 @@ def test_setup_builds_one_kv_cache_extension_that_depends_on_its_includes():
     proc = _run([sys.executable, "-c", code], env={"KVCY_BUILD_TORCH": "0"})
     assert proc.returncode == 0, proc.stderr
     exts = {row[1]: row[2:] for row in (line.split() for line in proc.stdout.splitlines()) if row[:1] == ["EXT"]}
-    assert not [name for name in exts if "kv_cache_c." in name], exts
-    files = exts["kvcy._fast._kv_cache_c"]
-    assert files[0] == "kvcy/_fast/_kv_cache_c.pyx"
-    # A change to an included file rebuilds the extension.
-    assert sorted(_kv_cache_c_includes()) == sorted(files[1:])
+    for twin, folder in ASSEMBLED.items():
+        # One extension per twin: its pieces are not compiled on their own.
+        assert not [name for name in exts if f"{folder}." in name], exts
+        files = exts[f"kvcy._fast._{twin}_c"]
+        assert files[0] == f"kvcy/_fast/_{twin}_c.pyx"
+        # A change to an included file rebuilds the extension.
+        assert sorted(_includes(twin)) == sorted(files[1:]), twin
 
 
 # --------------------------------------------------------------------------- sdist and wheel
@@ -258,7 +265,8 @@ def test_sdist_has_sources_and_no_generated_c(dists):
     wanted = [t for t in tracked if t.startswith("cuda_ext/") or t.endswith((".pyx", ".pxd", ".pyi", ".h"))]
     assert any(t.startswith("cuda_ext/") for t in wanted) and any(t.endswith(".pyx") for t in wanted)
     assert sorted(set(wanted) - names) == []
-    assert sorted(set(_kv_cache_c_includes()) - names) == []
+    for twin in ASSEMBLED:
+        assert sorted(set(_includes(twin)) - names) == [], twin
     generated = [n for n in names if n.startswith("kvcy/") and n.endswith((".c", ".cpp", ".so", ".html"))]
     assert generated == []
 
@@ -271,12 +279,14 @@ def test_wheel_has_stubs_license_and_no_generated_c(dists):
     assert [n for n in names if n.endswith((".c", ".cpp", ".html"))] == []
     for rel in ("kvcy/py.typed", "kvcy/_fast/_kv_cache_c.pyi", "kvcy/_fast/_hashing_c.pyi"):
         assert rel in names, rel
-    # _kv_cache_c.pxd (shipped for cimport) includes these.
-    assert sorted(set(_kv_cache_c_includes()) - set(names)) == []
-    # The pure twin's per-concept modules (a package of their own) ship too.
-    pure = sorted(f"kvcy/_fast/kv_cache_py/{p.name}" for p in (ROOT / "kvcy/_fast/kv_cache_py").glob("*.py"))
-    assert "kvcy/_fast/kv_cache_py/__init__.py" in pure
-    assert sorted(set(pure) - set(names)) == []
+    for twin in ASSEMBLED:
+        # _<twin>_c.pxd (shipped for cimport) includes these.
+        assert sorted(set(_includes(twin)) - set(names)) == [], twin
+        # The pure twin's per-concept modules (a package of their own) ship too.
+        folder = f"kvcy/_fast/{twin}_py"
+        pure = sorted(f"{folder}/{p.name}" for p in (ROOT / folder).glob("*.py"))
+        assert f"{folder}/__init__.py" in pure
+        assert sorted(set(pure) - set(names)) == [], twin
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     assert "License-Expression: Apache-2.0" in metadata
     assert [n for n in sos if "_hashing_c" in n], names

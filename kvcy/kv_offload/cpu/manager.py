@@ -1,6 +1,20 @@
 """The CPU tier's scheduler-side manager (``vllm.v1.kv_offload.cpu.manager``).
 
-``CPUOffloadingManager`` is the live twin's class (``kvcy.kv_offload._twin``).
+Exports, under vLLM 0.33.0's names:
+
+* ``CPUOffloadingManager`` (stem ``manager``): chunks, reference counts,
+  eviction through the cache policy, events and stats.
+
+A stem ``S`` above is ``kvcy/_fast/offload_c/S.pyx`` (compiled, ``include``-d
+into the extension ``kvcy._fast._offload_c``) and ``kvcy/_fast/offload_py/S.py``
+(pure Python): the two twins of one concept.
+
+Which twin: :mod:`kvcy._fast` picks one at import, for all of kvcy (the
+offloading twin is loaded on first use, through ``kvcy.kv_offload._twin``):
+the compiled one when it imports, the pure-Python one with
+``KVCY_NO_EXTENSIONS=1`` or when the extension is missing or broken
+(``KVCY_REQUIRE_EXTENSIONS=1`` makes that an error); ``kvcy.IMPLEMENTATION``
+says which (``"cython"`` / ``"python"``).
 """
 
 from kvcy.kv_offload._twin import twin as _twin

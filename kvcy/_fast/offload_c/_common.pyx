@@ -1,0 +1,123 @@
+# offload_c/_common.pyx: what every concept shares: the API constants, owner ids, argument
+# checks (the same messages in both twins), a key's group index, load/store specs.
+# Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
+
+cdef object _MISS = LookupResult.MISS
+cdef object _HIT = LookupResult.HIT
+cdef object _HIT_PENDING = LookupResult.HIT_PENDING
+cdef object _CPU = Medium.CPU
+cdef object _HOST = CacheHitSource.HOST
+cdef object _np_frombuffer = np.frombuffer
+cdef object _np_int32 = np.int32
+cdef object _Iterable = Iterable
+cdef object _ReqContext = ReqContext
+cdef str _FINALIZED = "New cache keys observed after request finalization"
+cdef Py_ssize_t _INT_MAX = (<Py_ssize_t>1) << 62
+
+# kvcy.kv_offload.cpu imports the live twin (this module, maybe), so what this
+# module needs from it is imported on first use, not at import time.
+cdef object _CPULoadStoreSpec = None
+cdef object _Metrics = None
+
+
+cdef int _load_cpu_common() except -1:
+    global _CPULoadStoreSpec, _Metrics
+    from kvcy.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
+    _CPULoadStoreSpec = CPULoadStoreSpec
+    _Metrics = CPUOffloadingMetrics
+    return 0
+
+
+cdef int64_t _OWNER = 0
+
+
+cdef inline int64_t _next_owner() noexcept:
+    global _OWNER
+    _OWNER += 1
+    return _OWNER
+
+
+# =============================================================================
+# Argument checks (the same messages in both twins)
+# =============================================================================
+cdef int _check_key_slow(object key) except -1:
+    if type(key) is not bytes and not isinstance(key, bytes):
+        raise TypeError(f"an offload key must be bytes, got {type(key).__name__}")
+    if len(key) < 4:
+        raise ValueError(
+            f"an offload key is a block hash plus a 4-byte group index, got {len(key)} bytes: {key!r}"
+        )
+    return 0
+
+
+cdef inline int _check_key(object key) except -1:
+    if type(key) is bytes and PyBytes_GET_SIZE(key) >= 4:
+        return 0
+    return _check_key_slow(key)
+
+
+cdef list _check_keys(object keys):
+    """``keys`` as a list of valid offload keys (exact ``bytes``), or a TypeError / ValueError."""
+    cdef list out
+    cdef Py_ssize_t i
+    if type(keys) is list:
+        out = <list>keys
+    else:
+        if isinstance(keys, (bytes, str)) or not isinstance(keys, _Iterable):
+            raise TypeError(f"keys must be a collection of offload keys, got {type(keys).__name__}")
+        out = list(keys)
+    for i in range(len(out)):
+        key = out[i]
+        if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
+            _check_key_slow(key)
+            # a bytes subclass: keep its plain bytes value (C code compares bytes)
+            if out is keys:
+                out = list(out)
+            out[i] = bytes(key)
+    return out
+
+
+cdef inline int _check_context(object req_context) except -1:
+    if type(req_context) is not _ReqContext and not isinstance(req_context, _ReqContext):
+        raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
+    return 0
+
+
+cdef Py_ssize_t _check_int(str name, object value) except -1:
+    """A non-negative int as a C integer (values past 2**62 are clamped: no
+    cache, tracker or threshold comes near that)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    if value > _INT_MAX:
+        return _INT_MAX
+    return <Py_ssize_t>value
+
+
+cdef inline uint32_t _group_of(bytes key) noexcept:
+    """The group index: the key's last 4 bytes, big-endian (keys are >= 4 bytes)."""
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(key)
+    p += PyBytes_GET_SIZE(key) - 4
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef object _chunk_spec(vector[Py_ssize_t]& ids):
+    """A CPULoadStoreSpec over ``ids``: a writable int32 array, filled in C."""
+    cdef Py_ssize_t n = <Py_ssize_t>ids.size()
+    cdef Py_ssize_t i
+    cdef bytearray buf
+    cdef int *out
+    if _CPULoadStoreSpec is None:
+        _load_cpu_common()
+    for i in range(n):
+        if ids[i] > 0x7FFFFFFF:
+            # out of int32 range: let the spec's own check say so
+            return _CPULoadStoreSpec([ids[j] for j in range(n)])
+    buf = bytearray(n * 4)
+    out = <int *>(<char *>buf)
+    for i in range(n):
+        out[i] = <int>ids[i]
+    spec = _CPULoadStoreSpec.__new__(_CPULoadStoreSpec)
+    spec.block_ids = _np_frombuffer(buf, dtype=_np_int32)
+    return spec

@@ -1,0 +1,813 @@
+# offload_c/manager.pyx: CPUOffloadingManager, the CPU tier's scheduler-side manager, and the
+# per-request access records it keeps on a ReqContext.  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
+# Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
+
+#: The policies every manager knows without the factory.
+_BUILTIN_POLICIES = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
+
+# The record flags (manager.pxd) as Python ints, for the records' dicts.
+cdef object _FLAG_NONE = 0
+cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
+
+
+cdef class _AccessRecord:
+    """What one request did with one manager, since the manager's last reset."""
+
+    def __cinit__(self):
+        self.keys = {}
+        self.inserted_log = []
+
+    cdef int fold(self) except -1:
+        """Move the logged insertions into the flags (each key is in ``keys``)."""
+        cdef PyObject *f
+        if self.inserted_log:
+            for key in self.inserted_log:
+                f = PyDict_GetItemWithError(self.keys, key)
+                self.keys[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _INSERTED
+            self.inserted_log = []
+        return 0
+
+
+cdef class _AccessRecords:
+    """Kept on a ReqContext: manager owner id -> its _AccessRecord for the request."""
+
+    def __cinit__(self):
+        self.records = {}
+
+
+cdef class CPUOffloadingManager:
+    """The scheduler-side manager of a CPU cache of ``num_chunks`` chunks.
+
+    It hands out chunks for stores (fresh ones first, then freed ones, last
+    freed first), counts readers per chunk, asks its cache policy what to
+    evict when the cache is full, and queues ``OffloadingEvent``s.  A chunk is
+    write-pending from ``prepare_store`` to ``complete_store``, then readable;
+    ``prepare_load`` pins it until ``complete_load``.  Only readable, unpinned
+    chunks are evicted, and never one the current offer contains.
+
+    Args:
+        num_chunks: the cache size in chunks (may be 0).
+        cache_policy: ``"lru"``, ``"arc"`` or a name registered with
+            ``CachePolicyFactory``.
+        cache_policy_module_path: a module to import the policy class named
+            ``cache_policy`` from, instead of the registry.
+        enable_events: queue events for ``take_events``.
+        store_threshold: with 2 or more, a new key is stored only once it has
+            been offered that many times (counted in a tracker of at most
+            ``max_tracker_size`` keys); 0 and 1 store every offer.
+        max_tracker_size: capacity of that tracker.
+        info: labels reported by ``config_info()``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: a negative size or threshold, or an unknown policy name.
+    """
+
+    def __init__(self, num_chunks, cache_policy="lru", cache_policy_module_path=None,
+                 enable_events=False, store_threshold=1, max_tracker_size=64_000, info=None):
+        cdef Py_ssize_t n = _check_int("num_chunks", num_chunks)
+        if not isinstance(cache_policy, str):
+            raise TypeError(f"cache_policy must be a str, got {type(cache_policy).__name__}")
+        if cache_policy_module_path is not None and not isinstance(cache_policy_module_path, str):
+            raise TypeError(
+                f"cache_policy_module_path must be a str or None, got {type(cache_policy_module_path).__name__}"
+            )
+        cdef Py_ssize_t threshold = _check_int("store_threshold", store_threshold)
+        cdef Py_ssize_t tracker = _check_int("max_tracker_size", max_tracker_size)
+        if info is not None and not isinstance(info, dict):
+            raise TypeError(f"info must be a CPUOffloadingInfo (a dict) or None, got {type(info).__name__}")
+        policy_cls = None
+        if cache_policy_module_path is None:
+            policy_cls = _BUILTIN_POLICIES.get(cache_policy)
+        if policy_cls is None:
+            from kvcy.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+            policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
+        policy = policy_cls(cache_capacity=num_chunks)
+        if not isinstance(policy, CachePolicy):
+            raise TypeError(
+                f"the compiled CPUOffloadingManager needs a policy derived from its own CachePolicy "
+                f"(kvcy._fast._offload_c.CachePolicy), got {type(policy).__name__}"
+            )
+        self._pol = <CachePolicy>policy
+        self._n_chunks = n
+        self._n_allocated = 0
+        self._events = [] if enable_events else None
+        self._n_evictable = 0
+        self._n_pending = 0
+        self._threshold = threshold
+        self._max_tracker = tracker
+        self._counts = OrderedDict() if threshold >= 2 else None
+        self._skipped = 0
+        self._alloc_sizes = []
+        self._info_obj = info
+        self._generation_c = 0
+        self._owner_c = _next_owner()
+
+    # -- read-only views of the state (what vLLM's replayer reads) ----------------
+    @property
+    def medium(self):
+        return _CPU
+
+    @property
+    def events(self):
+        return self._events
+
+    @property
+    def _policy(self):
+        return self._pol
+
+    @property
+    def _num_chunks(self):
+        return self._n_chunks
+
+    @property
+    def _num_allocated_chunks(self):
+        return self._n_allocated
+
+    @property
+    def _free_list(self):
+        return [c for c in self._free]
+
+    @property
+    def _num_evictable_cache_chunks(self):
+        return self._n_evictable
+
+    @property
+    def _num_write_pending_chunks(self):
+        return self._n_pending
+
+    @property
+    def store_threshold(self):
+        return self._threshold
+
+    @property
+    def max_tracker_size(self):
+        return self._max_tracker
+
+    @property
+    def counts(self):
+        return self._counts
+
+    @property
+    def stores_skipped_in_current_batch(self):
+        return self._skipped
+
+    @property
+    def allocation_sizes_in_current_batch(self):
+        return list(self._alloc_sizes)
+
+    @property
+    def _info(self):
+        return self._info_obj
+
+    @property
+    def _generation(self):
+        return self._generation_c
+
+    @property
+    def _owner(self):
+        return self._owner_c
+
+    lock = OffloadingManager.lock
+
+    # -- records ---------------------------------------------------------------
+    cdef _AccessRecord _get_record(self, object ctx, bint create):
+        cdef _AccessRecords holder
+        cdef _AccessRecord rec
+        state = ctx.get_state(_AccessRecords)
+        if state is None:
+            if not create:
+                return None
+            holder = _AccessRecords.__new__(_AccessRecords)
+            holder.records = {}
+            ctx.set_state(holder)
+        else:
+            holder = <_AccessRecords?>state
+        got = holder.records.get(self._owner_c)
+        if type(got) is _AccessRecord and (<_AccessRecord>got).generation == self._generation_c:
+            return <_AccessRecord>got
+        if not create:
+            return None
+        rec = _AccessRecord.__new__(_AccessRecord)
+        rec.generation = self._generation_c
+        rec.keys = {}
+        rec.inserted_log = []
+        holder.records[self._owner_c] = rec
+        return rec
+
+    cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,
+                     _Positions pos, list statuses, bint track_missed=False,
+                     list hints=None) except -1:
+        """Note keys a request loaded or offered; the policy hears of the new ones.
+
+        ``statuses`` (optional, parallel to ``keys``) are the keys' chunks as the
+        caller found them, ``None`` for a key that is not resident: the native
+        LRU policy then only looks at the resident ones (it ignores the others).
+        With ``track_missed`` the non-resident ones are this offer's store
+        misses, noted in their flags here.  ``hints`` (native LRU, optional,
+        parallel to ``keys``): the record's value for each new key instead of
+        its status (the chunk a new key is about to get).
+        """
+        cdef dict flags = rec.keys
+        cdef list new_keys = None
+        cdef PyObject *f
+        cdef Py_ssize_t i, n = len(keys)
+        cdef bint filter_resident = statuses is not None and self._pol._native
+        cdef bint lru = type(self._pol) is LRUCachePolicy
+        cdef bint missed
+        cdef Py_ssize_t size = PyDict_Size(flags)
+        if size == 0 and n > 8:
+            # a request's first batch of keys: one table of the right size
+            # instead of growing it key by key
+            flags = <dict>_PyDict_NewPresized(n)
+            rec.keys = flags
+        for i in range(n):
+            key = keys[i]
+            missed = track_missed and statuses[i] is None
+            if lru:
+                # the native LRU keeps no flags: the value is the key's chunk
+                # when known (a hint for on_request_finished), else None
+                PyDict_SetDefault(flags, key, hints[i] if hints is not None
+                                  else (None if statuses is None else statuses[i]))
+            else:
+                PyDict_SetDefault(flags, key, _FLAG_MISSED if missed else _FLAG_NONE)
+            if PyDict_Size(flags) == size:
+                # seen before
+                if missed:
+                    f = PyDict_GetItemWithError(flags, key)
+                    if f != NULL and not ((<Py_ssize_t><object>f) & _MISSED):
+                        flags[key] = (<Py_ssize_t><object>f) | _MISSED
+                continue
+            size += 1
+            if filter_resident and statuses[i] is None:
+                if new_keys is None:
+                    new_keys = []
+                continue
+            if new_keys is None:
+                new_keys = []
+            new_keys.append(key)
+        if new_keys is not None:
+            self._pol.c_on_request_access(new_keys, ctx, pos)
+        if not reused or type(self._pol) is LRUCachePolicy:
+            return 0        # (the native LRU reads no flags)
+        rec.fold()
+        for key in reused:
+            f = PyDict_GetItemWithError(flags, key)
+            if f != NULL and not ((<Py_ssize_t><object>f) & (_INSERTED | _REUSED)):
+                flags[key] = (<Py_ssize_t><object>f) | _REUSED
+        return 0
+
+    cdef int _update_tracker(self, list keys) except -1:
+        """Count one offer: offered keys move to the newest end, new ones enter
+        with count 1, evicting the oldest keys not in this offer while full."""
+        counts = self._counts
+        cdef Py_ssize_t protected = 0
+        for key in keys:
+            count = counts.get(key)
+            if count is not None:
+                counts.move_to_end(key)
+                counts[key] = count + 1
+                protected += 1
+        cdef Py_ssize_t unprotected = len(counts) - protected
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= self._max_tracker:
+                if unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[key] = 1
+        return 0
+
+    # -- the OffloadingManager API ---------------------------------------------
+    @cython.binding(False)
+    @cython.embedsignature(True)
+    @cython.embedsignature.format("clinic")
+    def lookup(self, key, req_context):
+        """``HIT`` if ``key`` is readable, ``HIT_PENDING`` if being written, else ``MISS``.
+
+        No side effects: recency and the store tracker are untouched.
+
+        Raises:
+            TypeError: ``key`` is not bytes.
+            ValueError: ``key`` is shorter than 4 bytes.
+        """
+        cdef PyObject *p
+        cdef ChunkStatus st
+        if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
+            _check_key_slow(key)
+        if self._pol._native:
+            p = PyDict_GetItemWithError(self._pol._chunks, key)
+            if p == NULL or _is_ghost(<_Node>p):
+                return _MISS
+            st = <ChunkStatus>p
+        else:
+            st = self._pol.c_get(key)
+            if st is None:
+                return _MISS
+        return _HIT if st.ref_cnt >= 0 else _HIT_PENDING
+
+    def count_hits(self, keys, req_context, start=0, stop=None):
+        """How many of ``keys[start:stop]``, from the first, ``lookup`` as ``HIT``.
+
+        The connector's admission loop (one ``lookup`` per key until the first
+        one that is not a ``HIT``) as one call; like ``lookup``, no side
+        effects.  Only the keys looked at are checked.
+
+        Args:
+            keys: a list of offload keys.
+            req_context: the request looking.
+            start: the first index looked at (clamped to ``len(keys)``).
+            stop: one past the last (``None``: the end; clamped likewise).
+
+        Raises:
+            TypeError: ``keys`` is not a list, ``start`` / ``stop`` are not
+                ints, or a key looked at is not bytes.
+            ValueError: a negative ``start`` / ``stop``, or a key looked at is
+                shorter than 4 bytes.
+        """
+        cdef list ks
+        cdef Py_ssize_t n, i, first, last
+        cdef PyObject *p
+        cdef ChunkStatus st
+        cdef CachePolicy policy = self._pol
+        if type(keys) is not list:
+            raise TypeError(f"keys must be a list of offload keys, got {type(keys).__name__}")
+        ks = <list>keys
+        n = len(ks)
+        first = _check_int("start", start)
+        last = n if stop is None else _check_int("stop", stop)
+        if first > n:
+            first = n
+        if last > n:
+            last = n
+        i = first
+        while i < last and i < len(ks):
+            key = ks[i]
+            if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
+                _check_key_slow(key)
+            if policy._native:
+                p = PyDict_GetItemWithError(policy._chunks, key)
+                if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+                    break
+            else:
+                # a Python policy: its get may run any code (the list may change)
+                st = policy.c_get(key)
+                if st is None or st.ref_cnt < 0:
+                    break
+            i += 1
+        return i - first if i > first else 0
+
+    def get_load_source(self, key, req_context):
+        """Always ``CacheHitSource.HOST``: hits come from host memory."""
+        _check_key(key)
+        return _HOST
+
+    def prepare_load(self, keys, req_context):
+        """Pin readable keys for a load and note the access for the request.
+
+        A key listed twice is pinned twice.
+
+        Returns:
+            The keys' chunks, in key order.
+
+        Raises:
+            AssertionError: a key is not resident or not readable yet, or the
+                request already finished and a key is new to it (vLLM's
+                messages); nothing is changed.
+        """
+        return self._prepare_load(keys, req_context, record_access=True)
+
+    def _prepare_load(self, keys, req_context, *, record_access):
+        """``prepare_load``; with ``record_access=False`` only the pins (a pin-only read)."""
+        cdef list ks = _check_keys(keys)
+        cdef bint record = bool(record_access)
+        cdef CachePolicy policy = self._pol
+        cdef list chunks = []
+        cdef ChunkStatus st
+        cdef _AccessRecord rec = None
+        cdef vector[Py_ssize_t] ids
+        cdef Py_ssize_t i
+        if record:
+            _check_context(req_context)
+        for key in ks:
+            st = policy.c_get(key)
+            if st is None:
+                raise AssertionError(f"Chunk {key!r} not found in cache")
+            if st.ref_cnt < 0:
+                raise AssertionError(f"Chunk {key!r} is not ready for reading")
+            chunks.append(st)
+        if record:
+            rec = self._get_record(req_context, True)
+            if rec.finished:
+                for key in ks:
+                    if key not in rec.keys:
+                        raise AssertionError(_FINALIZED)
+        ids.reserve(len(ks))
+        for i in range(len(ks)):
+            st = <ChunkStatus>chunks[i]
+            if st.ref_cnt == 0:
+                if not policy._native:
+                    policy.c_mark_non_evictable(<bytes>ks[i])
+                self._n_evictable -= 1
+            st.ref_cnt += 1
+            ids.push_back(st.chunk_id)
+        if rec is not None:
+            self._record(rec, ks, ks, req_context, _positions(req_context), chunks)
+        return _chunk_spec(ids)
+
+    def touch(self, keys, req_context):
+        """Tell the policy the keys were used (the first key ends most recent)."""
+        self._pol.c_touch(_check_keys(keys), req_context)
+
+    def complete_load(self, keys, req_context):
+        """Unpin keys pinned by ``prepare_load``; a key unpinned to 0 is evictable again.
+
+        Raises:
+            AssertionError: a key is not resident, or has no pin left to
+                release (vLLM's messages); nothing is changed.
+        """
+        cdef list ks = _check_keys(keys)
+        cdef CachePolicy policy = self._pol
+        cdef list chunks = []
+        cdef ChunkStatus st
+        cdef Py_ssize_t i, j
+        cdef vector[Py_ssize_t] zeroed
+        # Check by releasing tentatively (a key listed twice needs two pins),
+        # and put every pin back before raising.
+        for i in range(len(ks)):
+            key = ks[i]
+            st = policy.c_get(key)
+            if st is None or st.ref_cnt <= 0:
+                for j in range(i - 1, -1, -1):
+                    (<ChunkStatus>chunks[j]).ref_cnt += 1
+                if st is None:
+                    raise AssertionError(f"Chunk {key!r} not found")
+                raise AssertionError(f"Chunk {key!r} ref_cnt is already 0")
+            st.ref_cnt -= 1
+            chunks.append(st)
+            if st.ref_cnt == 0:
+                zeroed.push_back(i)
+        for i in range(<Py_ssize_t>zeroed.size()):
+            self._n_evictable += 1
+            if not policy._native:
+                policy.c_mark_evictable(<bytes>ks[zeroed[i]])
+
+    def prepare_store(self, keys, req_context):
+        """Reserve chunks for the offered keys that are not resident yet.
+
+        Keys already readable are kept (and never evicted for this offer);
+        keys being written are skipped.  With ``store_threshold >= 2`` a new
+        key is stored only once offered that often.
+
+        Args:
+            keys: the offer, in prefix order, each key once.
+            req_context: the offering request.
+
+        Returns:
+            The keys to write, their chunks and the keys evicted for them
+            (an empty output when nothing needs writing), or ``None`` when
+            not enough chunks can be evicted.
+
+        Raises:
+            ValueError: a key is offered twice.
+            AssertionError: the request already finished and a key is new to
+                it (vLLM's message); nothing is changed.
+        """
+        cdef list offer = _check_keys(keys)
+        cdef CachePolicy policy = self._pol
+        cdef Py_ssize_t n_offer = len(offer)
+        cdef list new = []
+        cdef list ready = []
+        cdef list statuses = []         # per offered key: its chunk, or None
+        cdef list new_ghosts = None     # native ARC, per new key: its ghost node, or None
+        cdef list pre_new = None        # native LRU, per new key: the status it will get
+        cdef list record_hints = None
+        cdef list miss_ghosts = None
+        cdef bint is_arc = type(policy) is ARCCachePolicy
+        cdef PyObject *p
+        cdef list to_record, misses, evicted_keys, evicted, record_statuses
+        cdef set offered, kept = None
+        cdef dict flags
+        cdef ChunkStatus st
+        cdef Py_ssize_t n, need, i, num_fresh, threshold = self._threshold
+        cdef _AccessRecord rec
+        cdef _Positions pos
+        cdef PyObject *f
+        cdef vector[Py_ssize_t] ids
+        counts = self._counts
+        _check_context(req_context)
+        offered = set(offer)
+        if len(offered) != n_offer:
+            offered = set()
+            for key in offer:
+                if key in offered:
+                    raise ValueError(f"prepare_store got key {key!r} more than once")
+                offered.add(key)
+        if is_arc:
+            new_ghosts = []
+        for key in offer:
+            if is_arc:
+                # one lookup says resident, ghost (kept for the store miss
+                # and the insert below) or neither
+                p = PyDict_GetItemWithError(policy._chunks, key)
+                if p == NULL:
+                    st = None
+                    new_ghosts.append(None)
+                elif _is_ghost(<_Node>p):
+                    st = None
+                    new_ghosts.append(<_Node>p)
+                else:
+                    st = <ChunkStatus>p
+            else:
+                st = policy.c_get(key)
+            statuses.append(st)
+            if st is None:
+                new.append(key)
+                if counts is not None:
+                    # after the tracker update a tracked key counts one more and
+                    # an untracked one at most 1, below any threshold >= 2
+                    c = counts.get(key)
+                    if c is not None and c + 1 >= threshold:
+                        if kept is None:
+                            kept = set()
+                        kept.add(key)
+            elif st.ref_cnt >= 0:
+                ready.append(key)
+        rec = self._get_record(req_context, True)
+        flags = rec.keys
+        if counts is None and len(new) + len(ready) == n_offer:
+            to_record = offer
+            record_statuses = statuses
+            if type(policy) is LRUCachePolicy and new:
+                # the chunks the new keys will get, made now, so that the
+                # record notes them (on_request_finished reads them) as it
+                # notes the resident keys' chunks
+                pre_new = []
+                record_hints = []
+                for i in range(n_offer):
+                    st = <ChunkStatus>statuses[i]
+                    if st is None:
+                        st = _new_status(-1)
+                        pre_new.append(st)
+                    record_hints.append(st)
+        else:
+            # offered keys that are kept (new, past the threshold) or ready
+            if kept is None:
+                kept = set() if counts is not None else set(new)
+            to_record = []
+            record_statuses = []
+            for i in range(n_offer):
+                st = <ChunkStatus>statuses[i]
+                if (st is None and offer[i] in kept) or (st is not None and st.ref_cnt >= 0):
+                    to_record.append(offer[i])
+                    record_statuses.append(st)
+        if rec.finished:
+            for key in to_record:
+                if key not in flags:
+                    raise AssertionError(_FINALIZED)
+        pos = _positions(req_context)
+
+        # 1. the offer tracker
+        if counts is not None:
+            self._update_tracker(offer)
+            if len(kept) != len(new):
+                self._skipped += len(new) - len(kept)
+                new = [k for k in new if k in kept]
+                new_ghosts = None       # (no longer parallel to new)
+        # 2. the policy hears of each miss once per request
+        misses = None
+        if new and type(policy) is not LRUCachePolicy:
+            # (the native LRU policy ignores store misses: nothing to track)
+            misses = []
+            if new_ghosts is not None:
+                miss_ghosts = []
+            for i in range(len(new)):
+                key = new[i]
+                f = PyDict_GetItemWithError(flags, key)
+                if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
+                    misses.append(key)
+                    if miss_ghosts is not None:
+                        miss_ghosts.append(new_ghosts[i])
+            if miss_ghosts is not None:
+                # the ghost hits of these misses, from the nodes found above
+                (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
+            elif misses:
+                policy.c_on_store_miss(misses, req_context)
+        # 3. the access record (and the misses, in it)
+        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
+                     record_hints)
+        n = len(new)
+        if n == 0:
+            return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
+
+        # 4. room: evict what the free chunks do not cover
+        self._alloc_sizes.append(n)
+        need = n - (<Py_ssize_t>self._free.size() + self._n_chunks - self._n_allocated)
+        evicted_keys = []
+        if need > 0:
+            if need > self._n_evictable:
+                return None
+            # only resident, ready keys of the offer could be evicted: they are
+            # the ones to protect (new keys are not resident, pending ones not evictable)
+            if policy._native:
+                evicted = policy.c_evict(need, set(ready) if ready else None)
+            else:
+                evicted = policy.c_evict(need, offered)
+            if evicted is None:
+                return None
+            self._n_evictable -= need
+            for s in evicted:
+                self._free.push_back((<ChunkStatus>s).chunk_id)
+                evicted_keys.append((<ChunkStatus>s).key)
+            if self._events is not None:
+                self._events.append(OffloadingEvent(keys=list(evicted_keys), medium=_CPU, removed=True))
+
+        # 5. allocate: fresh chunks first, then freed ones, last freed first
+        ids.reserve(n)
+        num_fresh = self._n_chunks - self._n_allocated
+        if num_fresh > n:
+            num_fresh = n
+        for i in range(num_fresh):
+            ids.push_back(self._n_allocated + i)
+        self._n_allocated += num_fresh
+        for i in range(n - num_fresh):
+            ids.push_back(self._free.back())
+            self._free.pop_back()
+        if new_ghosts is not None:
+            (<ARCCachePolicy>policy).c_insert_new_ghosts(new, ids, new_ghosts)
+        elif pre_new is not None:
+            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, req_context, pos, pre_new)
+        else:
+            policy.c_insert_new(new, ids, req_context, pos)
+        self._n_pending += n
+        if type(policy) is not LRUCachePolicy:
+            rec.inserted_log.extend(new)     # (the native LRU reads no flags)
+        return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(ids), evicted_keys=evicted_keys)
+
+    def complete_store(self, keys, req_context, success=True):
+        """Finish the writes of keys being written: readable on success, dropped on failure.
+
+        Keys not being written (unknown, already readable, repeated) are ignored.
+        """
+        cdef list ks = _check_keys(keys)
+        cdef CachePolicy policy = self._pol
+        cdef list done = []
+        cdef ChunkStatus st
+        if success:
+            for key in ks:
+                st = policy.c_get(key)
+                if st is not None and st.ref_cnt < 0:
+                    st.ref_cnt = 0
+                    self._n_pending -= 1
+                    self._n_evictable += 1
+                    if not policy._native:
+                        policy.c_mark_evictable(<bytes>key)
+                    done.append(key)
+        else:
+            for key in ks:
+                st = policy.c_get(key)
+                if st is not None and st.ref_cnt < 0:
+                    self._n_pending -= 1
+                    policy.c_remove(<bytes>key)
+                    self._free.push_back(st.chunk_id)
+                    done.append(key)
+        if done and self._events is not None:
+            if success:
+                self._events.append(OffloadingEvent(keys=done, medium=_CPU, removed=False))
+            else:
+                self._events.append(OffloadingEvent(keys=done, medium=_CPU, removed=True, metadata_only=True))
+
+    def on_new_request(self, req_context):
+        """Start the request's access record; every chunk is offloaded as computed."""
+        _check_context(req_context)
+        self._get_record(req_context, True)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context):
+        """Close the request's record and let the policy rank its keys.
+
+        Nothing happens for a request with no record since the last reset,
+        or one already finished.
+        """
+        cdef _AccessRecord rec
+        cdef list groups, members, ordered, keys
+        cdef _Positions pos
+        cdef vector[Py_ssize_t] order
+        _check_context(req_context)
+        rec = self._get_record(req_context, False)
+        if rec is None or rec.finished:
+            return
+        rec.finished = True
+        pos = _positions(req_context)
+        if type(self._pol) is LRUCachePolicy:
+            # the native LRU ranks the keys by position only: no flags (it
+            # keeps none), and one group in the common case
+            (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos, list(rec.keys.values()))
+            return
+        rec.fold()
+        if type(self._pol) is ARCCachePolicy:
+            # one group (the common case): the flags as they are, no sets
+            keys = list(rec.keys)
+            if _one_group_order(keys, pos, order):
+                (<ARCCachePolicy>self._pol).c_finish_flags(keys, list(rec.keys.values()), order)
+                return
+        by_group = {}
+        insertion_only = set()
+        reused = set()
+        for key, fl in rec.keys.items():
+            gi = _group_of(<bytes>key)
+            members = by_group.get(gi)
+            if members is None:
+                by_group[gi] = [key]
+            else:
+                (<list>members).append(key)
+            if (<Py_ssize_t>fl) & _REUSED:
+                reused.add(key)
+            elif (<Py_ssize_t>fl) & _INSERTED:
+                insertion_only.add(key)
+        groups = []
+        for gi in sorted(by_group):
+            members = <list>by_group[gi]
+            ordered = _by_position(members, pos)
+            groups.append(members if ordered is None else ordered)
+        self._pol.c_on_request_finished(groups, insertion_only, reused, req_context, pos)
+
+    def take_events(self):
+        """Yield the queued events, oldest first (a generator).
+
+        The queue is taken when iteration starts.  A failed store's event
+        keeps only the keys still not resident, and is dropped if none are.
+        """
+        if self._events is None:
+            return
+        events = self._events
+        self._events = []
+        for event in events:
+            if event.metadata_only:
+                keys = [key for key in event.keys if self._pol.c_get(key) is None]
+                if not keys:
+                    continue
+                if len(keys) != len(event.keys):
+                    event.keys = keys
+            yield event
+
+    def on_schedule_end(self, context):
+        """Nothing to do at the end of a step."""
+        return None
+
+    def has_pending_work(self):
+        """Always ``False``: the CPU tier does no work of its own between steps."""
+        return False
+
+    def reset_cache(self):
+        """Forget every chunk; chunk ids restart at 0.
+
+        Queued events, the store tracker and the stats accumulators are kept.
+        Requests' records from before the reset are abandoned.
+        """
+        self._pol.c_clear()
+        self._generation_c += 1
+        self._n_evictable = 0
+        self._n_pending = 0
+        self._free.clear()
+        self._n_allocated = 0
+
+    def on_reset_flushed(self):
+        """Nothing to do."""
+        return None
+
+    def get_stats(self):
+        """Usage gauges, allocation sizes and skipped stores since the previous call."""
+        if _Metrics is None:
+            _load_cpu_common()
+        stats = OffloadingConnectorStats()
+        cdef double usage = 0.0, write_usage = 0.0, read_usage
+        cdef Py_ssize_t used = self._n_allocated - <Py_ssize_t>self._free.size() - self._n_evictable
+        if self._n_chunks > 0:
+            usage = <double>used / <double>self._n_chunks
+            write_usage = <double>self._n_pending / <double>self._n_chunks
+        stats.set_gauge(_Metrics.CPU_CACHE_USAGE_PERC, usage)
+        for size in self._alloc_sizes:
+            stats.observe_histogram(_Metrics.CPU_ALLOCATION_SIZE, size)
+        self._alloc_sizes = []
+        stats.set_gauge(_Metrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
+        read_usage = usage - write_usage
+        stats.set_gauge(_Metrics.CPU_CACHE_READ_USAGE_PERC, 0.0 if read_usage < 0.0 else read_usage)
+        if self._threshold >= 2:
+            stats.increase_counter(_Metrics.STORES_SKIPPED, self._skipped)
+            self._skipped = 0
+        return stats
+
+    def config_info(self):
+        """``[dict(info)]``, or ``[{}]`` without info."""
+        return [dict(self._info_obj)] if self._info_obj is not None else [{}]
+
+    def shutdown(self):
+        """Nothing to release."""
+        return None
+
+
+OffloadingManager.register(CPUOffloadingManager)

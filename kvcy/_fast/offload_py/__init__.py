@@ -1,0 +1,14 @@
+"""The pure-Python twin of the CPU offloading tier, one concept per module.
+
+The compiled twin (``kvcy/_fast/offload_c/``) has one ``.pyx`` per concept with
+the same stems.  Nothing imports these modules but ``kvcy._fast._offload_py``,
+which assembles them into the twin module the selector loads.
+
+* ``_common``: the API constants, owner ids, argument checks, load/store specs;
+* ``request_order``: ``order_request_keys``;
+* ``chunk_status``: ``ChunkStatus``;
+* ``cache_policy``: ``CachePolicy`` and the policies' argument checks;
+* ``lru_policy``: ``LRUCachePolicy``;
+* ``arc_policy``: ``ARCCachePolicy``;
+* ``manager``: ``CPUOffloadingManager`` and its access records.
+"""

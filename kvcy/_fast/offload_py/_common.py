@@ -1,0 +1,63 @@
+"""What the offloading twin's concepts share: the API constants, owner ids, the argument
+checks (the same messages as the compiled twin's ``offload_c/_common.pyx``) and load/store specs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from kvcy.kv_offload.base import LookupResult, Medium, ReqContext
+from kvcy.kv_offload.cpu.common import CPULoadStoreSpec
+
+
+_MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
+_HIT_PENDING = LookupResult.HIT_PENDING
+_CPU = Medium.CPU
+
+# Unique ids for policies and managers: the per-request state they keep on a
+# ReqContext is filed under this id, so two of them never share a record.
+_owner_ids = itertools.count(1)
+
+
+def _check_key(key: Any) -> None:
+    if type(key) is not bytes and not isinstance(key, bytes):
+        raise TypeError(f"an offload key must be bytes, got {type(key).__name__}")
+    if len(key) < 4:
+        raise ValueError(
+            f"an offload key is a block hash plus a 4-byte group index, got {len(key)} bytes: {key!r}"
+        )
+
+
+def _check_keys(keys: Any) -> list:
+    """``keys`` as a list of valid offload keys, or a TypeError / ValueError."""
+    if isinstance(keys, (bytes, str)) or not isinstance(keys, Iterable):
+        raise TypeError(f"keys must be a collection of offload keys, got {type(keys).__name__}")
+    out = list(keys)
+    for key in out:
+        if type(key) is not bytes or len(key) < 4:
+            _check_key(key)
+    return out
+
+
+def _check_context(req_context: Any) -> None:
+    if not isinstance(req_context, ReqContext):
+        raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
+
+
+def _chunk_spec(chunk_ids: list[int]) -> CPULoadStoreSpec:
+    """A CPULoadStoreSpec of chunk ids the manager handed out (already valid)."""
+    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
+    spec.block_ids = np.array(chunk_ids, dtype=np.int32)
+    return spec
+
+
+def _check_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return int(value)

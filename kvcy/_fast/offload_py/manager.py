@@ -1,0 +1,582 @@
+"""``CPUOffloadingManager``: the CPU tier's scheduler-side manager, and the per-request
+access records it keeps on a ``ReqContext`` (``vllm.v1.kv_offload.cpu.manager``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from kvcy._fast.offload_py._common import (
+    _CPU,
+    _HIT,
+    _HIT_PENDING,
+    _MISS,
+    _check_context,
+    _check_int,
+    _check_key,
+    _check_keys,
+    _chunk_spec,
+    _owner_ids,
+)
+from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
+from kvcy._fast.offload_py.cache_policy import CachePolicy
+from kvcy._fast.offload_py.chunk_status import ChunkStatus
+from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
+from kvcy.kv_offload.base import (
+    CacheHitSource,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from kvcy.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
+from kvcy.kv_offload.metrics import OffloadingConnectorStats
+
+
+#: The policies every manager knows without the factory.
+_BUILTIN_POLICIES: dict[str, type[CachePolicy]] = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
+
+
+class _AccessRecord:
+    """What one request did with one manager, since the manager's last reset."""
+
+    __slots__ = ("generation", "key_groups", "seen", "inserted", "reused", "store_missed", "finished")
+
+    def __init__(self, generation: int):
+        self.generation = generation
+        # group suffix (4 bytes, big-endian: sorts like the index) -> keys, first seen first
+        self.key_groups: dict[bytes, list[OffloadKey]] = {}
+        self.seen: set[OffloadKey] = set()
+        self.inserted: set[OffloadKey] = set()
+        self.reused: set[OffloadKey] = set()
+        self.store_missed: set[OffloadKey] = set()
+        self.finished = False
+
+
+class _AccessRecords(dict):
+    """Kept on a ReqContext: manager id -> its _AccessRecord for the request."""
+
+    __slots__ = ()
+
+
+_FINALIZED = "New cache keys observed after request finalization"
+
+
+class CPUOffloadingManager(OffloadingManager):
+    """The scheduler-side manager of a CPU cache of ``num_chunks`` chunks.
+
+    It hands out chunks for stores (fresh ones first, then freed ones, last
+    freed first), counts readers per chunk, asks its cache policy what to
+    evict when the cache is full, and queues ``OffloadingEvent``s.  A chunk is
+    write-pending from ``prepare_store`` to ``complete_store``, then readable;
+    ``prepare_load`` pins it until ``complete_load``.  Only readable, unpinned
+    chunks are evicted, and never one the current offer contains.
+
+    Args:
+        num_chunks: the cache size in chunks (may be 0).
+        cache_policy: ``"lru"``, ``"arc"`` or a name registered with
+            ``CachePolicyFactory``.
+        cache_policy_module_path: a module to import the policy class named
+            ``cache_policy`` from, instead of the registry.
+        enable_events: queue events for ``take_events``.
+        store_threshold: with 2 or more, a new key is stored only once it has
+            been offered that many times (counted in a tracker of at most
+            ``max_tracker_size`` keys); 0 and 1 store every offer.
+        max_tracker_size: capacity of that tracker.
+        info: labels reported by ``config_info()``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: a negative size or threshold, or an unknown policy name.
+    """
+
+    def __init__(
+        self,
+        num_chunks: int,
+        cache_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
+        enable_events: bool = False,
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+        info: CPUOffloadingInfo | None = None,
+    ):
+        num_chunks = _check_int("num_chunks", num_chunks)
+        if not isinstance(cache_policy, str):
+            raise TypeError(f"cache_policy must be a str, got {type(cache_policy).__name__}")
+        if cache_policy_module_path is not None and not isinstance(cache_policy_module_path, str):
+            raise TypeError(
+                f"cache_policy_module_path must be a str or None, got {type(cache_policy_module_path).__name__}"
+            )
+        store_threshold = _check_int("store_threshold", store_threshold)
+        max_tracker_size = _check_int("max_tracker_size", max_tracker_size)
+        if info is not None and not isinstance(info, dict):
+            raise TypeError(f"info must be a CPUOffloadingInfo (a dict) or None, got {type(info).__name__}")
+        policy_cls = None
+        if cache_policy_module_path is None:
+            policy_cls = _BUILTIN_POLICIES.get(cache_policy)
+        if policy_cls is None:
+            from kvcy.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+            policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
+
+        self.medium: Medium = _CPU
+        self._num_chunks: int = num_chunks
+        self._num_allocated_chunks: int = 0
+        self._free_list: list[int] = []
+        self.events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._policy: CachePolicy = policy_cls(cache_capacity=num_chunks)
+        self._num_evictable_cache_chunks: int = 0
+        self._num_write_pending_chunks: int = 0
+        self.store_threshold: int = store_threshold
+        self.max_tracker_size: int = max_tracker_size
+        #: key -> times offered, oldest first (only with store_threshold >= 2).
+        self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
+        self.stores_skipped_in_current_batch: int = 0
+        self.allocation_sizes_in_current_batch: list[int] = []
+        self._info = info
+        self._generation = 0
+        self._owner = next(_owner_ids)
+
+    # ------------------------------------------------------------------ records
+    def _get_record(self, req_context: ReqContext, create: bool) -> _AccessRecord | None:
+        records = req_context.get_state(_AccessRecords)
+        if records is None:
+            if not create:
+                return None
+            records = _AccessRecords()
+            req_context.set_state(records)
+        record = records.get(self._owner)
+        if record is None or record.generation != self._generation:
+            if not create:
+                return None
+            record = _AccessRecord(self._generation)
+            records[self._owner] = record
+        return record
+
+    def _record(self, record: _AccessRecord, keys: list, reused: list, req_context: ReqContext) -> None:
+        """Note keys a request loaded or offered; the policy hears of the new ones."""
+        seen = record.seen
+        key_groups = record.key_groups
+        new_keys = []
+        for key in keys:
+            if key not in seen:
+                seen.add(key)
+                group = key[-4:]
+                members = key_groups.get(group)
+                if members is None:
+                    key_groups[group] = [key]
+                else:
+                    members.append(key)
+                new_keys.append(key)
+        if new_keys:
+            self._policy.on_request_access(new_keys, req_context)
+        inserted = record.inserted
+        record.reused.update([key for key in reused if key not in inserted])
+
+    # ------------------------------------------------------------------ chunk pool
+    def _get_num_free_chunks(self) -> int:
+        return len(self._free_list) + self._num_chunks - self._num_allocated_chunks
+
+    # ------------------------------------------------------------------ API
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """``HIT`` if ``key`` is readable, ``HIT_PENDING`` if being written, else ``MISS``.
+
+        No side effects: recency and the store tracker are untouched.
+
+        Raises:
+            TypeError: ``key`` is not bytes.
+            ValueError: ``key`` is shorter than 4 bytes.
+        """
+        if type(key) is not bytes or len(key) < 4:
+            _check_key(key)
+        chunk = self._policy.get(key)
+        if chunk is None:
+            return _MISS
+        return _HIT if chunk.ref_cnt >= 0 else _HIT_PENDING
+
+    def count_hits(self, keys: list[OffloadKey], req_context: ReqContext, start: int = 0,
+                   stop: int | None = None) -> int:
+        """How many of ``keys[start:stop]``, from the first, ``lookup`` as ``HIT``.
+
+        The connector's admission loop (one ``lookup`` per key until the first
+        one that is not a ``HIT``) as one call; like ``lookup``, no side
+        effects.  Only the keys looked at are checked.
+
+        Args:
+            keys: a list of offload keys.
+            req_context: the request looking.
+            start: the first index looked at (clamped to ``len(keys)``).
+            stop: one past the last (``None``: the end; clamped likewise).
+
+        Raises:
+            TypeError: ``keys`` is not a list, ``start`` / ``stop`` are not
+                ints, or a key looked at is not bytes.
+            ValueError: a negative ``start`` / ``stop``, or a key looked at is
+                shorter than 4 bytes.
+        """
+        if type(keys) is not list:
+            raise TypeError(f"keys must be a list of offload keys, got {type(keys).__name__}")
+        n = len(keys)
+        start = min(_check_int("start", start), n)
+        stop = n if stop is None else min(_check_int("stop", stop), n)
+        get = self._policy.get
+        for i in range(start, stop):
+            key = keys[i]
+            if type(key) is not bytes or len(key) < 4:
+                _check_key(key)
+            chunk = get(key)
+            if chunk is None or chunk.ref_cnt < 0:
+                return i - start
+        return max(stop - start, 0)
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        """Always ``CacheHitSource.HOST``: hits come from host memory."""
+        _check_key(key)
+        return CacheHitSource.HOST
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
+        """Pin readable keys for a load and note the access for the request.
+
+        A key listed twice is pinned twice.
+
+        Returns:
+            The keys' chunks, in key order.
+
+        Raises:
+            AssertionError: a key is not resident or not readable yet, or the
+                request already finished and a key is new to it (vLLM's
+                messages); nothing is changed.
+        """
+        return self._prepare_load(keys, req_context, record_access=True)
+
+    def _prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
+    ) -> CPULoadStoreSpec:
+        """``prepare_load``; with ``record_access=False`` only the pins (a pin-only read)."""
+        keys = _check_keys(keys)
+        if record_access:
+            _check_context(req_context)
+        get = self._policy.get
+        chunks = []
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                raise AssertionError(f"Chunk {key!r} not found in cache")
+            if chunk.ref_cnt < 0:
+                raise AssertionError(f"Chunk {key!r} is not ready for reading")
+            chunks.append(chunk)
+        record = None
+        if record_access:
+            record = self._get_record(req_context, create=True)
+            if record.finished:
+                seen = record.seen
+                for key in keys:
+                    if key not in seen:
+                        raise AssertionError(_FINALIZED)
+        policy = self._policy
+        for key, chunk in zip(keys, chunks):
+            if chunk.ref_cnt == 0:
+                policy.mark_non_evictable(key)
+                self._num_evictable_cache_chunks -= 1
+            chunk.ref_cnt += 1
+        if record is not None:
+            self._record(record, keys, keys, req_context)
+        return _chunk_spec([chunk.chunk_id for chunk in chunks])
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Tell the policy the keys were used (the first key ends most recent)."""
+        keys = _check_keys(keys)
+        self._policy.touch(keys, req_context)
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Unpin keys pinned by ``prepare_load``; a key unpinned to 0 is evictable again.
+
+        Raises:
+            AssertionError: a key is not resident, or has no pin left to
+                release (vLLM's messages); nothing is changed.
+        """
+        keys = _check_keys(keys)
+        get = self._policy.get
+        chunks = []
+        released: dict[OffloadKey, int] = {}
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                raise AssertionError(f"Chunk {key!r} not found")
+            done = released.get(key, 0)
+            if chunk.ref_cnt - done <= 0:
+                raise AssertionError(f"Chunk {key!r} ref_cnt is already 0")
+            released[key] = done + 1
+            chunks.append(chunk)
+        policy = self._policy
+        for key, chunk in zip(keys, chunks):
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self._num_evictable_cache_chunks += 1
+                policy.mark_evictable(key)
+
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Reserve chunks for the offered keys that are not resident yet.
+
+        Keys already readable are kept (and never evicted for this offer);
+        keys being written are skipped.  With ``store_threshold >= 2`` a new
+        key is stored only once offered that often.
+
+        Args:
+            keys: the offer, in prefix order, each key once.
+            req_context: the offering request.
+
+        Returns:
+            The keys to write, their chunks and the keys evicted for them
+            (an empty output when nothing needs writing), or ``None`` when
+            not enough chunks can be evicted.
+
+        Raises:
+            ValueError: a key is offered twice.
+            AssertionError: the request already finished and a key is new to
+                it (vLLM's message); nothing is changed.
+        """
+        keys = _check_keys(keys)
+        _check_context(req_context)
+        if len(set(keys)) != len(keys):
+            seen_once: set[OffloadKey] = set()
+            for key in keys:
+                if key in seen_once:
+                    raise ValueError(f"prepare_store got key {key!r} more than once")
+                seen_once.add(key)
+        policy = self._policy
+        get = policy.get
+        counts = self.counts
+        threshold = self.store_threshold
+        new: list[OffloadKey] = []
+        ready: list[OffloadKey] = []
+        kept: set[OffloadKey] = set()
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                new.append(key)
+                # After the tracker update a tracked key counts one more and an
+                # untracked one at most 1, which is below any threshold >= 2.
+                if counts is None or counts.get(key, 0) + 1 >= threshold:
+                    kept.add(key)
+            elif chunk.ref_cnt >= 0:
+                ready.append(key)
+        record = self._get_record(req_context, create=True)
+        ready_set = set(ready)
+        to_record = [key for key in keys if key in kept or key in ready_set]
+        if record.finished:
+            seen = record.seen
+            for key in to_record:
+                if key not in seen:
+                    raise AssertionError(_FINALIZED)
+
+        # 1. the offer tracker
+        if counts is not None:
+            self._update_tracker(keys)
+            if len(kept) != len(new):
+                self.stores_skipped_in_current_batch += len(new) - len(kept)
+                new = [key for key in new if key in kept]
+        # 2. the policy hears of each miss once per request
+        store_missed = record.store_missed
+        misses = [key for key in new if key not in store_missed]
+        if misses:
+            policy.on_store_miss(misses, req_context)
+            store_missed.update(misses)
+        # 3. the access record
+        self._record(record, to_record, ready, req_context)
+        if not new:
+            return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec([]), evicted_keys=[])
+
+        # 4. room: evict what the free chunks do not cover
+        self.allocation_sizes_in_current_batch.append(len(new))
+        need = len(new) - self._get_num_free_chunks()
+        evicted_keys: list[OffloadKey] = []
+        if need > 0:
+            if need > self._num_evictable_cache_chunks:
+                return None
+            evicted = policy.evict(need, set(keys))
+            if evicted is None:
+                return None
+            self._num_evictable_cache_chunks -= need
+            free_list = self._free_list
+            for key, chunk in evicted:
+                free_list.append(chunk.chunk_id)
+                evicted_keys.append(key)
+            if self.events is not None:
+                self.events.append(OffloadingEvent(keys=list(evicted_keys), medium=_CPU, removed=True))
+
+        # 5. allocate: fresh chunks first, then freed ones, last freed first
+        num_new = len(new)
+        first = self._num_allocated_chunks
+        num_fresh = min(num_new, self._num_chunks - first)
+        chunk_ids = list(range(first, first + num_fresh))
+        self._num_allocated_chunks = first + num_fresh
+        free_list = self._free_list
+        for _ in range(num_new - num_fresh):
+            chunk_ids.append(free_list.pop())
+        for key, chunk_id in zip(new, chunk_ids):
+            policy.insert(key, ChunkStatus(chunk_id), req_context)
+        self._num_write_pending_chunks += num_new
+        record.inserted.update(new)
+        return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(chunk_ids), evicted_keys=evicted_keys)
+
+    def _update_tracker(self, keys: list) -> None:
+        """Count one offer: offered keys move to the newest end, new ones enter
+        with count 1, evicting the oldest keys not in this offer while full."""
+        counts = self.counts
+        protected = 0
+        for key in keys:
+            count = counts.get(key)
+            if count is not None:
+                counts.move_to_end(key)
+                counts[key] = count + 1
+                protected += 1
+        unprotected = len(counts) - protected
+        limit = self.max_tracker_size
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= limit:
+                if unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[key] = 1
+
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """Finish the writes of keys being written: readable on success, dropped on failure.
+
+        Keys not being written (unknown, already readable, repeated) are ignored.
+        """
+        keys = _check_keys(keys)
+        policy = self._policy
+        get = policy.get
+        done: list[OffloadKey] = []
+        if success:
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    chunk.ref_cnt = 0
+                    self._num_write_pending_chunks -= 1
+                    self._num_evictable_cache_chunks += 1
+                    policy.mark_evictable(key)
+                    done.append(key)
+        else:
+            free_list = self._free_list
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    self._num_write_pending_chunks -= 1
+                    policy.remove(key)
+                    free_list.append(chunk.chunk_id)
+                    done.append(key)
+        if done and self.events is not None:
+            if success:
+                self.events.append(OffloadingEvent(keys=done, medium=_CPU, removed=False))
+            else:
+                self.events.append(OffloadingEvent(keys=done, medium=_CPU, removed=True, metadata_only=True))
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Start the request's access record; every chunk is offloaded as computed."""
+        _check_context(req_context)
+        self._get_record(req_context, create=True)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Close the request's record and let the policy rank its keys.
+
+        Nothing happens for a request with no record since the last reset,
+        or one already finished.
+        """
+        _check_context(req_context)
+        record = self._get_record(req_context, create=False)
+        if record is None or record.finished:
+            return
+        record.finished = True
+        get_position = req_context.get_offload_key_position
+        groups = []
+        for group in sorted(record.key_groups):
+            members = record.key_groups[group]
+            positions = [get_position(key) for key in members]
+            if None not in positions:
+                order = sorted(range(len(members)), key=positions.__getitem__)
+                members = [members[i] for i in order]
+            else:
+                members = list(members)
+            groups.append(members)
+        self._policy.on_request_finished(groups, record.inserted - record.reused, set(record.reused), req_context)
+
+    def take_events(self) -> Iterator[OffloadingEvent]:
+        """Yield the queued events, oldest first (a generator).
+
+        The queue is taken when iteration starts.  A failed store's event
+        keeps only the keys still not resident, and is dropped if none are.
+        """
+        if self.events is None:
+            return
+        events, self.events = self.events, []
+        get = self._policy.get
+        for event in events:
+            if event.metadata_only:
+                keys = [key for key in event.keys if get(key) is None]
+                if not keys:
+                    continue
+                if len(keys) != len(event.keys):
+                    event.keys = keys
+            yield event
+
+    def on_schedule_end(self, context: Any) -> None:
+        """Nothing to do at the end of a step."""
+        return None
+
+    def has_pending_work(self) -> bool:
+        """Always ``False``: the CPU tier does no work of its own between steps."""
+        return False
+
+    def reset_cache(self) -> None:
+        """Forget every chunk; chunk ids restart at 0.
+
+        Queued events, the store tracker and the stats accumulators are kept.
+        Requests' records from before the reset are abandoned.
+        """
+        self._policy.clear()
+        self._generation += 1
+        self._num_evictable_cache_chunks = 0
+        self._num_write_pending_chunks = 0
+        self._free_list.clear()
+        self._num_allocated_chunks = 0
+
+    def on_reset_flushed(self) -> None:
+        """Nothing to do."""
+        return None
+
+    def get_stats(self) -> OffloadingConnectorStats:
+        """Usage gauges, allocation sizes and skipped stores since the previous call."""
+        stats = OffloadingConnectorStats()
+        num_chunks = self._num_chunks
+        used = self._num_allocated_chunks - len(self._free_list) - self._num_evictable_cache_chunks
+        usage = used / num_chunks if num_chunks > 0 else 0.0
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+        for size in self.allocation_sizes_in_current_batch:
+            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
+        self.allocation_sizes_in_current_batch = []
+        write_usage = self._num_write_pending_chunks / num_chunks if num_chunks > 0 else 0.0
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write_usage, 0.0))
+        if self.store_threshold >= 2:
+            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, self.stores_skipped_in_current_batch)
+            self.stores_skipped_in_current_batch = 0
+        return stats
+
+    def config_info(self) -> list[dict[str, Any]]:
+        """``[dict(info)]``, or ``[{}]`` without info."""
+        return [dict(self._info)] if self._info is not None else [{}]
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+        return None
