@@ -105,6 +105,48 @@ def test_request_lifecycle_half_cached(benchmark, impl, pool_size, freeze_startu
     assert mgr.block_pool.num_evictions - evictions0 == 32 * requests  # every request evicted 32 blocks
 
 
+@pytest.mark.parametrize("sample_rate", [None, 0.01, 1.0])
+def test_request_lifecycle_metrics_collector(benchmark, impl, sample_rate, freeze_startup_heap):
+    """The half-cached request lifecycle (pool 10_000) with a KVCacheMetricsCollector sampling
+    ``sample_rate`` of the allocations (None: no collector), drained every round."""
+    from kvcy.kv_cache_metrics import KVCacheMetricsCollector
+
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    Request = impl.kv_cache.Request
+    collector = None if sample_rate is None else KVCacheMetricsCollector(sample_rate)
+    mgr = impl.kv_cache.KVCacheManager(_config(10_000), max_model_len=4096, scheduler_block_size=16,
+                                       hash_block_size=16, metrics_collector=collector)
+    rng = random.Random(0)
+    prefix = [rng.randrange(32000) for _ in range(512)]
+    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    _fill_cache(mgr.block_pool, rng)
+    freeze_startup_heap()
+    counter = itertools.count()
+    benchmark.group = (f"request lifecycle (1024 tokens, 512 cached, pool 10000) with metrics collector, "
+                       f"sample_rate {sample_rate}")
+
+    def setup():
+        i = next(counter)
+        req = Request(f"r{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
+        return (req,), {}
+
+    def run(req):
+        blocks, hit, _ = mgr.get_computed_blocks(req)
+        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        mgr.free(req)
+        if collector is not None:
+            collector.drain_events()
+        return hit
+
+    hit = benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=20)
+    assert hit == 512
+    if sample_rate == 1.0:
+        assert len(collector.block_metrics) >= 64  # every block the last request held is followed
+
+
 def test_decode_step_256_requests(benchmark, impl):
     """One decode step: allocate_slots(1 token) for each of 256 running requests."""
     init_none_hash(get_hash_fn_by_name("sha256"))

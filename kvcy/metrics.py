@@ -1,4 +1,4 @@
-"""Prefix-cache statistics and the rolling hit-rate metric."""
+"""Prefix-cache statistics, the rolling hit-rate metric and block eviction samples."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["CacheHitSource", "CachingMetrics", "PrefixCacheStats", "PrefixCachingMetrics"]
+__all__ = ["CacheHitSource", "CachingMetrics", "KVCacheEvictionEvent", "PrefixCacheStats", "PrefixCachingMetrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,22 @@ class CachingMetrics:
         if self.aggregated_query_total == 0:
             return 0.0
         return self.aggregated_query_hit / self.aggregated_query_total
+
+
+@dataclass
+class KVCacheEvictionEvent:
+    """The residency of one sampled block, recorded when it was evicted.
+
+    ``lifetime_seconds``: from its allocation to its eviction;
+    ``idle_seconds``: from its last allocation or hit to its eviction;
+    ``reuse_gaps_seconds``: between its last few consecutive hits, oldest first.
+    Made by :class:`kvcy.kv_cache_metrics.KVCacheMetricsCollector` (vLLM 0.33.0's
+    ``vllm.v1.metrics.stats.KVCacheEvictionEvent``).
+    """
+
+    lifetime_seconds: float
+    idle_seconds: float
+    reuse_gaps_seconds: tuple[float, ...]
 
 
 #: The name seed 002 uses.

@@ -88,6 +88,7 @@ def run(seed: int, iterations: int) -> dict:
             lambda a: pool.get_cached_block(a[0], a[1]), lambda a: pool.evict_blocks(a[0]),
             lambda a: pool.cache_full_blocks(reqs[0], a[0], a[1], a[2], a[3], 0),
             lambda a: pool.get_new_blocks(a[0]), lambda a: pool.free_blocks(a[0]), lambda a: pool.touch(a[0]),
+            lambda a: pool.move_block_hashes(a[0], a[1]), lambda a: pool.is_block_writable(a[0]),
             lambda a: single.remove_skipped_blocks(a[0], a[1]),
             lambda a: single.add_local_computed_blocks(a[0], a[1], a[2], a[3]),
             lambda a: single.cache_blocks(a[0], a[1]), lambda a: single.free(a[0]),

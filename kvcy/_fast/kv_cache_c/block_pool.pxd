@@ -34,6 +34,8 @@ cdef class BlockPool:
                               Py_ssize_t block_size, Py_ssize_t group_id, list extra_keys_list,
                               list lookahead_ids)
     cdef list _get_new_blocks(self, Py_ssize_t num_blocks)
+    cdef int _metered_new_blocks(self, list ret) except -1
+    cdef int _accessed(self, KVCacheBlock block) except -1
     cdef int _queue_removed(self, KVCacheBlock block) except -1
     cdef int _touch(self, list blocks) except -1
     cdef inline int _touch_one(self, KVCacheBlock block) except -1

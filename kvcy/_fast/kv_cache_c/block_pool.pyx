@@ -39,7 +39,9 @@ cdef class BlockPool:
         hash_block_size: the block size request hashes are computed at.
         enable_kv_cache_events: queue BlockStored / BlockRemoved /
             AllBlocksCleared events for ``take_events``.
-        metrics_collector: accepted and kept; nothing is sampled.
+        metrics_collector: a ``KVCacheMetricsCollector`` (or None): its hooks
+            are called where vLLM's pool calls them (allocation, touch,
+            eviction, reset); with None the pool calls nothing.
         num_hash_lookahead_tokens: tokens after each block that its hash
             covers; ``BlockStored`` events then carry them
             (``lookahead_token_ids``) and the extra keys of that longer span.
@@ -317,6 +319,9 @@ cdef class BlockPool:
         cdef list ret = self.free_block_queue._popleft_n(num_blocks)
         cdef PyObject **items = (<PyListObject*>ret).ob_item
         cdef Py_ssize_t i, start, end
+        if self.metrics_collector is not None:
+            self._metered_new_blocks(ret)
+            return ret
         if not self.enable_caching:
             for i in range(num_blocks):
                 (<KVCacheBlock>items[i])._ref_cnt += 1
@@ -353,6 +358,30 @@ cdef class BlockPool:
         self.free_block_queue._prefetch_head(num_blocks if num_blocks < 64 else 64)
         return ret
 
+    cdef int _metered_new_blocks(self, list ret) except -1:
+        # _get_new_blocks with a metrics collector, in vLLM's order: with caching
+        # on, each block's eviction (its hook first, even for a block with no
+        # key), then its reference and its allocation hook.
+        cdef Py_ssize_t i
+        cdef KVCacheBlock block
+        cdef bint caching = self.enable_caching
+        for i in range(PyList_GET_SIZE(ret)):
+            block = <KVCacheBlock>PyList_GET_ITEM(ret, i)
+            if caching:
+                if self.metrics_collector:
+                    self.metrics_collector.on_block_evicted(block)
+                _evict(self, block)
+            block._ref_cnt += 1
+            if self.metrics_collector:
+                self.metrics_collector.on_block_allocated(block)
+        return 0
+
+    cdef int _accessed(self, KVCacheBlock block) except -1:
+        # The metrics collector's touch hook (vLLM tests the collector's truth).
+        if self.metrics_collector:
+            self.metrics_collector.on_block_accessed(block)
+        return 0
+
     cdef int _queue_removed(self, KVCacheBlock block) except -1:
         # The BlockRemoved event of a block about to lose its key.
         self.kv_event_queue.append(
@@ -373,6 +402,8 @@ cdef class BlockPool:
             block = self.blocks[block_id]
             if not _is_block(<PyObject*>block):  # (blocks is a public list)
                 raise TypeError(f"pool blocks must be KVCacheBlock, got {type(block).__name__}")
+            if self.metrics_collector:  # (vLLM's order: the hook first, for a block with no key too)
+                self.metrics_collector.on_block_evicted(block)
             _evict(self, <KVCacheBlock>block)
 
     def touch(self, blocks):
@@ -410,7 +441,89 @@ cdef class BlockPool:
         if block._ref_cnt == 0:
             self.free_block_queue._remove(block)
         block._ref_cnt += 1
+        if self.metrics_collector is not None:
+            self._accessed(block)
         return 0
+
+    def is_block_writable(self, block):
+        """Whether the one request holding ``block`` may write it in place.
+
+        True for a block that is not the null block, has exactly one reference
+        and no cache key (a cached block's contents are shared through the prefix
+        cache).
+
+        Raises:
+            TypeError: ``block`` is not a KVCacheBlock.
+        """
+        if not _is_block(<PyObject*>block):
+            raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
+        cdef KVCacheBlock b = <KVCacheBlock>block
+        return not b.is_null and b._ref_cnt == 1 and b._hash is None
+
+    def move_block_hashes(self, src_block, dst_block):
+        """Move ``src_block``'s prefix-cache entry to ``dst_block``.
+
+        For copy-on-write: the request holding ``src_block`` goes on writing it,
+        and a copy in ``dst_block`` serves later hits under the same key (and
+        token count).  ``src_block`` is left with no key.  No event is queued and
+        nothing is evicted: the entry stays cached.  Nothing happens when
+        ``src_block`` has no key.
+
+        Raises:
+            TypeError: a block is not a KVCacheBlock.
+            RuntimeError: a block is not one of this pool's blocks.
+            AssertionError: ``dst_block`` has a cache key already (as vLLM asserts).
+            ValueError: ``dst_block`` is the null block, which is never cached.
+            Nothing changes when one is raised.
+        """
+        _check_own_block(self.blocks, "src_block", src_block)
+        _check_own_block(self.blocks, "dst_block", dst_block)
+        cdef KVCacheBlock src = <KVCacheBlock>src_block
+        cdef KVCacheBlock dst = <KVCacheBlock>dst_block
+        if dst._hash is not None:
+            raise AssertionError(f"dst_block {dst.block_id} already has a cache key")
+        if dst.is_null:
+            raise ValueError("dst_block is the null block, which is never cached")
+        if src._hash is None:
+            return
+        cdef object h = src._hash
+        cdef uint32_t gid = src._group
+        cdef uint32_t key_h = src._key_h
+        cdef Py_ssize_t num_tokens = src._num_tokens
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef bint moved = cache._drop_block(src)
+        src._hash = None
+        src._num_tokens = -1
+        if moved:
+            dst._hash = h
+            dst._group = gid
+            dst._key_h = key_h
+            dst._num_tokens = num_tokens
+            cache._insert_hashed(<PyObject*>h, gid, kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>h),
+                                                                   _PyBytes_GET_SIZE_RAW(<PyObject*>h), gid), dst)
+
+    def unpin_blocks(self, blocks, on_reuse):
+        """Not implemented: releasing blocks that stay readable until reused is for HiSparse.
+
+        Raises:
+            NotImplementedError: always (HiSparse is out of kvcy's scope).
+        """
+        raise NotImplementedError(
+            "BlockPool.unpin_blocks (blocks read until the pool reuses them) serves HiSparse, "
+            "which kvcy does not implement"
+        )
+
+    def cache_partial_block(self, request, block, num_tokens, kv_cache_group_id, block_size,
+                            replace_existing_hashes=False):
+        """Not implemented yet: partial prefix-cache entries are for fine-grained partial prefix hits.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "BlockPool.cache_partial_block serves fine-grained partial prefix hits, "
+            "which kvcy does not implement yet"
+        )
 
     def free_blocks(self, ordered_blocks):
         """Drop one reference on each block, in eviction order.
@@ -518,6 +631,9 @@ cdef class BlockPool:
         for block in self.blocks:
             block._hash = None
             block._num_tokens = -1
+        if self.metrics_collector:
+            self.metrics_collector.reset()
+        logger.info("Successfully reset prefix cache")
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True
@@ -555,6 +671,17 @@ cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     block._num_tokens = -1
     pool.num_evictions += 1
     return True
+
+
+cdef int _check_own_block(list pool_blocks, str name, object block) except -1:
+    # block is a KVCacheBlock of the pool whose blocks are pool_blocks, or
+    # TypeError / RuntimeError (the pure twin's BlockPool._check_own_block).
+    if not _is_block(<PyObject*>block):
+        raise TypeError(f"{name} must be a KVCacheBlock, got {type(block).__name__}")
+    cdef Py_ssize_t bid = (<KVCacheBlock>block).block_id
+    if not (0 <= bid < PyList_GET_SIZE(pool_blocks) and _PyList_GET_ITEM_RAW(pool_blocks, bid) == <PyObject*>block):
+        raise RuntimeError(f"{name} (block {bid}) is not a block of this pool")
+    return 0
 
 
 cdef list _check_hit_blocks(object blocks, Py_ssize_t *n_evictable=NULL, FreeKVCacheBlockQueue queue=None,

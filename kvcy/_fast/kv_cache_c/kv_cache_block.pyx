@@ -10,6 +10,13 @@ cdef inline bint _is_block(PyObject *p) noexcept:
     return t == <PyTypeObject*>KVCacheBlock or _PyType_IsSubtype_RAW(t, <PyTypeObject*>KVCacheBlock)
 
 
+# Why KVCacheBlock(pool=...) is refused (both twins).
+_POOL_REFUSED = (
+    "KVCacheBlock(pool=...) names the block pool a block comes from, for HiSparse's "
+    "frees across several pools; kvcy does not implement HiSparse (pool must be None)"
+)
+
+
 # (no_gc stays on the definition: Cython does not take it from the .pxd.)
 @cython.no_gc
 cdef class KVCacheBlock:
@@ -24,16 +31,22 @@ cdef class KVCacheBlock:
     holds, taken when the block enters and handed over (or dropped) when it
     leaves.  A block refers to nothing but its hash bytes, so it stays out
     of the cycle collector (pools hold up to millions of them).
+    ``pool`` (keyword only, vLLM's) must be None: it serves HiSparse's several
+    block pools, which kvcy does not implement (and keeping it would cost
+    every block a field and a place in the cycle collector).
     """
 
-    def __init__(self, object block_id):
+    def __init__(self, object block_id, *, object pool=None):
         # An int (or an int subclass, as the pure twin takes), never a float: a typed
         # ``int32_t`` argument would truncate 1.5 to 1.
         if type(block_id) is not int:
             if not isinstance(block_id, int):
                 raise TypeError("an integer is required")
             block_id = int(block_id)
-        self.block_id = block_id
+        cdef int32_t bid = block_id  # (its OverflowError before the pool's refusal, as in the pure twin)
+        if pool is not None:
+            raise NotImplementedError(_POOL_REFUSED)
+        self.block_id = bid
         self._ref_cnt = 0
         self._hash = None
         self._group = 0

@@ -104,7 +104,7 @@ cdef class KVCacheManager:
         enable_kv_cache_events: queue KV events (``take_events``).
         dcp_world_size, pcp_world_size: context parallelism, not implemented
             (1 only).
-        metrics_collector: accepted and kept; nothing is sampled.
+        metrics_collector: a ``KVCacheMetricsCollector`` (or None), handed to the block pool.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
         enable_mamba_shared_prefix_checkpoint: vLLM's opt-in; it takes effect

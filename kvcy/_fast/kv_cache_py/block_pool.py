@@ -8,7 +8,7 @@ check with it too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
@@ -79,7 +79,9 @@ class BlockPool(_Checked):
         hash_block_size: the block size request hashes are computed at.
         enable_kv_cache_events: queue BlockStored / BlockRemoved /
             AllBlocksCleared events for ``take_events``.
-        metrics_collector: accepted and kept; nothing is sampled.
+        metrics_collector: a ``KVCacheMetricsCollector`` (or None): its hooks
+            are called where vLLM's pool calls them (allocation, touch,
+            eviction, reset); with None the pool calls nothing.
         num_hash_lookahead_tokens: tokens after each block that its hash
             covers; ``BlockStored`` events then carry them
             (``lookahead_token_ids``) and the extra keys of that longer span.
@@ -346,7 +348,9 @@ class BlockPool(_Checked):
         if num_blocks > self.free_block_queue._num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
-        if self.enable_caching:
+        if self.metrics_collector is not None:
+            self._metered_new_blocks(ret)
+        elif self.enable_caching:
             for block in ret:
                 if block._key is not None:
                     self._maybe_evict_cached_block(block)
@@ -356,7 +360,21 @@ class BlockPool(_Checked):
                 block._ref_cnt += 1
         return ret
 
+    def _metered_new_blocks(self, ret: list[KVCacheBlock]) -> None:
+        # get_new_blocks with a metrics collector, in vLLM's order: with caching on,
+        # each block's eviction (its hook first, even for a block with no key), then
+        # its reference and its allocation hook.
+        caching = self.enable_caching
+        for block in ret:
+            if caching:
+                self._maybe_evict_cached_block(block)
+            block._ref_cnt += 1
+            if self.metrics_collector:
+                self.metrics_collector.on_block_allocated(block)
+
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        if self.metrics_collector:  # (vLLM's order: the hook first, for a block with no key too)
+            self.metrics_collector.on_block_evicted(block)
         key = block._key
         if key is None:
             return False
@@ -407,12 +425,109 @@ class BlockPool(_Checked):
 
     def _touch(self, blocks: list[KVCacheBlock]) -> None:
         queue = self.free_block_queue
+        if self.metrics_collector is not None:
+            for block in blocks:
+                if block._is_null:
+                    continue
+                if block._ref_cnt == 0:
+                    queue.remove(block)
+                block._ref_cnt += 1
+                if self.metrics_collector:
+                    self.metrics_collector.on_block_accessed(block)
+            return
         for block in blocks:
             if block._is_null:
                 continue
             if block._ref_cnt == 0:
                 queue.remove(block)
             block._ref_cnt += 1
+
+    def is_block_writable(self, block: KVCacheBlock) -> bool:
+        """Whether the one request holding ``block`` may write it in place.
+
+        True for a block that is not the null block, has exactly one reference
+        and no cache key (a cached block's contents are shared through the prefix
+        cache).
+
+        Raises:
+            TypeError: ``block`` is not a KVCacheBlock.
+        """
+        if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            raise TypeError(f"block must be a KVCacheBlock, got {type(block).__name__}")
+        return not block._is_null and block._ref_cnt == 1 and block._key is None
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """Move ``src_block``'s prefix-cache entry to ``dst_block``.
+
+        For copy-on-write: the request holding ``src_block`` goes on writing it,
+        and a copy in ``dst_block`` serves later hits under the same key (and
+        token count).  ``src_block`` is left with no key.  No event is queued and
+        nothing is evicted: the entry stays cached.  Nothing happens when
+        ``src_block`` has no key.
+
+        Raises:
+            TypeError: a block is not a KVCacheBlock.
+            RuntimeError: a block is not one of this pool's blocks.
+            AssertionError: ``dst_block`` has a cache key already (as vLLM asserts).
+            ValueError: ``dst_block`` is the null block, which is never cached.
+            Nothing changes when one is raised.
+        """
+        self._check_own_block("src_block", src_block)
+        self._check_own_block("dst_block", dst_block)
+        if dst_block._key is not None:
+            raise AssertionError(f"dst_block {dst_block._block_id} already has a cache key")
+        if dst_block._is_null:
+            raise ValueError("dst_block is the null block, which is never cached")
+        key = src_block._key
+        if key is None:
+            return
+        num_tokens = src_block._block_hash_num_tokens
+        cache = self.cached_block_hash_to_block
+        moved = cache.pop(key, src_block._block_id) is not None
+        src_block._key = None
+        src_block._block_hash_num_tokens = None
+        if moved:
+            dst_block._key = key
+            dst_block._block_hash_num_tokens = num_tokens
+            cache.insert(key, dst_block)
+
+    def _check_own_block(self, name: str, block: Any) -> None:
+        """``block`` is a KVCacheBlock of this pool, or TypeError / RuntimeError."""
+        if block.__class__ is not KVCacheBlock and not isinstance(block, KVCacheBlock):
+            raise TypeError(f"{name} must be a KVCacheBlock, got {type(block).__name__}")
+        bid = block._block_id
+        if not (0 <= bid < len(self.blocks) and self.blocks[bid] is block):
+            raise RuntimeError(f"{name} (block {bid}) is not a block of this pool")
+
+    def unpin_blocks(self, blocks: Iterable[KVCacheBlock], on_reuse: Callable[[KVCacheBlock], None]) -> None:
+        """Not implemented: releasing blocks that stay readable until reused is for HiSparse.
+
+        Raises:
+            NotImplementedError: always (HiSparse is out of kvcy's scope).
+        """
+        raise NotImplementedError(
+            "BlockPool.unpin_blocks (blocks read until the pool reuses them) serves HiSparse, "
+            "which kvcy does not implement"
+        )
+
+    def cache_partial_block(
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> bytes | None:
+        """Not implemented yet: partial prefix-cache entries are for fine-grained partial prefix hits.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "BlockPool.cache_partial_block serves fine-grained partial prefix hits, "
+            "which kvcy does not implement yet"
+        )
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, in eviction order.
@@ -467,6 +582,9 @@ class BlockPool(_Checked):
         object.__setattr__(self, "cached_block_hash_to_block", BlockHashToBlockMap())
         for block in self.blocks:
             block.reset_hash()
+        if self.metrics_collector:
+            self.metrics_collector.reset()
+        logger.info("Successfully reset prefix cache")
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True

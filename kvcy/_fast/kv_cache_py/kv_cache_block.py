@@ -29,10 +29,20 @@ def _check_key(key: Any) -> bytes:
     return key
 
 
+#: Why KVCacheBlock(pool=...) is refused (both twins).
+_POOL_REFUSED = (
+    "KVCacheBlock(pool=...) names the block pool a block comes from, for HiSparse's "
+    "frees across several pools; kvcy does not implement HiSparse (pool must be None)"
+)
+
+
 class KVCacheBlock:
     """One KV-cache block: id, reference count, cache key, free-queue position.
 
     The position is the pair of links to its neighbours in the free queue.
+    ``pool`` (keyword only, vLLM's) must be None: it serves HiSparse's several
+    block pools, which kvcy does not implement (and keeping it would cost
+    every block a field and a place in the cycle collector).
     """
 
     # The fields behind the public names: the id, null flag and queue links
@@ -50,7 +60,7 @@ class KVCacheBlock:
         "_queue",
     )
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, *, pool: None = None) -> None:
         if block_id.__class__ is not int:
             if not isinstance(block_id, int):
                 raise TypeError("an integer is required")
@@ -59,6 +69,8 @@ class KVCacheBlock:
             if not -(2**63) <= block_id < 2**63:
                 raise OverflowError("Python int too large to convert to C long")
             raise OverflowError("value too large to convert to int32_t")
+        if pool is not None:
+            raise NotImplementedError(_POOL_REFUSED)
         self._block_id = block_id
         self._ref_cnt = 0
         self._queue: FreeKVCacheBlockQueue | None = None  # the queue it was last put in

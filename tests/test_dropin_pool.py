@@ -1,0 +1,468 @@
+"""vLLM 0.33.0's ``BlockPool`` / ``KVCacheBlock`` surface and its block residency metrics (issue 14, §4 and §9).
+
+Both twins.  What is expected comes from vLLM 0.33.0's ``v1/core/block_pool.py``,
+``kv_cache_utils.py`` and ``kv_cache_metrics.py``:
+
+* ``is_block_writable`` / ``move_block_hashes`` serve Mamba align mode (a
+  speculative block's relocation, and copy-on-write of a partial hit in a
+  running request); ``unpin_blocks`` and ``KVCacheBlock(pool=...)`` serve
+  HiSparse only and ``cache_partial_block`` fine-grained partial hits: those
+  three raise ``NotImplementedError`` naming the feature.
+* ``KVCacheMetricsCollector`` is called by the pool on allocation
+  (``on_block_allocated``), on a touch (``on_block_accessed``), before a block
+  is reused with caching on and in ``evict_blocks`` (``on_block_evicted``) and
+  on ``reset_prefix_cache`` (``reset``).
+
+``test_random_sequences_as_vllm`` replays random pool sequences on vLLM's own
+pool and collector when vLLM is importable (``/tmp/kvh-venv``); without it the
+same sequences compare the two twins.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import math
+import random
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kvcy import _fast
+from kvcy.kv_cache_metrics import BlockMetricsState, KVCacheMetricsCollector
+from kvcy.metrics import KVCacheEvictionEvent
+
+BS = 4
+
+
+def _hash(family: int, i: int) -> bytes:
+    """A stand-in block hash (32 bytes): block i of a request of prompt family ``family``."""
+    return f"family{family}-block{i}".encode().ljust(32, b".")
+
+
+def _key(block_hash: bytes, group: int = 0) -> bytes:
+    return block_hash + group.to_bytes(4, "big")
+
+
+def _request(family: int, n: int = 8) -> SimpleNamespace:
+    """What the pool reads of a request (its events too): the hashes, tokens and hash inputs."""
+    return SimpleNamespace(request_id=f"r{family}", block_hashes=[_hash(family, i) for i in range(n)],
+                           all_token_ids=list(range(n * BS)), lora_request=None, mm_features=[],
+                           cache_salt=None, prompt_embeds=None, session_id=None)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """``time.monotonic_ns`` made a counter: each reading is 1000 ns after the last (the first: 1000)."""
+    now = [0]
+
+    def fake() -> int:
+        now[0] += 1000
+        return now[0]
+
+    monkeypatch.setattr(time, "monotonic_ns", fake)
+    return now
+
+
+def _cached_pool(impl, n_blocks=8, n_cached=2, **kw):
+    """A caching pool whose first ``n_cached`` allocated blocks hold family 0's hashes."""
+    pool = impl.kv_cache.BlockPool(n_blocks, True, BS, **kw)
+    blocks = pool.get_new_blocks(n_cached)
+    pool.cache_full_blocks(_request(0), blocks, 0, n_cached, BS, 0)
+    return pool, blocks
+
+
+# ------------------------------------------------------------------ KVCacheBlock(pool=)
+def test_block_pool_keyword_accepts_none_only(impl):
+    block = impl.kv_cache.KVCacheBlock(3, pool=None)
+    assert (block.block_id, block.ref_cnt, block.block_hash) == (3, 0, None)
+    pool = impl.kv_cache.BlockPool(4, True, BS)
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        impl.kv_cache.KVCacheBlock(3, pool=pool)
+    with pytest.raises(TypeError):  # keyword only, as in vLLM
+        impl.kv_cache.KVCacheBlock(3, None)
+
+
+def test_compiled_block_stays_one_cache_line_and_out_of_the_collector():
+    """The refused ``pool`` keyword adds no field: 64 bytes, not tracked by the cycle collector."""
+    if _fast.NO_EXTENSIONS or "cython" not in _fast.available():
+        pytest.skip("needs the compiled twin")
+    block_type = _fast.load("cython")["kv_cache"].KVCacheBlock
+    assert block_type.__basicsize__ == 64
+    assert not gc.is_tracked(block_type(1))
+    assert not gc.is_tracked(block_type(1, pool=None))
+
+
+# ------------------------------------------------------------------ is_block_writable
+def test_is_block_writable(impl):
+    pool, (cached, _) = _cached_pool(impl)
+    (plain,) = pool.get_new_blocks(1)
+    assert pool.is_block_writable(plain)  # one reference, no key
+    assert not pool.is_block_writable(cached)  # shared through the prefix cache
+    assert not pool.is_block_writable(pool.null_block)
+    pool.touch([plain])
+    assert not pool.is_block_writable(plain)  # two holders
+    pool.free_blocks([plain, plain])
+    assert not pool.is_block_writable(plain)  # free
+    with pytest.raises(TypeError, match="block must be a KVCacheBlock, got int"):
+        pool.is_block_writable(3)
+
+
+# ------------------------------------------------------------------ move_block_hashes
+def test_move_block_hashes_moves_the_entry_silently(impl):
+    pool, (first, src) = _cached_pool(impl, enable_kv_cache_events=True)
+    pool.take_events()
+    key = _key(_hash(0, 1))
+    (dst,) = pool.get_new_blocks(1)
+    evictions = pool.num_evictions
+    pool.move_block_hashes(src, dst)
+    assert (src.block_hash, src.block_hash_num_tokens) == (None, None)
+    assert (dst.block_hash, dst.block_hash_num_tokens) == (key, 2 * BS)
+    assert pool.cached_block_hash_to_block.get_one_block(key) is dst
+    assert pool.get_cached_block(_hash(0, 1), [0]) == [dst]
+    assert pool.take_events() == []  # the entry stays cached: no BlockRemoved / BlockStored
+    assert pool.num_evictions == evictions
+    assert (src.ref_cnt, dst.ref_cnt) == (1, 1)
+    assert pool.is_block_writable(src)  # the request may now write its block
+    # Freed, the unkeyed source is reused first and the keyed copy last.
+    pool.free_blocks([src, dst])
+    queue = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    assert queue[0] == src.block_id and queue[-1] == dst.block_id
+    # A block without a key moves nothing.
+    (other,) = pool.get_new_blocks(1)
+    pool.move_block_hashes(pool.blocks[other.block_id], pool.blocks[5])
+    assert pool.blocks[5].block_hash is None
+
+
+def test_move_block_hashes_with_duplicate_keys_moves_only_src(impl):
+    """Two blocks cached under one key: the other stays, dst joins it."""
+    pool, (_, src) = _cached_pool(impl)
+    (twin,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(_request(0), [pool.null_block, twin], 1, 2, BS, 0)
+    key = _key(_hash(0, 1))
+    (dst,) = pool.get_new_blocks(1)
+    pool.move_block_hashes(src, dst)
+    mapping = pool.cached_block_hash_to_block
+    assert (mapping.contain(key, twin.block_id), mapping.contain(key, dst.block_id),
+            mapping.contain(key, src.block_id)) == (True, True, False)
+
+
+def test_move_block_hashes_refusals_change_nothing(impl):
+    pool, (first, src) = _cached_pool(impl)
+    other = impl.kv_cache.BlockPool(8, True, BS)
+    (dst,) = pool.get_new_blocks(1)
+    state = [(b.ref_cnt, b.block_hash) for b in pool.blocks]
+    with pytest.raises(AssertionError, match="already has a cache key"):
+        pool.move_block_hashes(src, first)
+    with pytest.raises(ValueError, match="null block"):
+        pool.move_block_hashes(src, pool.null_block)
+    with pytest.raises(TypeError, match="dst_block must be a KVCacheBlock, got NoneType"):
+        pool.move_block_hashes(src, None)
+    with pytest.raises(RuntimeError, match=r"src_block \(block 2\) is not a block of this pool"):
+        pool.move_block_hashes(other.blocks[2], dst)
+    with pytest.raises(RuntimeError, match=r"dst_block \(block 7\) is not a block of this pool"):
+        pool.move_block_hashes(src, impl.kv_cache.KVCacheBlock(7))
+    assert [(b.ref_cnt, b.block_hash) for b in pool.blocks] == state
+    assert pool.get_cached_block(_hash(0, 1), [0]) == [src]
+
+
+# ------------------------------------------------------------------ out-of-scope names
+def test_unpin_blocks_is_hisparse(impl):
+    pool, blocks = _cached_pool(impl)
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        pool.unpin_blocks(blocks, lambda block: None)
+    assert [b.ref_cnt for b in blocks] == [1, 1]
+
+
+def test_cache_partial_block_is_partial_hits(impl):
+    pool, blocks = _cached_pool(impl)
+    with pytest.raises(NotImplementedError, match="fine-grained partial prefix hits"):
+        pool.cache_partial_block(_request(1), blocks[0], BS, 0, BS)
+
+
+# ------------------------------------------------------------------ the collector itself
+@pytest.mark.parametrize("rate", [0, 0.0, -0.5, 1.5, math.nan, math.inf])
+def test_sample_rate_outside_zero_one_is_vllms_assertion(rate):
+    with pytest.raises(AssertionError, match=r"sample_rate must be in \(0, 1.0\]"):
+        KVCacheMetricsCollector(sample_rate=rate)
+
+
+def test_sample_rate_defaults_and_types():
+    assert KVCacheMetricsCollector().sample_rate == 0.01
+    assert KVCacheMetricsCollector(1).sample_rate == 1
+    with pytest.raises(TypeError):  # the comparison's own TypeError, as in vLLM
+        KVCacheMetricsCollector("0.5")
+
+
+def test_block_metrics_state(clock):
+    state = BlockMetricsState()
+    assert (state.birth_time_ns, state.last_access_ns, list(state.access_history)) == (1000, 1000, [])
+    assert state.get_reuse_gaps_seconds() == []
+    for _ in range(6):
+        state.record_access()  # 2000 .. 7000; the last four kept
+    assert list(state.access_history) == [4000, 5000, 6000, 7000]
+    assert state.last_access_ns == 7000
+    assert state.get_reuse_gaps_seconds() == [1e-6, 1e-6, 1e-6]
+    assert state.get_lifetime_seconds() == 7000 / 1e9  # read at 8000
+    assert state.get_idle_time_seconds() == 2000 / 1e9  # read at 9000
+
+
+def _metrics(collector):
+    return {bid: (s.birth_time_ns, s.last_access_ns, list(s.access_history))
+            for bid, s in sorted(collector.block_metrics.items())}
+
+
+def _events(collector):
+    return [(e.lifetime_seconds, e.idle_seconds, e.reuse_gaps_seconds) for e in collector.drain_events()]
+
+
+# ------------------------------------------------------------------ the pool's hooks
+def test_pool_records_a_scripted_sequence(impl, clock):
+    """Every block sampled (rate 1.0), a counter for a clock: what the collector holds after each step."""
+    collector = KVCacheMetricsCollector(sample_rate=1.0)
+    pool = impl.kv_cache.BlockPool(6, True, BS, metrics_collector=collector)
+    b1, b2 = pool.get_new_blocks(2)  # evicted(1) allocated(1) evicted(2) allocated(2): births 1000, 2000
+    assert _metrics(collector) == {1: (1000, 1000, []), 2: (2000, 2000, [])}
+    pool.touch([b1])
+    pool.touch([pool.null_block, b1])  # the null block is skipped, as in vLLM
+    assert _metrics(collector)[1] == (1000, 4000, [3000, 4000])
+    pool.free_blocks([b2, b1])  # freeing records nothing
+    assert pool.get_new_blocks(1) == [b2]  # reused: evicted at 5000/6000, re-sampled at 7000
+    assert _metrics(collector) == {1: (1000, 4000, [3000, 4000]), 2: (7000, 7000, [])}
+    pool.evict_blocks({1})  # a held block: its key (none) dropped, its record closed
+    assert _metrics(collector) == {2: (7000, 7000, [])}
+    assert _events(collector) == [(3000 / 1e9, 4000 / 1e9, ()), (7000 / 1e9, 5000 / 1e9, (1000 / 1e9,))]
+    assert collector.drain_events() == []
+    pool.free_blocks([b1, b1, b2])  # (b1: its allocation and two touches)
+    assert pool.reset_prefix_cache()
+    assert (collector.block_metrics, collector.drain_events()) == ({}, [])
+    assert clock[0] == 9000  # no reading the hooks did not need
+
+
+def test_pool_without_caching_never_evicts_on_reuse(impl, clock):
+    collector = KVCacheMetricsCollector(sample_rate=1.0)
+    pool = impl.kv_cache.BlockPool(4, False, BS, metrics_collector=collector)
+    blocks = pool.get_new_blocks(3)
+    pool.free_blocks(blocks)
+    pool.get_new_blocks(3)  # re-sampled, no eviction hook (vLLM's get_new_blocks without caching)
+    assert collector.drain_events() == []
+    assert _metrics(collector) == {1: (4000, 4000, []), 2: (5000, 5000, []), 3: (6000, 6000, [])}
+    pool.evict_blocks({2})  # evict_blocks calls the hook whatever the caching
+    assert len(collector.drain_events()) == 1
+
+
+def test_pool_samples_with_the_random_module(impl):
+    """One ``random.random()`` draw per allocated block, in order: seeding reproduces the choice."""
+    random.seed(1234)
+    draws = [random.random() for _ in range(12)]
+    random.seed(1234)
+    collector = KVCacheMetricsCollector(sample_rate=0.5)
+    pool = impl.kv_cache.BlockPool(16, True, BS, metrics_collector=collector)
+    ids = [b.block_id for b in pool.get_new_blocks(12)]
+    expected = {bid for bid, draw in zip(ids, draws) if draw < 0.5}
+    assert set(collector.block_metrics) == expected
+    assert 0 < len(expected) < 12
+
+
+class _Recorder:
+    """A collector stand-in that logs its calls; ``truth`` is what ``bool()`` of it gives."""
+
+    def __init__(self, truth=True):
+        self.calls = []
+        self.truth = truth
+
+    def __bool__(self):
+        return self.truth
+
+    def __getattr__(self, name):
+        if not name.startswith("on_") and name != "reset":
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, *(a.block_id for a in args)))
+
+
+def test_pool_calls_hooks_where_vllm_does(impl):
+    collector = _Recorder()
+    pool, (c1, c2) = _cached_pool(impl, n_blocks=5, metrics_collector=collector)
+    assert collector.calls == [("on_block_evicted", 1), ("on_block_allocated", 1),
+                               ("on_block_evicted", 2), ("on_block_allocated", 2)]
+    del collector.calls[:]
+    pool.touch([c1, c2])
+    pool.free_blocks([c2, c1, c2, c1])  # cached: to the tail, c2 first
+    pool.touch([c2])  # a free hit leaves the queue
+    pool.get_new_blocks(3)  # 3, 4 (never cached) and c1 (cached: its key dropped)
+    pool.evict_blocks({4})
+    assert collector.calls == [
+        ("on_block_accessed", 1), ("on_block_accessed", 2), ("on_block_accessed", 2),
+        ("on_block_evicted", 3), ("on_block_allocated", 3), ("on_block_evicted", 4), ("on_block_allocated", 4),
+        ("on_block_evicted", 1), ("on_block_allocated", 1),
+        ("on_block_evicted", 4),
+    ]
+    assert pool.num_evictions == 1  # (c1's key; the hooks are not evictions)
+    del collector.calls[:]
+    pool.move_block_hashes(pool.blocks[2], pool.blocks[3])  # no hook
+    pool.free_blocks(pool.blocks[1:5])
+    assert pool.reset_prefix_cache()
+    assert collector.calls == [("reset",)]
+
+
+def test_falsy_collector_is_not_called(impl):
+    """vLLM tests ``if self.metrics_collector:``: a collector that is false is skipped."""
+    collector = _Recorder(truth=False)
+    pool, blocks = _cached_pool(impl, metrics_collector=collector)
+    pool.touch(blocks)
+    pool.free_blocks(blocks + blocks)
+    pool.get_new_blocks(7)
+    pool.evict_blocks({1, 2})
+    assert collector.calls == []
+
+
+def test_collector_can_be_set_later(impl, clock):
+    pool = impl.kv_cache.BlockPool(4, True, BS)
+    pool.get_new_blocks(1)
+    pool.metrics_collector = KVCacheMetricsCollector(1.0)
+    pool.get_new_blocks(1)
+    assert set(pool.metrics_collector.block_metrics) == {2}
+
+
+def test_manager_passes_the_collector_to_its_pool(impl, clock):
+    """Through vLLM's keyword: admissions sample, prefix hits record accesses."""
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    sha = get_hash_fn_by_name("sha256")
+    init_none_hash(sha)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    collector = KVCacheMetricsCollector(1.0)
+    mgr = impl.kv_cache.KVCacheManager(config, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                       metrics_collector=collector)
+    assert mgr.metrics_collector is collector and mgr.block_pool.metrics_collector is collector
+
+    def request(rid):
+        return impl.kv_cache.Request(rid, list(range(10)), block_hasher=get_request_block_hasher(BS, sha))
+
+    a = request("a")
+    mgr.allocate_slots(a, 10)
+    held = [b.block_id for b in mgr.get_blocks("a").blocks[0]]
+    assert sorted(collector.block_metrics) == sorted(held)
+    b = request("b")
+    hits, num_hits, _ = mgr.get_computed_blocks(b)
+    assert num_hits == 8
+    mgr.allocate_slots(b, 10 - num_hits, num_hits, hits)
+    touched = [bid for bid, s in collector.block_metrics.items() if s.access_history]
+    assert sorted(touched) == held[:2]
+    mgr.free(a)
+    mgr.free(b)
+    assert mgr.reset_prefix_cache()
+    assert collector.block_metrics == {}
+
+
+# ------------------------------------------------------------------ random sequences, against vLLM
+def _drive(pool, collector, seed: int, steps: int = 160) -> list:
+    """Random admissions (prefix hits + new blocks, cached in part), frees, evictions, moves,
+    writability checks and resets; what the pool and the collector hold after each step."""
+    rng = random.Random(seed)
+    held: list[list] = []
+    trace = []
+    n = pool.num_gpu_blocks
+    for step in range(steps):
+        op = rng.choices(["admit", "free", "evict", "move", "writable", "reset"], [6, 4, 1, 2, 1, 1])[0]
+        out = None
+        if op == "admit":
+            family = rng.randrange(3)
+            req = SimpleNamespace(request_id=f"s{step}", block_hashes=[_hash(family, i) for i in range(6)])
+            hits = []
+            for h in req.block_hashes:
+                got = pool.get_cached_block(h, [0])
+                if not got:
+                    break
+                hits.append(got[0])
+            hits = hits[: rng.randint(0, len(hits))]
+            room = pool.get_num_free_blocks() - sum(b.ref_cnt == 0 for b in hits)
+            n_new = min(rng.randint(0 if hits else 1, 3), room, 6 - len(hits))
+            if n_new < 0 or not (hits or n_new):
+                continue
+            pool.touch(hits)
+            blocks = hits + pool.get_new_blocks(n_new)
+            pool.cache_full_blocks(req, blocks, len(hits), rng.randint(len(hits), len(blocks)), BS, 0)
+            held.append(blocks)
+            out = [b.block_id for b in blocks]
+        elif op == "free" and held:
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.free_blocks(reversed(blocks))
+        elif op == "evict":
+            pool.evict_blocks({rng.randrange(1, n) for _ in range(rng.randint(1, 3))})
+        elif op == "move":
+            sources = [(i, b) for i, blocks in enumerate(held) for b in blocks
+                       if b.block_hash is not None and b.ref_cnt == 1]
+            if not sources or pool.get_num_free_blocks() == 0:
+                continue
+            i, src = sources[rng.randrange(len(sources))]
+            (dst,) = pool.get_new_blocks(1)
+            pool.move_block_hashes(src, dst)
+            held[i].append(dst)
+            out = (src.block_id, dst.block_id)
+        elif op == "writable":
+            out = [pool.is_block_writable(b) for b in pool.blocks]
+        elif op == "reset":
+            out = pool.reset_prefix_cache()
+        else:
+            continue
+        trace.append((
+            op, out,
+            [(b.ref_cnt, b.block_hash, b.block_hash_num_tokens) for b in pool.blocks],
+            [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+            _metrics(collector), _events(collector),
+        ))
+    return trace
+
+
+def _run(pool_type, collector_type, seed, clock):
+    random.seed(seed)  # the collector's draws
+    clock[0] = 0
+    collector = collector_type(sample_rate=0.6)
+    return _drive(pool_type(12, True, BS, metrics_collector=collector), collector, seed)
+
+
+def _vllm_importable() -> bool:
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+SEEDS = [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_sequences_twins_agree(seed, clock):
+    if _fast.NO_EXTENSIONS or "cython" not in _fast.available():
+        pytest.skip("needs the compiled twin")
+    compiled = _run(_fast.load("cython")["kv_cache"].BlockPool, KVCacheMetricsCollector, seed, clock)
+    pure = _run(_fast.load("python")["kv_cache"].BlockPool, KVCacheMetricsCollector, seed, clock)
+    assert compiled == pure
+    ops = [step[0] for step in compiled]
+    assert {"admit", "free", "move", "reset"} <= set(ops)
+    assert any(step[5] for step in compiled), "no eviction recorded"
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_sequences_as_vllm(impl, seed, clock, monkeypatch):
+    """vLLM's pool with vLLM's collector is the oracle; kvcy's pool with either collector, and
+    vLLM's pool with kvcy's collector, record the same thing step by step."""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    from vllm.v1.core.block_pool import BlockPool as VllmPool
+    from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector as VllmCollector
+
+    oracle = _run(VllmPool, VllmCollector, seed, clock)
+    assert any(step[5] for step in oracle) and any(step[0] == "move" for step in oracle)
+    assert _run(impl.kv_cache.BlockPool, KVCacheMetricsCollector, seed, clock) == oracle
+    assert _run(impl.kv_cache.BlockPool, VllmCollector, seed, clock) == oracle
+    assert _run(VllmPool, KVCacheMetricsCollector, seed, clock) == oracle
+
+
+def test_eviction_event_fields():
+    event = KVCacheEvictionEvent(lifetime_seconds=2.0, idle_seconds=1.0, reuse_gaps_seconds=(0.5,))
+    assert (event.lifetime_seconds, event.idle_seconds, event.reuse_gaps_seconds) == (2.0, 1.0, (0.5,))
