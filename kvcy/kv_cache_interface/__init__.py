@@ -17,8 +17,11 @@ and hash by that canonical name, so equal specs are equal however their dtype
 was given.
 
 Parameters of features kvcy leaves out (decode context parallelism, HiSparse,
-connector paths) are accepted at their "off" values and raise
-``NotImplementedError`` naming the feature otherwise.
+bounded sliding-window replay, connector paths) are accepted at their "off"
+values and raise ``NotImplementedError`` naming the feature otherwise.  Page
+sizes follow vLLM 0.33.0's formula from the spec's fields alone; packed
+quantized layouts are published in ``num_head_slots`` / ``state_content_bytes``
+(:func:`customize_spec` gives the default backends' ones).
 
 The package holds one module per concept: ``dtypes`` and ``quant`` (element
 types and quantization modes), ``base`` (:class:`KVCacheSpec`,
