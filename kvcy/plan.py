@@ -35,12 +35,14 @@ from kvcy.kv_cache_interface import (
     KVCacheConfig,
     KVCacheSpec,
     KVQuantMode,
+    MLA_PACKED_STATE_BYTES,
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     canonical_dtype,
     cdiv,
+    customize_spec,
     get_kv_cache_spec_kind,
     get_kv_quant_mode,
 )
@@ -298,17 +300,20 @@ def build_kv_cache_spec(
         common = dict(block_size=block, head_size=params.head_size, dtype=dtype, kv_quant_mode=quant)
         if isinstance(params, MLALayer):
             mla_dtype = "uint8" if cache_dtype == "fp8_ds_mla" else dtype
-            return MLAAttentionSpec(
+            # vLLM's MLA layer publishes the opaque sparse-MLA formats' bytes per token;
+            # the backend then its packed layout (customize_spec)
+            return customize_spec(MLAAttentionSpec(
                 **{**common, "dtype": mla_dtype},
                 num_kv_heads=1,
                 cache_dtype_str=cache_dtype if cache_dtype != "auto" else None,
-            )
+                state_content_bytes=MLA_PACKED_STATE_BYTES.get(cache_dtype),
+            ))
         common["num_kv_heads"] = params.num_kv_heads
         if isinstance(params, SlidingWindowLayer):
-            return SlidingWindowSpec(**common, sliding_window=params.sliding_window)
+            return customize_spec(SlidingWindowSpec(**common, sliding_window=params.sliding_window))
         if isinstance(params, ChunkedLocalLayer):
-            return ChunkedLocalAttentionSpec(**common, attention_chunk_size=params.attention_chunk_size)
-        return FullAttentionSpec(**common)
+            return customize_spec(ChunkedLocalAttentionSpec(**common, attention_chunk_size=params.attention_chunk_size))
+        return customize_spec(FullAttentionSpec(**common))
 
     used = {t: params for t, params in model.attention.items() if t in model.layers}
     mamba_states = {

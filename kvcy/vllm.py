@@ -96,6 +96,8 @@ def _convert_value(owner: str, name: str, value: Any) -> Any:
         return ki.KVQuantMode[value.name]
     if name == "role" and isinstance(value, enum.Enum):
         return ki.KVCacheGroupRole(value.value)
+    if name == "cache_role" and isinstance(value, enum.Enum):
+        return ki.SparseCacheRole(value.value)  # an MLA spec's sparse-cache role
     if name == "block_stride_alignment" and type(value).__name__ == "MultipleOf":
         return ki.MultipleOf(value.base)  # vLLM's own MultipleOf (vllm.v1.attention.backend)
     if name == "mamba_type" and isinstance(value, enum.Enum):

@@ -24,6 +24,7 @@ from kvcy.kv_cache_interface import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
+    customize_spec,
     get_kv_quant_mode,
     is_full_attention_spec,
     iter_layer_specs,
@@ -135,8 +136,11 @@ def test_int4_per_token_head():
     assert KVQuantMode.INT4_PER_TOKEN_HEAD.is_per_token_head
     assert get_kv_quant_mode("int4_per_token_head") is KVQuantMode.INT4_PER_TOKEN_HEAD
     assert get_kv_quant_mode("nvfp4") is KVQuantMode.NVFP4
-    with pytest.raises(NotImplementedError, match="INT4_PER_TOKEN_HEAD"):
-        full(dtype="uint8", kv_quant_mode=KVQuantMode.INT4_PER_TOKEN_HEAD)
+    # sized as vLLM sizes it: the backend's packed layout, two int4 values per byte plus two scales
+    int4 = full(dtype="uint8", kv_quant_mode=KVQuantMode.INT4_PER_TOKEN_HEAD)
+    assert int4.page_size_bytes == int4.num_kv_heads * int4.block_size * (int4.head_size * 2)
+    packed = customize_spec(int4)
+    assert packed.state_content_bytes == int4.head_size + 8
 
 
 def test_layer_spec_helpers():

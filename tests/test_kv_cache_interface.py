@@ -34,6 +34,7 @@ from kvcy.kv_cache_interface import (
     TQFullAttentionSpec,
     UniformTypeKVCacheSpecs,
     compute_layer_kv_cache_shape_bytes,
+    customize_spec,
     get_dtype_size,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
@@ -125,9 +126,12 @@ def test_mla_page_size():
     # one latent of 576 values per token, no separate V
     spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype="bfloat16")
     assert spec.page_size_bytes == 16 * 576 * 2 == 18432
-    assert spec.num_heads == 1
+    assert (spec.num_heads, spec.head_size_v) == (1, 0)  # vLLM: num_kv_heads slots, no V
     assert spec.state_content_size_bytes == 1152
-    ds = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype="uint8", cache_dtype_str="fp8_ds_mla")
+    # the opaque fp8_ds_mla blob is published as state_content_bytes; the name alone sizes nothing
+    named = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype="uint8", cache_dtype_str="fp8_ds_mla")
+    assert named.page_size_bytes == 16 * 576
+    ds = dataclasses.replace(named, state_content_bytes=656)
     assert ds.page_size_bytes == 16 * 656 == 10496
     hidden = HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=4096, dtype="float16")
     assert hidden.page_size_bytes == 16 * 4096 * 2
@@ -145,17 +149,23 @@ def test_tq_page_size():
     assert plain.page_size_bytes == 16 * 8 * 256 * 1
 
 
-def test_per_token_head_scales_are_budgeted():
+def test_per_token_head_scales_are_the_backends_layout():
     spec = full(dtype="int8", kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD)
+    # as in vLLM, the mode alone adds nothing: the backend publishes its packed layout
+    assert spec.page_size_bytes == 16 * 8 * 256 * 1 == 32768
+    packed = customize_spec(spec)
     # K and V bytes plus one float32 scale for K and one for V per (token, head)
-    assert spec.real_page_size_bytes == 16 * 8 * 256 * 1 == 32768
-    assert spec.page_size_bytes == 32768 + 2 * 16 * 8 * 4 == 33792
+    assert packed.state_content_bytes == 256 + 8
+    assert packed.page_size_bytes == 32768 + 2 * 16 * 8 * 4 == 33792
 
 
 def test_nvfp4_page_size():
     spec = full(dtype="uint8", kv_quant_mode=KVQuantMode.NVFP4)
-    # per head: 128/2 bytes of fp4 + 128/16 fp8 scales = 72 bytes, for K and for V
-    assert spec.page_size_bytes == 16 * 8 * (72 + 72) == 18432
+    assert spec.page_size_bytes == 16 * 8 * 256
+    packed = customize_spec(spec)
+    # K and V in separate slots; per slot: 128/2 bytes of fp4 + 128/16 fp8 scales = 72 bytes
+    assert (packed.num_heads, packed.state_content_size_bytes) == (16, 72)
+    assert packed.page_size_bytes == 16 * 16 * 72 == 18432
 
 
 def test_page_size_padded():
@@ -218,7 +228,7 @@ def test_uniform_type_specs_are_hashable():
         (lambda: full(block_size=-16), "block_size"),
         (lambda: full(num_kv_heads=0), "num_kv_heads"),
         (lambda: full(head_size=-1), "head_size"),
-        (lambda: full(head_size_v=0), "head_size_v"),
+        (lambda: full(head_size_v=-1), "head_size_v"),
         (lambda: full(sliding_window=0), "sliding_window"),
         (lambda: full(attention_chunk_size=-5), "attention_chunk_size"),
         (lambda: swa(window=0), "sliding_window"),
@@ -296,8 +306,12 @@ def test_max_memory_mamba(settings):
     assert spec.max_memory_usage_bytes(settings) == page * (1 + 2)
     align = dataclasses.replace(settings, cache_config=CacheConfig(block_size=16, mamba_cache_mode="align"))
     assert spec.max_memory_usage_bytes(align) == page * (2 + 2)
+    # vLLM 0.33.0 has no "all" mode: anything but "align" holds one state
     every = dataclasses.replace(settings, cache_config=CacheConfig(block_size=16, mamba_cache_mode="all"))
-    assert spec.max_memory_usage_bytes(every) == page * 63
+    assert spec.max_memory_usage_bytes(every) == page * (1 + 2)
+    checkpoints = dataclasses.replace(spec, num_prefill_checkpoint_blocks=3)
+    assert checkpoints.max_memory_usage_bytes(align) == page * (2 + 2 + 3)
+    assert checkpoints.max_memory_usage_bytes(settings) == page * (1 + 2)
 
 
 def test_max_memory_uniform_type(settings):

@@ -416,3 +416,26 @@ def test_does_not_fit_is_said_in_kvcy_words(capsys):
 def test_override_of_two_blocks_is_the_smallest_plan(capsys):
     plan = run_json(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "2")
     assert plan["num_blocks"] == 2 and plan["usable_blocks"] == 1
+
+
+@pytest.mark.parametrize(
+    "kind, cache_dtype, geometry",
+    [
+        ("full", "int8_per_token_head", (8, 128 + 128 + 8)),  # Triton: K, V and two fp32 scales per state
+        ("full", "fp8_per_token_head", (8, 128 + 128 + 8)),
+        ("full", "nvfp4", (16, 64 + 8)),  # FlashInfer: K and V slots of fp4 data + fp8 block scales
+        ("full", "fp8", (8, 256)),
+        ("mla", "fp8_ds_mla", (1, 656)),  # the opaque sparse-MLA blob vLLM's MLA layer publishes
+        ("mla", "int8_per_token_head", (1, 128 + 8)),  # latent + the scale pair
+    ],
+)
+def test_build_kv_cache_spec_uses_the_backends_packed_layouts(kind, cache_dtype, geometry):
+    # page sizes follow vLLM's fields-only formula, so the plan publishes what vLLM's default
+    # backend for the mode would (kvcy.kv_cache_interface.customize_spec)
+    layer = {"kind": kind, "head_size": 128, **({"num_kv_heads": 8} if kind == "full" else {})}
+    model = ModelDescription.from_dict("m", {
+        "max_model_len": 64, "attention": {"a": layer}, "num_layers": 1, "layer_pattern": ["a"],
+    })
+    spec = build_kv_cache_spec(model, cache_dtype)["layers.0"]
+    assert (spec.num_heads, spec.state_content_size_bytes) == geometry
+    assert spec.page_size_bytes == spec.block_size * geometry[0] * geometry[1]

@@ -574,8 +574,9 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
             v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16),
             "SlidingWindowSpec.extra_retained_tokens",
         ),
-        (v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), num_prefill_checkpoint_blocks=2),
-         "MambaSpec.num_prefill_checkpoint_blocks"),
+        (v.SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16,
+                                sliding_window=64, bounded_replay=True),
+         "bounded sliding-window replay"),
     ]
 
     @dataclass(frozen=True, kw_only=True)

@@ -17,24 +17,29 @@ and hash by that canonical name, so equal specs are equal however their dtype
 was given.
 
 Parameters of features kvcy leaves out (decode context parallelism, HiSparse,
-connector paths) are accepted at their "off" values and raise
-``NotImplementedError`` naming the feature otherwise.
+bounded sliding-window replay, connector paths) are accepted at their "off"
+values and raise ``NotImplementedError`` naming the feature otherwise.  Page
+sizes follow vLLM 0.33.0's formula from the spec's fields alone; packed
+quantized layouts are published in ``num_head_slots`` / ``state_content_bytes``
+(:func:`customize_spec` gives the default backends' ones).
 
 The package holds one module per concept: ``dtypes`` and ``quant`` (element
 types and quantization modes), ``base`` (:class:`KVCacheSpec`,
 :class:`MultipleOf`), ``attention``, ``full_attention``, ``sliding_window``,
 ``chunked_local``, ``mla``, ``mamba`` and ``encoder_attention`` (the spec
-families), ``uniform`` (:class:`UniformTypeKVCacheSpecs`), ``kinds`` (spec
+families), ``registry`` (:class:`KVCacheSpecRegistry`: managers and
+grouping bases of spec classes), ``uniform`` (:class:`UniformTypeKVCacheSpecs`), ``kinds`` (spec
 kinds of KV events), ``tensor`` and ``config`` (:class:`KVCacheTensor`, the
 groups and :class:`KVCacheConfig`), ``layout`` and ``views`` (physical layouts
-and :func:`reshape_kv_cache`).  Every public name is importable from here.
+and :func:`reshape_kv_cache`), ``packed_layouts`` (what backends publish for
+quantized pages: :func:`customize_spec`).  Every public name is importable from here.
 """
 
 from __future__ import annotations
 
 from kvcy.kv_cache_interface._checks import cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
-from kvcy.kv_cache_interface.base import KVCacheSpec, MultipleOf, num_states_for
+from kvcy.kv_cache_interface.base import KVCacheSpec, MultipleOf, num_states_for, replace_as
 from kvcy.kv_cache_interface.chunked_local import ChunkedLocalAttentionSpec
 from kvcy.kv_cache_interface.config import KVCacheConfig, KVCacheGroupRole, KVCacheGroupSpec
 from kvcy.kv_cache_interface.dtypes import canonical_dtype, get_dtype_size
@@ -43,7 +48,8 @@ from kvcy.kv_cache_interface.full_attention import FullAttentionSpec, SinkFullAt
 from kvcy.kv_cache_interface.kinds import KVCacheSpecKind, get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 from kvcy.kv_cache_interface.layout import DIM_B, DIM_C, DIM_H, DIM_L, DIM_N, KVCacheLayout
 from kvcy.kv_cache_interface.mamba import MambaSpec
-from kvcy.kv_cache_interface.mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from kvcy.kv_cache_interface.mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec, SparseCacheRole
+from kvcy.kv_cache_interface.packed_layouts import MLA_PACKED_STATE_BYTES, customize_spec
 from kvcy.kv_cache_interface.quant import (
     KVQuantMode,
     get_kv_quant_mode,
@@ -51,6 +57,7 @@ from kvcy.kv_cache_interface.quant import (
     kv_cache_uses_per_token_head_scales,
     nvfp4_kv_cache_full_dim,
 )
+from kvcy.kv_cache_interface.registry import KVCacheSpecMetadata, KVCacheSpecRegistry, register_kv_cache_spec
 from kvcy.kv_cache_interface.sliding_window import SlidingWindowSpec
 from kvcy.kv_cache_interface.tensor import KVCacheTensor
 from kvcy.kv_cache_interface.uniform import UniformTypeKVCacheSpecs, is_full_attention_spec, iter_layer_specs
@@ -69,19 +76,24 @@ __all__ = [
     "KVCacheLayout",
     "KVCacheSpec",
     "KVCacheSpecKind",
+    "KVCacheSpecMetadata",
+    "KVCacheSpecRegistry",
     "KVCacheTensor",
     "KVQuantMode",
     "MLAAttentionSpec",
+    "MLA_PACKED_STATE_BYTES",
     "MambaSpec",
     "MultipleOf",
     "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
+    "SparseCacheRole",
     "TQFullAttentionSpec",
     "UniformTypeKVCacheSpecs",
     "canonical_dtype",
     "cdiv",
     "compute_layer_kv_cache_shape_bytes",
+    "customize_spec",
     "get_dtype_size",
     "get_kv_cache_spec_kind",
     "get_kv_cache_spec_sliding_window",
@@ -91,5 +103,7 @@ __all__ = [
     "iter_layer_specs",
     "kv_cache_uses_per_token_head_scales",
     "num_states_for",
+    "register_kv_cache_spec",
+    "replace_as",
     "reshape_kv_cache",
 ]

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields, replace
 from math import gcd
-from typing import Any
+from typing import Any, TypeVar
 
 from kvcy.kv_cache_interface._checks import _check_bool, _check_int, _check_tokens_per_state, cdiv
 
@@ -162,6 +163,25 @@ class KVCacheSpec:
         """This spec with another block size."""
         return replace(self, block_size=block_size)
 
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        """Whether every spec of ``kv_cache_specs`` may share a group with this one.
+
+        By default: each is an instance of the class this spec's registration
+        groups with (:meth:`KVCacheSpecRegistry.get_uniform_type_base_spec`);
+        spec kinds with parameters (windows, chunks, Mamba state) compare those too.
+
+        Raises:
+            AssertionError: this spec's class is not registered (as in vLLM).
+        """
+        from kvcy.kv_cache_interface.registry import KVCacheSpecRegistry
+
+        base = KVCacheSpecRegistry.get_uniform_type_base_spec(self)
+        assert base is not None, (
+            f"Unsupported KV cache spec type: {type(self)}. "
+            "Please register it using @register_kv_cache_spec decorator."
+        )
+        return all(isinstance(spec, base) for spec in kv_cache_specs.values())
+
     @classmethod
     def merge(cls, specs: list):
         """One spec standing for several layers that must all be equal.
@@ -191,3 +211,21 @@ def num_states_for(block_size: int, tokens_per_state: int) -> int:
     if block_size % tokens_per_state:
         raise ValueError(f"block_size {block_size} is not a multiple of tokens_per_state {tokens_per_state}")
     return int(block_size // tokens_per_state)
+
+
+_SpecT = TypeVar("_SpecT", bound=KVCacheSpec)
+
+
+def replace_as(spec: KVCacheSpec, target_cls: type[_SpecT], *, drop: Collection[str] = (), **changes: Any) -> _SpecT:
+    """``dataclasses.replace`` into another spec class (e.g. a sliding-window spec
+    rebuilt as full attention).
+
+    Every init field of ``spec`` is passed on unless named in ``drop``; fields
+    only ``target_cls`` has keep their defaults; ``changes`` override.
+
+    Raises:
+        TypeError: ``target_cls`` has no field of that name (as in vLLM).
+    """
+    kwargs = {f.name: getattr(spec, f.name) for f in fields(spec) if f.init and f.name not in drop}
+    kwargs.update(changes)
+    return target_cls(**kwargs)

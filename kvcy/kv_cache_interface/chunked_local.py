@@ -7,6 +7,7 @@ from typing import Any
 
 from kvcy.kv_cache_interface._checks import _admission_capped_bytes, _check_int, cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
+from kvcy.kv_cache_interface.base import KVCacheSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,3 +32,10 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, config: Any) -> int:
         return _admission_capped_bytes(self, config)
+
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        """Chunked-local layers with this chunk size."""
+        return all(
+            isinstance(spec, ChunkedLocalAttentionSpec) and spec.attention_chunk_size == self.attention_chunk_size
+            for spec in kv_cache_specs.values()
+        )

@@ -42,6 +42,18 @@ _DTYPE_ALIASES: dict[str, str] = {
     "nvfp4": "uint8",
     "int8_per_token_head": "int8",
     "fp8_per_token_head": "float8_e4m3fn",
+    # packed byte formats (vLLM stores them as uint8)
+    "int4_per_token_head": "uint8",
+    "nvfp4_4over6": "uint8",
+    "nvfp4_ds_mla": "uint8",
+    "turboquant_k8v4": "uint8",
+    "turboquant_4bit_nc": "uint8",
+    "turboquant_k3v4_nc": "uint8",
+    "turboquant_3bit_nc": "uint8",
+    "octave_k3v4": "uint8",
+    "octave_k3v3": "uint8",
+    "octave_k3v3_compact": "uint8",
+    "ultraquant_4bit": "uint8",
 }
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from kvcy.kv_cache_interface._checks import _check_bool, _check_int, _setting, cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
-from kvcy.kv_cache_interface.quant import nvfp4_kv_cache_full_dim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,8 +19,6 @@ class FullAttentionSpec(AttentionSpec):
     ``attention_chunk_size`` (never both).
     """
 
-    head_size_v: int | None = None
-    """Value head size; defaults to ``head_size``."""
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     non_causal: bool = False
@@ -31,9 +28,6 @@ class FullAttentionSpec(AttentionSpec):
 
     def _post_init_head_sizes(self) -> None:
         owner = type(self).__name__
-        if self.head_size_v is None:
-            object.__setattr__(self, "head_size_v", self.head_size)
-        _check_int(owner, "head_size_v", self.head_size_v)
         _check_bool(owner, "non_causal", self.non_causal)
         _check_int(owner, "sliding_window", self.sliding_window, optional=True)
         _check_int(owner, "attention_chunk_size", self.attention_chunk_size, optional=True)
@@ -42,13 +36,6 @@ class FullAttentionSpec(AttentionSpec):
                 f"{owner} cannot have both sliding_window and attention_chunk_size "
                 "(models mixing sliding-window and chunked-local layers are not supported)"
             )
-
-    @property
-    def state_content_size_bytes(self) -> int:
-        hk, hv = self.head_size, self.head_size_v
-        if self.kv_quant_mode.is_nvfp4:
-            hk, hv = nvfp4_kv_cache_full_dim(hk), nvfp4_kv_cache_full_dim(hv)
-        return (hk + hv) * self.dtype_size
 
     def max_memory_usage_bytes(self, config: Any) -> int:
         max_model_len = _setting(config, "max_model_len", "model_config")
@@ -112,6 +99,8 @@ class FullAttentionSpec(AttentionSpec):
             dtype=first.dtype,
             kv_quant_mode=first.kv_quant_mode,
             page_size_padded=first.page_size_padded,
+            num_head_slots=first.num_head_slots,
+            state_content_bytes=first.state_content_bytes,
             tokens_per_state=first.tokens_per_state,
             sliding_window=sliding_window,
             attention_chunk_size=attention_chunk_size,
@@ -119,7 +108,7 @@ class FullAttentionSpec(AttentionSpec):
             non_causal=any(spec.non_causal for spec in specs),
             **first._merge_extra(),
         )
-        _assert_same_attention(specs, merged, ["head_size_v"])
+        _assert_same_attention(specs, merged)
         for spec in specs:
             for name, value in first._merge_extra().items():
                 if getattr(spec, name) != value:

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvcy.kv_cache_interface._checks import _admission_capped_bytes, _check_int, cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
-from kvcy.kv_cache_interface.quant import nvfp4_kv_cache_full_dim
+from kvcy.kv_cache_interface.base import KVCacheSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,7 +15,6 @@ class SlidingWindowSpec(AttentionSpec):
     """Attention over the last ``sliding_window`` tokens."""
 
     sliding_window: int
-    head_size_v: int | None = None
     extra_retained_tokens: int = 0
     """Tokens below the window whose blocks are kept (not attended), for
     speculative decoding that re-prefills the last few tokens.  Only 0 is
@@ -24,9 +23,6 @@ class SlidingWindowSpec(AttentionSpec):
     def _post_init_head_sizes(self) -> None:
         owner = type(self).__name__
         _check_int(owner, "sliding_window", self.sliding_window)
-        if self.head_size_v is None:
-            object.__setattr__(self, "head_size_v", self.head_size)
-        _check_int(owner, "head_size_v", self.head_size_v)
         _check_int(owner, "extra_retained_tokens", self.extra_retained_tokens, minimum=0)
         if self.extra_retained_tokens:
             raise NotImplementedError(
@@ -38,13 +34,6 @@ class SlidingWindowSpec(AttentionSpec):
     def num_retained_tokens(self) -> int:
         """Tokens below a request's first scheduled position that must stay readable."""
         return self.sliding_window - 1 + self.extra_retained_tokens
-
-    @property
-    def state_content_size_bytes(self) -> int:
-        hk, hv = self.head_size, self.head_size_v
-        if self.kv_quant_mode.is_nvfp4:
-            hk, hv = nvfp4_kv_cache_full_dim(hk), nvfp4_kv_cache_full_dim(hv)
-        return (hk + hv) * self.dtype_size
 
     def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
         """Most blocks one request can hold at once.
@@ -59,3 +48,10 @@ class SlidingWindowSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, config: Any) -> int:
         return _admission_capped_bytes(self, config)
+
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        """Sliding-window layers (MLA ones included) with this window."""
+        return all(
+            isinstance(spec, SlidingWindowSpec) and spec.sliding_window == self.sliding_window
+            for spec in kv_cache_specs.values()
+        )

@@ -10,12 +10,7 @@ from typing import Any
 
 from kvcy.kv_cache_interface._checks import cdiv
 from kvcy.kv_cache_interface.base import KVCacheSpec
-from kvcy.kv_cache_interface.chunked_local import ChunkedLocalAttentionSpec
-from kvcy.kv_cache_interface.encoder_attention import CrossAttentionSpec
 from kvcy.kv_cache_interface.full_attention import FullAttentionSpec
-from kvcy.kv_cache_interface.mamba import MambaSpec
-from kvcy.kv_cache_interface.mla import SlidingWindowMLASpec
-from kvcy.kv_cache_interface.sliding_window import SlidingWindowSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,11 +93,14 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
 
     @classmethod
     def is_uniform_type(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        """Whether all layers have one block size and one attention type.
+        """Whether all layers have one block size, one dcp sharding and one
+        attention type, as the first layer's
+        :meth:`~KVCacheSpec.is_uniform_with_collection` decides (through the
+        :class:`~kvcy.kv_cache_interface.KVCacheSpecRegistry` for plain types).
 
         Raises:
             ValueError: ``kv_cache_specs`` is empty.
-            TypeError: a spec type this function does not know.
+            AssertionError: the first layer's spec class is not registered (as in vLLM).
         """
         if not kv_cache_specs:
             raise ValueError("kv_cache_specs must not be empty")
@@ -111,31 +109,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
             return False
         if len({spec.dcp_sharded for spec in specs}) > 1:
             return False
-        one = specs[0]
-        # subclasses before their bases
-        if isinstance(one, SlidingWindowMLASpec):
-            return all(isinstance(s, SlidingWindowMLASpec) and s.sliding_window == one.sliding_window for s in specs)
-        if isinstance(one, FullAttentionSpec):
-            return all(isinstance(s, FullAttentionSpec) for s in specs)
-        if isinstance(one, CrossAttentionSpec):
-            return all(isinstance(s, CrossAttentionSpec) for s in specs)
-        if isinstance(one, SlidingWindowSpec):
-            return all(
-                isinstance(s, SlidingWindowSpec)
-                and not isinstance(s, SlidingWindowMLASpec)
-                and s.sliding_window == one.sliding_window
-                for s in specs
-            )
-        if isinstance(one, ChunkedLocalAttentionSpec):
-            return all(
-                isinstance(s, ChunkedLocalAttentionSpec) and s.attention_chunk_size == one.attention_chunk_size
-                for s in specs
-            )
-        if isinstance(one, MambaSpec):
-            return all(
-                isinstance(s, MambaSpec) and s.num_speculative_blocks == one.num_speculative_blocks for s in specs
-            )
-        raise TypeError(f"Unsupported KV cache spec type: {type(one).__name__}")
+        return specs[0].is_uniform_with_collection(kv_cache_specs)
 
     @classmethod
     def from_specs(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs | None:
