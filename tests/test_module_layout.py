@@ -87,3 +87,64 @@ def test_named_stems_define_the_names():
             for path in (c_dir / f"{stem}.pyx", py_dir / f"{stem}.py"):
                 names = {a or b for a, b in defined.findall(path.read_text(encoding="utf-8"))}
                 assert name in names, f"{name} is not defined in {path.relative_to(ROOT)}"
+
+
+#: kvcy.kv_cache_interface's submodules -> the public names each defines (one concept per module).
+INTERFACE_MODULES = {
+    "dtypes": {"canonical_dtype", "get_dtype_size"},
+    "quant": {"KVQuantMode", "get_kv_quant_mode", "is_quantized_kv_cache", "kv_cache_uses_per_token_head_scales",
+              "nvfp4_kv_cache_full_dim"},
+    "base": {"KVCacheSpec", "MultipleOf", "num_states_for"},
+    "attention": {"AttentionSpec"},
+    "full_attention": {"FullAttentionSpec", "SinkFullAttentionSpec", "TQFullAttentionSpec"},
+    "sliding_window": {"SlidingWindowSpec"},
+    "chunked_local": {"ChunkedLocalAttentionSpec"},
+    "mla": {"MLAAttentionSpec", "HiddenStateCacheSpec", "SlidingWindowMLASpec"},
+    "mamba": {"MambaSpec"},
+    "encoder_attention": {"EncoderOnlyAttentionSpec", "CrossAttentionSpec"},
+    "uniform": {"UniformTypeKVCacheSpecs", "iter_layer_specs", "is_full_attention_spec"},
+    "kinds": {"KVCacheSpecKind", "get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window"},
+    "tensor": {"KVCacheTensor"},
+    "config": {"KVCacheConfig", "KVCacheGroupRole", "KVCacheGroupSpec"},
+    "layout": {"KVCacheLayout"},
+    "views": {"compute_layer_kv_cache_shape_bytes", "reshape_kv_cache"},
+    "_checks": {"cdiv"},
+}
+
+
+def test_kv_cache_interface_is_one_module_per_concept():
+    """kvcy.kv_cache_interface is a package whose modules each define one concept's names,
+    all re-exported from the package (``from kvcy.kv_cache_interface import X`` keeps working)."""
+    import kvcy.kv_cache_interface as ki
+
+    package_dir = PACKAGE / "kv_cache_interface"
+    assert (package_dir / "__init__.py").is_file() and not (PACKAGE / "kv_cache_interface.py").exists()
+    on_disk = {p.stem for p in package_dir.glob("*.py")} - {"__init__"}
+    assert on_disk == set(INTERFACE_MODULES)
+    exported = set(ki.__all__)
+    assert set().union(*INTERFACE_MODULES.values()) >= exported
+    for stem, names in INTERFACE_MODULES.items():
+        module = importlib.import_module(f"kvcy.kv_cache_interface.{stem}")
+        assert module.__doc__, f"kvcy.kv_cache_interface.{stem} has no docstring"
+        for name in names:
+            obj = getattr(module, name)
+            assert obj.__module__ == module.__name__, f"{name} is not defined in {module.__name__}"
+            assert getattr(ki, name) is obj, f"kvcy.kv_cache_interface.{name} is not {module.__name__}'s"
+        lines = (package_dir / f"{stem}.py").read_text(encoding="utf-8").count("\n")
+        assert lines < 400, f"kvcy/kv_cache_interface/{stem}.py has {lines} lines: split it by concept"
+
+
+def test_kv_cache_interface_objects_pickle_by_their_module():
+    import pickle
+
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, KVCacheLayout, KVQuantMode, MambaSpec
+
+    for obj in (
+        FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=8),
+        MambaSpec(block_size=16, shapes=((2, 3),), dtypes=("float32",)),
+        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="fp8")),
+        KVCacheLayout.BLHNC,
+        KVQuantMode.NVFP4,
+    ):
+        back = pickle.loads(pickle.dumps(obj))
+        assert back == obj and type(back) is type(obj)

@@ -540,7 +540,7 @@ def test_specs_convert_field_by_field(name: str) -> None:
     spec = _vllm_specs()[name]
     converted = kvcy.vllm.convert_kv_cache_spec(spec)
     assert type(converted).__name__ == type(spec).__name__
-    assert type(converted).__module__ == "kvcy.kv_cache_interface"
+    assert type(converted) is getattr(kvcy.kv_cache_interface, type(spec).__name__)
     assert converted.block_size == spec.block_size
     assert converted.page_size_bytes == spec.page_size_bytes
     for field in ("num_kv_heads", "head_size", "sliding_window", "attention_chunk_size", "cache_dtype_str", "sink_len",
@@ -558,7 +558,8 @@ def test_specs_convert_field_by_field(name: str) -> None:
         assert set(converted.kv_cache_specs) == {"a", "b"}
         assert converted.get_max_layers_per_page_size() == spec.get_max_layers_per_page_size()
         assert converted.uses_slot_mapping == spec.uses_slot_mapping
-        assert all(type(s).__module__ == "kvcy.kv_cache_interface" for s in converted.kv_cache_specs.values())
+        assert all(type(s) is getattr(kvcy.kv_cache_interface, type(s).__name__)
+                   for s in converted.kv_cache_specs.values())
 
 
 def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:

@@ -1,0 +1,61 @@
+"""Sliding-window attention: :class:`SlidingWindowSpec`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvcy.kv_cache_interface._checks import _admission_capped_bytes, _check_int, cdiv
+from kvcy.kv_cache_interface.attention import AttentionSpec
+from kvcy.kv_cache_interface.quant import nvfp4_kv_cache_full_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Attention over the last ``sliding_window`` tokens."""
+
+    sliding_window: int
+    head_size_v: int | None = None
+    extra_retained_tokens: int = 0
+    """Tokens below the window whose blocks are kept (not attended), for
+    speculative decoding that re-prefills the last few tokens.  Only 0 is
+    supported: kvcy's managers do not retain the extra blocks."""
+
+    def _post_init_head_sizes(self) -> None:
+        owner = type(self).__name__
+        _check_int(owner, "sliding_window", self.sliding_window)
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
+        _check_int(owner, "head_size_v", self.head_size_v)
+        _check_int(owner, "extra_retained_tokens", self.extra_retained_tokens, minimum=0)
+        if self.extra_retained_tokens:
+            raise NotImplementedError(
+                f"{owner}.extra_retained_tokens={self.extra_retained_tokens}: retaining blocks below the "
+                "sliding window is not supported by kvcy's managers (only 0 is)"
+            )
+
+    @property
+    def num_retained_tokens(self) -> int:
+        """Tokens below a request's first scheduled position that must stay readable."""
+        return self.sliding_window - 1 + self.extra_retained_tokens
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        hk, hv = self.head_size, self.head_size_v
+        if self.kv_quant_mode.is_nvfp4:
+            hk, hv = nvfp4_kv_cache_full_dim(hk), nvfp4_kv_cache_full_dim(hv)
+        return (hk + hv) * self.dtype_size
+
+    def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
+        """Most blocks one request can hold at once.
+
+        The manager frees blocks that fell out of the window before each
+        allocation, so a request holds at most ``sliding_window - 1`` computed
+        tokens plus one step of new ones (capped at the model length), plus
+        one block because the window need not start on a block boundary.
+        """
+        num_tokens = min(self.num_retained_tokens + max_num_batched_tokens, max_model_len)
+        return cdiv(num_tokens, self.block_size) + 1
+
+    def max_memory_usage_bytes(self, config: Any) -> int:
+        return _admission_capped_bytes(self, config)
