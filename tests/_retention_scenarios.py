@@ -5,7 +5,8 @@ steps and frees requests on a ``KVCacheManager`` the way vLLM's scheduler does a
 returns plain data (hits, ``shared_prefix_boundary``, new block ids, the free queue after
 each free, every cached block's key at the end).  ``vllm_api()`` builds vLLM's objects,
 ``kvcy_api(impl)`` kvcy's.  ``tests/test_dropin_retention.py`` holds what this printed for
-its fixed cases on vLLM (``python tests/_retention_scenarios.py`` with vLLM importable) and
+its fixed cases on vLLM (``summary``; ``python tests/_retention_scenarios.py`` with vLLM
+importable, ``VLLM_TARGET_DEVICE=cpu``) and
 compares the two live over random cases when vLLM is importable.
 
 A case: ``groups`` (``("full", block_size)`` / ``("swa", block_size, window, extra)``),
@@ -22,6 +23,8 @@ A case: ``groups`` (``("full", block_size)`` / ``("swa", block_size, window, ext
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from types import SimpleNamespace
@@ -88,6 +91,16 @@ def run(api, case: dict) -> dict:
         trace.append([kind, rid, rec])
     keys = sorted(_key(b) for b in mgr.block_pool.blocks if b.block_hash is not None)
     return {"trace": trace, "keys": keys}
+
+
+def summary(observed: dict) -> dict:
+    """What the test module records of a run: each admission's ``[hit, shared_prefix_boundary]``,
+    the cached blocks as ``[block id, group, tokens]``, and a digest of everything observed
+    (hit and new block ids, free-queue orders, cache keys with their hashes)."""
+    digest = hashlib.sha256(json.dumps(observed, sort_keys=True).encode()).hexdigest()[:16]
+    hits = [rec[:2] for kind, _, rec in observed["trace"] if kind == "admit"]
+    cached = [[k[0], k[2], k[3]] for k in observed["keys"]]
+    return {"hits": hits, "cached": cached, "digest": digest}
 
 
 def kvcy_api(impl) -> SimpleNamespace:
@@ -191,4 +204,4 @@ if __name__ == "__main__":
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     api = vllm_api()
     names = sys.argv[1:] or list(CASES)
-    print("EXPECTED = " + pprint.pformat({n: run(api, CASES[n]) for n in names}, width=118, compact=True))
+    print("EXPECTED = " + pprint.pformat({n: summary(run(api, CASES[n])) for n in names}, width=118, compact=True))

@@ -18,8 +18,9 @@ class SlidingWindowSpec(AttentionSpec):
     head_size_v: int | None = None
     extra_retained_tokens: int = 0
     """Tokens below the window whose blocks are kept (not attended), for
-    speculative decoding that re-prefills the last few tokens.  Only 0 is
-    supported: kvcy's managers do not retain the extra blocks."""
+    speculative decoding that re-prefills the last few tokens: the manager
+    frees (and skips) that many tokens fewer, and the admission cap counts
+    them."""
 
     def _post_init_head_sizes(self) -> None:
         owner = type(self).__name__
@@ -28,11 +29,6 @@ class SlidingWindowSpec(AttentionSpec):
             object.__setattr__(self, "head_size_v", self.head_size)
         _check_int(owner, "head_size_v", self.head_size_v)
         _check_int(owner, "extra_retained_tokens", self.extra_retained_tokens, minimum=0)
-        if self.extra_retained_tokens:
-            raise NotImplementedError(
-                f"{owner}.extra_retained_tokens={self.extra_retained_tokens}: retaining blocks below the "
-                "sliding window is not supported by kvcy's managers (only 0 is)"
-            )
 
     @property
     def num_retained_tokens(self) -> int:
