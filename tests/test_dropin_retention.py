@@ -551,8 +551,11 @@ def test_shared_prefix_boundary_checked_before_any_change(impl):
 
     sha = get_hash_fn_by_name("sha256")
     init_none_hash(sha)
-    for retention, refused in ((0, True), (None, False)):
-        mgr = _manager(impl, [_full(), _swa()], retention)
+    # (Only sliding-window masks read it: dense retention, or no sliding-window group --
+    # where vLLM's masks are None too -- leaves it unread, in both twins alike.)
+    for specs, retention, refused in (([_full(), _swa()], 0, True), ([_full(), _swa()], None, False),
+                                      ([_full()], 0, False)):
+        mgr = _manager(impl, specs, retention)
         req = kv.Request("r", list(range(24)), block_hasher=get_request_block_hasher(4, sha))
         req.shared_prefix_boundary = "12"
         free = mgr.block_pool.get_num_free_blocks()
@@ -561,7 +564,7 @@ def test_shared_prefix_boundary_checked_before_any_change(impl):
                 mgr.allocate_slots(req, 24)
             assert mgr.block_pool.get_num_free_blocks() == free
             assert mgr.get_block_ids("r") == ([], [])
-        else:  # (dense retention never reads it, as vLLM's)
+        else:
             assert mgr.allocate_slots(req, 24) is not None
 
 

@@ -18,7 +18,7 @@ cdef class KVCacheCoordinator:
     cdef readonly set drop_eagle_group_ids
     cdef readonly bint enable_partial_hash_hits
     cdef readonly object retention_interval  # None (dense), or an int >= 0
-    cdef Py_ssize_t _retention  # retention_interval, -1 for None
+    cdef Py_ssize_t _retention  # the interval cache_blocks acts on: -1 for None or no sliding-window group
     cdef Py_ssize_t _n_managers
     cdef bint _any_cross
 

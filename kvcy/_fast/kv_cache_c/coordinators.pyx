@@ -129,7 +129,12 @@ cdef class KVCacheCoordinator:
             raise NotImplementedError(_MAMBA_SPARSE)
         # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
         self.retention_interval = retention_interval
-        self._retention = -1 if retention_interval is None else retention_interval
+        # What cache_blocks acts on: only sliding-window masks are sparse (the other
+        # managers' masks are None whatever the interval), so without such a group the
+        # interval changes nothing and the request's shared_prefix_boundary is not read.
+        self._retention = -1 if retention_interval is None or not any(
+            isinstance(m, SlidingWindowManager) for m in self.single_type_managers
+        ) else retention_interval
 
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
@@ -238,7 +243,7 @@ cdef class KVCacheCoordinator:
                                        bool(self.drop_eagle_group_ids))
         for manager in self.single_type_managers:
             manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens),
-                                 self.retention_interval, boundaries)
+                                 self._retention, boundaries)
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
         # The num_tokens cache_blocks hands this manager.

@@ -22,6 +22,7 @@ from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
+    SlidingWindowManager,
     _MAMBA_SPARSE,
     _shared_prefix_boundary,
     get_manager_for_kv_cache_spec,
@@ -99,7 +100,7 @@ class KVCacheCoordinator(_Checked):
     _RULES = dict.fromkeys(
         ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
          "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention", "num_reprefillable_tokens",
-         "drop_eagle_group_ids", "enable_partial_hash_hits", "retention_interval"),
+         "drop_eagle_group_ids", "enable_partial_hash_hits", "retention_interval", "_retention"),
         _READ_ONLY,
     )
 
@@ -180,6 +181,12 @@ class KVCacheCoordinator(_Checked):
             raise NotImplementedError(_MAMBA_SPARSE)
         # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
         self.retention_interval = retention_interval
+        # What cache_blocks acts on: only sliding-window masks are sparse (the other
+        # managers' masks are None whatever the interval), so without such a group the
+        # interval changes nothing and the request's shared_prefix_boundary is not read.
+        self._retention = retention_interval if any(
+            isinstance(m, SlidingWindowManager) for m in self.single_type_managers
+        ) else None
 
     def get_num_blocks_to_allocate(
         self,
@@ -274,7 +281,7 @@ class KVCacheCoordinator(_Checked):
         """Cache every group's full blocks among the first ``num_computed_tokens`` tokens
         (less the re-prefillable ones); under sparse retention only the blocks a replay
         of the prompt, its shared-prefix junction or an interval checkpoint can hit."""
-        retention_interval = self.retention_interval
+        retention_interval = self._retention
         if retention_interval is None:
             for manager in self.single_type_managers:
                 manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
@@ -294,7 +301,7 @@ class KVCacheCoordinator(_Checked):
                             new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
         # cache_blocks(request, num_computed_tokens) after this allocation,
         # checked for every group before any change.
-        if self.retention_interval is not None:
+        if self._retention is not None:
             _shared_prefix_boundary(request)  # (an int, or TypeError / ValueError now)
         for manager, hits in zip(self.single_type_managers, new_computed_blocks):
             manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
