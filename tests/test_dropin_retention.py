@@ -567,6 +567,21 @@ def test_shared_prefix_boundary_checked_before_any_change(impl):
         else:
             assert mgr.allocate_slots(req, 24) is not None
 
+    # The prompt length (for the replay boundaries) is read before any change too.
+    class OddRequest(kv.Request):
+        def __getattribute__(self, name):
+            if name == "num_prompt_tokens" and object.__getattribute__(self, "__dict__").get("odd"):
+                return "24"
+            return super().__getattribute__(name)
+
+    mgr = _manager(impl, [_full(), _swa()], 0)
+    req = OddRequest("r", list(range(24)), block_hasher=get_request_block_hasher(4, sha))
+    req.odd = True
+    free = mgr.block_pool.get_num_free_blocks()
+    with pytest.raises(TypeError, match="num_prompt_tokens must be an int"):
+        mgr.allocate_slots(req, 24)
+    assert mgr.block_pool.get_num_free_blocks() == free and mgr.get_block_ids("r") == ([], [])
+
 
 def test_sparse_retention_leaves_unreachable_blocks_unhashed(impl):
     """One sliding-window request under retention 0: only the replay boundary's tail is

@@ -257,8 +257,9 @@ cdef class KVCacheCoordinator:
         # checked for every group before any change.
         cdef Py_ssize_t i
         cdef SingleTypeKVCacheManager manager
-        if self._retention >= 0:
-            _shared_prefix_boundary(request)  # (an int, or TypeError / ValueError now)
+        if self._retention >= 0:  # (what sparse retention reads of the request, now)
+            _shared_prefix_boundary(request)
+            _check_count("num_prompt_tokens", request.num_prompt_tokens)
         for i in range(self._n_managers):
             manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
             manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),

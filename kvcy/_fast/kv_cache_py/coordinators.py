@@ -17,7 +17,7 @@ from kvcy.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _lookahead_count, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
@@ -301,8 +301,9 @@ class KVCacheCoordinator(_Checked):
                             new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
         # cache_blocks(request, num_computed_tokens) after this allocation,
         # checked for every group before any change.
-        if self._retention is not None:
-            _shared_prefix_boundary(request)  # (an int, or TypeError / ValueError now)
+        if self._retention is not None:  # (what sparse retention reads of the request, now)
+            _shared_prefix_boundary(request)
+            _check_count("num_prompt_tokens", request.num_prompt_tokens)
         for manager, hits in zip(self.single_type_managers, new_computed_blocks):
             manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
                                         hits, attaching, total_computed_tokens)
