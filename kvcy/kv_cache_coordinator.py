@@ -3,7 +3,8 @@
 Exports, all from stem ``coordinators``: ``KVCacheCoordinator`` (the base),
 ``KVCacheCoordinatorNoPrefixCache``, ``UnitaryKVCacheCoordinator`` (one
 group), ``HybridKVCacheCoordinator`` (several attention types, one prefix hit
-agreed across them) and ``get_kv_cache_coordinator`` (picks one for a config).
+agreed across them), ``get_kv_cache_coordinator`` (picks one for a config) and
+``replay_boundaries`` (where a replay of a prompt can resume: sparse retention).
 
 A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
 into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         UnitaryKVCacheCoordinator,
         HybridKVCacheCoordinator,
         get_kv_cache_coordinator,
+        replay_boundaries,
     )
 else:
     KVCacheCoordinator = _impl.KVCacheCoordinator
@@ -35,6 +37,7 @@ else:
     UnitaryKVCacheCoordinator = _impl.UnitaryKVCacheCoordinator
     HybridKVCacheCoordinator = _impl.HybridKVCacheCoordinator
     get_kv_cache_coordinator = _impl.get_kv_cache_coordinator
+    replay_boundaries = _impl.replay_boundaries
 
 __all__ = [
     "HybridKVCacheCoordinator",
@@ -42,4 +45,5 @@ __all__ = [
     "KVCacheCoordinatorNoPrefixCache",
     "UnitaryKVCacheCoordinator",
     "get_kv_cache_coordinator",
+    "replay_boundaries",
 ]

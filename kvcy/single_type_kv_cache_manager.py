@@ -1,7 +1,7 @@
 """Per-attention-type block bookkeeping (vLLM 0.33.0's ``vllm.v1.core.single_type_kv_cache_manager``).
 
 Exports, all from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
-(the base), ``FullAttentionManager``, ``SlidingWindowManager``,
+(the base), ``FullAttentionManager``, ``SinkFullAttentionManager``, ``SlidingWindowManager``,
 ``ChunkedLocalAttentionManager``, ``MambaManager``, ``CrossAttentionManager``,
 ``spec_manager_map`` (spec class -> manager class) and
 ``get_manager_for_kv_cache_spec``.
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kvcy._fast._kv_cache_py import (
         SingleTypeKVCacheManager,
         FullAttentionManager,
+        SinkFullAttentionManager,
         SlidingWindowManager,
         ChunkedLocalAttentionManager,
         MambaManager,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 else:
     SingleTypeKVCacheManager = _impl.SingleTypeKVCacheManager
     FullAttentionManager = _impl.FullAttentionManager
+    SinkFullAttentionManager = _impl.SinkFullAttentionManager
     SlidingWindowManager = _impl.SlidingWindowManager
     ChunkedLocalAttentionManager = _impl.ChunkedLocalAttentionManager
     MambaManager = _impl.MambaManager
@@ -49,6 +51,7 @@ __all__ = [
     "FullAttentionManager",
     "MambaManager",
     "SingleTypeKVCacheManager",
+    "SinkFullAttentionManager",
     "SlidingWindowManager",
     "get_manager_for_kv_cache_spec",
     "spec_manager_map",

@@ -511,6 +511,10 @@ def _vllm_specs() -> dict[str, Any]:
         "sliding": v.SlidingWindowSpec(
             block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=96
         ),
+        "sliding-extra": v.SlidingWindowSpec(
+            block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, sliding_window=96,
+            extra_retained_tokens=16,
+        ),
         "chunked": v.ChunkedLocalAttentionSpec(
             block_size=16, num_kv_heads=4, head_size=64, dtype=torch.float16, attention_chunk_size=256
         ),
@@ -544,7 +548,7 @@ def test_specs_convert_field_by_field(name: str) -> None:
     assert converted.block_size == spec.block_size
     assert converted.page_size_bytes == spec.page_size_bytes
     for field in ("num_kv_heads", "head_size", "sliding_window", "attention_chunk_size", "cache_dtype_str", "sink_len",
-                  "shapes", "page_size_padded", "dcp_sharded", "non_causal"):
+                  "shapes", "page_size_padded", "dcp_sharded", "non_causal", "extra_retained_tokens"):
         if hasattr(spec, field):
             assert getattr(converted, field) == getattr(spec, field), field
     if hasattr(spec, "kv_quant_mode"):
@@ -570,10 +574,6 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
     cases = [
         (v.RSWASpec(**attn, rswa_window=64), "RSWASpec"),
         (v.CircularBufferSpec(**attn), "CircularBufferSpec"),
-        (
-            v.SlidingWindowSpec(**attn, sliding_window=64, extra_retained_tokens=16),
-            "SlidingWindowSpec.extra_retained_tokens",
-        ),
         (v.SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16,
                                 sliding_window=64, bounded_replay=True),
          "bounded sliding-window replay"),

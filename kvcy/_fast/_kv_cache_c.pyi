@@ -232,7 +232,13 @@ class SingleTypeKVCacheManager:
     def records_new_block_ids(self) -> bool: ...
     def take_new_block_ids(self) -> list[int]: ...
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]: ...
-    def cache_blocks(self, request: Request, num_tokens: int) -> None: ...
+    def cache_blocks(
+        self,
+        request: Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None: ...
     @classmethod
     def reachable_block_mask(
         cls,
@@ -241,6 +247,10 @@ class SingleTypeKVCacheManager:
         alignment_tokens: int | None,
         kv_cache_spec: KVCacheSpec,
         use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
     ) -> list[bool] | None: ...
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
     def free(self, request_id: str) -> None: ...
@@ -262,10 +272,12 @@ class SingleTypeKVCacheManager:
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]: ...
 
 class FullAttentionManager(SingleTypeKVCacheManager): ...
+class SinkFullAttentionManager(FullAttentionManager): ...
 
 @disjoint_base
 class SlidingWindowManager(SingleTypeKVCacheManager):
     sliding_window: int
+    extra_retained_tokens: int
     @classmethod
     def reachable_block_mask(
         cls,
@@ -274,13 +286,30 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         alignment_tokens: int | None,
         kv_cache_spec: KVCacheSpec,
         use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
     ) -> list[bool] | None: ...
 
 @disjoint_base
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     attention_chunk_size: int
 
-class MambaManager(SingleTypeKVCacheManager): ...
+class MambaManager(SingleTypeKVCacheManager):
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
+    ) -> list[bool] | None: ...
 class CrossAttentionManager(SingleTypeKVCacheManager): ...
 
 spec_manager_map: dict[type, type[SingleTypeKVCacheManager]]
@@ -309,6 +338,7 @@ class KVCacheCoordinator:
     num_reprefillable_tokens: int
     drop_eagle_group_ids: set[int]
     enable_partial_hash_hits: bool
+    retention_interval: int | None
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
@@ -348,6 +378,7 @@ class KVCacheCoordinator:
         self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int = 0
     ) -> tuple[list[KVCacheBlock], ...]: ...
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
     def free(self, request_id: str) -> None: ...
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]: ...
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]: ...
@@ -389,6 +420,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     attention_groups: list[tuple[Any, ...]]
     def verify_and_split_kv_cache_groups(self) -> None: ...
+
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> tuple[int, ...]: ...
 
 def get_kv_cache_coordinator(
     kv_cache_config: KVCacheConfig,

@@ -49,6 +49,7 @@ from kvcy.kv_cache_interface import (
     EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     MambaSpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,

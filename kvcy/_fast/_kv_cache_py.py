@@ -25,6 +25,7 @@ from kvcy._fast.kv_cache_py.coordinators import (
     KVCacheCoordinatorNoPrefixCache,
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
+    replay_boundaries,
 )
 from kvcy._fast.kv_cache_py.free_queue import FreeKVCacheBlockQueue
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
@@ -37,6 +38,7 @@ from kvcy._fast.kv_cache_py.single_type_managers import (
     FullAttentionManager,
     MambaManager,
     SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
     SlidingWindowManager,
     _manager_class,
     get_manager_for_kv_cache_spec,
@@ -62,12 +64,14 @@ __all__ = [
     "MambaManager",
     "Request",
     "SingleTypeKVCacheManager",
+    "SinkFullAttentionManager",
     "SlidingWindowManager",
     "UnitaryKVCacheCoordinator",
     "cdiv",
     "get_kv_cache_coordinator",
     "get_manager_for_kv_cache_spec",
     "logger",
+    "replay_boundaries",
     "resolve_block_hashes",
     "spec_manager_map",
 ]

@@ -67,7 +67,10 @@ class KVCacheConfig:
     kv_cache_groups: list[KVCacheGroupSpec]
     prefix_cache_retention_interval: int | None = None
     """Token interval of retained sliding-window / Mamba prefix-cache
-    checkpoints; None retains them densely (the only mode kvcy implements)."""
+    checkpoints: None retains them densely; 0 only where a replay of the
+    prompt or a shared prefix resumes; a multiple of the scheduler block also
+    once per interval (the coordinator validates it as vLLM does; sparse
+    retention of a Mamba group needs Mamba align mode, not implemented)."""
     kv_cache_layout: str | None = None
     """Name of the physical KV-cache layout the engine core chose for all
     workers (None: not resolved).  The manager does not read it."""

@@ -17,18 +17,14 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int
     extra_retained_tokens: int = 0
     """Tokens below the window whose blocks are kept (not attended), for
-    speculative decoding that re-prefills the last few tokens.  Only 0 is
-    supported: kvcy's managers do not retain the extra blocks."""
+    speculative decoding that re-prefills the last few tokens: the manager
+    frees (and skips) that many tokens fewer, and the admission cap counts
+    them."""
 
     def _post_init_head_sizes(self) -> None:
         owner = type(self).__name__
         _check_int(owner, "sliding_window", self.sliding_window)
         _check_int(owner, "extra_retained_tokens", self.extra_retained_tokens, minimum=0)
-        if self.extra_retained_tokens:
-            raise NotImplementedError(
-                f"{owner}.extra_retained_tokens={self.extra_retained_tokens}: retaining blocks below the "
-                "sliding window is not supported by kvcy's managers (only 0 is)"
-            )
 
     @property
     def num_retained_tokens(self) -> int:

@@ -17,6 +17,8 @@ cdef class KVCacheCoordinator:
     cdef readonly Py_ssize_t num_reprefillable_tokens
     cdef readonly set drop_eagle_group_ids
     cdef readonly bint enable_partial_hash_hits
+    cdef readonly object retention_interval  # None (dense), or an int >= 0
+    cdef Py_ssize_t _retention  # the interval cache_blocks acts on: -1 for None or no sliding-window group
     cdef Py_ssize_t _n_managers
     cdef bint _any_cross
 
@@ -37,6 +39,7 @@ cdef class KVCacheCoordinator:
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_computed_tokens,
                                  tuple new_computed_blocks, bint attaching,
                                  Py_ssize_t total_computed_tokens) except -1
+    cpdef bint reset_prefix_cache(self) except -1
     cpdef free(self, str request_id)
     cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
                                 object num_prompt_tokens=*)
@@ -64,6 +67,5 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
     cdef readonly list attention_groups
     cdef bint _is_simple_hybrid
 
-    cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens)
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens)
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length)

@@ -12,6 +12,49 @@ cdef inline int _check_group_count(tuple per_group, Py_ssize_t n) except -1:
     return 0
 
 
+def _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config):
+    # vLLM's check of KVCacheConfig.prefix_cache_retention_interval (ValueError), with a
+    # TypeError first for what is not an int.
+    if retention_interval is None:
+        return
+    if isinstance(retention_interval, bool) or not isinstance(retention_interval, int):
+        raise TypeError(
+            "prefix_cache_retention_interval must be an int or None, "
+            f"got {type(retention_interval).__name__}: {retention_interval!r}"
+        )
+    if not any(isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec)) for g in kv_cache_config.kv_cache_groups):
+        if retention_interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV cache "
+            "group, so retention has no effect. Set it to 0 (it only applies to sliding-window and Mamba "
+            "attention)."
+        )
+    if retention_interval < 0 or retention_interval % scheduler_block_size != 0:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and a multiple of "
+            f"scheduler_block_size ({scheduler_block_size})."
+        )
+    if retention_interval > 2**62:
+        raise ValueError(f"prefix_cache_retention_interval is too large: {retention_interval}")
+
+
+def replay_boundaries(num_prompt_tokens, scheduler_block_size, use_eagle):
+    """Token positions a later request replaying a prompt of ``num_prompt_tokens`` can resume at.
+
+    Without EAGLE, ``num_prompt_tokens - 1`` (a resend recomputes its last token).  With
+    EAGLE, one scheduler block below both the resend's aligned hit and a longer sibling's
+    (the last aligned block of the prompt), at least 0; the two differ only for a
+    block-aligned prompt.
+    """
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    block = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // block * block
+    extension = num_prompt_tokens // block * block
+    return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
+
+
 cdef class KVCacheCoordinator:
     """Drives the single-type managers of all KV-cache groups over one block pool.
 
@@ -19,6 +62,15 @@ cdef class KVCacheCoordinator:
     many tokens less one) keeps the last ``num_reprefillable_tokens`` computed
     tokens out of the prefix cache; ``num_hash_lookahead_tokens`` goes to the
     block pool's events.
+
+    ``retention_interval`` is the config's ``prefix_cache_retention_interval``
+    (validated as vLLM does): None caches every reachable block, 0 or a
+    multiple of the scheduler block makes sliding-window groups keep sparse
+    replay checkpoints (see ``SlidingWindowManager.reachable_block_mask``).
+
+    Raises:
+        NotImplementedError: sparse retention with prefix caching and a Mamba
+            group (vLLM's sparse Mamba states need Mamba align mode).
     """
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
@@ -69,6 +121,20 @@ cdef class KVCacheCoordinator:
         self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
         self._n_managers = len(self.single_type_managers)
         self._any_cross = any(self._cross_attention)
+        retention_interval = kv_cache_config.prefix_cache_retention_interval
+        _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
+        if retention_interval is not None and enable_caching and any(
+            isinstance(g.kv_cache_spec, MambaSpec) for g in groups
+        ):
+            raise NotImplementedError(_MAMBA_SPARSE)
+        # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
+        self.retention_interval = retention_interval
+        # What cache_blocks acts on: only sliding-window masks are sparse (the other
+        # managers' masks are None whatever the interval), so without such a group the
+        # interval changes nothing and the request's shared_prefix_boundary is not read.
+        self._retention = -1 if retention_interval is None or not any(
+            isinstance(m, SlidingWindowManager) for m in self.single_type_managers
+        ) else retention_interval
 
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
@@ -166,10 +232,18 @@ cdef class KVCacheCoordinator:
 
     cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
         """Cache every group's full blocks among the first ``num_computed_tokens`` tokens
-        (less the re-prefillable ones)."""
+        (less the re-prefillable ones); under sparse retention only the blocks a replay
+        of the prompt, its shared-prefix junction or an interval checkpoint can hit."""
         cdef SingleTypeKVCacheManager manager
+        if self._retention < 0:
+            for manager in self.single_type_managers:
+                manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
+            return
+        boundaries = replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size,
+                                       bool(self.drop_eagle_group_ids))
         for manager in self.single_type_managers:
-            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
+            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens),
+                                 self._retention, boundaries)
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
         # The num_tokens cache_blocks hands this manager.
@@ -183,11 +257,21 @@ cdef class KVCacheCoordinator:
         # checked for every group before any change.
         cdef Py_ssize_t i
         cdef SingleTypeKVCacheManager manager
+        if self._retention >= 0:  # (what sparse retention reads of the request, now)
+            _shared_prefix_boundary(request)
+            _check_count("num_prompt_tokens", request.num_prompt_tokens)
         for i in range(self._n_managers):
             manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
             manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
                                         new_computed_blocks[i], attaching, total_computed_tokens)
         return 0
+
+    cpdef bint reset_prefix_cache(self) except -1:
+        """Reset the prefix cache of each distinct block pool the managers use, once
+        (kvcy's managers share one); False if any pool refused (blocks in use).  With
+        no groups there is no pool to reset: True, as in vLLM."""
+        pools = dict.fromkeys([(<SingleTypeKVCacheManager>m).block_pool for m in self.single_type_managers])
+        return all([pool.reset_prefix_cache() for pool in pools])
 
     cpdef free(self, str request_id):
         cdef SingleTypeKVCacheManager manager
@@ -331,11 +415,6 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                 for gid in ids:
                     self.single_type_managers[gid].use_eagle = True
         self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
-
-    cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens):
-        cdef SingleTypeKVCacheManager manager
-        for manager in self.single_type_managers:
-            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
         # Hits are scheduler-block aligned; EAGLE groups keep one block past the

@@ -610,7 +610,7 @@ cdef class KVCacheManager:
         """Drop all cached hashes; False (and nothing changes) while blocks are in use."""
         if self.log_stats:  # (vLLM asserts it after the reset; here nothing changes first)
             assert self.prefix_cache_stats is not None
-        if not self.block_pool.reset_prefix_cache():
+        if not self.coordinator.reset_prefix_cache():
             return False
         if self.log_stats:
             self.prefix_cache_stats.reset = True

@@ -1,5 +1,5 @@
 # kv_cache_c/single_type_managers.pxd: the declarations of _Generation, SingleTypeKVCacheManager,
-# FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager, MambaManager,
+# FullAttentionManager, SinkFullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager, MambaManager,
 # CrossAttentionManager: C fields and cdef/cpdef method signatures (implemented in
 # single_type_managers.pyx).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
@@ -53,8 +53,12 @@ cdef class SingleTypeKVCacheManager:
                                             Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=*)
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens)
-    cpdef cache_blocks(self, request, Py_ssize_t num_tokens)
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=*,
+                       object replay_boundaries=*)
+    cdef list _reachable_boundaries(self, object request, object replay_boundaries)
     cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block)
+    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
+                                  Py_ssize_t retention_interval, list boundaries)
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
                                  bint attaching, Py_ssize_t total_computed_tokens) except -1
     cpdef list pop_blocks_for_free(self, str request_id)
@@ -75,8 +79,13 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
                      list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
 
 
+cdef class SinkFullAttentionManager(FullAttentionManager):
+    pass
+
+
 cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     cdef readonly Py_ssize_t sliding_window
+    cdef readonly Py_ssize_t extra_retained_tokens
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
@@ -85,6 +94,8 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
                      Py_ssize_t max_length, list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
     cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block)
+    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
+                                  Py_ssize_t retention_interval, list boundaries)
 
 
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -105,11 +116,14 @@ cdef class MambaManager(SingleTypeKVCacheManager):
     cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
                      list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
+    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
+                                  Py_ssize_t retention_interval, list boundaries)
 
 
 cdef class CrossAttentionManager(SingleTypeKVCacheManager):
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
-    cpdef cache_blocks(self, request, Py_ssize_t num_tokens)
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=*,
+                       object replay_boundaries=*)
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
                                  bint attaching, Py_ssize_t total_computed_tokens) except -1

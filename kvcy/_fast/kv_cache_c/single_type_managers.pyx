@@ -1,5 +1,5 @@
-# kv_cache_c/single_type_managers.pyx: SingleTypeKVCacheManager and its five attention types (full,
-# sliding window, chunked local, Mamba, cross attention), and get_manager_for_kv_cache_spec.  (vLLM:
+# kv_cache_c/single_type_managers.pyx: SingleTypeKVCacheManager and its attention types (full, sink
+# full, sliding window, chunked local, Mamba, cross attention), and get_manager_for_kv_cache_spec.  (vLLM:
 # vllm/v1/core/single_type_kv_cache_manager.py.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 
@@ -24,6 +24,60 @@ cdef int _record_ids(list ids, list blocks) except -1:
     for b in blocks:
         ids.append((<KVCacheBlock>b).block_id)
     return 0
+
+
+def _check_int_arg(name, value):
+    # An int argument that may be negative (a token position), within what a C count holds.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not -(2**62) <= value <= 2**62:
+        raise ValueError(f"{name} is too large: {value}")
+    return int(value)
+
+
+def _shared_prefix_boundary(request):
+    """The request's ``shared_prefix_boundary`` (vLLM's scheduler sets it from
+    ``get_computed_blocks``); 0 for a request without one."""
+    value = getattr(request, "shared_prefix_boundary", 0)
+    if type(value) is int and -(2**62) <= value <= 2**62:
+        return value
+    return _check_int_arg("shared_prefix_boundary", value)
+
+
+def _check_retention_interval(retention_interval):
+    if retention_interval is None:
+        return None
+    return _check_count("retention_interval", retention_interval)
+
+
+def _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block):
+    # reachable_block_mask's sparse-retention arguments, checked alike by every manager.
+    retention_interval = _check_retention_interval(retention_interval)
+    if isinstance(dcp_world_size, bool) or not isinstance(dcp_world_size, int):
+        raise TypeError(f"dcp_world_size must be an int, got {type(dcp_world_size).__name__}")
+    if dcp_world_size != 1:
+        raise NotImplementedError(
+            "decode context parallelism (dcp_world_size > 1) is not implemented in kvcy"
+        )
+    try:
+        boundaries = [_check_int_arg("reachable_boundaries", b) for b in reachable_boundaries]
+    except TypeError:
+        if not hasattr(reachable_boundaries, "__iter__"):
+            raise TypeError(
+                f"reachable_boundaries must be a sequence of ints, got {type(reachable_boundaries).__name__}"
+            ) from None
+        raise
+    if final_segment_end_block is not None:
+        final_segment_end_block = _check_count("final_segment_end_block", final_segment_end_block)
+    return retention_interval, boundaries, final_segment_end_block
+
+
+cdef inline Py_ssize_t _floor_div(Py_ssize_t a, Py_ssize_t b) noexcept:
+    # a // b rounded toward minus infinity, as Python's (the build truncates: cdivision); b > 0.
+    cdef Py_ssize_t q = a // b
+    if a < 0 and q * b != a:
+        q -= 1
+    return q
 
 
 cdef class _Generation:
@@ -211,31 +265,72 @@ cdef class SingleTypeKVCacheManager:
         """Copy-on-write (source, copy) pairs of partial prefix hits; kvcy makes none (hits are whole blocks)."""
         return []
 
-    cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,
+                       object replay_boundaries=()):
         """Cache the request's full blocks among its first ``num_tokens`` tokens
-        (those it has hashes for: with hash lookahead the hashes lag behind)."""
+        (those it has hashes for: with hash lookahead the hashes lag behind).
+
+        ``retention_interval`` (the config's ``prefix_cache_retention_interval``):
+        None caches densely; 0 or a multiple of the scheduler block makes a
+        sliding-window group keep only the blocks a hit at a replay boundary,
+        at the request's ``shared_prefix_boundary`` or once per interval can
+        use.  ``replay_boundaries``: where a later request replaying this
+        prompt can resume (``replay_boundaries()``); read only when sparse.
+        """
         cdef str request_id = _rid(request)
         cdef PyObject* p = PyDict_GetItem(self._num_cached_block, request_id)
         cdef Py_ssize_t num_cached_blocks = 0 if p == NULL else <Py_ssize_t><object>p
         cdef Py_ssize_t num_full_blocks = _hashed(request, num_tokens, self.block_pool.hash_block_size) // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
+        cdef object mask
+        if retention_interval is None:
+            mask = self._reachable(num_cached_blocks, num_full_blocks)
+        else:
+            mask = self._sparse_reachable(num_cached_blocks, num_full_blocks,
+                                          _check_count("retention_interval", retention_interval),
+                                          self._reachable_boundaries(request, replay_boundaries))
         self.block_pool.cache_full_blocks(
             request, <list>self._req_to_blocks[request_id], num_cached_blocks, num_full_blocks,
-            self.block_size, self.kv_cache_group_id, self._reachable(num_cached_blocks, num_full_blocks),
+            self.block_size, self.kv_cache_group_id, mask,
         )
         self._gen.value = _next_gen()
         self._num_cached_block[request_id] = num_full_blocks
 
+    cdef list _reachable_boundaries(self, object request, object replay_boundaries):
+        # The token positions whose reachable tail sparse retention keeps: the replay
+        # boundaries and the request's shared-prefix junction (with EAGLE also one block
+        # below it: a sibling diverging right after it has no block to peek at).
+        cdef list boundaries = [_check_int_arg("replay_boundaries", b) for b in replay_boundaries]
+        junction = _shared_prefix_boundary(request)
+        if junction:
+            boundaries.append(junction)
+            if self.use_eagle:
+                boundaries.append(junction - self.block_size)
+        return boundaries
+
     cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block):
-        # reachable_block_mask for this manager's blocks [start_block, end_block).
+        # reachable_block_mask for this manager's blocks [start_block, end_block), dense retention.
+        return None
+
+    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
+                                  Py_ssize_t retention_interval, list boundaries):
+        # reachable_block_mask under sparse retention (every type but sliding window: dense).
         return None
 
     @classmethod
-    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle):
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle,
+                             retention_interval=None, reachable_boundaries=(), dcp_world_size=1,
+                             final_segment_end_block=None):
         """Which of blocks ``[start_block, end_block)`` a later hit can use, as the mask
         ``cache_full_blocks`` takes; None: all of them (full attention, and every type
-        whose hits can end anywhere)."""
+        whose hits can end anywhere).
+
+        ``retention_interval``, ``reachable_boundaries`` and ``final_segment_end_block``
+        are for sparse retention (the sliding-window manager's); ``dcp_world_size``
+        must be 1 (context parallelism is not implemented).
+        """
+        _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block)
         return None
 
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
@@ -449,6 +544,23 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         return n
 
 
+cdef class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention with learned sink tokens (``SinkFullAttentionSpec``).
+
+    Its decisions are full attention's: the sink tokens live outside the block
+    table, so hits, skipped blocks and caching do not move.  As in vLLM, the
+    sink must fill whole blocks (``AssertionError`` otherwise).
+    """
+
+    def __init__(self, kv_cache_spec, *args, **kwargs):
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        sink_len = kv_cache_spec.sink_len
+        assert sink_len is not None and sink_len > 0 and sink_len % self.block_size == 0, (
+            f"SinkFullAttentionSpec.sink_len must be a positive multiple of the block size "
+            f"({self.block_size}), got {sink_len!r}"
+        )
+
+
 cdef inline Py_ssize_t _hit_blocks(Py_ssize_t sliding_window, Py_ssize_t block_size, bint use_eagle) noexcept:
     """Contiguous cached blocks a sliding-window hit needs: the window before the next
     token, plus, with EAGLE, the block it looks past the boundary and drops."""
@@ -472,6 +584,54 @@ cdef object _window_mask(Py_ssize_t start_block, Py_ssize_t end_block, Py_ssize_
     return mask
 
 
+cdef object _sparse_window_mask(Py_ssize_t start_block, Py_ssize_t end_block, Py_ssize_t alignment_tokens,
+                                Py_ssize_t block_size, Py_ssize_t sliding_window, bint use_eagle,
+                                Py_ssize_t retention_interval, list boundaries,
+                                Py_ssize_t final_segment_end_block):
+    # SlidingWindowManager.reachable_block_mask with every policy: a hit needs the
+    # window's trailing blocks before an aligned boundary (with EAGLE one more, ending a
+    # block past it).  Retention None (-1 here) keeps that tail at every alignment
+    # boundary, a positive interval once per interval, 0 at none; sparse retention also
+    # keeps the tail ending at each of ``boundaries`` (floored to the alignment).
+    # ``final_segment_end_block`` (-1: none; not with EAGLE) keeps the tail of a last,
+    # partial segment ending there.
+    if alignment_tokens % block_size != 0:
+        return None
+    cdef Py_ssize_t need = _hit_blocks(sliding_window, block_size, use_eagle)
+    cdef Py_ssize_t shift = 1 if use_eagle else 0
+    cdef list mask = [False] * (end_block - start_block if end_block > start_block else 0)
+    cdef Py_ssize_t segment_tokens = alignment_tokens if retention_interval < 0 else retention_interval
+    cdef Py_ssize_t per_segment, first, i, size, lo, hi, end
+    cdef object boundary
+    if segment_tokens:
+        per_segment = segment_tokens // block_size
+        if need >= per_segment:
+            return None
+        first = per_segment - need
+        for i in range(start_block, end_block):
+            if i >= shift and (i - shift) % per_segment >= first:
+                mask[i - start_block] = True
+        if final_segment_end_block >= 0 and not use_eagle:
+            size = final_segment_end_block % per_segment
+            if size:
+                lo = final_segment_end_block - size
+                if final_segment_end_block - need > lo:
+                    lo = final_segment_end_block - need
+                if start_block > lo:
+                    lo = start_block
+                hi = end_block if end_block < final_segment_end_block else final_segment_end_block
+                for i in range(lo, hi):
+                    mask[i - start_block] = True
+    if retention_interval >= 0:
+        for boundary in boundaries:
+            end = _floor_div(<Py_ssize_t>boundary, alignment_tokens) * alignment_tokens // block_size + shift
+            lo = end - need if end - need > start_block else start_block
+            hi = end_block if end_block < end else end
+            for i in range(lo, hi):
+                mask[i - start_block] = True
+    return mask
+
+
 cdef inline int _align_hit(tuple computed, Py_ssize_t n_groups, Py_ssize_t block_size,
                            Py_ssize_t alignment_tokens) except -1:
     """Trim every group's hit blocks until the hit is a multiple of ``alignment_tokens``."""
@@ -488,6 +648,9 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     def __init__(self, kv_cache_spec, *args, **kwargs):
         super().__init__(kv_cache_spec, *args, **kwargs)
         self.sliding_window = kv_cache_spec.sliding_window
+        # Tokens below the window whose blocks stay (not attended): multi-module MTP
+        # re-prefills the last few tokens and needs the window before them.
+        self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
@@ -544,27 +707,52 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         return computed, len(<list>computed[0]) * block_size
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
-        cdef Py_ssize_t n = num_computed_tokens - self.sliding_window + 1
+        """Tokens before the window of the next token, less ``extra_retained_tokens``."""
+        cdef Py_ssize_t n = num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens
         return n if n > 0 else 0
 
     cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block):
         return _window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
                             self.sliding_window, self.use_eagle)
 
+    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
+                                  Py_ssize_t retention_interval, list boundaries):
+        return _sparse_window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+                                   self.sliding_window, self.use_eagle, retention_interval, boundaries, -1)
+
     @classmethod
-    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle):
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle,
+                             retention_interval=None, reachable_boundaries=(), dcp_world_size=1,
+                             final_segment_end_block=None):
         """A hit ends on a multiple of ``alignment_tokens`` and reads the window's blocks
         before it (with EAGLE, one more, ending one block past the boundary): of each
         aligned segment only those trailing blocks are reachable.  None: all are (the
-        window spans a whole segment, or the alignment is not a whole number of blocks)."""
+        window spans a whole segment, or the alignment is not a whole number of blocks).
+
+        Sparse retention: a positive ``retention_interval`` keeps the tail once per
+        interval instead of once per alignment, 0 at no segment; either way the tail
+        ending at each of ``reachable_boundaries`` (floored to the alignment) is kept.
+        Without EAGLE, ``final_segment_end_block`` also keeps the tail of the last,
+        partial segment, which ends there.
+        """
         if not isinstance(kv_cache_spec, SlidingWindowSpec):
             raise AssertionError("SlidingWindowManager.reachable_block_mask takes a SlidingWindowSpec")
         cdef Py_ssize_t start = _check_count("start_block", start_block)
         cdef Py_ssize_t end = _check_count("end_block", end_block)
+        retention_interval, boundaries, final_segment_end_block = _check_mask_args(
+            retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block
+        )
         if alignment_tokens is None:
             return None
-        return _window_mask(start, end, _check_count("alignment_tokens", alignment_tokens),
-                            kv_cache_spec.block_size, kv_cache_spec.sliding_window, bool(use_eagle))
+        cdef Py_ssize_t align = _check_count("alignment_tokens", alignment_tokens)
+        if retention_interval is None and final_segment_end_block is None:
+            return _window_mask(start, end, align, kv_cache_spec.block_size, kv_cache_spec.sliding_window,
+                                bool(use_eagle))
+        if align == 0:
+            raise ValueError("alignment_tokens must be positive, got 0")
+        return _sparse_window_mask(start, end, align, kv_cache_spec.block_size, kv_cache_spec.sliding_window,
+                                   bool(use_eagle), -1 if retention_interval is None else retention_interval,
+                                   boundaries, -1 if final_segment_end_block is None else final_segment_end_block)
 
 
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -620,6 +808,12 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
 
 
+_MAMBA_SPARSE = (
+    "sparse prefix-cache retention (prefix_cache_retention_interval) of a Mamba group needs "
+    "Mamba align mode, which kvcy does not implement"
+)
+
+
 cdef class MambaManager(SingleTypeKVCacheManager):
     """Mamba (plain mode): only the state after the last cached block is needed."""
 
@@ -661,6 +855,27 @@ cdef class MambaManager(SingleTypeKVCacheManager):
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
         return num_computed_tokens - 1 if num_computed_tokens > 1 else 0
 
+    @classmethod
+    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle,
+                             retention_interval=None, reachable_boundaries=(), dcp_world_size=1,
+                             final_segment_end_block=None):
+        """None (every state block is cached) under dense retention.
+
+        Raises:
+            NotImplementedError: sparse retention (``retention_interval`` not
+                None): vLLM keeps sparse Mamba states only in Mamba align mode.
+        """
+        retention_interval, _, _ = _check_mask_args(
+            retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block
+        )
+        if retention_interval is not None and alignment_tokens is not None:
+            raise NotImplementedError(_MAMBA_SPARSE)
+        return None
+
+    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
+                                  Py_ssize_t retention_interval, list boundaries):
+        raise NotImplementedError(_MAMBA_SPARSE)
+
 
 cdef class CrossAttentionManager(SingleTypeKVCacheManager):
     """Cross attention: a static allocation for the encoder tokens; never cached."""
@@ -675,7 +890,8 @@ cdef class CrossAttentionManager(SingleTypeKVCacheManager):
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
-    cpdef cache_blocks(self, request, Py_ssize_t num_tokens):
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,
+                       object replay_boundaries=()):
         return None
 
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_tokens, object hits,
@@ -685,6 +901,7 @@ cdef class CrossAttentionManager(SingleTypeKVCacheManager):
 
 spec_manager_map = {
     FullAttentionSpec: FullAttentionManager,
+    SinkFullAttentionSpec: SinkFullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,

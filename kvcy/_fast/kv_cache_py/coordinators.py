@@ -15,18 +15,67 @@ from kvcy.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
+    SlidingWindowSpec,
 )
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _lookahead_count, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
+    SlidingWindowManager,
+    _MAMBA_SPARSE,
+    _shared_prefix_boundary,
     get_manager_for_kv_cache_spec,
 )
 
 if TYPE_CHECKING:
     from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
     from kvcy._fast.kv_cache_py.request import Request
+
+
+def _validate_prefix_cache_retention_interval(
+    retention_interval: int | None, scheduler_block_size: int, kv_cache_config: KVCacheConfig
+) -> None:
+    # vLLM's check of KVCacheConfig.prefix_cache_retention_interval (ValueError), with a
+    # TypeError first for what is not an int.
+    if retention_interval is None:
+        return
+    if isinstance(retention_interval, bool) or not isinstance(retention_interval, int):
+        raise TypeError(
+            "prefix_cache_retention_interval must be an int or None, "
+            f"got {type(retention_interval).__name__}: {retention_interval!r}"
+        )
+    if not any(isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec)) for g in kv_cache_config.kv_cache_groups):
+        if retention_interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or Mamba KV cache "
+            "group, so retention has no effect. Set it to 0 (it only applies to sliding-window and Mamba "
+            "attention)."
+        )
+    if retention_interval < 0 or retention_interval % scheduler_block_size != 0:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and a multiple of "
+            f"scheduler_block_size ({scheduler_block_size})."
+        )
+    if retention_interval > 2**62:
+        raise ValueError(f"prefix_cache_retention_interval is too large: {retention_interval}")
+
+
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> tuple[int, ...]:
+    """Token positions a later request replaying a prompt of ``num_prompt_tokens`` can resume at.
+
+    Without EAGLE, ``num_prompt_tokens - 1`` (a resend recomputes its last token).  With
+    EAGLE, one scheduler block below both the resend's aligned hit and a longer sibling's
+    (the last aligned block of the prompt), at least 0; the two differ only for a
+    block-aligned prompt.
+    """
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    block = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // block * block
+    extension = num_prompt_tokens // block * block
+    return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
 
 
 class KVCacheCoordinator(_Checked):
@@ -36,13 +85,22 @@ class KVCacheCoordinator(_Checked):
     many tokens less one) keeps the last ``num_reprefillable_tokens`` computed
     tokens out of the prefix cache; ``num_hash_lookahead_tokens`` goes to the
     block pool's events.
+
+    ``retention_interval`` is the config's ``prefix_cache_retention_interval``
+    (validated as vLLM does): None caches every reachable block, 0 or a
+    multiple of the scheduler block makes sliding-window groups keep sparse
+    replay checkpoints (see ``SlidingWindowManager.reachable_block_mask``).
+
+    Raises:
+        NotImplementedError: sparse retention with prefix caching and a Mamba
+            group (vLLM's sparse Mamba states need Mamba align mode).
     """
 
     # All fixed when made.
     _RULES = dict.fromkeys(
         ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
          "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention", "num_reprefillable_tokens",
-         "drop_eagle_group_ids", "enable_partial_hash_hits"),
+         "drop_eagle_group_ids", "enable_partial_hash_hits", "retention_interval", "_retention"),
         _READ_ONLY,
     )
 
@@ -115,6 +173,20 @@ class KVCacheCoordinator(_Checked):
             for i, g in enumerate(groups)
         )
         self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
+        retention_interval = kv_cache_config.prefix_cache_retention_interval
+        _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
+        if retention_interval is not None and enable_caching and any(
+            isinstance(g.kv_cache_spec, MambaSpec) for g in groups
+        ):
+            raise NotImplementedError(_MAMBA_SPARSE)
+        # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
+        self.retention_interval = retention_interval
+        # What cache_blocks acts on: only sliding-window masks are sparse (the other
+        # managers' masks are None whatever the interval), so without such a group the
+        # interval changes nothing and the request's shared_prefix_boundary is not read.
+        self._retention = retention_interval if any(
+            isinstance(m, SlidingWindowManager) for m in self.single_type_managers
+        ) else None
 
     def get_num_blocks_to_allocate(
         self,
@@ -207,10 +279,18 @@ class KVCacheCoordinator(_Checked):
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache every group's full blocks among the first ``num_computed_tokens`` tokens
-        (less the re-prefillable ones)."""
-        n = num_computed_tokens - self.num_reprefillable_tokens
+        (less the re-prefillable ones); under sparse retention only the blocks a replay
+        of the prompt, its shared-prefix junction or an interval checkpoint can hit."""
+        retention_interval = self._retention
+        if retention_interval is None:
+            for manager in self.single_type_managers:
+                manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
+            return
+        boundaries = replay_boundaries(request.num_prompt_tokens, self.scheduler_block_size,
+                                       bool(self.drop_eagle_group_ids))
         for manager in self.single_type_managers:
-            manager.cache_blocks(request, n if n > 0 else 0)
+            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens),
+                                 retention_interval, boundaries)
 
     def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
         # The num_tokens cache_blocks hands this manager.
@@ -221,9 +301,19 @@ class KVCacheCoordinator(_Checked):
                             new_computed_blocks: tuple, attaching: bool, total_computed_tokens: int) -> None:
         # cache_blocks(request, num_computed_tokens) after this allocation,
         # checked for every group before any change.
+        if self._retention is not None:  # (what sparse retention reads of the request, now)
+            _shared_prefix_boundary(request)
+            _check_count("num_prompt_tokens", request.num_prompt_tokens)
         for manager, hits in zip(self.single_type_managers, new_computed_blocks):
             manager._check_cache_inputs(request, request_id, self._tokens_to_cache(manager, num_computed_tokens),
                                         hits, attaching, total_computed_tokens)
+
+    def reset_prefix_cache(self) -> bool:
+        """Reset the prefix cache of each distinct block pool the managers use, once
+        (kvcy's managers share one); False if any pool refused (blocks in use).  With
+        no groups there is no pool to reset: True, as in vLLM."""
+        pools = dict.fromkeys(manager.block_pool for manager in self.single_type_managers)
+        return all([pool.reset_prefix_cache() for pool in pools])
 
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
@@ -378,10 +468,6 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 for gid in ids:
                     self.single_type_managers[gid].use_eagle = True
         self._is_simple_hybrid = len(groups) == 2 and isinstance(groups[0][0], FullAttentionSpec)
-
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        for manager in self.single_type_managers:
-            manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens))
 
     def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
         # Hits are scheduler-block aligned; EAGLE groups keep one block past the

@@ -17,6 +17,7 @@ from kvcy.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvcy._fast._request_tables import _BlockTable, _CountTable
@@ -43,6 +44,52 @@ def _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens) -> None:
             raise TypeError(f"kv_cache_group_ids must be ints, got {type(g).__name__}")
         if not 0 <= g <= 0xFFFFFFFF:
             raise ValueError(f"KV-cache group id {g} does not fit in 4 bytes")
+
+
+def _check_int_arg(name: str, value) -> int:
+    # An int argument that may be negative (a token position), within what a C count holds.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not -(2**62) <= value <= 2**62:
+        raise ValueError(f"{name} is too large: {value}")
+    return int(value)
+
+
+def _shared_prefix_boundary(request) -> int:
+    """The request's ``shared_prefix_boundary`` (vLLM's scheduler sets it from
+    ``get_computed_blocks``); 0 for a request without one."""
+    value = getattr(request, "shared_prefix_boundary", 0)
+    if value.__class__ is int and -(2**62) <= value <= 2**62:
+        return value
+    return _check_int_arg("shared_prefix_boundary", value)
+
+
+def _check_retention_interval(retention_interval) -> int | None:
+    if retention_interval is None:
+        return None
+    return _check_count("retention_interval", retention_interval)
+
+
+def _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block):
+    # reachable_block_mask's sparse-retention arguments, checked alike by every manager.
+    retention_interval = _check_retention_interval(retention_interval)
+    if isinstance(dcp_world_size, bool) or not isinstance(dcp_world_size, int):
+        raise TypeError(f"dcp_world_size must be an int, got {type(dcp_world_size).__name__}")
+    if dcp_world_size != 1:
+        raise NotImplementedError(
+            "decode context parallelism (dcp_world_size > 1) is not implemented in kvcy"
+        )
+    try:
+        boundaries = [_check_int_arg("reachable_boundaries", b) for b in reachable_boundaries]
+    except TypeError:
+        if not hasattr(reachable_boundaries, "__iter__"):
+            raise TypeError(
+                f"reachable_boundaries must be a sequence of ints, got {type(reachable_boundaries).__name__}"
+            ) from None
+        raise
+    if final_segment_end_block is not None:
+        final_segment_end_block = _check_count("final_segment_end_block", final_segment_end_block)
+    return retention_interval, boundaries, final_segment_end_block
 
 
 class SingleTypeKVCacheManager(_Checked):
@@ -234,14 +281,34 @@ class SingleTypeKVCacheManager(_Checked):
         """Copy-on-write (source, copy) pairs of partial prefix hits; kvcy makes none (hits are whole blocks)."""
         return []
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(
+        self,
+        request: Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
         """Cache the request's full blocks among its first ``num_tokens`` tokens
-        (those it has hashes for: with hash lookahead the hashes lag behind)."""
+        (those it has hashes for: with hash lookahead the hashes lag behind).
+
+        ``retention_interval`` (the config's ``prefix_cache_retention_interval``):
+        None caches densely; 0 or a multiple of the scheduler block makes a
+        sliding-window group keep only the blocks a hit at a replay boundary,
+        at the request's ``shared_prefix_boundary`` or once per interval can
+        use.  ``replay_boundaries``: where a later request replaying this
+        prompt can resume (``replay_boundaries()``); read only when sparse.
+        """
         request_id = request.request_id
         num_cached_blocks = self._num_cached_block.get(request_id, 0)
         num_full_blocks = _hashed(request, num_tokens, self.block_pool.hash_block_size) // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
+        if retention_interval is None:
+            mask = self._reachable(num_cached_blocks, num_full_blocks)
+        else:
+            mask = self._sparse_reachable(num_cached_blocks, num_full_blocks,
+                                          _check_count("retention_interval", retention_interval),
+                                          self._reachable_boundaries(request, replay_boundaries))
         self.block_pool.cache_full_blocks(
             request,
             self._req_to_blocks[request_id],
@@ -249,12 +316,29 @@ class SingleTypeKVCacheManager(_Checked):
             num_full_blocks,
             self.block_size,
             self.kv_cache_group_id,
-            self._reachable(num_cached_blocks, num_full_blocks),
+            mask,
         )
         self._num_cached_block[request_id] = num_full_blocks
 
+    def _reachable_boundaries(self, request: Request, replay_boundaries: Sequence[int]) -> list[int]:
+        # The token positions whose reachable tail sparse retention keeps: the replay
+        # boundaries and the request's shared-prefix junction (with EAGLE also one block
+        # below it: a sibling diverging right after it has no block to peek at).
+        boundaries = [_check_int_arg("replay_boundaries", b) for b in replay_boundaries]
+        junction = _shared_prefix_boundary(request)
+        if junction:
+            boundaries.append(junction)
+            if self.use_eagle:
+                boundaries.append(junction - self.block_size)
+        return boundaries
+
     def _reachable(self, start_block: int, end_block: int) -> list[bool] | None:
-        # reachable_block_mask for this manager's blocks [start_block, end_block).
+        # reachable_block_mask for this manager's blocks [start_block, end_block), dense retention.
+        return None
+
+    def _sparse_reachable(self, start_block: int, end_block: int, retention_interval: int,
+                          boundaries: list[int]) -> list[bool] | None:
+        # reachable_block_mask under sparse retention (every type but sliding window: dense).
         return None
 
     @classmethod
@@ -265,10 +349,20 @@ class SingleTypeKVCacheManager(_Checked):
         alignment_tokens: int | None,
         kv_cache_spec: KVCacheSpec,
         use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
     ) -> list[bool] | None:
         """Which of blocks ``[start_block, end_block)`` a later hit can use, as the mask
         ``cache_full_blocks`` takes; None: all of them (full attention, and every type
-        whose hits can end anywhere)."""
+        whose hits can end anywhere).
+
+        ``retention_interval``, ``reachable_boundaries`` and ``final_segment_end_block``
+        are for sparse retention (the sliding-window manager's); ``dcp_world_size``
+        must be 1 (context parallelism is not implemented).
+        """
+        _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block)
         return None
 
     def _check_cache_inputs(self, request: Request, request_id: str, num_tokens: int, hits: Sequence,
@@ -389,6 +483,23 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return n
 
 
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention with learned sink tokens (``SinkFullAttentionSpec``).
+
+    Its decisions are full attention's: the sink tokens live outside the block
+    table, so hits, skipped blocks and caching do not move.  As in vLLM, the
+    sink must fill whole blocks (``AssertionError`` otherwise).
+    """
+
+    def __init__(self, kv_cache_spec: SinkFullAttentionSpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        sink_len = kv_cache_spec.sink_len
+        assert sink_len is not None and sink_len > 0 and sink_len % self.block_size == 0, (
+            f"SinkFullAttentionSpec.sink_len must be a positive multiple of the block size "
+            f"({self.block_size}), got {sink_len!r}"
+        )
+
+
 def _hit_blocks(sliding_window: int, block_size: int, use_eagle: bool) -> int:
     """Contiguous cached blocks a sliding-window hit needs: the window before the next
     token, plus, with EAGLE, the block it looks past the boundary and drops."""
@@ -413,6 +524,47 @@ def _window_mask(start_block: int, end_block: int, alignment_tokens: int, block_
     return mask
 
 
+def _sparse_window_mask(start_block: int, end_block: int, alignment_tokens: int, block_size: int,
+                        sliding_window: int, use_eagle: bool, retention_interval: int | None,
+                        boundaries: Sequence[int], final_segment_end_block: int | None) -> list[bool] | None:
+    # SlidingWindowManager.reachable_block_mask with every policy: a hit needs the
+    # window's trailing blocks before an aligned boundary (with EAGLE one more, ending a
+    # block past it).  Retention None keeps that tail at every alignment boundary, a
+    # positive interval once per interval, 0 at none; sparse retention also keeps the
+    # tail ending at each of ``boundaries`` (floored to the alignment).
+    # ``final_segment_end_block`` (not with EAGLE) keeps the tail of a last, partial
+    # segment ending there.
+    if alignment_tokens % block_size != 0:
+        return None
+    need = _hit_blocks(sliding_window, block_size, use_eagle)
+    shift = 1 if use_eagle else 0
+    mask = [False] * max(end_block - start_block, 0)
+    if retention_interval is None:
+        segment_tokens = alignment_tokens
+    else:
+        segment_tokens = retention_interval
+    if segment_tokens:
+        per_segment = segment_tokens // block_size
+        if need >= per_segment:
+            return None
+        first = per_segment - need
+        for i in range(start_block, end_block):
+            if i >= shift and (i - shift) % per_segment >= first:
+                mask[i - start_block] = True
+        if final_segment_end_block is not None and not use_eagle:
+            size = final_segment_end_block % per_segment
+            if size:
+                tail_start = max(final_segment_end_block - size, final_segment_end_block - need)
+                for i in range(max(start_block, tail_start), min(end_block, final_segment_end_block)):
+                    mask[i - start_block] = True
+    if retention_interval is not None:
+        for boundary in boundaries:
+            end = boundary // alignment_tokens * alignment_tokens // block_size + shift
+            for j in range(max(start_block, end - need), min(end_block, end)):
+                mask[j - start_block] = True
+    return mask
+
+
 def _align_hit(computed: tuple, block_size: int, alignment_tokens: int) -> None:
     """Trim every group's hit blocks until the hit is a multiple of ``alignment_tokens``."""
     while len(computed[0]) * block_size % alignment_tokens != 0:
@@ -423,11 +575,14 @@ def _align_hit(computed: tuple, block_size: int, alignment_tokens: int) -> None:
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
 
-    _RULES = {**SingleTypeKVCacheManager._RULES, "sliding_window": _READ_ONLY}
+    _RULES = {**SingleTypeKVCacheManager._RULES, "sliding_window": _READ_ONLY, "extra_retained_tokens": _READ_ONLY}
 
     def __init__(self, kv_cache_spec: SlidingWindowSpec, *args, **kwargs) -> None:
         super().__init__(kv_cache_spec, *args, **kwargs)
         self.sliding_window = kv_cache_spec.sliding_window
+        # Tokens below the window whose blocks stay (not attended): multi-module MTP
+        # re-prefills the last few tokens and needs the window before them.
+        self.extra_retained_tokens = kv_cache_spec.extra_retained_tokens
 
     @classmethod
     def find_longest_cache_hit(
@@ -472,7 +627,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return computed, len(computed[0]) * block_size
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return max(0, num_computed_tokens - self.sliding_window + 1)
+        """Tokens before the window of the next token, less ``extra_retained_tokens``."""
+        return max(0, num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens)
 
     @classmethod
     def reachable_block_mask(
@@ -482,23 +638,49 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         alignment_tokens: int | None,
         kv_cache_spec: KVCacheSpec,
         use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
     ) -> list[bool] | None:
         """A hit ends on a multiple of ``alignment_tokens`` and reads the window's blocks
         before it (with EAGLE, one more, ending one block past the boundary): of each
         aligned segment only those trailing blocks are reachable.  None: all are (the
-        window spans a whole segment, or the alignment is not a whole number of blocks)."""
+        window spans a whole segment, or the alignment is not a whole number of blocks).
+
+        Sparse retention: a positive ``retention_interval`` keeps the tail once per
+        interval instead of once per alignment, 0 at no segment; either way the tail
+        ending at each of ``reachable_boundaries`` (floored to the alignment) is kept.
+        Without EAGLE, ``final_segment_end_block`` also keeps the tail of the last,
+        partial segment, which ends there.
+        """
         if not isinstance(kv_cache_spec, SlidingWindowSpec):
             raise AssertionError("SlidingWindowManager.reachable_block_mask takes a SlidingWindowSpec")
         start_block = _check_count("start_block", start_block)
         end_block = _check_count("end_block", end_block)
+        retention_interval, boundaries, final_segment_end_block = _check_mask_args(
+            retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block
+        )
         if alignment_tokens is None:
             return None
-        return _window_mask(start_block, end_block, _check_count("alignment_tokens", alignment_tokens),
-                            kv_cache_spec.block_size, kv_cache_spec.sliding_window, bool(use_eagle))
+        alignment_tokens = _check_count("alignment_tokens", alignment_tokens)
+        if retention_interval is None and final_segment_end_block is None:
+            return _window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size,
+                                kv_cache_spec.sliding_window, bool(use_eagle))
+        if alignment_tokens == 0:
+            raise ValueError("alignment_tokens must be positive, got 0")
+        return _sparse_window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size,
+                                   kv_cache_spec.sliding_window, bool(use_eagle), retention_interval,
+                                   boundaries, final_segment_end_block)
 
     def _reachable(self, start_block: int, end_block: int) -> list[bool] | None:
         return _window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
                             self.sliding_window, self.use_eagle)
+
+    def _sparse_reachable(self, start_block: int, end_block: int, retention_interval: int,
+                          boundaries: list[int]) -> list[bool] | None:
+        return _sparse_window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+                                   self.sliding_window, self.use_eagle, retention_interval, boundaries, None)
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -541,6 +723,12 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
 
 
+_MAMBA_SPARSE = (
+    "sparse prefix-cache retention (prefix_cache_retention_interval) of a Mamba group needs "
+    "Mamba align mode, which kvcy does not implement"
+)
+
+
 class MambaManager(SingleTypeKVCacheManager):
     """Mamba (plain mode): only the state after the last cached block is needed."""
 
@@ -570,6 +758,36 @@ class MambaManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - 1)
 
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
+    ) -> list[bool] | None:
+        """None (every state block is cached) under dense retention.
+
+        Raises:
+            NotImplementedError: sparse retention (``retention_interval`` not
+                None): vLLM keeps sparse Mamba states only in Mamba align mode.
+        """
+        retention_interval, _, _ = _check_mask_args(
+            retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block
+        )
+        if retention_interval is not None and alignment_tokens is not None:
+            raise NotImplementedError(_MAMBA_SPARSE)
+        return None
+
+    def _sparse_reachable(self, start_block: int, end_block: int, retention_interval: int,
+                          boundaries: list[int]) -> list[bool] | None:
+        raise NotImplementedError(_MAMBA_SPARSE)
+
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
     """Cross attention: a static allocation for the encoder tokens; never cached."""
@@ -582,7 +800,13 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(
+        self,
+        request: Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
         return None
 
     def _check_cache_inputs(self, request, request_id, num_tokens, hits, attaching, total_computed_tokens) -> None:
@@ -591,6 +815,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
 
 spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
+    SinkFullAttentionSpec: SinkFullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
