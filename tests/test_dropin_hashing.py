@@ -235,8 +235,10 @@ def test_live_vllm_keys(impl, case):
 
 
 # --------------------------------------------------------------------------- kept positions
-# A hasher keeps the parsed positions of a request whose items are still open where it resumes,
-# and must never hash with positions that no longer match the request (section 8).
+# The compiled hasher keeps the parsed positions of a request whose items are still open where it
+# resumes, and must never hash with positions that no longer match the request (section 8).  The
+# pure-Python twin reads them again on each call (keeping them measured no faster there); the
+# tests below run on both, so the twins must agree.
 READS = {"offset": 0}
 
 
@@ -282,8 +284,9 @@ class PlainRequest:
 
 
 def test_open_items_are_read_once_per_request(impl):
-    """32 images still open, blocks completing one call at a time: each call reads a few
-    positions, not all 32 again."""
+    """32 images still open, blocks completing one call at a time: each call of the compiled
+    hasher reads a few positions, not all 32 again (the Python twin: those up to the resume
+    point, as vLLM's walk does)."""
     n_items, bs = 32, 16
     tokens = list(range(32 * 64))
     features = [MultiModalFeatureSpec(f"img{i}", CountedRange(i * 64 + 8, 32)) for i in range(n_items)]
@@ -296,7 +299,8 @@ def test_open_items_are_read_once_per_request(impl):
         req.num_tokens = n
         req.block_hashes.extend(hasher(req))
         calls += 1
-    assert READS["offset"] <= n_items + 6 * calls
+    if impl.name == "cython":
+        assert READS["offset"] <= n_items + 6 * calls
     fresh = PlainRequest(tokens, features, req.num_tokens)
     assert impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)(fresh) == req.block_hashes
 

@@ -10,14 +10,11 @@ SHA-256 / XXH3-128 over ``pickle.dumps`` / canonical ``cbor2.dumps``, or
 
 from __future__ import annotations
 
-import bisect
-import functools
 import hashlib
 import operator
 import pickle
 import struct
 import sys
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -268,118 +265,6 @@ def _resume_mm_idx(features: Any, start: int, lookahead: int) -> int:
     return _rewind_mm_idx(features, _first_live_mm_idx(features, start + lookahead), start)
 
 
-def _small_int(x: Any) -> bool:
-    return x.__class__ is int and -(1 << 60) < x < (1 << 60)
-
-
-_FROZEN: dict[type, bool] = {}  # type -> whether it is itself a frozen dataclass
-
-
-def _is_frozen(t: type) -> bool:
-    """Whether instances of ``t`` keep their fields: ``t`` is itself a frozen dataclass."""
-    r = _FROZEN.get(t)
-    if r is None:
-        params = t.__dict__.get("__dataclass_params__")
-        r = params is not None and getattr(params, "frozen", False) is True
-        _FROZEN[t] = r
-    return r
-
-
-class _MMPositions:
-    """A request's multimodal placeholder ends, read once.
-
-    The hasher keeps one per living request whose items are still open where
-    a call resumes (a prompt whose blocks complete one call at a time), and
-    uses it again only while ``request.mm_features`` is the same list or tuple
-    holding the same items, each item's ``mm_position`` a frozen dataclass of
-    ints.  Items of a type that is not itself a frozen dataclass (vLLM's
-    ``MultiModalFeatureSpec``) are also checked to hold the same
-    ``mm_position`` and ``identifier`` objects.  Anything else changed: read
-    again.
-    """
-
-    __slots__ = ("features", "items", "positions", "ids", "check_attrs", "ends", "reach", "ref")
-
-    def __init__(self, features: Any, items: tuple, positions: tuple, ids: tuple, check_attrs: bool,
-                 ends: list[int], reach: list[int]) -> None:
-        self.features = features
-        self.items = items
-        self.positions = positions
-        self.ids = ids
-        self.check_attrs = check_attrs
-        self.ends = ends
-        self.reach = reach  # reach[i]: the furthest end among items 0..i (non-decreasing)
-        self.ref: Any = None
-
-    def matches(self, features: Any) -> bool:
-        if features is not self.features or len(features) != len(self.items):
-            return False
-        if not all(map(operator.is_, features, self.items)):
-            return False
-        if self.check_attrs:
-            for f, pos, ident in zip(self.items, self.positions, self.ids):
-                if f.mm_position is not pos or f.identifier is not ident:
-                    return False
-        return True
-
-
-def _parse_positions(features: Any) -> _MMPositions | None:
-    """The ends of a list or tuple of items whose positions are frozen dataclasses of
-    small ints; None for anything else (read item by item instead)."""
-    if features.__class__ is not list and features.__class__ is not tuple:
-        return None
-    items = tuple(features)
-    ends: list[int] = []
-    reach: list[int] = []
-    positions = []
-    ids = []
-    check = False
-    top = 0
-    for i, f in enumerate(items):
-        pos = f.mm_position
-        offset, length = pos.offset, pos.length
-        if not (_small_int(offset) and _small_int(length)) or not _is_frozen(pos.__class__):
-            return None
-        end = offset + length
-        if i == 0 or end > top:
-            top = end
-        ends.append(end)
-        reach.append(top)
-        positions.append(pos)
-        ids.append(f.identifier)
-        if not _is_frozen(f.__class__):
-            check = True
-    return _MMPositions(features, items, tuple(positions), tuple(ids), check, ends, reach)
-
-
-def _forget(kept: dict, key: int, ref: Any) -> None:
-    # A request's weakref callback: drop its positions (unless replaced since).
-    entry = kept.get(key)
-    if entry is not None and entry.ref is ref:
-        del kept[key]
-
-
-def _positions_of(kept: dict, request: Any, features: Any) -> _MMPositions | None:
-    """``features``' positions: the kept ones while they still match, else read again
-    (and kept when the request takes a weakref); None when they cannot be kept.
-    ``kept`` is the hasher's: id(request) -> _MMPositions."""
-    key = id(request)
-    p = kept.get(key)
-    if p is not None:
-        if p.ref() is request and p.matches(features):
-            return p
-        del kept[key]
-    p = _parse_positions(features)
-    if p is None:
-        return None
-    try:
-        p.ref = weakref.ref(request, functools.partial(_forget, kept, key))
-    except TypeError:  # no weak references to it: read item by item
-        return None
-    kept[key] = p
-    return p
-
-
 def _mm_extra_keys(request: Any, start: int, end: int, start_mm_idx: int) -> tuple[list, int]:
     features = request.mm_features
     keys: list = []
@@ -441,7 +326,7 @@ class RequestBlockHasher:
     where ``E`` are the keys of the block and those tokens together.
     """
 
-    __slots__ = ("block_size", "algo", "hash_fn", "num_hash_lookahead_tokens", "_none_hash", "_fn", "_positions")
+    __slots__ = ("block_size", "algo", "hash_fn", "num_hash_lookahead_tokens", "_none_hash", "_fn")
 
     def __init__(
         self,
@@ -468,26 +353,6 @@ class RequestBlockHasher:
         self.num_hash_lookahead_tokens = lookahead
         self._none_hash = none_hash
         self._fn = fn
-        self._positions: dict[int, _MMPositions] = {}  # id(request) -> its positions, while it lives
-
-    def _resume(self, request: Any, features: Any, start: int, lookahead: int) -> int:
-        # _resume_mm_idx, from the request's kept positions when its items are
-        # still open at start (found by bisection on the running furthest end).
-        if start == 0 or not features:
-            return 0
-        last = features[-1].mm_position
-        if last.offset + last.length <= start:
-            return len(features)  # every item is over (decode): nothing to scan
-        p = _positions_of(self._positions, request, features)
-        if p is None:
-            return _resume_mm_idx(features, start, lookahead)
-        if not lookahead:
-            return bisect.bisect_right(p.reach, start)
-        idx = bisect.bisect_right(p.reach, start + lookahead)
-        ends = p.ends
-        while idx > 0 and ends[idx - 1] > start:
-            idx -= 1
-        return idx
 
     def __call__(self, request: Any) -> list[bytes]:
         # vLLM's request_block_hasher, block by block.
@@ -499,7 +364,7 @@ class RequestBlockHasher:
         if start + block_size > num_tokens:
             return []
         features = request.mm_features
-        mm_idx = self._resume(request, features, start, lookahead)
+        mm_idx = _resume_mm_idx(features, start, lookahead)
         parent = hashes[-1] if hashes else None
         tokens = request.all_token_ids
         if len(tokens) < num_tokens + lookahead:
@@ -526,7 +391,7 @@ class RequestBlockHasher:
         return out
 
     def __reduce__(self) -> tuple:
-        # The constructor's arguments: the positions kept for live requests stay behind.
+        # The constructor's arguments (the compiled twin's hasher keeps per-request state it leaves behind).
         return (
             RequestBlockHasher,
             (self.block_size, self.algo, self._none_hash, self.hash_fn, self.num_hash_lookahead_tokens),
