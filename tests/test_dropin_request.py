@@ -164,3 +164,57 @@ def test_preempted_requests_count_in_prefix_cache_stats(impl):
     stats = mgr.make_prefix_cache_stats()
     assert (stats.requests, stats.queries, stats.hits) == (1, 12, 0)
     assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 12, 4)
+
+
+# ----------------------------------------------------------------- vLLM's own requests, live
+def _vllm_run(make_manager, make_hasher):
+    """One scenario on vLLM 0.33.0's Request objects: what each lookup finds and the events."""
+    from vllm.pooling_params import PoolingParams
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request as VRequest
+
+    mgr = make_manager()
+    out = []
+
+    def request(rid, tokens, sampling=None, pooling=None, **kw):
+        return VRequest(rid, list(tokens), sampling, pooling, block_hasher=make_hasher(), **kw)
+
+    first = request("a", range(12), SamplingParams(max_tokens=4), session_id="chat-7")
+    mgr.allocate_slots(first, 12)
+    pooled = request("p", range(12), None, PoolingParams())  # no kv_cache_report_mode at all
+    full = request("f", range(12), SamplingParams(max_tokens=4, extra_args={"kv_cache_report_mode": "full"}),
+                   session_id="chat-8")
+    skip = request("s", range(12), SamplingParams(max_tokens=4, skip_reading_prefix_cache=True))
+    for req in (pooled, full, skip):
+        out.append(mgr.get_computed_blocks(req)[1])
+    for ev in mgr.take_events():
+        out.append((type(ev).__name__, getattr(ev, "session_id", None), len(getattr(ev, "block_hashes", ()))))
+    return out
+
+
+def test_live_vllm_requests_through_the_managers(impl, monkeypatch):
+    """vLLM's own requests (a pooling one without ``kv_cache_report_mode``, one asking for
+    ``"full"`` reports, one skipping the cache, sessions) give kvcy's managers vLLM's hits and
+    events."""
+    pytest.importorskip("vllm.v1.request")
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils as vku
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VManager
+    from vllm.v1 import kv_cache_interface as vkv
+
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    sha = get_hash_fn_by_name("sha256")
+    vku.init_none_hash(sha)
+
+    def vllm_manager():
+        import torch
+
+        spec = vkv.FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        cfg = vkv.KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[vkv.KVCacheGroupSpec(["l"], spec)])
+        return VManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                        enable_caching=True, enable_kv_cache_events=True)
+
+    want = _vllm_run(vllm_manager, lambda: vku.get_request_block_hasher(BS, sha))
+    got = _vllm_run(lambda: _manager(impl, enable_kv_cache_events=True), _hasher)
+    assert want == [8, 8, 0, ("BlockStored", "chat-7", 3), ("BlockStored", "chat-8", 2)]
+    assert got == want
