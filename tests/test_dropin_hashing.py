@@ -448,6 +448,19 @@ def test_kept_positions_die_with_their_request(impl):
     assert alive() is None
 
 
+def test_kvcy_requests_keep_their_positions_too(impl):
+    """kvcy's own Request (both twins) takes weak references, so the compiled hasher can keep
+    its positions; a prompt whose last image is still open when output tokens complete the
+    next blocks hashes as the whole token list at once."""
+    bs = 4
+    tokens = list(range(40))
+    features = [mm("a", 2, 5), mm("b", 9, 21)]
+    req = build(impl, tokens, 30, bs, mm_features=features)
+    assert weakref.ref(req)() is req
+    grow(req, tokens, 30, [1] * 10)
+    assert req.block_hashes == build(impl, tokens, 40, bs, mm_features=features).block_hashes
+
+
 def test_a_hasher_that_kept_positions_pickles(impl):
     import pickle
 
