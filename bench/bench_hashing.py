@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import random
 from array import array
-from types import SimpleNamespace
 
 import pytest
 
@@ -51,7 +50,15 @@ def _digest_size(algo: str) -> int:
     return 32 if algo.startswith("sha256") else 16
 
 
-def _request(extra: bool) -> SimpleNamespace:
+class _Request:
+    """The fields the hasher reads from a request (a plain object, as vLLM's ``Request``:
+    the compiled hasher keeps a request's parsed multimodal positions while it lives)."""
+
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+
+def _request(extra: bool) -> _Request:
     """What the hasher reads from a kvcy.Request, fresh (no hashes yet)."""
     mm = None
     if extra:
@@ -59,7 +66,7 @@ def _request(extra: bool) -> SimpleNamespace:
             MultiModalFeatureSpec(identifier=f"image-{i}", mm_position=PlaceholderRange(offset=i * 1024 + 100, length=64))
             for i in range(PROMPT_TOKENS // 1024)
         ]
-    return SimpleNamespace(
+    return _Request(
         block_hashes=[],
         num_tokens=PROMPT_TOKENS,
         all_token_ids=TOKENS,

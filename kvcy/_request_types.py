@@ -20,6 +20,7 @@ __all__ = [
     "KVCacheBlockCopy",
     "LoRARequest",
     "check_request_args",
+    "check_skip_reading_prefix_cache",
     "MultiModalFeatureSpec",
     "PlaceholderRange",
     "RequestStatus",
@@ -149,11 +150,14 @@ def check_request_args(
     cache_salt: Any,
     prompt_embeds: Any,
     kv_cache_report_mode: Any,
-) -> tuple[list[int], list[MultiModalFeatureSpec] | None]:
+    session_id: Any = None,
+    skip_reading_prefix_cache: Any = False,
+) -> tuple[list[int], list[MultiModalFeatureSpec]]:
     """Validate a ``Request``'s constructor arguments (both twins call this).
 
     Returns:
-        The prompt as a list of ints and the multimodal items as a list (or None).
+        The prompt as a list of ints and the multimodal items as a list (empty
+        when there are none, as vLLM's ``Request`` keeps them).
 
     Raises:
         TypeError / ValueError: an argument is malformed.
@@ -169,7 +173,10 @@ def check_request_args(
         raise ValueError(
             f"kv_cache_report_mode must be 'incremental' or 'full', got {kv_cache_report_mode!r}"
         )
-    features = list(mm_features) if mm_features else None
+    if session_id is not None and not isinstance(session_id, str):
+        raise TypeError(f"session_id must be a str or None, got {type(session_id).__name__}")
+    check_skip_reading_prefix_cache(skip_reading_prefix_cache)
+    features = list(mm_features) if mm_features else []
     if features:
         offsets = [f.mm_position.offset for f in features]
         if offsets != sorted(offsets):
@@ -188,11 +195,19 @@ def check_request_args(
     return prompt, features
 
 
-class KVCacheBlockCopy(NamedTuple):
-    """One block copy the worker runs: ``src_block_id``'s KV into ``dst_block_id``."""
+def check_skip_reading_prefix_cache(value: Any) -> bool:
+    """``skip_reading_prefix_cache`` as both twins' ``Request`` take it: a bool.
 
-    src_block_id: int
-    dst_block_id: int
+    vLLM's ``Request`` takes it from its sampling or pooling parameters, where
+    it is a bool; anything else (an int, None, a string) is refused rather
+    than read by truth value.
+
+    Raises:
+        TypeError: ``value`` is not a bool.
+    """
+    if value is not True and value is not False:
+        raise TypeError(f"skip_reading_prefix_cache must be a bool, got {type(value).__name__}")
+    return value
 
 
 class KVCacheBlockCopy(NamedTuple):

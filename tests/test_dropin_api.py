@@ -584,12 +584,10 @@ def test_blocks_without_hashes_are_not_cached(impl, specs):
 
 
 def test_block_stored_carries_the_request_session(impl):
-    """vLLM's pool fills BlockStored.session_id from the request (kvcy's Request has none: None)."""
-    class SessionRequest(impl.kv_cache.Request):
-        session_id = "chat-7"
-
+    """vLLM's pool fills BlockStored.session_id from the request (kvcy's Request takes one, None
+    by default, as vLLM's)."""
     mgr = manager(impl, enable_kv_cache_events=True)
-    mgr.allocate_slots(SessionRequest("a", list(range(8)), block_hasher=get_request_block_hasher(BS, SHA)), 8)
+    mgr.allocate_slots(request(impl, "a", range(8), session_id="chat-7"), 8)
     mgr.allocate_slots(request(impl, "b", range(100, 108)), 8)
     assert [e.session_id for e in mgr.take_events()] == ["chat-7", None]
 

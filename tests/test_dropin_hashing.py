@@ -3,9 +3,12 @@ prompt-embeds keys, and the hashing names vLLM's ``kv_cache_utils`` exports."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import hashlib
 import inspect
 import logging
+import weakref
 
 import msgspec
 import pytest
@@ -139,6 +142,357 @@ def test_mm_keys_are_the_items_overlapping_each_block(impl, case):
         want = [("mm", it.identifier, it.mm_position.offset - lo) for it in kept
                 if it.mm_position.offset < hi and it.mm_position.offset + it.mm_position.length > lo]
         assert list(keys or ()) == want
+
+
+# --------------------------------------------------------------------------- overlapping items
+# Recorded from vLLM 0.33.0 itself (its get_request_block_hasher on vllm.v1.request.Request, the
+# hash function recording each block's extra keys): the items, the prompt length, the block size,
+# the token count, the keys when every token is in the prompt ("at once"), and the keys when the
+# tokens after the prompt are appended one at a time ("incremental").  vLLM's incremental hasher
+# resumes by bisecting on the items' ends, which are not sorted when items overlap, so its two
+# answers differ; kvcy gives the at-once keys both ways (docs/vllm-dropin-gaps.md, section 7).
+VLLM_OVERLAPPING = [
+    ([("A", 4, 13), ("B", 5, 10), ("C", 14, 4)], 20, 8, 25,
+     [(("mm", "A", 4),), (("mm", "A", -4),), (("mm", "A", -12), ("mm", "C", -2))],
+     [(("mm", "A", 4),), (("mm", "A", -4),), (("mm", "C", -2),)]),
+    ([("A", 1, 10), ("B", 2, 2), ("C", 8, 2)], 12, 8, 37,
+     [(("mm", "A", 1),), (("mm", "A", -7), ("mm", "C", 0)), None, None],
+     [(("mm", "A", 1),), (("mm", "C", 0),), None, None]),
+    ([("i0", 0, 9), ("i1", 2, 12), ("i2", 5, 3), ("i3", 8, 6)], 15, 8, 19,
+     [(("mm", "i0", 0),), (("mm", "i0", -8), ("mm", "i1", -6), ("mm", "i3", 0))],
+     [(("mm", "i0", 0),), (("mm", "i3", 0),)]),
+    ([("i0", 1, 2), ("i1", 1, 2), ("i2", 1, 1), ("i3", 1, 2)], 3, 2, 10,
+     [(("mm", "i0", 1),), (("mm", "i0", -1), ("mm", "i1", -1), ("mm", "i3", -1)), None, None, None],
+     [(("mm", "i0", 1),), (("mm", "i3", -1),), None, None, None]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(VLLM_OVERLAPPING)))
+def test_overlapping_items_get_vllms_at_once_keys_both_ways(impl, case):
+    items, split, bs, n, at_once, vllm_incremental = VLLM_OVERLAPPING[case]
+    features = [mm(*it) for it in items]
+    tokens = list(range(n))
+    keys = []
+    for prompt_len in (n, split):
+        rec = Recorder()
+        grow(build(impl, tokens, prompt_len, bs, algo=None, hash_fn=rec, mm_features=features),
+             tokens, prompt_len, [1] * (n - prompt_len))
+        keys.append([c[2] for c in rec.calls])
+    assert keys == [at_once, at_once]
+    assert vllm_incremental != at_once  # (what kvcy does not copy)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_overlapping_items_do_not_give_a_false_hit_incrementally(impl, algo):
+    """vLLM's incremental keys for case 2 leave out item i1, so two requests that differ only
+    in i1's image hash alike there (a false prefix hit); kvcy's hashes differ."""
+    items, split, bs, n = VLLM_OVERLAPPING[2][:4]
+    hashes = []
+    for ident in ("i1", "other-i1"):
+        features = [mm(ident if i == "i1" else i, o, ln) for i, o, ln in items]
+        req = grow(build(impl, [0] * n, split, bs, algo=algo, mm_features=features), [0] * n, split, [1] * (n - split))
+        hashes.append(req.block_hashes)
+    assert hashes[0][0] == hashes[1][0]  # block 0 holds i1's start only as vLLM's walk skips it
+    assert hashes[0][1] != hashes[1][1]
+
+
+def _vllm_keys(tokens, split, items, bs):
+    """vLLM 0.33.0's extra keys per block, hashing ``tokens[:split]`` as the prompt and
+    appending the rest one token at a time."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec as VSpec
+    from vllm.multimodal.inputs import PlaceholderRange as VRange
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core import kv_cache_utils as vku
+    from vllm.v1.request import Request as VRequest
+
+    rec = Recorder()
+    vku.init_none_hash(rec)
+    features = [VSpec(data=None, modality="image", identifier=i, mm_position=VRange(o, ln)) for i, o, ln in items]
+    req = VRequest("r", list(tokens[:split]), SamplingParams(max_tokens=8), None, mm_features=features,
+                   block_hasher=vku.get_request_block_hasher(bs, rec))
+    for t in tokens[split:]:
+        req.append_output_token_ids(t)
+    return [c[2] for c in rec.calls if isinstance(c, tuple)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SUPPRESS)
+@given(case=mm_requests())
+def test_live_vllm_keys(impl, case):
+    """Against vLLM 0.33.0 when it is importable: kvcy's keys, however the tokens arrive,
+    are vLLM's keys for the tokens at once; for items that do not overlap they are also
+    vLLM's incremental keys."""
+    pytest.importorskip("vllm.v1.request")
+    tokens, split, _, items, _, _, bs, _ = case
+    triples = [(f.identifier, f.mm_position.offset, f.mm_position.length) for f in items]
+    rec = Recorder()
+    grow(build(impl, tokens, split, bs, algo=None, hash_fn=rec, mm_features=items), tokens, split,
+         [1] * (len(tokens) - split))
+    kvcy_keys = [c[2] for c in rec.calls]
+    assert kvcy_keys == _vllm_keys(tokens, len(tokens), triples, bs)
+    ends = [o + ln for _, o, ln in triples]
+    if all(ends[i] <= triples[i + 1][1] for i in range(len(triples) - 1)):
+        assert kvcy_keys == _vllm_keys(tokens, split, triples, bs)
+
+
+# --------------------------------------------------------------------------- kept positions
+# The compiled hasher keeps the parsed positions of a request whose items are still open where it
+# resumes, and must never hash with positions that no longer match the request (section 8).  The
+# pure-Python twin reads them again on each call (keeping them measured no faster there); the
+# tests below run on both, so the twins must agree.
+READS = {"offset": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class CountedRange:
+    """A frozen placeholder range that counts reads of its ``offset``."""
+
+    offset: int
+    length: int
+
+    def __getattribute__(self, name):
+        if name == "offset":
+            READS["offset"] += 1
+        return object.__getattribute__(self, name)
+
+
+@dataclasses.dataclass
+class MutableSpec:
+    """vLLM's ``MultiModalFeatureSpec`` is a plain (mutable) dataclass."""
+
+    identifier: str
+    mm_position: object
+    modality: str = "image"
+
+
+@dataclasses.dataclass
+class MutableRange:
+    offset: int
+    length: int
+
+
+class PlainRequest:
+    """The fields the hasher reads, on a plain object (weak references allowed)."""
+
+    def __init__(self, tokens, features, num_tokens):
+        self.all_token_ids = tokens
+        self.num_tokens = num_tokens
+        self.mm_features = features
+        self.block_hashes = []
+        self.lora_request = None
+        self.cache_salt = None
+        self.prompt_embeds = None
+
+
+def test_open_items_are_read_once_per_request(impl):
+    """32 images still open, blocks completing one call at a time: each call of the compiled
+    hasher reads a few positions, not all 32 again (the Python twin: those up to the resume
+    point, as vLLM's walk does)."""
+    n_items, bs = 32, 16
+    tokens = list(range(32 * 64))
+    features = [MultiModalFeatureSpec(f"img{i}", CountedRange(i * 64 + 8, 32)) for i in range(n_items)]
+    hasher = impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)
+    req = PlainRequest(tokens, features, bs)
+    req.block_hashes = hasher(req)
+    READS["offset"] = 0
+    calls = 0
+    for n in range(2 * bs, len(tokens) - 64, bs):
+        req.num_tokens = n
+        req.block_hashes.extend(hasher(req))
+        calls += 1
+    if impl.name == "cython":
+        assert READS["offset"] <= n_items + 6 * calls
+    fresh = PlainRequest(tokens, features, req.num_tokens)
+    assert impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)(fresh) == req.block_hashes
+
+
+def _same_as_unkept(impl, req, hasher, bs):
+    """The kept hasher's next hashes are what a hasher with nothing kept computes."""
+    want = impl.hashing.RequestBlockHasher(bs, hasher.algo, lambda: NONE_HASH, hasher.hash_fn)(req)
+    got = hasher(req)
+    assert got == want
+    req.block_hashes.extend(got)
+
+
+@pytest.mark.parametrize("edit", ["replace_item", "reassign_position", "reassign_identifier", "mutable_range",
+                                  "insert_item", "new_list"])
+def test_each_edit_of_open_items_is_seen(impl, edit):
+    """Item a ended before the resume point, b is open; then a is edited to reach past the next
+    block (or b renamed): the next block's keys are the edited items', as a hasher that kept
+    nothing finds them."""
+    bs = 4
+    tokens = list(range(40))
+    a = MutableSpec("a", PlaceholderRange(0, 5)) if edit != "replace_item" else mm("a", 0, 5)
+    b = MutableSpec("b", PlaceholderRange(6, 20))
+    req = PlainRequest(tokens, [a, b], bs)
+    rec = Recorder()
+    hasher = impl.hashing.RequestBlockHasher(bs, None, lambda: NONE_HASH, rec)
+    req.block_hashes = hasher(req)
+    for n in (8, 12):  # the second call resumes at 4 with b open: its positions are kept
+        req.num_tokens = n
+        req.block_hashes.extend(hasher(req))
+    wide = PlaceholderRange(0, 30)
+    if edit == "replace_item":
+        req.mm_features[0] = mm("A", 0, 30)
+    elif edit == "reassign_position":
+        a.mm_position = wide
+    elif edit == "reassign_identifier":
+        b.identifier = "B"
+    elif edit == "mutable_range":
+        a.mm_position = MutableRange(0, 5)
+        req.num_tokens = 16
+        _same_as_unkept(impl, req, hasher, bs)
+        a.mm_position.length = 30
+    elif edit == "insert_item":
+        req.mm_features.insert(0, mm("A", 0, 30))
+    elif edit == "new_list":
+        req.mm_features = [mm("A", 0, 30), b]
+    req.num_tokens = len(req.block_hashes) * bs + bs
+    start = req.num_tokens - bs
+    want_id = "B" if edit == "reassign_identifier" else ("a" if edit in ("reassign_position", "mutable_range") else "A")
+    want = (("mm", "B", 6 - start),) if edit == "reassign_identifier" else (("mm", want_id, -start),)
+    _same_as_unkept(impl, req, hasher, bs)
+    assert rec.calls[-1][2] == want
+
+
+@st.composite
+def edit_scripts(draw):
+    bs = draw(st.integers(1, 6))
+    n = draw(st.integers(8, 60))
+    ops = draw(st.lists(st.sampled_from(
+        ["grow", "grow", "grow", "append_item", "replace_item", "pop_item", "new_list", "as_tuple",
+         "reassign_position", "reassign_identifier", "mutable_range", "truncate", "new_request"]),
+        min_size=1, max_size=25))
+    seed = draw(st.integers(0, 2**16))
+    return bs, n, ops, seed
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=SUPPRESS)
+@given(script=edit_scripts())
+def test_kept_positions_never_go_stale(impl, script):
+    """Any edit of a request's items between calls (in place, a new list, vLLM's mutable
+    specs reassigned, hashes truncated as vLLM's streaming sessions do, a new request that
+    may reuse the old one's id) gives the hashes of a hasher that kept nothing."""
+    import random
+
+    bs, n, ops, seed = script
+    rng = random.Random(seed)
+    tokens = list(range(n))
+
+    def item(i):
+        off = rng.randrange(0, n - 1)
+        length = rng.randrange(1, n - off + 1)
+        if rng.random() < 0.5:
+            return MutableSpec(f"m{i}-{rng.randrange(9)}", PlaceholderRange(off, length))
+        return mm(f"k{i}-{rng.randrange(9)}", off, length)
+
+    def items(k):
+        return sorted((item(i) for i in range(k)), key=lambda f: f.mm_position.offset)
+
+    hasher = impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)
+    req = PlainRequest(tokens, items(rng.randrange(1, 6)), min(n, bs))
+    _same_as_unkept(impl, req, hasher, bs)
+    for op in ops:
+        f = req.mm_features
+        if op == "grow":
+            req.num_tokens = min(n, req.num_tokens + rng.randrange(1, 2 * bs))
+        elif op == "append_item":
+            f.append(item(len(f)))
+            f.sort(key=lambda x: x.mm_position.offset)
+        elif op == "replace_item" and f:
+            k = rng.randrange(len(f))
+            f[k] = item(k)
+            f.sort(key=lambda x: x.mm_position.offset)
+        elif op == "pop_item" and f:
+            f.pop()
+        elif op == "new_list":
+            req.mm_features = items(rng.randrange(0, 6))
+        elif op == "as_tuple":
+            req.mm_features = tuple(f)
+            _same_as_unkept(impl, req, hasher, bs)
+            req.mm_features = list(req.mm_features)
+        elif op in ("reassign_position", "reassign_identifier", "mutable_range"):
+            mutable = [x for x in f if isinstance(x, MutableSpec)]
+            if mutable:
+                x = rng.choice(mutable)
+                if op == "reassign_identifier":
+                    x.identifier = x.identifier + "'"
+                else:
+                    old = x.mm_position
+                    cls = MutableRange if op == "mutable_range" else PlaceholderRange
+                    x.mm_position = cls(old.offset, max(1, old.length + rng.choice([-2, -1, 1, 2])))
+        elif op == "truncate":
+            del req.block_hashes[rng.randrange(0, len(req.block_hashes) + 1):]
+        elif op == "new_request":
+            old = req
+            req = PlainRequest(tokens, items(rng.randrange(1, 6)), old.num_tokens)
+            del old
+            gc.collect()
+        if isinstance(req.mm_features, list):
+            req.mm_features.sort(key=lambda x: x.mm_position.offset)
+        _same_as_unkept(impl, req, hasher, bs)
+
+
+def test_kept_positions_die_with_their_request(impl):
+    """What a hasher keeps for a request goes when the request does (no leak, and no
+    reuse by a later object that gets the same id)."""
+    bs = 4
+    spec = MutableSpec("img", PlaceholderRange(2, 12))
+    hasher = impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)
+    req = PlainRequest(list(range(16)), [spec], bs)
+    req.block_hashes = hasher(req)
+    req.num_tokens = 8
+    req.block_hashes.extend(hasher(req))  # resumes with the image open: kept
+    alive = weakref.ref(spec)
+    del req, spec
+    gc.collect()
+    assert alive() is None
+
+
+def test_kvcy_requests_keep_their_positions_too(impl):
+    """kvcy's own Request (both twins) takes weak references, so the compiled hasher can keep
+    its positions; a prompt whose last image is still open when output tokens complete the
+    next blocks hashes as the whole token list at once."""
+    bs = 4
+    tokens = list(range(40))
+    features = [mm("a", 2, 5), mm("b", 9, 21)]
+    req = build(impl, tokens, 30, bs, mm_features=features)
+    assert weakref.ref(req)() is req
+    grow(req, tokens, 30, [1] * 10)
+    assert req.block_hashes == build(impl, tokens, 40, bs, mm_features=features).block_hashes
+
+
+def test_a_hasher_that_kept_positions_pickles(impl):
+    import pickle
+
+    bs = 4
+    hasher = impl.hashing.RequestBlockHasher(bs, "sha256", hashing.get_none_hash, None, 0)
+    req = PlainRequest(list(range(16)), [mm("img", 2, 12)], bs)
+    req.block_hashes = hasher(req)
+    req.num_tokens = 8
+    req.block_hashes.extend(hasher(req))  # resumes with the image open: kept
+    copy = pickle.loads(pickle.dumps(hasher))
+    assert (copy.block_size, copy.algo, copy.num_hash_lookahead_tokens) == (4, "sha256", 0)
+    req.num_tokens = 12
+    assert copy(req) == hasher(req)
+
+
+def test_requests_without_weak_references_are_hashed_right(impl):
+    from types import SimpleNamespace
+
+    bs = 4
+    tokens = list(range(24))
+    features = [mm("a", 1, 9), mm("b", 10, 9)]
+    hasher = impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)
+    req = SimpleNamespace(all_token_ids=tokens, num_tokens=bs, mm_features=features, block_hashes=[],
+                          lora_request=None, cache_salt=None, prompt_embeds=None)
+    for n in range(bs, 25, bs):
+        req.num_tokens = n
+        req.block_hashes.extend(hasher(req))
+    features[1] = mm("c", 10, 9)
+    del req.block_hashes[2:]
+    req.block_hashes.extend(hasher(req))
+    fresh = PlainRequest(tokens, features, 24)
+    assert req.block_hashes == impl.hashing.RequestBlockHasher(bs, "sha256", lambda: NONE_HASH)(fresh)
 
 
 # --------------------------------------------------------------------------- lookahead

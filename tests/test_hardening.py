@@ -339,7 +339,8 @@ def _objects(impl):
 # every other data attribute the compiled twin exposes is read-only in both twins.
 ASSIGNABLE = {
     "request": {"num_computed_tokens", "status", "block_hashes", "num_in_flight_tokens", "max_tokens",
-                "arrival_time", "skip_reading_prefix_cache", "num_preemptions", "spec_token_ids"},
+                "arrival_time", "skip_reading_prefix_cache", "num_preemptions", "spec_token_ids",
+                "shared_prefix_boundary"},
     "block": {"ref_cnt", "block_hash_num_tokens", "block_hash"},  # (block_hash: vLLM's setter, asserts)
     "queue": {"num_free_blocks"},
     "pool": {"metrics_collector", "num_evictions"},

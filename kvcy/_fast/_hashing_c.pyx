@@ -16,6 +16,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_SIZE
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t
@@ -25,6 +26,9 @@ import operator as _operator
 import pickle as _pickle
 import struct as _struct
 import sys as _sys
+
+import functools as _functools
+import weakref as _weakref
 
 import cbor2 as _cbor2
 import xxhash as _xxhash
@@ -504,14 +508,164 @@ cdef inline bint _small_int(object x):
     return type(x) is int and -(1 << 60) < x < (1 << 60)
 
 
-cdef tuple _request_extra_keys(object request, object tokens, Py_ssize_t start,
+cdef dict _FROZEN = {}  # type -> whether it is itself a frozen dataclass
+
+
+cdef bint _is_frozen(object t) except -1:
+    """Whether instances of ``t`` keep their fields: ``t`` is itself a frozen dataclass."""
+    r = _FROZEN.get(t)
+    if r is None:
+        params = t.__dict__.get("__dataclass_params__")
+        r = params is not None and getattr(params, "frozen", False) is True
+        _FROZEN[t] = r
+    return r
+
+
+@cython.final
+cdef class _MMPositions:
+    """A request's multimodal placeholder positions as C arrays, parsed once.
+
+    The hasher keeps one per living request whose items are still open where
+    a call resumes (a prompt whose blocks complete one call at a time), and
+    uses it again only while ``request.mm_features`` is the same list or tuple
+    holding the same items, each item's ``mm_position`` a frozen dataclass of
+    ints.  Items of a type that is not itself a frozen dataclass (vLLM's
+    ``MultiModalFeatureSpec``) are also checked to hold the same
+    ``mm_position`` and ``identifier`` objects.  Anything else changed: parsed
+    again.
+    """
+
+    cdef object features     # the list or tuple parsed
+    cdef tuple items         # its items then
+    cdef tuple positions     # their mm_position objects
+    cdef tuple ids           # their identifiers
+    cdef bint check_attrs    # an item type whose fields can be reassigned
+    cdef bint cacheable      # every position a frozen dataclass, features a list or tuple
+    cdef Py_ssize_t n
+    cdef Py_ssize_t *offs
+    cdef Py_ssize_t *lens
+    cdef Py_ssize_t *reach   # reach[i]: the furthest end among items 0..i (non-decreasing)
+    cdef object ref          # weakref to the request, once kept
+
+    def __dealloc__(self):
+        PyMem_Free(self.offs)
+        PyMem_Free(self.lens)
+        PyMem_Free(self.reach)
+
+    cdef bint matches(self, object features) except -1:
+        cdef Py_ssize_t i
+        cdef PyObject **now
+        cdef PyObject **then
+        if features is not self.features or len(features) != self.n:
+            return False
+        now = PySequence_Fast_ITEMS(features)
+        then = PySequence_Fast_ITEMS(self.items)
+        for i in range(self.n):
+            if now[i] != then[i]:
+                return False
+        if self.check_attrs:
+            for i in range(self.n):
+                f = <object>then[i]  # (the kept tuple: reading attributes cannot free it)
+                if f.mm_position is not self.positions[i] or f.identifier is not self.ids[i]:
+                    return False
+        return True
+
+    cdef Py_ssize_t first_open(self, Py_ssize_t pos) noexcept:
+        """Index of the first item that ends after ``pos`` (``n``: none)."""
+        cdef Py_ssize_t lo = 0, hi = self.n, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.reach[mid] > pos:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+cdef _MMPositions _parse_positions(object features):
+    """The positions of a list or tuple of items; None for anything the C walk does not
+    read (another sequence type, a position that is not a small int)."""
+    if type(features) is not list and type(features) is not tuple:
+        return None
+    cdef tuple items = tuple(features)
+    cdef Py_ssize_t n = PyTuple_GET_SIZE(items), i, end, top = 0
+    cdef _MMPositions p = _MMPositions.__new__(_MMPositions)
+    p.offs = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t) + 1)
+    p.lens = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t) + 1)
+    p.reach = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t) + 1)
+    if p.offs == NULL or p.lens == NULL or p.reach == NULL:
+        raise MemoryError()
+    cdef list positions = [None] * n
+    cdef list ids = [None] * n
+    cdef bint check = False, cacheable = True
+    for i in range(n):
+        f = items[i]
+        pos = f.mm_position
+        offset = pos.offset
+        length = pos.length
+        if not (_small_int(offset) and _small_int(length)):
+            return None
+        ident = f.identifier
+        p.offs[i] = offset
+        p.lens[i] = length
+        end = p.offs[i] + p.lens[i]
+        if i == 0 or end > top:
+            top = end
+        p.reach[i] = top
+        positions[i] = pos
+        ids[i] = ident
+        if not _is_frozen(type(pos)):
+            cacheable = False
+        if not _is_frozen(type(f)):
+            check = True
+    p.features = features
+    p.items = items
+    p.positions = tuple(positions)
+    p.ids = tuple(ids)
+    p.check_attrs = check
+    p.cacheable = cacheable
+    p.n = n
+    return p
+
+
+def _forget(dict kept, object key, object ref):
+    # A request's weakref callback: drop its positions (unless replaced since).
+    entry = kept.get(key)
+    if entry is not None and (<_MMPositions>entry).ref is ref:
+        del kept[key]
+
+
+cdef _MMPositions _positions_of(dict kept, object request, object features, bint keep):
+    """``features``' positions: the kept ones while they still match, else parsed (and
+    kept when ``keep``, the request takes a weakref and they can be); None when the C
+    walk cannot read them.  ``kept`` is the hasher's: id(request) -> _MMPositions."""
+    cdef _MMPositions p
+    key = id(request)
+    entry = kept.get(key)
+    if entry is not None:
+        p = <_MMPositions>entry
+        if p.ref() is request and p.matches(features):
+            return p
+        del kept[key]
+    p = _parse_positions(features)
+    if p is None or not keep or not p.cacheable:
+        return p
+    try:
+        p.ref = _weakref.ref(request, _functools.partial(_forget, kept, key))
+    except TypeError:  # no weak references to it: parsed on every call
+        return p
+    kept[key] = p
+    return p
+
+
+cdef tuple _request_extra_keys(dict kept, object request, object tokens, Py_ssize_t start,
                                Py_ssize_t num_blocks, Py_ssize_t block_size, Py_ssize_t lookahead):
     """Per-block extra keys of num_blocks blocks from start; None when no block has any.
 
     The same keys as generate_block_hash_extra_keys block by block, built
     without re-reading the request per block: the LoRA key tuple is shared by
     every block (one block's pickle never sees it twice), the mm positions are
-    read once.
+    read once (and kept for the next call while the items stay open).
     """
     lora = request.lora_request
     features = request.mm_features
@@ -520,7 +674,8 @@ cdef tuple _request_extra_keys(object request, object tokens, Py_ssize_t start,
     if lora is None and not features and not salt and embeds is None and not lookahead:
         return None
     cdef Py_ssize_t nmm = len(features) if features else 0
-    cdef Py_ssize_t i, lo, hi, idx, mm_idx
+    cdef Py_ssize_t i, lo, hi, idx, mm_idx = 0
+    cdef _MMPositions p = None
     if nmm:
         last = features[nmm - 1].mm_position
         if last.offset + last.length <= start:
@@ -529,17 +684,14 @@ cdef tuple _request_extra_keys(object request, object tokens, Py_ssize_t start,
             nmm = 0
             if lora is None and embeds is None and not lookahead:
                 return None
-    cdef Py_ssize_t *offs = NULL
-    cdef Py_ssize_t *lens = NULL
-    cdef list ids = None
+        elif not lookahead and embeds is None:
+            p = _positions_of(kept, request, features, start > 0)
     cdef list out = []
     cdef list keys
     cdef object lora_key = None
     cdef tuple base = None
     cdef bint salted = bool(salt)
-    if lookahead or embeds is not None or nmm and not all(
-        _small_int(f.mm_position.offset) and _small_int(f.mm_position.length) for f in features
-    ):
+    if lookahead or embeds is not None or nmm and p is None:
         # Lookahead or unusual inputs: the block-by-block recipe.
         mm_obj = _resume_mm_idx(features, start, lookahead)
         for i in range(num_blocks):
@@ -557,58 +709,43 @@ cdef tuple _request_extra_keys(object request, object tokens, Py_ssize_t start,
     if lora is not None:
         lora_key = (_LORA_TAG, lora.lora_name, lora.lora_path)
         base = (lora_key,)
-    if nmm:
-        offs = <Py_ssize_t *>PyMem_Malloc(nmm * sizeof(Py_ssize_t))
-        lens = <Py_ssize_t *>PyMem_Malloc(nmm * sizeof(Py_ssize_t))
-        if offs == NULL or lens == NULL:
-            PyMem_Free(offs)
-            PyMem_Free(lens)
-            raise MemoryError()
-    try:
-        if nmm:
-            ids = []
-            for i in range(nmm):
-                f = features[i]
-                pos = f.mm_position
-                offs[i] = pos.offset
-                lens[i] = pos.length
-                ids.append(f.identifier)
+    cdef Py_ssize_t *offs = NULL
+    cdef Py_ssize_t *lens = NULL
+    cdef tuple ids = None
+    if p is not None:
+        nmm = p.n
+        offs = p.offs
+        lens = p.lens
+        ids = p.ids
         # Resume the walk at the first item still open at start: the item
         # the previous call stopped at may be a later one.
-        mm_idx = 0
-        while mm_idx < nmm and offs[mm_idx] + lens[mm_idx] <= start:
-            mm_idx += 1
-        for i in range(num_blocks):
-            lo = start + i * block_size
-            hi = lo + block_size
-            keys = None
-            if nmm and not (offs[nmm - 1] + lens[nmm - 1] <= lo):
-                if mm_idx < 0:
-                    mm_idx = max(0, nmm + mm_idx)
-                idx = mm_idx
-                while idx < nmm:
-                    if hi > offs[idx]:
-                        if lo >= offs[idx] + lens[idx]:
-                            idx += 1
-                            continue
-                        if keys is None:
-                            keys = [lora_key] if lora_key is not None else []
-                        keys.append((_MM_TAG, ids[idx], offs[idx] - lo))
-                        if hi >= offs[idx] + lens[idx]:
-                            idx += 1
-                        else:
-                            break
+        mm_idx = p.first_open(start)
+    for i in range(num_blocks):
+        lo = start + i * block_size
+        hi = lo + block_size
+        keys = None
+        if nmm and not (offs[nmm - 1] + lens[nmm - 1] <= lo):
+            idx = mm_idx
+            while idx < nmm:
+                if hi > offs[idx]:
+                    if lo >= offs[idx] + lens[idx]:
+                        idx += 1
+                        continue
+                    if keys is None:
+                        keys = [lora_key] if lora_key is not None else []
+                    keys.append((_MM_TAG, ids[idx], offs[idx] - lo))
+                    if hi >= offs[idx] + lens[idx]:
+                        idx += 1
                     else:
                         break
-                mm_idx = idx
-            if lo == 0 and salted:
-                if keys is None:
-                    keys = [lora_key] if lora_key is not None else []
-                keys.append((_SALT_TAG, salt))
-            out.append(base if keys is None else tuple(keys))
-    finally:
-        PyMem_Free(offs)
-        PyMem_Free(lens)
+                else:
+                    break
+            mm_idx = idx
+        if lo == 0 and salted:
+            if keys is None:
+                keys = [lora_key] if lora_key is not None else []
+            keys.append((_SALT_TAG, salt))
+        out.append(base if keys is None else tuple(keys))
     return tuple(out)
 
 
@@ -631,6 +768,8 @@ cdef class RequestBlockHasher:
     cdef readonly Py_ssize_t num_hash_lookahead_tokens
     cdef object _none_hash
     cdef int _code
+    cdef dict _positions  # id(request) -> _MMPositions, while the request lives
+
 
     def __init__(self, block_size, algo, none_hash, hash_fn=None, num_hash_lookahead_tokens=0):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
@@ -649,6 +788,7 @@ cdef class RequestBlockHasher:
         self.hash_fn = hash_fn
         self.num_hash_lookahead_tokens = lookahead
         self._none_hash = none_hash
+        self._positions = {}
 
     def __call__(self, request):
         cdef Py_ssize_t bs = self.block_size
@@ -668,7 +808,7 @@ cdef class RequestBlockHasher:
             raise RuntimeError(
                 f"request.all_token_ids has {len(tokens)} tokens, num_tokens says {num_tokens}"
             )
-        extras = _request_extra_keys(request, tokens, start, num_blocks, bs, lookahead)
+        extras = _request_extra_keys(self._positions, request, tokens, start, num_blocks, bs, lookahead)
         if self._code >= 0:
             if type(tokens) is list or type(tokens) is tuple:
                 return _chain(self._code, parent, tokens, NULL, start, num_blocks, bs, extras)
@@ -683,6 +823,13 @@ cdef class RequestBlockHasher:
             parent = fn((parent, tuple(tokens[lo:lo + bs]), None if extras is None else extras[i]))
             out.append(parent)
         return out
+
+    def __reduce__(self):
+        # The constructor's arguments: the positions kept for live requests stay behind.
+        return (
+            RequestBlockHasher,
+            (self.block_size, self.algo, self._none_hash, self.hash_fn, self.num_hash_lookahead_tokens),
+        )
 
     def __repr__(self):
         return (

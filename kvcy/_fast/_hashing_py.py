@@ -390,6 +390,13 @@ class RequestBlockHasher:
             start = end
         return out
 
+    def __reduce__(self) -> tuple:
+        # The constructor's arguments (the compiled twin's hasher keeps per-request state it leaves behind).
+        return (
+            RequestBlockHasher,
+            (self.block_size, self.algo, self._none_hash, self.hash_fn, self.num_hash_lookahead_tokens),
+        )
+
     def __repr__(self) -> str:
         return (
             f"RequestBlockHasher(block_size={self.block_size}, algo={self.algo!r}, "

@@ -35,6 +35,8 @@ class Request:
     kv_cache_report_mode: str
     arrival_time: float
     skip_reading_prefix_cache: bool
+    session_id: str | None
+    shared_prefix_boundary: int
     status: RequestStatus
     num_computed_tokens: int
     num_in_flight_tokens: int
@@ -56,6 +58,7 @@ class Request:
         kv_cache_report_mode: str = "incremental",
         arrival_time: float = 0.0,
         skip_reading_prefix_cache: bool = False,
+        session_id: str | None = None,
     ) -> None: ...
     @property
     def num_tokens(self) -> int: ...

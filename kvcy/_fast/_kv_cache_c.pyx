@@ -64,7 +64,13 @@ from kvcy.kv_events import (
 )
 from kvcy.metrics import PrefixCacheStats
 from kvcy._fast._request_tables import _BlockTable, _CountTable
-from kvcy._request_types import KVCacheBlockCopy, RequestStatus, check_request_args, validate_token_ids
+from kvcy._request_types import (
+    KVCacheBlockCopy,
+    RequestStatus,
+    check_request_args,
+    check_skip_reading_prefix_cache,
+    validate_token_ids,
+)
 
 logger = logging.getLogger("kvcy")
 

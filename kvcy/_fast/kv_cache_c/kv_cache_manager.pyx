@@ -70,7 +70,7 @@ cdef inline bint _no_lookup(KVCacheManager mgr, object request) except -1:
     if not mgr.enable_caching:
         return True
     if type(request) is Request:
-        return (<Request>request).skip_reading_prefix_cache
+        return (<Request>request)._skip_reading_prefix_cache
     return _skips_reading(request)
 
 
@@ -259,7 +259,7 @@ cdef class KVCacheManager:
         if (
             num_new_computed_tokens > 0
             and self.enable_kv_cache_events
-            and request.kv_cache_report_mode == "full"
+            and getattr(request, "kv_cache_report_mode", "incremental") == "full"  # (as vLLM reads it)
         ):
             for group_idx, group_blocks in enumerate(computed_blocks):
                 if group_blocks:

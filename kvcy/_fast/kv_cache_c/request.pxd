@@ -28,7 +28,9 @@ cdef class Request:
     cdef readonly object prompt_embeds
     cdef readonly str kv_cache_report_mode
     cdef public object arrival_time
-    cdef public bint skip_reading_prefix_cache
+    cdef bint _skip_reading_prefix_cache  # skip_reading_prefix_cache
+    cdef readonly object session_id
+    cdef Py_ssize_t _shared_prefix_boundary  # shared_prefix_boundary
     cdef Py_ssize_t _num_preemptions  # num_preemptions
     cdef readonly Py_ssize_t num_prompt_tokens
     cdef list _spec_token_ids  # spec_token_ids
@@ -36,3 +38,4 @@ cdef class Request:
     cdef readonly object _block_hasher
     cdef Py_ssize_t _hash_block_size  # > 0: a kvcy hasher, skipped while no block completes
     cdef dict __dict__
+    cdef object __weakref__

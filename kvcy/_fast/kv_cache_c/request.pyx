@@ -38,15 +38,26 @@ cdef class Request:
         kv_cache_report_mode: ``"full"`` makes ``get_computed_blocks`` re-emit
             ``BlockStored`` events for prefix hits.
         arrival_time: free for the serving loop's use.
+        skip_reading_prefix_cache: True: ``get_computed_blocks`` finds no hit
+            for this request (vLLM sets it for prompt logprobs and all-token
+            pooling); its blocks are still cached.  A bool.
+        session_id: the streaming session the request belongs to, if any; the
+            ``BlockStored`` events of its blocks carry it.
+
+    Besides the counts a scheduler moves (``num_computed_tokens``,
+    ``num_in_flight_tokens``, ``num_preemptions``) it has vLLM's
+    ``shared_prefix_boundary`` (0: none), which a scheduler sets from
+    ``get_computed_blocks``' third value and sparse-retention managers read.
     """
 
     def __init__(self, request_id, prompt_token_ids, max_tokens=None, *, lora_request=None,
                  mm_features=None, cache_salt=None, prompt_embeds=None, block_hasher=None,
-                 kv_cache_report_mode="incremental", arrival_time=0.0, skip_reading_prefix_cache=False):
+                 kv_cache_report_mode="incremental", arrival_time=0.0, skip_reading_prefix_cache=False,
+                 session_id=None):
         global _KNOWN_HASHERS
         prompt, features = check_request_args(
             request_id, prompt_token_ids, max_tokens, mm_features, cache_salt, prompt_embeds,
-            kv_cache_report_mode,
+            kv_cache_report_mode, session_id, skip_reading_prefix_cache,
         )
 
         self.request_id = request_id
@@ -58,12 +69,14 @@ cdef class Request:
         self.prompt_embeds = prompt_embeds
         self.kv_cache_report_mode = kv_cache_report_mode
         self.arrival_time = arrival_time
-        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self._skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.session_id = session_id
 
         self.status = _WAITING
         self._num_computed_tokens = 0
         self._num_in_flight_tokens = 0
         self._num_preemptions = 0
+        self._shared_prefix_boundary = 0
         self.num_prompt_tokens = len(prompt)
         self._spec_token_ids = []
         self._output_token_ids = []
@@ -103,6 +116,22 @@ cdef class Request:
     @num_preemptions.setter
     def num_preemptions(self, value):
         self._num_preemptions = _check_count("num_preemptions", value)
+
+    @property
+    def shared_prefix_boundary(self):
+        return self._shared_prefix_boundary
+
+    @shared_prefix_boundary.setter
+    def shared_prefix_boundary(self, value):
+        self._shared_prefix_boundary = _check_count("shared_prefix_boundary", value)
+
+    @property
+    def skip_reading_prefix_cache(self):
+        return self._skip_reading_prefix_cache
+
+    @skip_reading_prefix_cache.setter
+    def skip_reading_prefix_cache(self, value):
+        self._skip_reading_prefix_cache = check_skip_reading_prefix_cache(value)
 
     @property
     def spec_token_ids(self):

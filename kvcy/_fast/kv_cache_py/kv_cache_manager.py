@@ -242,7 +242,7 @@ class KVCacheManager(_Checked):
         if (
             num_new_computed_tokens > 0
             and self.enable_kv_cache_events
-            and request.kv_cache_report_mode == "full"
+            and getattr(request, "kv_cache_report_mode", "incremental") == "full"  # (as vLLM reads it)
         ):
             for group_idx, group_blocks in enumerate(computed_blocks):
                 if group_blocks:

@@ -15,6 +15,7 @@ from kvcy._request_types import (
     MultiModalFeatureSpec,
     RequestStatus,
     check_request_args,
+    check_skip_reading_prefix_cache,
     validate_token_ids,
 )
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count
@@ -38,6 +39,10 @@ def _spec_token_ids_rule(name: str, value: Any) -> list:
     return validate_token_ids(value, "spec_token_ids")
 
 
+def _skip_rule(name: str, value: Any) -> bool:
+    return check_skip_reading_prefix_cache(value)
+
+
 class Request(_Checked):
     """A request as the KV-cache manager sees it.
 
@@ -57,6 +62,16 @@ class Request(_Checked):
         kv_cache_report_mode: ``"full"`` makes ``get_computed_blocks`` re-emit
             ``BlockStored`` events for prefix hits.
         arrival_time: free for the serving loop's use.
+        skip_reading_prefix_cache: True: ``get_computed_blocks`` finds no hit
+            for this request (vLLM sets it for prompt logprobs and all-token
+            pooling); its blocks are still cached.  A bool.
+        session_id: the streaming session the request belongs to, if any; the
+            ``BlockStored`` events of its blocks carry it.
+
+    Besides the counts a scheduler moves (``num_computed_tokens``,
+    ``num_in_flight_tokens``, ``num_preemptions``) it has vLLM's
+    ``shared_prefix_boundary`` (0: none), which a scheduler sets from
+    ``get_computed_blocks``' third value and sparse-retention managers read.
     """
 
     # What shapes the request's hashes or the manager's bookkeeping is set
@@ -65,13 +80,15 @@ class Request(_Checked):
     _RULES = {
         **dict.fromkeys(
             ("request_id", "prompt_token_ids", "lora_request", "mm_features", "cache_salt", "prompt_embeds",
-             "kv_cache_report_mode", "num_prompt_tokens", "_all_token_ids", "_output_token_ids",
-             "_block_hasher"),
+             "kv_cache_report_mode", "session_id", "num_prompt_tokens", "_all_token_ids",
+             "_output_token_ids", "_block_hasher"),
             _READ_ONLY,
         ),
         "num_computed_tokens": _count_rule,
         "num_in_flight_tokens": _count_rule,
         "num_preemptions": _count_rule,
+        "shared_prefix_boundary": _count_rule,
+        "skip_reading_prefix_cache": _skip_rule,
         "spec_token_ids": _spec_token_ids_rule,
         "block_hashes": _checked_block_hashes,
     }
@@ -90,10 +107,11 @@ class Request(_Checked):
         kv_cache_report_mode: str = "incremental",
         arrival_time: float = 0.0,
         skip_reading_prefix_cache: bool = False,
+        session_id: str | None = None,
     ) -> None:
         prompt, features = check_request_args(
             request_id, prompt_token_ids, max_tokens, mm_features, cache_salt, prompt_embeds,
-            kv_cache_report_mode,
+            kv_cache_report_mode, session_id, skip_reading_prefix_cache,
         )
 
         self.request_id = request_id
@@ -106,11 +124,13 @@ class Request(_Checked):
         self.kv_cache_report_mode = kv_cache_report_mode
         self.arrival_time = arrival_time
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.session_id = session_id
 
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.num_preemptions = 0
+        self.shared_prefix_boundary = 0
         self.num_prompt_tokens = len(prompt)
         self.spec_token_ids: list[int] = []
         self._output_token_ids: list[int] = []
