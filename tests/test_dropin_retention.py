@@ -556,8 +556,16 @@ def test_shared_prefix_boundary_checked_before_any_change(impl):
     for specs, retention, refused in (([_full(), _swa()], 0, True), ([_full(), _swa()], None, False),
                                       ([_full()], 0, False)):
         mgr = _manager(impl, specs, retention)
-        req = kv.Request("r", list(range(24)), block_hasher=get_request_block_hasher(4, sha))
-        req.shared_prefix_boundary = "12"
+        # kvcy's own Request refuses the assignment; a request object of another kind
+        # (vLLM's, or this subclass) reaches the manager with whatever it holds.
+        with pytest.raises(TypeError, match="shared_prefix_boundary must be an int"):
+            kv.Request("r", list(range(24))).shared_prefix_boundary = "12"
+
+        class LooseRequest(kv.Request):
+            shared_prefix_boundary = property(lambda self: "12", lambda self, value: None)
+
+        req = LooseRequest("r", list(range(24)), block_hasher=get_request_block_hasher(4, sha))
+        assert req.shared_prefix_boundary == "12"
         free = mgr.block_pool.get_num_free_blocks()
         if refused:
             with pytest.raises(TypeError, match="shared_prefix_boundary must be an int"):
