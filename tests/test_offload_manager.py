@@ -377,6 +377,42 @@ def test_arc_ghosts_are_not_resident(offload_impl, ctx):
     assert m.lookup(k("b"), ctx) is LookupResult.MISS and offload_check_state(m)["arc"]["b1"] == []
 
 
+def test_arc_a_held_chunk_keeps_its_state_when_its_key_is_evicted_and_stored_again(offload_impl, ctx):
+    # (the compiled twin turns an evicted chunk nothing else holds into its key's
+    # ghost, and that ghost into the key's next chunk: never one Python holds)
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc")
+    stored(m, "a b", ctx)
+    held = m._policy.get(k("a"))
+    assert evict_one(m, ReqContext(req_id="o"), "c") == ks("a")
+    m.complete_store(ks("c"), ctx)
+    assert evict_one(m, ReqContext(req_id="p"), "a") == ks("b")  # a ghost hit: "a" comes back
+    again = m._policy.get(k("a"))
+    assert again is not held and again.ref_cnt == -1 and again.chunk_id == 1
+    assert (held.chunk_id, held.ref_cnt, held.is_ready) == (0, 0, True)
+    m.complete_store(ks("a"), ctx)
+    assert (held.chunk_id, held.ref_cnt) == (0, 0) and m.lookup(k("a"), ctx) is LookupResult.HIT
+
+
+def test_arc_a_chunk_standing_as_a_ghost_cannot_be_given_to_a_policy(offload_impl, ctx):
+    import gc
+
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc")
+    stored(m, "a b", ctx)
+    assert evict_one(m, ReqContext(req_id="o"), "c") == ks("a")
+    # Only the compiled twin keeps an evicted chunk as its key's ghost; reach it
+    # the only way Python can, through the cycle collector's view of the policy.
+    maps = [r for r in gc.get_referents(m._policy) if isinstance(r, dict) and k("a") in r]
+    ghosts = [r[k("a")] for r in maps if isinstance(r[k("a")], offload_impl.ChunkStatus)]
+    if not ghosts:
+        pytest.skip("this twin keeps no chunk as a ghost")
+    other = offload_impl.LRUCachePolicy(4)
+    with pytest.raises(ValueError, match="already holds a key of a cache policy"):
+        other.insert(k("x"), ghosts[0], ctx)
+    with pytest.raises(ValueError, match="already holds a key of a cache policy"):
+        m._policy.insert(k("x"), ghosts[0], ctx)
+    assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()] and other.get(k("x")) is None
+
+
 def test_lru_finish_ranks_the_keys_resident_now_whatever_happened_to_their_chunks(offload_impl, ctx):
     # (the compiled twin's record remembers each key's chunk for on_request_finished)
     m = offload_impl.CPUOffloadingManager(4, cache_policy="lru")

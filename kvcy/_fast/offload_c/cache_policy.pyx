@@ -146,7 +146,8 @@ cdef ChunkStatus _as_chunk(object chunk):
 
 
 cdef int _check_new_chunk(ChunkStatus chunk) except -1:
-    if chunk.owned:
+    # (``where``: an evicted chunk that stands as its key's ARC ghost)
+    if chunk.owned or chunk.where != 0:
         raise ValueError(f"{chunk!r} already holds a key of a cache policy")
     return 0
 

@@ -10,6 +10,36 @@ cdef object _FLAG_NONE = 0
 cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
 
 
+cdef int _check_no_repeats(list keys) except -1:
+    """ValueError naming the first key of ``keys`` (exact bytes) equal to an
+    earlier one: a C table of the keys' (cached) hashes, no set built."""
+    cdef Py_ssize_t n = len(keys), size = 8, i, j
+    cdef Py_hash_t h
+    cdef PyObject *k
+    cdef PyObject *o
+    while size < 2 * n:
+        size *= 2
+    cdef vector[PyObject *] slots
+    cdef vector[Py_hash_t] hashes
+    slots.resize(size, NULL)
+    hashes.resize(size, 0)
+    for i in range(n):
+        k = <PyObject *>keys[i]
+        h = PyObject_Hash(<object>k)
+        j = <Py_ssize_t>(<size_t>h & <size_t>(size - 1))
+        while slots[j] != NULL:
+            o = slots[j]
+            if hashes[j] == h and (o == k or (
+                    PyBytes_GET_SIZE(<object>o) == PyBytes_GET_SIZE(<object>k)
+                    and memcmp(PyBytes_AS_STRING(<object>o), PyBytes_AS_STRING(<object>k),
+                               <size_t>PyBytes_GET_SIZE(<object>k)) == 0)):
+                raise ValueError(f"prepare_store got key {keys[i]!r} more than once")
+            j = (j + 1) & (size - 1)
+        slots[j] = k
+        hashes[j] = h
+    return 0
+
+
 cdef class _AccessRecord:
     """What one request did with one manager, since the manager's last reset."""
 
@@ -215,6 +245,7 @@ cdef class CPUOffloadingManager:
         cdef Py_ssize_t i, n = len(keys)
         cdef bint filter_resident = statuses is not None and self._pol._native
         cdef bint lru = type(self._pol) is LRUCachePolicy
+        cdef bint tell = type(self._pol) is not ARCCachePolicy     # (ARC ignores on_request_access)
         cdef bint missed
         cdef Py_ssize_t size = PyDict_Size(flags)
         if size == 0 and n > 8:
@@ -240,6 +271,8 @@ cdef class CPUOffloadingManager:
                         flags[key] = (<Py_ssize_t><object>f) | _MISSED
                 continue
             size += 1
+            if not tell:
+                continue
             if filter_resident and statuses[i] is None:
                 if new_keys is None:
                     new_keys = []
@@ -499,13 +532,13 @@ cdef class CPUOffloadingManager:
         cdef vector[Py_ssize_t] ids
         counts = self._counts
         _check_context(req_context)
-        offered = set(offer)
-        if len(offered) != n_offer:
-            offered = set()
-            for key in offer:
-                if key in offered:
-                    raise ValueError(f"prepare_store got key {key!r} more than once")
-                offered.add(key)
+        if policy._native:
+            offered = None      # (the native policies are told what to protect)
+            _check_no_repeats(offer)
+        else:
+            offered = set(offer)
+            if len(offered) != n_offer:
+                _check_no_repeats(offer)
         if is_arc:
             new_ghosts = []
         for key in offer:
@@ -594,6 +627,7 @@ cdef class CPUOffloadingManager:
             if miss_ghosts is not None:
                 # the ghost hits of these misses, from the nodes found above
                 (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
+                miss_ghosts = None      # (c_insert_new_ghosts counts who holds a ghost)
             elif misses:
                 policy.c_on_store_miss(misses, req_context)
         # 3. the access record (and the misses, in it)
@@ -612,7 +646,9 @@ cdef class CPUOffloadingManager:
                 return None
             # only resident, ready keys of the offer could be evicted: they are
             # the ones to protect (new keys are not resident, pending ones not evictable)
-            if policy._native:
+            if is_arc:
+                evicted = (<ARCCachePolicy>policy).c_evict_in_place(need, set(ready) if ready else None)
+            elif policy._native:
                 evicted = policy.c_evict(need, set(ready) if ready else None)
             else:
                 evicted = policy.c_evict(need, offered)
