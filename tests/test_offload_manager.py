@@ -457,6 +457,38 @@ def test_count_hits_counts_hits_up_to_the_first_miss_or_pending_key(offload_impl
     assert manager.count_hits(keys, ctx) == 4
 
 
+class _Key(bytes):
+    """A bytes subclass whose hash is Python code (a key count_hits must still take)."""
+
+    def __hash__(self):
+        return bytes.__hash__(self)
+
+
+def test_count_hits_over_long_lists_stops_where_per_key_lookups_stop(offload_impl, policy, ctx):
+    # (the compiled twin reads keys ahead of the one it decides: what it reads
+    # past the first miss must not count, and a key there is never checked)
+    manager = offload_impl.CPUOffloadingManager(num_chunks=21, cache_policy=policy)
+    names = [f"h{i}" for i in range(22)]
+    stored(manager, " ".join(names[:20]), ctx)
+    manager.prepare_store(ks("h20"), ctx)  # write-pending
+    assert evict_one(manager, ReqContext(req_id="o"), "e1") is not None
+    evicted = [name for name in names[:20] if manager.lookup(k(name), ctx) is LookupResult.MISS]
+    hits = [name for name in names[:20] if manager.lookup(k(name), ctx) is LookupResult.HIT]
+    assert len(evicted) == 1 and len(hits) == 19  # (ARC: a ghost now)
+    odd = _Key(k(hits[3]))
+    for cut in (0, 1, 7, 8, 9, 15, 16, 17, 19):
+        for stopper in (k("missing"), k("h20"), k(evicted[0])):
+            keys = [k(n) for n in hits[:cut]] + [stopper] + [k(n) for n in hits[cut:]] + ["not a key", b"ab"]
+            assert manager.count_hits(keys, ctx) == cut
+            if cut:
+                assert manager.count_hits(keys, ctx, 1) == cut - 1
+        with_odd = [k(n) for n in hits[:cut]] + [odd] + [k(n) for n in hits[cut:]]
+        assert manager.count_hits(with_odd, ctx) == len(with_odd)
+        with pytest.raises(TypeError, match="an offload key must be bytes, got str"):
+            manager.count_hits([k(n) for n in hits[:cut]] + ["not a key"] + [k("missing")], ctx)
+    assert manager.count_hits([k(n) for n in hits] * 3, ctx, 5, 50) == 45
+
+
 def test_count_hits_checks_only_the_keys_it_looks_at(offload_impl, ctx):
     manager = offload_impl.CPUOffloadingManager(num_chunks=8)
     stored(manager, "a", ctx)

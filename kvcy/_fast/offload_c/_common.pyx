@@ -37,6 +37,15 @@ cdef inline int64_t _next_owner() noexcept:
     return _OWNER
 
 
+cdef inline PyObject *_map_get(dict d, object key) except? NULL:
+    """``d[key]`` (borrowed) or NULL: PyDict_GetItemWithError, without the
+    hash call for an exact bytes key whose hash is known (every offload key
+    of a map, once stored)."""
+    if type(key) is bytes:
+        return kvcy_offload_bytes_get(d, <PyObject *>key)
+    return PyDict_GetItemWithError(d, key)
+
+
 # =============================================================================
 # Argument checks (the same messages in both twins)
 # =============================================================================

@@ -60,7 +60,7 @@ cdef class ARCCachePolicy(CachePolicy):
         return 0
 
     cdef int _ghost_hit(self, object key) except -1:
-        cdef PyObject *g = PyDict_GetItemWithError(self._chunks, key)
+        cdef PyObject *g = _map_get(self._chunks, key)
         if g == NULL or not _is_ghost(<_Node>g):
             return 0
         self._ghost_node_hit(<_Node>g)

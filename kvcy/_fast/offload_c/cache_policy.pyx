@@ -22,7 +22,7 @@ cdef class CachePolicy:
     cdef inline ChunkStatus c_get(self, object key):
         cdef PyObject *p
         if self._native:
-            p = PyDict_GetItemWithError(self._chunks, key)
+            p = _map_get(self._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
                 return None
             return <ChunkStatus>p

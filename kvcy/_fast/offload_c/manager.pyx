@@ -10,6 +10,49 @@ cdef object _FLAG_NONE = 0
 cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
 
 
+cdef enum:
+    _AHEAD = 8      # count_hits looks this many keys ahead (a power of 2)
+
+
+cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
+    """count_hits' loop over a native policy's map, from ``i``: the index of
+    the first key that is not a HIT, or of the first key that is not exact
+    bytes of 4 bytes or more (the caller's loop takes over there).
+
+    The map is read ``_AHEAD`` keys ahead of the key being decided, each
+    found chunk prefetched, so that the memory reads of several keys
+    overlap.  Reading ahead is safe: only exact bytes are looked up (nothing
+    runs Python code, nothing changes the map or the list), and a key past
+    the first miss is read but never decided.
+    """
+    cdef PyObject *ahead[_AHEAD]
+    cdef PyObject *k
+    cdef PyObject *p
+    cdef Py_ssize_t j = i, end = len(ks)
+    if last < end:
+        end = last
+    while i < end:
+        while j < end and j < i + _AHEAD:
+            k = _list_item(ks, j)
+            if j + _AHEAD < end:
+                kvcy_offload_prefetch(_list_item(ks, j + _AHEAD))
+            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
+                end = j         # decided by the caller's checks
+                break
+            p = kvcy_offload_bytes_get(chunks, k)
+            if p != NULL:
+                kvcy_offload_prefetch(p)
+            ahead[j & (_AHEAD - 1)] = p
+            j += 1
+        if i >= end:
+            break
+        p = ahead[i & (_AHEAD - 1)]
+        if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+            return i
+        i += 1
+    return i
+
+
 cdef int _check_no_repeats(list keys) except -1:
     """ValueError naming the first key of ``keys`` (exact bytes) equal to an
     earlier one: a C table of the keys' (cached) hashes, no set built."""
@@ -52,7 +95,7 @@ cdef class _AccessRecord:
         cdef PyObject *f
         if self.inserted_log:
             for key in self.inserted_log:
-                f = PyDict_GetItemWithError(self.keys, key)
+                f = _map_get(self.keys, key)
                 self.keys[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _INSERTED
             self.inserted_log = []
         return 0
@@ -266,7 +309,7 @@ cdef class CPUOffloadingManager:
             if PyDict_Size(flags) == size:
                 # seen before
                 if missed:
-                    f = PyDict_GetItemWithError(flags, key)
+                    f = _map_get(flags, key)
                     if f != NULL and not ((<Py_ssize_t><object>f) & _MISSED):
                         flags[key] = (<Py_ssize_t><object>f) | _MISSED
                 continue
@@ -286,7 +329,7 @@ cdef class CPUOffloadingManager:
             return 0        # (the native LRU reads no flags)
         rec.fold()
         for key in reused:
-            f = PyDict_GetItemWithError(flags, key)
+            f = _map_get(flags, key)
             if f != NULL and not ((<Py_ssize_t><object>f) & (_INSERTED | _REUSED)):
                 flags[key] = (<Py_ssize_t><object>f) | _REUSED
         return 0
@@ -332,7 +375,7 @@ cdef class CPUOffloadingManager:
         if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
             _check_key_slow(key)
         if self._pol._native:
-            p = PyDict_GetItemWithError(self._pol._chunks, key)
+            p = _map_get(self._pol._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
                 return _MISS
             st = <ChunkStatus>p
@@ -377,12 +420,14 @@ cdef class CPUOffloadingManager:
         if last > n:
             last = n
         i = first
+        if policy._native:
+            i = _count_native_hits(policy._chunks, ks, i, last)
         while i < last and i < len(ks):
             key = ks[i]
             if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
                 _check_key_slow(key)
             if policy._native:
-                p = PyDict_GetItemWithError(policy._chunks, key)
+                p = _map_get(policy._chunks, key)
                 if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
                     break
             else:
@@ -545,7 +590,7 @@ cdef class CPUOffloadingManager:
             if is_arc:
                 # one lookup says resident, ghost (kept for the store miss
                 # and the insert below) or neither
-                p = PyDict_GetItemWithError(policy._chunks, key)
+                p = _map_get(policy._chunks, key)
                 if p == NULL:
                     st = None
                     new_ghosts.append(None)
@@ -619,7 +664,7 @@ cdef class CPUOffloadingManager:
                 miss_ghosts = []
             for i in range(len(new)):
                 key = new[i]
-                f = PyDict_GetItemWithError(flags, key)
+                f = _map_get(flags, key)
                 if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
                     misses.append(key)
                     if miss_ghosts is not None:
