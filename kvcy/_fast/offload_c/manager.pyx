@@ -248,13 +248,13 @@ cdef class CPUOffloadingManager:
     cdef _AccessRecord _get_record(self, object ctx, bint create):
         cdef _AccessRecords holder
         cdef _AccessRecord rec
-        state = ctx.get_state(_AccessRecords)
+        state = _get_state(ctx, _AccessRecords)
         if state is None:
             if not create:
                 return None
             holder = _AccessRecords.__new__(_AccessRecords)
             holder.records = {}
-            ctx.set_state(holder)
+            _set_state(ctx, holder)
         else:
             holder = <_AccessRecords?>state
         got = holder.records.get(self._owner_c)
@@ -657,7 +657,14 @@ cdef class CPUOffloadingManager:
                 new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
         misses = None
-        if new and type(policy) is not LRUCachePolicy:
+        if new and type(policy) is not LRUCachePolicy and PyDict_Size(flags) == 0:
+            # the request's first keys: each new key is a miss
+            misses = new
+            if new_ghosts is not None:
+                (<ARCCachePolicy>policy).c_ghost_hits(new_ghosts)
+            else:
+                policy.c_on_store_miss(list(new), req_context)
+        elif new and type(policy) is not LRUCachePolicy:
             # (the native LRU policy ignores store misses: nothing to track)
             misses = []
             if new_ghosts is not None:
