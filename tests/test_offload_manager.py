@@ -457,6 +457,26 @@ def test_count_hits_counts_hits_up_to_the_first_miss_or_pending_key(offload_impl
     assert manager.count_hits(keys, ctx) == 4
 
 
+def test_a_req_context_subclass_keeps_the_request_state_through_its_own_methods(offload_impl, policy):
+    # (the compiled twin reads a plain ReqContext's state dict directly; a
+    # subclass may keep its state elsewhere)
+    class Elsewhere(ReqContext):
+        def set_state(self, val):
+            self.__dict__.setdefault("kept", {})[type(val)] = val
+
+        def get_state(self, cls):
+            return self.__dict__.get("kept", {}).get(cls)
+
+    manager = offload_impl.CPUOffloadingManager(num_chunks=4, cache_policy=policy)
+    ctx = Elsewhere(req_id="r")
+    ctx.set_offload_key_position(k("a"), 16)
+    stored(manager, "a b", ctx)
+    assert ctx._state == {} and len(ctx.kept) >= 1
+    manager.on_request_finished(ctx)
+    with pytest.raises(AssertionError, match="New cache keys observed after request finalization"):
+        manager.prepare_store(ks("c"), ctx)  # the record, found through get_state, is finished
+
+
 class _Key(bytes):
     """A bytes subclass whose hash is Python code (a key count_hits must still take)."""
 
