@@ -377,6 +377,42 @@ def test_arc_ghosts_are_not_resident(offload_impl, ctx):
     assert m.lookup(k("b"), ctx) is LookupResult.MISS and offload_check_state(m)["arc"]["b1"] == []
 
 
+def test_arc_a_held_chunk_keeps_its_state_when_its_key_is_evicted_and_stored_again(offload_impl, ctx):
+    # (the compiled twin turns an evicted chunk nothing else holds into its key's
+    # ghost, and that ghost into the key's next chunk: never one Python holds)
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc")
+    stored(m, "a b", ctx)
+    held = m._policy.get(k("a"))
+    assert evict_one(m, ReqContext(req_id="o"), "c") == ks("a")
+    m.complete_store(ks("c"), ctx)
+    assert evict_one(m, ReqContext(req_id="p"), "a") == ks("b")  # a ghost hit: "a" comes back
+    again = m._policy.get(k("a"))
+    assert again is not held and again.ref_cnt == -1 and again.chunk_id == 1
+    assert (held.chunk_id, held.ref_cnt, held.is_ready) == (0, 0, True)
+    m.complete_store(ks("a"), ctx)
+    assert (held.chunk_id, held.ref_cnt) == (0, 0) and m.lookup(k("a"), ctx) is LookupResult.HIT
+
+
+def test_arc_a_chunk_standing_as_a_ghost_cannot_be_given_to_a_policy(offload_impl, ctx):
+    import gc
+
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc")
+    stored(m, "a b", ctx)
+    assert evict_one(m, ReqContext(req_id="o"), "c") == ks("a")
+    # Only the compiled twin keeps an evicted chunk as its key's ghost; reach it
+    # the only way Python can, through the cycle collector's view of the policy.
+    maps = [r for r in gc.get_referents(m._policy) if isinstance(r, dict) and k("a") in r]
+    ghosts = [r[k("a")] for r in maps if isinstance(r[k("a")], offload_impl.ChunkStatus)]
+    if not ghosts:
+        pytest.skip("this twin keeps no chunk as a ghost")
+    other = offload_impl.LRUCachePolicy(4)
+    with pytest.raises(ValueError, match="already holds a key of a cache policy"):
+        other.insert(k("x"), ghosts[0], ctx)
+    with pytest.raises(ValueError, match="already holds a key of a cache policy"):
+        m._policy.insert(k("x"), ghosts[0], ctx)
+    assert offload_check_state(m)["arc"]["b1"] == [k("a").hex()] and other.get(k("x")) is None
+
+
 def test_lru_finish_ranks_the_keys_resident_now_whatever_happened_to_their_chunks(offload_impl, ctx):
     # (the compiled twin's record remembers each key's chunk for on_request_finished)
     m = offload_impl.CPUOffloadingManager(4, cache_policy="lru")
@@ -419,6 +455,58 @@ def test_count_hits_counts_hits_up_to_the_first_miss_or_pending_key(offload_impl
     assert manager.count_hits(keys[:2], ctx, 0, 2) == 2 and manager.count_hits([], ctx) == 0
     manager.complete_store(ks("d"), ctx)
     assert manager.count_hits(keys, ctx) == 4
+
+
+def test_a_req_context_subclass_keeps_the_request_state_through_its_own_methods(offload_impl, policy):
+    # (the compiled twin reads a plain ReqContext's state dict directly; a
+    # subclass may keep its state elsewhere)
+    class Elsewhere(ReqContext):
+        def set_state(self, val):
+            self.__dict__.setdefault("kept", {})[type(val)] = val
+
+        def get_state(self, cls):
+            return self.__dict__.get("kept", {}).get(cls)
+
+    manager = offload_impl.CPUOffloadingManager(num_chunks=4, cache_policy=policy)
+    ctx = Elsewhere(req_id="r")
+    ctx.set_offload_key_position(k("a"), 16)
+    stored(manager, "a b", ctx)
+    assert ctx._state == {} and len(ctx.kept) >= 1
+    manager.on_request_finished(ctx)
+    with pytest.raises(AssertionError, match="New cache keys observed after request finalization"):
+        manager.prepare_store(ks("c"), ctx)  # the record, found through get_state, is finished
+
+
+class _Key(bytes):
+    """A bytes subclass whose hash is Python code (a key count_hits must still take)."""
+
+    def __hash__(self):
+        return bytes.__hash__(self)
+
+
+def test_count_hits_over_long_lists_stops_where_per_key_lookups_stop(offload_impl, policy, ctx):
+    # (the compiled twin reads keys ahead of the one it decides: what it reads
+    # past the first miss must not count, and a key there is never checked)
+    manager = offload_impl.CPUOffloadingManager(num_chunks=21, cache_policy=policy)
+    names = [f"h{i}" for i in range(22)]
+    stored(manager, " ".join(names[:20]), ctx)
+    manager.prepare_store(ks("h20"), ctx)  # write-pending
+    assert evict_one(manager, ReqContext(req_id="o"), "e1") is not None
+    evicted = [name for name in names[:20] if manager.lookup(k(name), ctx) is LookupResult.MISS]
+    hits = [name for name in names[:20] if manager.lookup(k(name), ctx) is LookupResult.HIT]
+    assert len(evicted) == 1 and len(hits) == 19  # (ARC: a ghost now)
+    odd = _Key(k(hits[3]))
+    for cut in (0, 1, 7, 8, 9, 15, 16, 17, 19):
+        for stopper in (k("missing"), k("h20"), k(evicted[0])):
+            keys = [k(n) for n in hits[:cut]] + [stopper] + [k(n) for n in hits[cut:]] + ["not a key", b"ab"]
+            assert manager.count_hits(keys, ctx) == cut
+            if cut:
+                assert manager.count_hits(keys, ctx, 1) == cut - 1
+        with_odd = [k(n) for n in hits[:cut]] + [odd] + [k(n) for n in hits[cut:]]
+        assert manager.count_hits(with_odd, ctx) == len(with_odd)
+        with pytest.raises(TypeError, match="an offload key must be bytes, got str"):
+            manager.count_hits([k(n) for n in hits[:cut]] + ["not a key"] + [k("missing")], ctx)
+    assert manager.count_hits([k(n) for n in hits] * 3, ctx, 5, 50) == 45
 
 
 def test_count_hits_checks_only_the_keys_it_looks_at(offload_impl, ctx):

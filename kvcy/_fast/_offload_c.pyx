@@ -45,9 +45,11 @@ pure-Python twin has one module per stem under ``offload_py/``:
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetDefault, PyDict_Size
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyObject_Hash
+from cpython.ref cimport Py_REFCNT
 from cython.operator cimport dereference as deref, preincrement as inc
 from libc.stdint cimport int64_t, uint32_t
+from libc.string cimport memcmp
 from libcpp.vector cimport vector
 from libcpp.utility cimport pair
 from libcpp.algorithm cimport sort as cpp_sort

@@ -4,6 +4,7 @@
 
 cdef extern from "Python.h":
     object _PyDict_NewPresized(Py_ssize_t minused)
+    PyObject *_list_item "PyList_GET_ITEM" (object lst, Py_ssize_t i)   # (borrowed)
 
 cdef extern from *:
     """
@@ -29,6 +30,24 @@ cdef extern from *:
         }
     };
     typedef std::set<KvcyRankEntry> KvcyRankSet;
+    static inline void kvcy_offload_prefetch(const void *p) { __builtin_prefetch(p); }
+    /* dict[key] for an exact bytes key, borrowed, NULL if absent (or on an
+       error, then set): where the bytes object's hash is readable and
+       already computed, the lookup goes straight to the table. */
+    static inline PyObject *kvcy_offload_bytes_get(PyObject *d, PyObject *k) {
+    #if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API) && !defined(PYPY_VERSION)
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic push
+    #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    #endif
+        Py_hash_t h = ((PyBytesObject *)k)->ob_shash;   /* (the field exists up to 3.13) */
+    #if defined(__GNUC__)
+    #pragma GCC diagnostic pop
+    #endif
+        if (h != -1) return _PyDict_GetItem_KnownHash(d, k, h);
+    #endif
+        return PyDict_GetItemWithError(d, k);
+    }
     static inline KvcyRankEntry kvcy_rank_entry(int64_t a, int64_t b, PyObject *key, PyObject *status) {
         KvcyRankEntry e; e.a = a; e.b = b; e.key = key; e.status = status; return e;
     }
@@ -54,3 +73,5 @@ cdef extern from *:
         size_t size()
 
     KvcyRankEntry kvcy_rank_entry(int64_t a, int64_t b, PyObject *key, PyObject *status)
+    void kvcy_offload_prefetch(const void *p) noexcept
+    PyObject *kvcy_offload_bytes_get(object d, PyObject *k) except? NULL

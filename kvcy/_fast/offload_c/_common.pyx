@@ -37,6 +37,35 @@ cdef inline int64_t _next_owner() noexcept:
     return _OWNER
 
 
+cdef inline PyObject *_map_get(dict d, object key) except? NULL:
+    """``d[key]`` (borrowed) or NULL: PyDict_GetItemWithError, without the
+    hash call for an exact bytes key whose hash is known (every offload key
+    of a map, once stored)."""
+    if type(key) is bytes:
+        return kvcy_offload_bytes_get(d, <PyObject *>key)
+    return PyDict_GetItemWithError(d, key)
+
+
+cdef object _get_state(object ctx, type cls):
+    """``ctx.get_state(cls)``; for a plain ReqContext, a direct read of its state dict."""
+    if type(ctx) is _ReqContext:
+        d = ctx._state
+        if type(d) is dict:
+            return (<dict>d).get(cls)
+    return ctx.get_state(cls)
+
+
+cdef int _set_state(object ctx, object value) except -1:
+    """``ctx.set_state(value)``; for a plain ReqContext, a direct write of its state dict."""
+    if type(ctx) is _ReqContext:
+        d = ctx._state
+        if type(d) is dict:
+            (<dict>d)[type(value)] = value
+            return 0
+    ctx.set_state(value)
+    return 0
+
+
 # =============================================================================
 # Argument checks (the same messages in both twins)
 # =============================================================================

@@ -30,5 +30,7 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_mark_evictable(self, bytes key) except -1
     cdef int c_mark_non_evictable(self, bytes key) except -1
     cdef list c_evict(self, Py_ssize_t n, set protected)
+    cdef list c_evict_in_place(self, Py_ssize_t n, set protected)
+    cdef list _evict(self, Py_ssize_t n, set protected, bint in_place)
     cdef int c_clear(self) except -1
     cdef object _snapshot(self, _DList lst, bint with_chunks)

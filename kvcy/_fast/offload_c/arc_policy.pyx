@@ -60,7 +60,7 @@ cdef class ARCCachePolicy(CachePolicy):
         return 0
 
     cdef int _ghost_hit(self, object key) except -1:
-        cdef PyObject *g = PyDict_GetItemWithError(self._chunks, key)
+        cdef PyObject *g = _map_get(self._chunks, key)
         if g == NULL or not _is_ghost(<_Node>g):
             return 0
         self._ghost_node_hit(<_Node>g)
@@ -130,25 +130,33 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_insert_new_ghosts(self, list keys, vector[Py_ssize_t]& ids, list ghosts) except -1:
         """``c_insert_new`` where ``ghosts[i]`` is ``keys[i]``'s ghost node as read
         before the eviction (or None): a ghost still in place is replaced by the
-        new chunk in one map write."""
+        new chunk in one map write, or none when the ghost is an evicted chunk
+        that nothing else holds (then it becomes the new chunk itself)."""
         cdef Py_ssize_t i
         cdef _Node g
         cdef ChunkStatus st
         cdef bytes key
         for i in range(len(keys)):
             key = <bytes>keys[i]
-            st = _new_status(ids[i])
             g = <_Node>ghosts[i]
             if g is not None and _is_ghost(g):
                 self._list_of(g).unlink(g)
-                g.where = 0
-                self._chunks[key] = st
+                # held by the map, ``ghosts`` and ``g`` only: no one can tell
+                # this object from a new one
+                if type(g) is ChunkStatus and Py_REFCNT(g) <= 3:
+                    st = <ChunkStatus>g
+                    st.chunk_id = ids[i]
+                    st.ref_cnt = -1
+                else:
+                    g.where = 0
+                    st = _new_status(ids[i])
+                    self._chunks[key] = st
                 st.key = key
                 st.owned = True
                 st.where = 1
                 self._t1.append(st)
             else:
-                self.c_insert(key, st, None, None, True)
+                self.c_insert(key, _new_status(ids[i]), None, None, True)
         return 0
 
     cdef int _finish(self, list order, object insertion_only, object reused) except -1:
@@ -212,6 +220,15 @@ cdef class ARCCachePolicy(CachePolicy):
         return 0
 
     cdef list c_evict(self, Py_ssize_t n, set protected):
+        return self._evict(n, protected, False)
+
+    cdef list c_evict_in_place(self, Py_ssize_t n, set protected):
+        """``c_evict`` for the manager, which only reads the evicted chunks'
+        ids and keys: an evicted chunk that nothing else holds stays in the
+        map as its key's ghost (no ghost node made, no map write)."""
+        return self._evict(n, protected, True)
+
+    cdef list _evict(self, Py_ssize_t n, set protected, bint in_place):
         cdef list out = []
         cdef Py_ssize_t v = self._t1.size
         cdef Py_ssize_t target = <Py_ssize_t>self._target
@@ -221,6 +238,7 @@ cdef class ARCCachePolicy(CachePolicy):
         cdef bint check = protected is not None and len(protected) > 0
         cdef Py_ssize_t i
         cdef _Node g
+        cdef bint from_t1
         if n <= 0:
             return out
         for i in range(n):
@@ -251,20 +269,27 @@ cdef class ARCCachePolicy(CachePolicy):
                 if got is None:
                     return None
             out.append(got)
+        got = None      # (holds no chunk: the loop below counts who holds one)
         for st in out:
-            g = _Node.__new__(_Node)
-            g.key = st.key
-            if st.where == 1:
-                self._t1.unlink(st)
+            from_t1 = st.where == 1
+            self._list_of(st).unlink(st)
+            if in_place and Py_REFCNT(st) <= 3:
+                # (unlinked) held by the map, ``out`` and ``st`` only: the
+                # chunk turns into its key's ghost where it is
+                g = st
+            else:
+                g = _Node.__new__(_Node)
+                g.key = st.key
+            if from_t1:
                 g.where = 3
                 self._b1.append(g)
             else:
-                self._t2.unlink(st)
                 g.where = 4
                 self._b2.append(g)
-            st.where = 0
             st.owned = False
-            self._chunks[st.key] = g       # the key's entry becomes its ghost
+            if g is not st:
+                st.where = 0
+                self._chunks[st.key] = g       # the key's entry becomes its ghost
         while self._b1.size > self.cache_capacity:
             g = self._b1.head
             self._b1.unlink(g)

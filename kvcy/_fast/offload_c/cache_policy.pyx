@@ -22,7 +22,7 @@ cdef class CachePolicy:
     cdef inline ChunkStatus c_get(self, object key):
         cdef PyObject *p
         if self._native:
-            p = PyDict_GetItemWithError(self._chunks, key)
+            p = _map_get(self._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
                 return None
             return <ChunkStatus>p
@@ -146,7 +146,8 @@ cdef ChunkStatus _as_chunk(object chunk):
 
 
 cdef int _check_new_chunk(ChunkStatus chunk) except -1:
-    if chunk.owned:
+    # (``where``: an evicted chunk that stands as its key's ARC ghost)
+    if chunk.owned or chunk.where != 0:
         raise ValueError(f"{chunk!r} already holds a key of a cache policy")
     return 0
 

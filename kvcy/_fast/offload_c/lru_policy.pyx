@@ -72,11 +72,11 @@ cdef class LRUCachePolicy(CachePolicy):
 
     cdef int64_t _request_rank(self, object ctx) except -1:
         cdef _LRURequestRanks holder
-        state = ctx.get_state(_LRURequestRanks)
+        state = _get_state(ctx, _LRURequestRanks)
         if state is None:
             holder = _LRURequestRanks.__new__(_LRURequestRanks)
             holder.ranks = {}
-            ctx.set_state(holder)
+            _set_state(ctx, holder)
         else:
             holder = <_LRURequestRanks?>state
         got = holder.ranks.get(self._owner)

@@ -10,6 +10,79 @@ cdef object _FLAG_NONE = 0
 cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
 
 
+cdef enum:
+    _AHEAD = 8      # count_hits looks this many keys ahead (a power of 2)
+
+
+cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
+    """count_hits' loop over a native policy's map, from ``i``: the index of
+    the first key that is not a HIT, or of the first key that is not exact
+    bytes of 4 bytes or more (the caller's loop takes over there).
+
+    The map is read ``_AHEAD`` keys ahead of the key being decided, each
+    found chunk prefetched, so that the memory reads of several keys
+    overlap.  Reading ahead is safe: only exact bytes are looked up (nothing
+    runs Python code, nothing changes the map or the list), and a key past
+    the first miss is read but never decided.
+    """
+    cdef PyObject *ahead[_AHEAD]
+    cdef PyObject *k
+    cdef PyObject *p
+    cdef Py_ssize_t j = i, end = len(ks)
+    if last < end:
+        end = last
+    while i < end:
+        while j < end and j < i + _AHEAD:
+            k = _list_item(ks, j)
+            if j + _AHEAD < end:
+                kvcy_offload_prefetch(_list_item(ks, j + _AHEAD))
+            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
+                end = j         # decided by the caller's checks
+                break
+            p = kvcy_offload_bytes_get(chunks, k)
+            if p != NULL:
+                kvcy_offload_prefetch(p)
+            ahead[j & (_AHEAD - 1)] = p
+            j += 1
+        if i >= end:
+            break
+        p = ahead[i & (_AHEAD - 1)]
+        if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+            return i
+        i += 1
+    return i
+
+
+cdef int _check_no_repeats(list keys) except -1:
+    """ValueError naming the first key of ``keys`` (exact bytes) equal to an
+    earlier one: a C table of the keys' (cached) hashes, no set built."""
+    cdef Py_ssize_t n = len(keys), size = 8, i, j
+    cdef Py_hash_t h
+    cdef PyObject *k
+    cdef PyObject *o
+    while size < 2 * n:
+        size *= 2
+    cdef vector[PyObject *] slots
+    cdef vector[Py_hash_t] hashes
+    slots.resize(size, NULL)
+    hashes.resize(size, 0)
+    for i in range(n):
+        k = <PyObject *>keys[i]
+        h = PyObject_Hash(<object>k)
+        j = <Py_ssize_t>(<size_t>h & <size_t>(size - 1))
+        while slots[j] != NULL:
+            o = slots[j]
+            if hashes[j] == h and (o == k or (
+                    PyBytes_GET_SIZE(<object>o) == PyBytes_GET_SIZE(<object>k)
+                    and memcmp(PyBytes_AS_STRING(<object>o), PyBytes_AS_STRING(<object>k),
+                               <size_t>PyBytes_GET_SIZE(<object>k)) == 0)):
+                raise ValueError(f"prepare_store got key {keys[i]!r} more than once")
+            j = (j + 1) & (size - 1)
+        slots[j] = k
+        hashes[j] = h
+    return 0
+
+
 cdef class _AccessRecord:
     """What one request did with one manager, since the manager's last reset."""
 
@@ -22,7 +95,7 @@ cdef class _AccessRecord:
         cdef PyObject *f
         if self.inserted_log:
             for key in self.inserted_log:
-                f = PyDict_GetItemWithError(self.keys, key)
+                f = _map_get(self.keys, key)
                 self.keys[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _INSERTED
             self.inserted_log = []
         return 0
@@ -175,13 +248,13 @@ cdef class CPUOffloadingManager:
     cdef _AccessRecord _get_record(self, object ctx, bint create):
         cdef _AccessRecords holder
         cdef _AccessRecord rec
-        state = ctx.get_state(_AccessRecords)
+        state = _get_state(ctx, _AccessRecords)
         if state is None:
             if not create:
                 return None
             holder = _AccessRecords.__new__(_AccessRecords)
             holder.records = {}
-            ctx.set_state(holder)
+            _set_state(ctx, holder)
         else:
             holder = <_AccessRecords?>state
         got = holder.records.get(self._owner_c)
@@ -215,6 +288,7 @@ cdef class CPUOffloadingManager:
         cdef Py_ssize_t i, n = len(keys)
         cdef bint filter_resident = statuses is not None and self._pol._native
         cdef bint lru = type(self._pol) is LRUCachePolicy
+        cdef bint tell = type(self._pol) is not ARCCachePolicy     # (ARC ignores on_request_access)
         cdef bint missed
         cdef Py_ssize_t size = PyDict_Size(flags)
         if size == 0 and n > 8:
@@ -235,11 +309,13 @@ cdef class CPUOffloadingManager:
             if PyDict_Size(flags) == size:
                 # seen before
                 if missed:
-                    f = PyDict_GetItemWithError(flags, key)
+                    f = _map_get(flags, key)
                     if f != NULL and not ((<Py_ssize_t><object>f) & _MISSED):
                         flags[key] = (<Py_ssize_t><object>f) | _MISSED
                 continue
             size += 1
+            if not tell:
+                continue
             if filter_resident and statuses[i] is None:
                 if new_keys is None:
                     new_keys = []
@@ -253,7 +329,7 @@ cdef class CPUOffloadingManager:
             return 0        # (the native LRU reads no flags)
         rec.fold()
         for key in reused:
-            f = PyDict_GetItemWithError(flags, key)
+            f = _map_get(flags, key)
             if f != NULL and not ((<Py_ssize_t><object>f) & (_INSERTED | _REUSED)):
                 flags[key] = (<Py_ssize_t><object>f) | _REUSED
         return 0
@@ -299,7 +375,7 @@ cdef class CPUOffloadingManager:
         if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
             _check_key_slow(key)
         if self._pol._native:
-            p = PyDict_GetItemWithError(self._pol._chunks, key)
+            p = _map_get(self._pol._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
                 return _MISS
             st = <ChunkStatus>p
@@ -344,12 +420,14 @@ cdef class CPUOffloadingManager:
         if last > n:
             last = n
         i = first
+        if policy._native:
+            i = _count_native_hits(policy._chunks, ks, i, last)
         while i < last and i < len(ks):
             key = ks[i]
             if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
                 _check_key_slow(key)
             if policy._native:
-                p = PyDict_GetItemWithError(policy._chunks, key)
+                p = _map_get(policy._chunks, key)
                 if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
                     break
             else:
@@ -499,20 +577,20 @@ cdef class CPUOffloadingManager:
         cdef vector[Py_ssize_t] ids
         counts = self._counts
         _check_context(req_context)
-        offered = set(offer)
-        if len(offered) != n_offer:
-            offered = set()
-            for key in offer:
-                if key in offered:
-                    raise ValueError(f"prepare_store got key {key!r} more than once")
-                offered.add(key)
+        if policy._native:
+            offered = None      # (the native policies are told what to protect)
+            _check_no_repeats(offer)
+        else:
+            offered = set(offer)
+            if len(offered) != n_offer:
+                _check_no_repeats(offer)
         if is_arc:
             new_ghosts = []
         for key in offer:
             if is_arc:
                 # one lookup says resident, ghost (kept for the store miss
                 # and the insert below) or neither
-                p = PyDict_GetItemWithError(policy._chunks, key)
+                p = _map_get(policy._chunks, key)
                 if p == NULL:
                     st = None
                     new_ghosts.append(None)
@@ -579,14 +657,21 @@ cdef class CPUOffloadingManager:
                 new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
         misses = None
-        if new and type(policy) is not LRUCachePolicy:
+        if new and type(policy) is not LRUCachePolicy and PyDict_Size(flags) == 0:
+            # the request's first keys: each new key is a miss
+            misses = new
+            if new_ghosts is not None:
+                (<ARCCachePolicy>policy).c_ghost_hits(new_ghosts)
+            else:
+                policy.c_on_store_miss(list(new), req_context)
+        elif new and type(policy) is not LRUCachePolicy:
             # (the native LRU policy ignores store misses: nothing to track)
             misses = []
             if new_ghosts is not None:
                 miss_ghosts = []
             for i in range(len(new)):
                 key = new[i]
-                f = PyDict_GetItemWithError(flags, key)
+                f = _map_get(flags, key)
                 if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
                     misses.append(key)
                     if miss_ghosts is not None:
@@ -594,6 +679,7 @@ cdef class CPUOffloadingManager:
             if miss_ghosts is not None:
                 # the ghost hits of these misses, from the nodes found above
                 (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
+                miss_ghosts = None      # (c_insert_new_ghosts counts who holds a ghost)
             elif misses:
                 policy.c_on_store_miss(misses, req_context)
         # 3. the access record (and the misses, in it)
@@ -612,7 +698,9 @@ cdef class CPUOffloadingManager:
                 return None
             # only resident, ready keys of the offer could be evicted: they are
             # the ones to protect (new keys are not resident, pending ones not evictable)
-            if policy._native:
+            if is_arc:
+                evicted = (<ARCCachePolicy>policy).c_evict_in_place(need, set(ready) if ready else None)
+            elif policy._native:
                 evicted = policy.c_evict(need, set(ready) if ready else None)
             else:
                 evicted = policy.c_evict(need, offered)

@@ -10,7 +10,7 @@ cdef class _Positions:
         cdef PyObject *p
         cdef object v
         if self.d is not None:
-            p = PyDict_GetItemWithError(self.d, key)
+            p = _map_get(self.d, key)
             if p == NULL:
                 return 0
             v = <object>p
