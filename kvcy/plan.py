@@ -409,7 +409,8 @@ def make_plan(
             }
         )
     concurrency = get_max_concurrency_for_kv_cache_config(settings, config) if config.kv_cache_groups else None
-    allocated = sum(t.size for t in config.kv_cache_tensors)
+    # every tensor places layers in the one allocation the groups alias
+    allocated = max((t.size for t in config.kv_cache_tensors), default=0)
     attention_token_bytes = sum(
         s.page_size_bytes // s.block_size for s in specs.values() if not isinstance(s, MambaSpec)
     )
@@ -431,7 +432,17 @@ def make_plan(
         "max_concurrency": concurrency,
         "kv_bytes_per_token": attention_token_bytes,
         "groups": groups,
-        "kv_cache_tensors": [{"size": t.size, "shared_by": t.shared_by} for t in config.kv_cache_tensors],
+        "kv_cache_layout": config.kv_cache_layout,
+        "kv_cache_tensors": [
+            {
+                "size": t.size,
+                "layers": list(t.layers),
+                "layer_stride": t.layer_stride,
+                "block_stride": t.block_stride,
+                "offset": t.offset,
+            }
+            for t in config.kv_cache_tensors
+        ],
     }
 
 
@@ -490,11 +501,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append("")
     tensors = plan["kv_cache_tensors"]
     if tensors:
-        sizes = sorted({t["size"] for t in tensors})
-        per = " / ".join(_human_bytes(s) for s in sizes)
-        slots = max(len(slot) for t in tensors for slot in t["shared_by"])
-        sharing = "one layer each" if slots == 1 else f"each shared by up to {slots} layers"
-        row("memory pools", f"{len(tensors)} x {per} ({sharing}), {_human_bytes(plan['allocated_bytes'])} in all")
+        per_block = plan["allocated_bytes"] // plan["num_blocks"] if plan["num_blocks"] else 0
+        placements = "1 placement" if len(tensors) == 1 else f"{len(tensors)} placements aliasing it"
+        row(
+            "memory",
+            f"one {plan['kv_cache_layout']} allocation of {_human_bytes(plan['allocated_bytes'])} "
+            f"({_human_bytes(per_block)} per block), {placements}",
+        )
     row("blocks", f"{plan['num_blocks']:,} ({plan['usable_blocks']:,} usable; block 0 is the null block)")
     if plan["groups"]:
         ngroups = len(plan["groups"])
