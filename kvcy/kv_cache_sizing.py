@@ -1162,9 +1162,9 @@ def unify_kv_cache_configs(kv_cache_configs: list[KVCacheConfig]) -> list[KVCach
     Seed entry point (vLLM 0.33.0 re-plans inside :func:`get_kv_cache_configs`).
     Groups are sorted by spec type and fields, every worker must then have
     the same group specs, and every worker gets the smallest block count:
-    strided tensors are placed again for it (in the config's
-    ``kv_cache_layout``, ``LBNHC`` when unset), ``shared_by`` tensors shrink
-    proportionally.
+    strided tensors are placed again for it and the sorted groups (in the
+    config's ``kv_cache_layout``, ``LBNHC`` when unset), ``shared_by``
+    tensors shrink proportionally.
 
     Raises:
         ValueError: no configs, or workers whose groups differ.
@@ -1187,13 +1187,13 @@ def unify_kv_cache_configs(kv_cache_configs: list[KVCacheConfig]) -> list[KVCach
     for cfg in kv_cache_configs:
         old = cfg.num_blocks
         cfg.num_blocks = min_blocks
-        if not old or old == min_blocks:
-            continue
         if _is_strided(cfg) and cfg.kv_cache_groups:
+            # one tensor per (group, spec) in group order: place them again for the sorted
+            # groups and the new count
             layout = KVCacheLayout.from_name(cfg.kv_cache_layout or KVCacheLayout.LBNHC.name)
             bytes_per_block = _bytes_per_block(cfg.kv_cache_groups, layout)
             cfg.kv_cache_tensors = _place_tensors(cfg.kv_cache_groups, layout, bytes_per_block, min_blocks)
-        else:
+        elif old and old != min_blocks:
             for tensor in cfg.kv_cache_tensors:
                 tensor.size = tensor.size // old * min_blocks
     return kv_cache_configs

@@ -406,3 +406,20 @@ def test_seed_private_entry_points():
     assert cfg.num_blocks == 5 and [len(g.layer_names) for g in cfg.kv_cache_groups] == [10, 10, 10]
     with pytest.raises(ValueError, match="not uniform"):
         _get_kv_cache_config_uniform_page_size(settings(), {"a": full(), "b": swa(64, num_kv_heads=4)}, GiB)
+
+
+def test_unify_kv_cache_configs_re_places_strided_tensors_for_the_smaller_count():
+    """Shrinking a strided config is planning it again for the smaller count (layer_stride scales)."""
+    for layout in ("LBNHC", "BLHNC"):
+        s = settings(max_model_len=256, cache_config=CacheConfig(block_size=16, kv_cache_layout=layout))
+        spec = hybrid_10_full_20_swa(64)
+        big = get_kv_cache_config(s, dict(spec), 10 * PAGE * 300)
+        small = get_kv_cache_config(s, dict(spec), 10 * PAGE * 200)
+        unify_kv_cache_configs([big, small])
+        assert big.num_blocks == small.num_blocks == 200
+        assert big.kv_cache_tensors == small.kv_cache_tensors
+        # groups are sorted (full attention first) and the tensors follow them
+        assert [t.layers for t in big.kv_cache_tensors] == [g.layer_names for g in big.kv_cache_groups]
+        assert big.kv_cache_tensors[0].size == 10 * PAGE * 200
+        expected_layer_stride = 200 * PAGE if layout == "LBNHC" else PAGE
+        assert big.kv_cache_tensors[0].layer_stride == expected_layer_stride

@@ -145,6 +145,13 @@ MODELS = {
         4096,
         {},
     ),
+    "mamba-two-shapes": (
+        {**{f"attn.{i}": full() for i in range(2)},
+         **{f"mamba.{i}": mamba(shapes=((256,), (1024 * (1 + i % 2),))) for i in range(4)}},
+        GiB // 4,
+        2048,
+        {},
+    ),
     "whisper-cross": (
         {**{f"dec.{i}.self": full() for i in range(4)}, **{f"dec.{i}.cross": cross() for i in range(4)}},
         GiB // 2,
@@ -173,7 +180,41 @@ MODELS = {
         2048,
         {},
     ),
+    "sliding-window-mla": (
+        {"m.0": mla(), "m.1": mla(),
+         "s.0": V.SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16, sliding_window=128)},
+        GiB // 8,
+        1024,
+        {},
+    ),
+    "hidden-state": (
+        {"f.0": full(), "s.0": swa(64),
+         "h.0": V.HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=4096, dtype=BF16)},
+        GiB // 8,
+        1024,
+        {},
+    ),
+    "sink-full-and-swa": (
+        {"a": V.SinkFullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, sink_len=4),
+         "s": swa(64)},
+        GiB // 8,
+        1024,
+        {},
+    ),
+    "two-windows": ({"a": swa(64), "b": swa(128), "c": full()}, GiB // 8 + 1, 1024, {}),
+    "disabled-hybrid-block-sizes": (
+        {"a": full(block_size=32), "b": swa(64)}, GiB // 8, 1024, {"disable_hybrid": True}),
     "attention-free": ({}, 0, 2048, {}),
+}
+
+
+# Known differences outside the sizing layer (the specs', see docs/vllm-dropin-gaps.md section 6):
+# vLLM's MambaSpec.is_uniform_with_collection also needs equal page sizes, kvcy's
+# UniformTypeKVCacheSpecs.is_uniform_type does not, so packing (block-outermost layouts only)
+# buckets two Mamba shapes together.  Strict: the test says when the spec side is fixed.
+KNOWN_GAPS = {
+    ("mamba-two-shapes", "BLNHC"): "UniformTypeKVCacheSpecs.is_uniform_type ignores Mamba page sizes",
+    ("mamba-two-shapes", "BLHNC"): "UniformTypeKVCacheSpecs.is_uniform_type ignores Mamba page sizes",
 }
 
 
@@ -199,7 +240,9 @@ def _outcome(plan, *args):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_kv_cache_config_matches_vllm(model, layout):
+def test_kv_cache_config_matches_vllm(model, layout, request):
+    if (model, layout) in KNOWN_GAPS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[model, layout]))
     specs, memory, max_len, extra = MODELS[model]
     expected, vllm_error = _outcome(_plan_vllm, specs, memory, max_len, layout, extra)
     got, kvcy_error = _outcome(_plan_kvcy, specs, memory, max_len, layout, extra)
@@ -296,3 +339,14 @@ def test_views_index_the_same_bytes_as_vllms(model, layout):
                                                                           b.dtype)
             checked += 1
     assert checked == sum(len(g.layer_names) for g in got.kv_cache_groups)
+
+
+@pytest.mark.parametrize("model", ["gemma-sw-full-1to2", "disabled-hybrid", "mamba-padded", "one-type-two-shapes"])
+def test_single_worker_entry_point_is_the_engine_cores_plan(model):
+    """kvcy's get_kv_cache_config = what vLLM's engine core ends with for one worker (layout name recorded)."""
+    specs, memory, max_len, extra = MODELS[model]
+    expected = _plan_vllm(specs, memory, max_len, "BLHNC", extra)
+    expected.kv_cache_layout = "BLHNC"  # what EngineCore writes into every worker's config
+    settings = kvcy_settings("BLHNC", max_len, **extra)
+    kspecs = {name: convert_kv_cache_spec(spec) for name, spec in specs.items()}
+    assert S.get_kv_cache_config(settings, kspecs, memory) == convert_kv_cache_config(expected)
