@@ -241,13 +241,18 @@ def is_kv_cache_spec_uniform(kv_cache_spec: dict[str, KVCacheSpec]) -> bool:
 
     Full-attention layers that merely record a sliding window or chunk size
     count as full attention.  An empty dict is uniform.
+
+    Raises:
+        ValueError: full-attention layers recording different window (or
+            chunk) sizes; the merge says so and, as in vLLM, only a merge's
+            ``AssertionError`` means "not uniform".
     """
     if not kv_cache_spec:
         return True
     specs = list(kv_cache_spec.values())
     try:
         specs[0].merge(specs)
-    except (AssertionError, ValueError):  # vLLM's merges assert; an empty merge is a ValueError
+    except AssertionError:
         return False
     return True
 

@@ -423,3 +423,14 @@ def test_unify_kv_cache_configs_re_places_strided_tensors_for_the_smaller_count(
         assert big.kv_cache_tensors[0].size == 10 * PAGE * 200
         expected_layer_stride = 200 * PAGE if layout == "LBNHC" else PAGE
         assert big.kv_cache_tensors[0].layer_stride == expected_layer_stride
+
+
+def test_full_attention_layers_with_two_recorded_windows_are_refused_as_vllm_does():
+    # vLLM's uniformity check treats only a merge's AssertionError as "not uniform"; the merge's
+    # ValueError for two window sizes goes through (so grouping refuses such a model)
+    with pytest.raises(ValueError, match="same window size"):
+        is_kv_cache_spec_uniform({"a": full(sliding_window=64), "b": full(sliding_window=128)})
+    s = settings(max_model_len=64, disable_hybrid_kv_cache_manager=True)
+    with pytest.raises(ValueError, match="same window size"):
+        get_kv_cache_config(s, {"f": full(), "s1": swa(64), "s2": swa(512, num_kv_heads=4)}, 800 * PAGE)
+    assert not is_kv_cache_spec_uniform({"a": full(), "b": swa(64)})  # an AssertionError: not uniform
