@@ -400,3 +400,34 @@ def test_random_models_match_vllm(kinds, block_size, layout, memory, max_len, di
     assert kvcy_error is None, kvcy_error
     assert got == convert_kv_cache_config(expected)
 
+
+
+@pytest.mark.parametrize("model", ["llama-uniform", "gemma-sw-full-1to2", "llama4-chunked", "mamba-hybrid",
+                                   "one-type-two-shapes", "whisper-cross", "sw-full-padded-10-25"])
+def test_concurrency_and_memory_check_match_vllm(model):
+    """get_max_concurrency_for_kv_cache_config and check_enough_kv_cache_memory agree with vLLM's."""
+    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config as vllm_concurrency
+
+    specs, memory, max_len, extra = MODELS[model]
+    cfg = vllm_config("LBNHC", max_len, **extra)
+    settings = kvcy_settings("LBNHC", max_len, **extra)
+    expected = _plan_vllm(specs, memory, max_len, "LBNHC", extra)
+    got = _plan_kvcy(specs, memory, max_len, "LBNHC", extra)
+    assert S.get_max_concurrency_for_kv_cache_config(settings, got) == vllm_concurrency(cfg, expected)
+    kspecs = {name: convert_kv_cache_spec(spec) for name, spec in specs.items()}
+    need = S.max_memory_usage_bytes(settings, kspecs.values())
+    # around the threshold (null block included): both accept or both refuse, with the same estimate
+    for budget in (need, need + 64 * 1024 * 1024, need // 2):
+        vllm_error = kvcy_error = None
+        try:
+            P.check_enough_kv_cache_memory(cfg, dict(specs), budget)
+        except ValueError as exc:
+            vllm_error = exc
+        try:
+            S.check_enough_kv_cache_memory(settings, dict(kspecs), budget)
+        except ValueError as exc:
+            kvcy_error = exc
+        assert (vllm_error is None) == (kvcy_error is None), (budget, vllm_error, kvcy_error)
+        if vllm_error is not None:
+            estimate = str(vllm_error).partition("estimated maximum model length is ")[2].split(".")[0]
+            assert kvcy_error.estimated_max_model_len == (int(estimate) if estimate else 0)
