@@ -33,6 +33,7 @@ from kvcy.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    KVCacheLayout,
     KVCacheSpec,
     KVQuantMode,
     MambaSpec,
@@ -365,8 +366,13 @@ def make_plan(
     max_num_batched_tokens: int | None = None,
     disable_hybrid_kv_cache_manager: bool = False,
     num_gpu_blocks_override: int | None = None,
+    kv_cache_layout: str | None = None,
 ) -> dict[str, Any]:
     """Plan a model's KV cache in ``available_memory`` bytes; a JSON-ready dict.
+
+    ``kv_cache_layout`` names the physical layout (``"LBNHC"`` when None);
+    it changes the strides and, for block-outermost layouts with mixed page
+    sizes, the grouping.
 
     Raises:
         ValueError: bad sizes, or not enough memory for one request of
@@ -376,6 +382,7 @@ def make_plan(
         block_size=model.block_size if block_size is None else block_size,
         cache_dtype=cache_dtype,
         num_gpu_blocks_override=num_gpu_blocks_override,
+        kv_cache_layout=kv_cache_layout,
     )
     settings = KVCacheSettings(
         cache_config=cache_config,
@@ -604,6 +611,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="manage sliding-window and chunked layers as full attention")
     run_.add_argument("--num-gpu-blocks-override", type=int_arg(2, why=" (block 0 is the null block)"), metavar="N",
                       help="use this many blocks, the null block included")
+    run_.add_argument("--kv-cache-layout", choices=[m.name for m in KVCacheLayout], metavar="LAYOUT",
+                      help="physical layout of [layer, block, head, token, content] "
+                      f"({', '.join(m.name for m in KVCacheLayout)}; default LBNHC)")
     run_.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -740,6 +750,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
+            kv_cache_layout=args.kv_cache_layout,
         )
     except NotEnoughKVCacheMemory as exc:
         if exc.estimated_max_model_len == 0:  # not one block per layer: the budget is wrong, not the length

@@ -431,3 +431,16 @@ def test_override_of_two_blocks_is_the_smallest_plan(capsys):
     rc, _, err = run(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "2",
                      "--max-model-len", "17")
     assert rc == 1 and "estimated maximum model length is 16" in err
+
+
+def test_kv_cache_layout_sets_the_strides(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--kv-cache-layout", "BLHNC")
+    assert plan["kv_cache_layout"] == "BLHNC" and plan["num_blocks"] == 10240
+    # block-outermost: a block holds the 32 layers' pages side by side
+    (tensor,) = plan["kv_cache_tensors"]
+    assert (tensor["layer_stride"], tensor["block_stride"], tensor["offset"]) == (65536, 32 * 65536, 0)
+    default = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB")
+    assert default["kv_cache_layout"] == "LBNHC"
+    assert default["kv_cache_tensors"][0]["layer_stride"] == 10240 * 65536
+    rc, _, err = run(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--kv-cache-layout", "XYZ")
+    assert rc == 2 and "--kv-cache-layout" in err
