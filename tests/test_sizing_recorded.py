@@ -195,7 +195,7 @@ def test_views_round_trip_through_the_strides(name):
         assert len(views) == len(tensor.layers)
         for l, view in enumerate(views):
             assert view.shape[0] == cfg.num_blocks
-            for b in range(cfg.num_blocks):
+            for b in sorted({*range(0, cfg.num_blocks, 5), cfg.num_blocks - 1}):
                 start = tensor.page_offset(l, b)
                 cell = view[b]
                 first = cell.data_ptr() - base
@@ -211,7 +211,8 @@ def test_views_round_trip_through_the_strides(name):
             assert raw[start:start + spec.page_size_bytes].any()
             view[block].zero_()
     assert not raw.any()
-    assert checked == cfg.num_blocks * sum(len(g.layer_names) for g in cfg.kv_cache_groups)
+    blocks_checked = len({*range(0, cfg.num_blocks, 5), cfg.num_blocks - 1})
+    assert checked == blocks_checked * sum(len(g.layer_names) for g in cfg.kv_cache_groups)
 
 
 def test_views_write_the_bytes_the_strides_name():
