@@ -23,6 +23,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass, replace
+from functools import partial
 from math import gcd, lcm
 from typing import Any
 
@@ -314,6 +315,7 @@ def unify_kv_cache_spec_page_size(kv_cache_spec: dict[str, KVCacheSpec]) -> dict
         if page == max_page_size:
             unified[name] = spec
             continue
+        new_spec: KVCacheSpec
         if isinstance(spec, MambaSpec):
             new_spec = replace(spec, page_size_padded=max_page_size)
         elif max_page_size % page == 0:
@@ -369,6 +371,7 @@ def _promote_local_kv_cache_specs(kv_cache_spec: dict[str, KVCacheSpec]) -> dict
                 target = None
             if target is None:
                 continue
+            assert isinstance(spec, AttentionSpec)
             block_size = full_block_size or spec.block_size
             # promoted layers keep blocks for every token, so blocks retained below the
             # window mean nothing any more
@@ -1032,9 +1035,9 @@ def get_kv_cache_configs(
         check_memory = memory - _pool_bytes_per_block(config, groups)
         _raise_not_enough_memory(
             check_memory,
-            lambda groups=groups: max_memory_usage_bytes_from_groups(config, groups),
+            partial(max_memory_usage_bytes_from_groups, config, groups),
             config.max_model_len,
-            lambda mem, groups=groups: _estimate_max_model_len_from_groups(config, groups, mem),
+            partial(_estimate_max_model_len_from_groups, config, groups),
         )
     configs = []
     for groups, worker_spec, memory in zip(projected, kv_cache_specs, available_memory):

@@ -90,7 +90,7 @@ def compute_layout_strides(
     next_stride = 1
     for position in range(4, -1, -1):
         dim = order[position]
-        if grid_end is not None and position == grid_end - 1:
+        if padded_page is not None and grid_end is not None and position == grid_end - 1:
             next_stride = max(next_stride, padded_page)
             if next_stride % padded_page:
                 raise AssertionError(f"stride {next_stride} is not a whole number of {padded_page}-byte pages")
