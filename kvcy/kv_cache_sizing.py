@@ -57,6 +57,7 @@ __all__ = [
     "estimate_max_model_len",
     "generate_scheduler_kv_cache_config",
     "get_kv_cache_config",
+    "get_kv_cache_capacity",
     "get_kv_cache_config_from_groups",
     "get_kv_cache_configs",
     "get_global_kv_cache_groups",
@@ -1140,6 +1141,20 @@ def get_max_concurrency_for_kv_cache_config(config: KVCacheSettings, kv_cache_co
         cdiv(g.kv_cache_spec.max_memory_usage_bytes(config), g.kv_cache_spec.page_size_bytes) for g in groups
     )
     return kv_cache_config.num_blocks / blocks_per_request
+
+
+def get_kv_cache_capacity(config: KVCacheSettings, kv_cache_config: KVCacheConfig) -> tuple[int, float]:
+    """Tokens the cache holds and the max concurrency, as vLLM 0.33.0 logs them.
+
+    The tokens are ``int(max_concurrency * max_model_len)``: whole max-length
+    requests' worth, every group counted (the seed's
+    :func:`get_num_tokens_for_kv_cache_config` divides blocks by groups).
+
+    Raises:
+        ValueError: the config has no KV cache groups.
+    """
+    max_concurrency = get_max_concurrency_for_kv_cache_config(config, kv_cache_config)
+    return int(max_concurrency * config.max_model_len), max_concurrency
 
 
 # ---------------------------------------------------------------------------

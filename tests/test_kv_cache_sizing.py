@@ -31,6 +31,7 @@ from kvcy.kv_cache_sizing import (
     create_kv_cache_group_specs,
     estimate_max_model_len,
     generate_scheduler_kv_cache_config,
+    get_kv_cache_capacity,
     get_kv_cache_config,
     get_kv_cache_groups,
     get_max_concurrency_for_kv_cache_config,
@@ -158,8 +159,10 @@ def test_hybrid_concurrency_and_tokens():
     # cdiv(min(1023 + 2048, 8192), 16) + 1 = 192 + 1 = 193 blocks
     per_request = 512 + 193 + 193
     assert get_max_concurrency_for_kv_cache_config(s, cfg) == pytest.approx(4915 / per_request)
-    # vLLM's token count: blocks per group times the block size
+    # the seed's token count: blocks per group times the block size
     assert get_num_tokens_for_kv_cache_config(cfg) == 4915 // 3 * 16
+    # vLLM 0.33.0's: max-length requests that fit, in tokens
+    assert get_kv_cache_capacity(s, cfg) == (int(4915 / per_request * 8192), 4915 / per_request)
 
 
 def test_padding_when_a_type_does_not_divide_into_the_group_size():

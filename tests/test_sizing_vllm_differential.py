@@ -406,6 +406,7 @@ def test_random_models_match_vllm(kinds, block_size, layout, memory, max_len, di
                                    "one-type-two-shapes", "whisper-cross", "sw-full-padded-10-25"])
 def test_concurrency_and_memory_check_match_vllm(model):
     """get_max_concurrency_for_kv_cache_config and check_enough_kv_cache_memory agree with vLLM's."""
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity as vllm_capacity
     from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config as vllm_concurrency
 
     specs, memory, max_len, extra = MODELS[model]
@@ -414,6 +415,7 @@ def test_concurrency_and_memory_check_match_vllm(model):
     expected = _plan_vllm(specs, memory, max_len, "LBNHC", extra)
     got = _plan_kvcy(specs, memory, max_len, "LBNHC", extra)
     assert S.get_max_concurrency_for_kv_cache_config(settings, got) == vllm_concurrency(cfg, expected)
+    assert S.get_kv_cache_capacity(settings, got) == vllm_capacity(cfg, expected)
     kspecs = {name: convert_kv_cache_spec(spec) for name, spec in specs.items()}
     need = S.max_memory_usage_bytes(settings, kspecs.values())
     # around the threshold (null block included): both accept or both refuse, with the same estimate
