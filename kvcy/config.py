@@ -120,6 +120,11 @@ class CacheConfig:
     """Offloading backend: "native" or "lmcache"."""
     kv_sharing_fast_prefill: bool = False
     """Let layers sharing KV skip prefill tokens (work in progress upstream)."""
+    kv_cache_layout: str | None = None
+    """Physical KV-cache layout by name (``"LBNHC"``, ``"BLHNC"``, ...; ``"NHD"``
+    and ``"HND"`` are aliases of ``"LBNHC"`` and ``"LBHNC"``).  vLLM's engine
+    core resolves it from the attention backends; None lets kvcy's sizing use
+    what vLLM resolves when no backend declares layouts (``"LBNHC"``)."""
 
     # Set after profiling.
     num_gpu_blocks: int | None = field(default=None, init=False)
@@ -169,6 +174,12 @@ class CacheConfig:
                 raise ValueError(f"Unknown {name}: {value}. Must be one of {MAMBA_DTYPES}.")
         if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise ValueError(f"Unknown mamba_cache_mode: {self.mamba_cache_mode}. Must be one of {MAMBA_CACHE_MODES}.")
+        if self.kv_cache_layout is not None:
+            from kvcy.kv_cache_interface import KVCacheLayout
+
+            if not isinstance(self.kv_cache_layout, str):
+                raise TypeError(f"kv_cache_layout must be a layout name or None, got {self.kv_cache_layout!r}")
+            KVCacheLayout.from_name(self.kv_cache_layout)  # ValueError naming the choices
 
     def _verify_cache_dtype(self) -> None:
         if self.cache_dtype not in CACHE_DTYPES:
@@ -193,6 +204,20 @@ class CacheConfig:
     def metrics_info(self) -> dict[str, str]:
         """Every attribute as strings, for a Prometheus info metric."""
         return {key: str(value) for key, value in self.__dict__.items()}
+
+    def get_resolved_kv_cache_layout(self) -> Any:
+        """:attr:`kv_cache_layout` as a :class:`~kvcy.kv_cache_interface.KVCacheLayout`.
+
+        When unset this is ``LBNHC``, the first of vLLM's default layout
+        preferences, which its engine core picks when no attention backend
+        declares the layouts it supports (vLLM itself raises before the
+        engine core has resolved one).
+        """
+        from kvcy.kv_cache_interface import KVCacheLayout
+
+        if self.kv_cache_layout is None:
+            return KVCacheLayout.LBNHC
+        return KVCacheLayout.from_name(self.kv_cache_layout)
 
     @property
     def resolved_block_size(self) -> int:

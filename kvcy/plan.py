@@ -33,6 +33,7 @@ from kvcy.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    KVCacheLayout,
     KVCacheSpec,
     KVQuantMode,
     MLA_PACKED_STATE_BYTES,
@@ -370,8 +371,13 @@ def make_plan(
     max_num_batched_tokens: int | None = None,
     disable_hybrid_kv_cache_manager: bool = False,
     num_gpu_blocks_override: int | None = None,
+    kv_cache_layout: str | None = None,
 ) -> dict[str, Any]:
     """Plan a model's KV cache in ``available_memory`` bytes; a JSON-ready dict.
+
+    ``kv_cache_layout`` names the physical layout (``"LBNHC"`` when None);
+    it changes the strides and, for block-outermost layouts with mixed page
+    sizes, the grouping.
 
     Raises:
         ValueError: bad sizes, or not enough memory for one request of
@@ -381,6 +387,7 @@ def make_plan(
         block_size=model.block_size if block_size is None else block_size,
         cache_dtype=cache_dtype,
         num_gpu_blocks_override=num_gpu_blocks_override,
+        kv_cache_layout=kv_cache_layout,
     )
     settings = KVCacheSettings(
         cache_config=cache_config,
@@ -414,7 +421,8 @@ def make_plan(
             }
         )
     concurrency = get_max_concurrency_for_kv_cache_config(settings, config) if config.kv_cache_groups else None
-    allocated = sum(t.size for t in config.kv_cache_tensors)
+    # every tensor places layers in the one allocation the groups alias
+    allocated = max((t.size for t in config.kv_cache_tensors), default=0)
     attention_token_bytes = sum(
         s.page_size_bytes // s.block_size for s in specs.values() if not isinstance(s, MambaSpec)
     )
@@ -436,7 +444,17 @@ def make_plan(
         "max_concurrency": concurrency,
         "kv_bytes_per_token": attention_token_bytes,
         "groups": groups,
-        "kv_cache_tensors": [{"size": t.size, "shared_by": t.shared_by} for t in config.kv_cache_tensors],
+        "kv_cache_layout": config.kv_cache_layout,
+        "kv_cache_tensors": [
+            {
+                "size": t.size,
+                "layers": list(t.layers),
+                "layer_stride": t.layer_stride,
+                "block_stride": t.block_stride,
+                "offset": t.offset,
+            }
+            for t in config.kv_cache_tensors
+        ],
     }
 
 
@@ -495,11 +513,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append("")
     tensors = plan["kv_cache_tensors"]
     if tensors:
-        sizes = sorted({t["size"] for t in tensors})
-        per = " / ".join(_human_bytes(s) for s in sizes)
-        slots = max(len(slot) for t in tensors for slot in t["shared_by"])
-        sharing = "one layer each" if slots == 1 else f"each shared by up to {slots} layers"
-        row("memory pools", f"{len(tensors)} x {per} ({sharing}), {_human_bytes(plan['allocated_bytes'])} in all")
+        per_block = plan["allocated_bytes"] // plan["num_blocks"] if plan["num_blocks"] else 0
+        placements = "1 placement" if len(tensors) == 1 else f"{len(tensors)} placements aliasing it"
+        row(
+            "memory",
+            f"one {plan['kv_cache_layout']} allocation of {_human_bytes(plan['allocated_bytes'])} "
+            f"({_human_bytes(per_block)} per block), {placements}",
+        )
     row("blocks", f"{plan['num_blocks']:,} ({plan['usable_blocks']:,} usable; block 0 is the null block)")
     if plan["groups"]:
         ngroups = len(plan["groups"])
@@ -596,6 +616,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="manage sliding-window and chunked layers as full attention")
     run_.add_argument("--num-gpu-blocks-override", type=int_arg(2, why=" (block 0 is the null block)"), metavar="N",
                       help="use this many blocks, the null block included")
+    run_.add_argument("--kv-cache-layout", choices=[m.name for m in KVCacheLayout], metavar="LAYOUT",
+                      help="physical layout of [layer, block, head, token, content] "
+                      f"({', '.join(m.name for m in KVCacheLayout)}; default LBNHC)")
     run_.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -732,6 +755,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
+            kv_cache_layout=args.kv_cache_layout,
         )
     except NotEnoughKVCacheMemory as exc:
         if exc.estimated_max_model_len == 0:  # not one block per layer: the budget is wrong, not the length

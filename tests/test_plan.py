@@ -69,7 +69,12 @@ def test_gemma_3_27b(capsys):
     # page: 16 x 16 heads x 256 x 2 = 128 KiB; 20 GiB / 128 KiB / 10 pools
     assert plan["groups"][0]["page_size_bytes"] == 131072
     assert plan["num_blocks"] == 16384
-    assert len(plan["kv_cache_tensors"]) == 10
+    # one placement per group, all in one allocation of 10 layer regions (LBNHC)
+    assert len(plan["kv_cache_tensors"]) == 7
+    assert plan["allocated_bytes"] == 16384 * 10 * 131072
+    assert {(t["layer_stride"], t["block_stride"], t["offset"]) for t in plan["kv_cache_tensors"]} == {
+        (16384 * 131072, 131072, 0)
+    }
     # per request: full 131072 / 16 = 8192; sliding cdiv(1023 + 2048, 16) + 1 = 193 each
     assert plan["groups"][0]["blocks_per_request"] == 193
     assert plan["max_concurrency"] == pytest.approx(16384 / (8192 + 6 * 193))
@@ -104,8 +109,9 @@ def test_mamba_hybrid(capsys):
     assert plan["groups"][-1]["block_size"] == 1040
     # 24 Mamba + 4 attention layers: group size 4 -> 6 Mamba groups + 1 attention group, 4 pools
     assert [g["kind"] for g in plan["groups"]] == ["mamba"] * 6 + ["full_attention"]
-    assert len(plan["kv_cache_tensors"]) == 4
+    assert len(plan["kv_cache_tensors"]) == 7  # one per group, over 4 layer regions
     assert plan["num_blocks"] == 20 * GiB // page // 4 == 1260
+    assert plan["allocated_bytes"] == 1260 * 4 * page
     # per request: cdiv(8192, 1040) = 8 attention blocks + 1 state per Mamba group
     assert plan["max_concurrency"] == pytest.approx(1260 / (8 + 6))
 
@@ -117,7 +123,7 @@ def test_table_output(capsys):
     assert "10,240 (10,239 usable" in out
     assert "163,840 tokens" in out
     assert "20.00x requests of 8,192 tokens" in out
-    assert "32 x 640.00 MiB" in out
+    assert "one LBNHC allocation of 20.00 GiB (2.00 MiB per block), 1 placement" in out
 
 
 def test_list_presets(capsys):
@@ -145,7 +151,9 @@ def test_fp8_halves_the_page(capsys):
 
 
 def test_override_and_block_size(capsys):
-    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--num-gpu-blocks-override", "100")
+    # the override is the capacity: 99 usable blocks hold one request of 99 x 16 tokens
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--num-gpu-blocks-override", "100",
+                    "--max-model-len", "1584")
     assert plan["num_blocks"] == 100
     assert plan["allocated_bytes"] == 100 * 65536 * 32
     plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--block-size", "32")
@@ -225,8 +233,9 @@ def test_build_kv_cache_spec_names_layers():
 def test_too_little_memory_exits_1_with_the_estimate(capsys):
     rc, _, err = run(capsys, "--preset", "llama-3-8b", "--memory", "512MiB")
     assert rc == 1
-    # 32 layers x cdiv(L, 16) x 64 KiB <= 512 MiB  ->  cdiv(L, 16) <= 256  ->  L = 4096
-    assert "estimated maximum model length is 4096" in err
+    # 512 MiB = 256 blocks of 32 layers x 64 KiB; less the null block:
+    # cdiv(L, 16) <= 255  ->  L = 4080
+    assert "estimated maximum model length is 4080" in err
 
 
 @pytest.mark.parametrize("block_size", [16.0, True, "16"])
@@ -243,7 +252,7 @@ def test_build_kv_cache_spec_refuses_a_block_size_of_the_wrong_type_as_make_plan
 
 def test_make_plan_raises_value_error():
     model = ModelDescription.from_dict("llama-3-8b", load_presets()["llama-3-8b"])
-    with pytest.raises(ValueError, match="estimated maximum model length is 4096"):
+    with pytest.raises(ValueError, match="estimated maximum model length is 4080"):
         make_plan(model, 512 * MiB)
     with pytest.raises(ValueError, match="No available memory"):
         make_plan(model, 0)
@@ -410,12 +419,31 @@ def test_does_not_fit_is_said_in_kvcy_words(capsys):
     assert rc == 1
     assert "One request of max_model_len (8192) does not fit" in err
     assert "models's" not in err and "engine" not in err and "gpu_memory_utilization" not in err
-    assert "estimated maximum model length is 4096" in json.loads(out)["error"]
+    assert "estimated maximum model length is 4080" in json.loads(out)["error"]
 
 
 def test_override_of_two_blocks_is_the_smallest_plan(capsys):
-    plan = run_json(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "2")
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "2",
+                    "--max-model-len", "16")
     assert plan["num_blocks"] == 2 and plan["usable_blocks"] == 1
+    # as in vLLM 0.33.0 the override is the capacity the memory check sees: one usable block
+    # does not hold a request of 17 tokens
+    rc, _, err = run(capsys, "--preset", "llama-3-8b", "--kv-memory", "20GiB", "--num-gpu-blocks-override", "2",
+                     "--max-model-len", "17")
+    assert rc == 1 and "estimated maximum model length is 16" in err
+
+
+def test_kv_cache_layout_sets_the_strides(capsys):
+    plan = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--kv-cache-layout", "BLHNC")
+    assert plan["kv_cache_layout"] == "BLHNC" and plan["num_blocks"] == 10240
+    # block-outermost: a block holds the 32 layers' pages side by side
+    (tensor,) = plan["kv_cache_tensors"]
+    assert (tensor["layer_stride"], tensor["block_stride"], tensor["offset"]) == (65536, 32 * 65536, 0)
+    default = run_json(capsys, "--preset", "llama-3-8b", "--memory", "20GiB")
+    assert default["kv_cache_layout"] == "LBNHC"
+    assert default["kv_cache_tensors"][0]["layer_stride"] == 10240 * 65536
+    rc, _, err = run(capsys, "--preset", "llama-3-8b", "--memory", "20GiB", "--kv-cache-layout", "XYZ")
+    assert rc == 2 and "--kv-cache-layout" in err
 
 
 @pytest.mark.parametrize(
