@@ -29,6 +29,7 @@ from typing import Any
 
 from kvcy.config import GiB_bytes, KVCacheSettings
 from kvcy.kv_cache_interface import (
+    replace_as,
     AttentionSpec,
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -284,13 +285,6 @@ def get_uniform_page_size(kv_cache_specs: dict[str, KVCacheSpec] | Iterable[KVCa
     return page_sizes[0]
 
 
-def _replace_as(spec: KVCacheSpec, target_cls: type, *, drop: Iterable[str] = (), **changes: Any) -> KVCacheSpec:
-    """``spec`` rebuilt as ``target_cls``: every init field carried over (but ``drop``), then ``changes``."""
-    kwargs = {f.name: getattr(spec, f.name) for f in fields(spec) if f.init and f.name not in drop}
-    kwargs.update(changes)
-    return target_cls(**kwargs)
-
-
 def unify_kv_cache_spec_page_size(kv_cache_spec: dict[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
     """Give every layer the largest page size.
 
@@ -360,7 +354,7 @@ def _promote_local_kv_cache_specs(kv_cache_spec: dict[str, KVCacheSpec]) -> dict
     def padded_for(spec: AttentionSpec, block_size: int) -> int | None:
         if spec.page_size_padded is None:
             return None
-        return max(spec.page_size_padded, spec._unpadded_page_size_bytes() * block_size // spec.block_size)
+        return max(spec.page_size_padded, spec.unpadded_page_size_bytes * block_size // spec.block_size)
 
     if has_full and has_local:
         for name, spec in kv_cache_spec.items():
@@ -376,7 +370,7 @@ def _promote_local_kv_cache_specs(kv_cache_spec: dict[str, KVCacheSpec]) -> dict
             block_size = full_block_size or spec.block_size
             # promoted layers keep blocks for every token, so blocks retained below the
             # window mean nothing any more
-            promoted[name] = _replace_as(
+            promoted[name] = replace_as(
                 spec,
                 target,
                 drop=("extra_retained_tokens",),

@@ -16,9 +16,8 @@ from __future__ import annotations
 from math import prod
 from typing import TYPE_CHECKING
 
+from kvcy.kv_cache_interface.layout import DIM_B, DIM_L
 from kvcy.kv_cache_interface import (
-    DIM_B,
-    DIM_L,
     AttentionSpec,
     KVCacheLayout,
     KVCacheSpec,
