@@ -294,3 +294,19 @@ def test_wheel_has_stubs_license_and_no_generated_c(dists):
         for name, data in sos.items():
             sections = _elf_section_names(data)
             assert not [s for s in sections if s.startswith(".debug")], (name, sections)
+
+
+def test_ci_vllm_step_runs_every_module_with_live_vllm_checks():
+    """A test module that imports vLLM only runs its live checks in CI's vLLM step (the
+    main runs have no vLLM and skip them), so every such module must be on that step's list."""
+    import re
+
+    run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    listed = set(re.search(r"VLLM_TESTS=\(([^)]*)\)", run).group(1).split())
+    live = re.compile(r"^\s*(import vllm|from vllm)|importorskip\(.vllm|find_spec\(.vllm", re.M)
+    modules = {
+        f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if live.search(p.read_text(encoding="utf-8"))
+    }
+    assert len(modules) >= 5
+    assert modules <= listed, f"not run by .ci/run's vLLM step: {sorted(modules - listed)}"
+    assert all((ROOT / name).is_file() for name in listed)

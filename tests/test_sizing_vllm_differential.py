@@ -208,16 +208,6 @@ MODELS = {
 }
 
 
-# Known differences outside the sizing layer (the specs', see docs/vllm-dropin-gaps.md section 6):
-# vLLM's MambaSpec.is_uniform_with_collection also needs equal page sizes, kvcy's
-# UniformTypeKVCacheSpecs.is_uniform_type does not, so packing (block-outermost layouts only)
-# buckets two Mamba shapes together.  Strict: the test says when the spec side is fixed.
-KNOWN_GAPS = {
-    ("mamba-two-shapes", "BLNHC"): "UniformTypeKVCacheSpecs.is_uniform_type ignores Mamba page sizes",
-    ("mamba-two-shapes", "BLHNC"): "UniformTypeKVCacheSpecs.is_uniform_type ignores Mamba page sizes",
-}
-
-
 def _plan_vllm(specs, memory, max_len, layout, extra):
     cfg = vllm_config(layout, max_len, **extra)
     groups = P.get_global_kv_cache_groups(cfg, [dict(specs)])
@@ -240,9 +230,7 @@ def _outcome(plan, *args):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_kv_cache_config_matches_vllm(model, layout, request):
-    if (model, layout) in KNOWN_GAPS:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[model, layout]))
+def test_kv_cache_config_matches_vllm(model, layout):
     specs, memory, max_len, extra = MODELS[model]
     expected, vllm_error = _outcome(_plan_vllm, specs, memory, max_len, layout, extra)
     got, kvcy_error = _outcome(_plan_kvcy, specs, memory, max_len, layout, extra)
