@@ -164,6 +164,15 @@ def _key(h: bytes) -> bytes:
     return make_offload_key(h, 0)
 
 
+def test_the_decision_codes_are_the_replays():
+    from kvcy._fast.offload_py import connector
+    from kvcy.sim import scheduler
+
+    names = ("CPU_LOOKUP", "CPU_LOAD", "CPU_STORE", "CPU_STORE_REFUSED", "CPU_FINISH")
+    assert [getattr(connector, n) for n in names] == [getattr(scheduler, n) for n in names] == [11, 12, 13, 14, 15]
+    # (the compiled twin's are C constants: the scenarios below read its decision lists as these numbers)
+
+
 def test_a_stored_prompt_is_found_and_loaded_by_the_next_request(offload_impl):
     conn = offload_impl.ReplayConnector(offload_impl.CPUOffloadingManager(16, cache_policy="lru"), BS)
     a_req = _request(0, 24, shared=4)  # 6 blocks, the first 4 shared
