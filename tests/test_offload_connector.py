@@ -300,3 +300,12 @@ def test_a_bad_scheduled_item_is_refused_before_anything_is_offered(offload_impl
     with pytest.raises(TypeError, match="off must be a ConnectorRequest"):
         conn.build_connector_meta([(_Entry(st_), 16), (_Bad(), 4)], dec)
     assert dec == [] and st_.next_stored == 0 and conn.manager._num_allocated_chunks == 0
+
+
+def test_the_state_python_can_reach_is_read_only(offload_impl):
+    conn = offload_impl.ReplayConnector(offload_impl.CPUOffloadingManager(4), BS)
+    st_ = conn.new_request("a", 16, 0)
+    for obj, name in ((conn, "hit_blocks"), (conn, "manager"), (conn, "anything"), (st_, "next_stored"),
+                      (st_, "req_context"), (st_, "anything")):
+        with pytest.raises(AttributeError):
+            setattr(obj, name, 1)

@@ -115,6 +115,9 @@ class ReplayConnector:
         ValueError: ``block_size`` < 1 or ``group_idx`` outside ``[0, 2**32)``.
     """
 
+    __slots__ = ("_manager", "_block_size", "_suffix", "_loads", "_stores", "_finishing", "_finished",
+                 "_hit_blocks", "_blocks_loaded", "_blocks_stored", "_evictions", "_stores_refused")
+
     def __init__(self, manager: Any, block_size: int, group_idx: int = 0) -> None:
         _check_count("block_size", block_size)
         if block_size < 1:
