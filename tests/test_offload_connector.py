@@ -309,3 +309,28 @@ def test_the_state_python_can_reach_is_read_only(offload_impl):
                       (st_, "req_context"), (st_, "anything")):
         with pytest.raises(AttributeError):
             setattr(obj, name, 1)
+
+
+@needs_compiled
+def test_a_scheduled_list_changed_while_it_is_read_is_no_crash():
+    """An entry's ``off`` may run Python code that empties the list being scanned: the scan stops, alike."""
+    seen = []
+    for impl in ("cython", "python"):
+        conn = _connector(impl)
+        states = [conn.new_request(f"r{i}", 16, i) for i in range(3)]
+        for i, s in enumerate(states):
+            conn.lookup(s, _request(i, 16), 0, [])
+            conn.allocated(s, 0, [])
+        scheduled: list = []
+
+        class Clears:
+            @property
+            def off(self):
+                scheduled.clear()
+                return states[0]
+
+        scheduled += [(Clears(), 8), (_Entry(states[1]), 8), (_Entry(states[2]), 8)]
+        dec: list[int] = []
+        conn.build_connector_meta(scheduled, dec)
+        seen.append(dec)
+    assert seen[0] == seen[1] == [13, 0, 2, 0, 1, 0, 0]  # only the first request offered

@@ -213,14 +213,17 @@ cdef class ReplayConnector:
         cdef Py_ssize_t start = len(keys), i, hlen
         cdef Py_ssize_t bs = self._block_size
         cdef const char *suffix = PyBytes_AS_STRING(self._suffix)
+        cdef list hashes, ends, new
         cdef bytes key
         cdef char *out
         if n > len(block_hashes):
             n = len(block_hashes)
         if start >= n:
             return 0
-        for i in range(start, n):        # every hash checked before any key is kept
-            h = block_hashes[i]
+        # a copy of the hashes used (nothing can change it while the keys are
+        # made), each checked before any key is kept
+        hashes = block_hashes[start:n]
+        for h in hashes:
             if type(h) is not bytes:
                 raise TypeError(f"a block hash must be bytes, got {type(h).__name__}")
         ctx = st._ctx
@@ -231,19 +234,25 @@ cdef class ReplayConnector:
             positions = _PyDict_NewPresized(n)
             ctx._offload_key_positions = positions
         # the end-token positions, as ints shared by every request
-        cdef list ends = self._ends
+        ends = self._ends
         while len(ends) < n:
             ends.append((len(ends) + 1) * bs)
-        for i in range(start, n):
-            h = block_hashes[i]
+        new = []
+        for i in range(n - start):
+            h = hashes[i]
             hlen = PyBytes_GET_SIZE(h)
             key = PyBytes_FromStringAndSize(NULL, hlen + 4)
             out = PyBytes_AS_STRING(key)
             memcpy(out, PyBytes_AS_STRING(h), hlen)
             memcpy(out + hlen, suffix, 4)
-            # what set_offload_key_position records, for the key just made
-            positions[key] = ends[i]
-            keys.append(key)
+            new.append(key)
+        # what set_offload_key_position records, for the keys just made
+        if type(positions) is dict:
+            for i in range(n - start):
+                (<dict>positions)[new[i]] = ends[start + i]
+        else:
+            positions.update(zip(new, ends[start:n]))
+        keys.extend(new)
         return 0
 
     def lookup(self, st, request, gpu_hit, dec):
@@ -379,8 +388,7 @@ cdef class ReplayConnector:
         cdef list offers = None
         cdef vector[Py_ssize_t] ends
         # every item checked before anything is offered
-        for i in range(len(items)):
-            item = items[i]
+        for item in items:     # (an entry's `off` may run Python code: the list is re-checked each item)
             if type(item) is not tuple:
                 raise TypeError(f"a scheduled item must be an (entry, num_new_tokens) pair, got {type(item).__name__}")
             if PyTuple_GET_SIZE(item) != 2:
