@@ -62,3 +62,16 @@ def test_replay_synthetic(benchmark, impl, synthetic, timer_cost):
     benchmark.group = f"replay: synthetic multi-turn, {len(synthetic)} requests, 2048 blocks"
     _run(benchmark, synthetic, ReplayConfig(num_blocks=2048, max_num_batched_tokens=2048), impl.name,
          timer_cost)
+
+
+def test_replay_mooncake_head_offload(benchmark, impl, mooncake_head, timer_cost):
+    """The same head with a small GPU pool and a CPU tier 4x as large behind it (LRU): the replay's
+    connector (``ReplayConnector``) and the offloading manager of each twin.  ``offload_cpu_s`` in
+    ``extra_info`` is their CPU time (``offload_per_step_us`` per step), less the timer's cost."""
+    benchmark.group = f"replay + CPU tier: Mooncake conversation, {MOONCAKE_REQUESTS} requests, 8192 + 32768 blocks"
+    cfg = ReplayConfig(num_blocks=8192, cpu_offload_blocks=32768, offload_policy="lru")
+    result = _run(benchmark, mooncake_head, cfg, impl.name, timer_cost)
+    assert result.offload_impl == impl.name and result.cpu_blocks_stored > 0
+    benchmark.extra_info["offload_cpu_s"] = result.offload_ns / 1e9
+    benchmark.extra_info["offload_per_step_us"] = result.offload_ns / result.steps / 1e3
+    benchmark.extra_info["cpu_hit_tokens"] = result.cpu_hit_tokens

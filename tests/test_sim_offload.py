@@ -150,23 +150,67 @@ def test_an_offloading_decision_that_differs_is_a_divergence(monkeypatch):
                                                output_max=16, rate=40.0, think_ms=200.0))
     cfg = ReplayConfig(num_blocks=32, max_num_batched_tokens=128, cpu_offload_blocks=16)
     ref = replay(trace, cfg, "python")
-    real_offer = offload_mod.CPUTier.offer
+    real = offload_mod.offload_twin
 
-    def refuse_once(self, st, computed_tokens, dec):  # the same GPU decisions, one CPU offer less
-        if not getattr(self, "_refused", False) and computed_tokens // self.block_size > st.next_stored:
-            self._refused = True
-            dec += (CPU_STORE_REFUSED, st.index, 0)
-            return None
-        return real_offer(self, st, computed_tokens, dec)
+    class RefusesOnce:
+        """The pure twin's manager, refusing its first non-empty offer: the same GPU decisions, one CPU offer less."""
 
-    monkeypatch.setattr(offload_mod.CPUTier, "offer", refuse_once)
+        def __init__(self, **kwargs):
+            self.inner = real("python")[1].CPUOffloadingManager(**kwargs)
+            self.refused = False
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def prepare_store(self, keys, req_context):
+            if keys and not self.refused:
+                self.refused = True
+                return None
+            return self.inner.prepare_store(keys, req_context)
+
+    monkeypatch.setattr(offload_mod, "offload_twin",
+                        lambda impl: ("python", types.SimpleNamespace(CPUOffloadingManager=RefusesOnce)))
     with pytest.raises(Divergence) as err:
         replay(trace, cfg, "python", expected_digests=ref.step_digests)
     lines = err.value.result.captured  # the divergence report reads the CPU tier's decisions too
     assert any("CPU tier prepare_store(" in x and "-> None" in x for x in lines)
     assert not any(x.startswith("?op") for x in lines)
+    monkeypatch.undo()
     ok = replay(trace, cfg, "python", capture_step=len(ref.step_digests) - 1)
     assert any(x.startswith("CPU tier on_request_finished(") for x in ok.captured)  # the last step ends them
+
+
+# Replays recorded before the replay's connector moved into the offloading twins (kvcy at a92cf4c,
+# where it was Python code in kvcy.sim.offload): the decisions digest and what the CPU tier did
+# (steps, GPU hit tokens, CPU hit tokens, blocks stored, blocks loaded, evictions, refused stores,
+# preemptions).  Refusals, evictions, CPU hits and preemptions all occur.
+_PINNED = [
+    (48, 24, "lru", "746c41ea3aa187a6b216093d1f7127d9", (800, 18944, 336, 1114, 23, 1090, 364, 10)),
+    (48, 24, "arc", "e77b0f04a4d1e99edacd0bbc603b3156", (802, 18944, 160, 1161, 12, 1137, 364, 10)),
+    (64, 96, "lru", "4c0ac165520c93f787e1c0f89fd40d78", (413, 21152, 4576, 656, 287, 560, 0, 5)),
+    (64, 96, "arc", "478236abb8ce984c249a53401b02cc38", (413, 21152, 4640, 655, 291, 559, 0, 5)),
+    (40, 200, "lru", "e290ac1bffdb6bed49dcf07fca01c772", (979, 16784, 11952, 443, 748, 243, 0, 6)),
+    (40, 200, "arc", "f5199dbd0988644f7c518dd25358345e", (979, 16784, 11040, 500, 691, 300, 0, 7)),
+]
+
+
+@pytest.fixture(scope="module")
+def pinned_trace() -> Trace:
+    return synthetic_trace(3, SyntheticConfig(conversations=40, max_turns=4, system_prompts=3, system_len=256,
+                                              user_min=16, user_max=96, output_min=4, output_max=24, rate=40.0,
+                                              think_ms=200.0))
+
+
+@pytest.mark.parametrize("num_blocks, cpu_blocks, policy, digest, stats", _PINNED,
+                         ids=[f"{n}-{c}-{p}" for n, c, p, _, _ in _PINNED])
+def test_offloading_decisions_are_unchanged(impl, pinned_trace, num_blocks, cpu_blocks, policy, digest, stats):
+    budget = 512 if num_blocks == 64 else 256
+    cfg = ReplayConfig(num_blocks=num_blocks, max_num_batched_tokens=budget, cpu_offload_blocks=cpu_blocks,
+                       offload_policy=policy)
+    r = replay(pinned_trace, cfg, impl.name, timer_overhead=0)
+    assert r.decisions_digest == digest
+    assert (r.steps, r.hit_tokens, r.cpu_hit_tokens, r.cpu_blocks_stored, r.cpu_blocks_loaded, r.cpu_evictions,
+            r.cpu_stores_refused, r.preemptions) == stats
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,8 @@ pure-Python twin has one module per stem under ``offload_py/``:
 * ``lru_policy.pyx``: LRUCachePolicy
 * ``arc_policy.pyx``: ARCCachePolicy
 * ``manager.pyx``: CPUOffloadingManager and its access records
+* ``connector.pyx``: ReplayConnector and ConnectorRequest, the replay's
+  offloading connector (``kvcy replay --cpu-offload``)
 """
 
 cimport cython
@@ -77,8 +79,10 @@ __all__ = [
     "CPUOffloadingManager",
     "CachePolicy",
     "ChunkStatus",
+    "ConnectorRequest",
     "IMPLEMENTATION",
     "LRUCachePolicy",
+    "ReplayConnector",
     "order_request_keys",
 ]
 
@@ -91,3 +95,4 @@ include "offload_c/cache_policy.pyx"
 include "offload_c/lru_policy.pyx"
 include "offload_c/arc_policy.pyx"
 include "offload_c/manager.pyx"
+include "offload_c/connector.pyx"

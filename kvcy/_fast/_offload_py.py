@@ -52,6 +52,7 @@ from __future__ import annotations
 from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
 from kvcy._fast.offload_py.cache_policy import CachePolicy
 from kvcy._fast.offload_py.chunk_status import ChunkStatus
+from kvcy._fast.offload_py.connector import ConnectorRequest, ReplayConnector
 from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
 from kvcy._fast.offload_py.manager import CPUOffloadingManager
 from kvcy._fast.offload_py.request_order import order_request_keys
@@ -61,8 +62,10 @@ __all__ = [
     "CPUOffloadingManager",
     "CachePolicy",
     "ChunkStatus",
+    "ConnectorRequest",
     "IMPLEMENTATION",
     "LRUCachePolicy",
+    "ReplayConnector",
     "order_request_keys",
 ]
 

@@ -94,7 +94,9 @@ MAX_TOKEN_US = 1e6
 
 # Decision codes folded into the per-step digest.
 _LOOKUP, _ALLOC, _PREEMPT, _FINISH = 1, 2, 3, 4
-# ... and the CPU tier's (kvcy.sim.offload), each followed by the request's index.
+# ... and the CPU tier's, each followed by the request's index: the offloading twins'
+# ReplayConnector writes them (offload_c/connector.pyx, offload_py/connector.py hold the same
+# values; tests/test_offload_connector.py checks them against these).
 CPU_LOOKUP, CPU_LOAD, CPU_STORE, CPU_STORE_REFUSED, CPU_FINISH = 11, 12, 13, 14, 15
 
 
@@ -472,10 +474,9 @@ def replay(
     res.timer_overhead_ns = timer_overhead
     tier = None
     if config.cpu_offload_blocks:
-        from kvcy.sim.offload import CPUTier
+        from kvcy.sim.offload import build_tier
 
-        tier = CPUTier(impl, config.cpu_offload_blocks, config.offload_policy, config.block_size)
-        res.offload_impl = tier.impl
+        res.offload_impl, tier = build_tier(impl, config.cpu_offload_blocks, config.offload_policy, config.block_size)
 
     bar, own_bar = _progress_bar(progress, impl, len(trace))
     if bar is not None and res.rejected:
@@ -706,7 +707,7 @@ class _ReplayLoop:
         if self.tier is not None:
             perf = time.perf_counter_ns
             t0 = perf()
-            live.off = self.tier.state(tr.request_id, tr.num_prompt_tokens, tr.index)
+            live.off = self.tier.new_request(tr.request_id, tr.num_prompt_tokens, tr.index)
             self.off_ns += perf() - t0
             self.off_calls += 1
         return req
@@ -754,7 +755,7 @@ class _ReplayLoop:
             ns += perf() - t0
         else:
             t0 = perf()
-            ext, cpu_keys = tier.lookup(live.off, req, hit, dec)
+            ext = tier.lookup(live.off, req, hit, dec)
             off_ns = perf() - t0
             n = req.num_tokens - hit - ext
             if n > budget:
@@ -767,10 +768,7 @@ class _ReplayLoop:
             self.off_calls += 1
             if new is not None:
                 t0 = perf()
-                if ext:
-                    tier.load(live.off, cpu_keys, hit + ext, dec)
-                else:
-                    tier.admitted(live.off)
+                tier.allocated(live.off, hit + ext, dec)  # loads the CPU hit, if any
                 off_ns += perf() - t0
                 self.off_calls += 1
             self.off_ns += off_ns
@@ -803,10 +801,7 @@ class _ReplayLoop:
         tier, dec = self.tier, self.dec
         perf = time.perf_counter_ns
         t0 = perf()
-        offer = tier.offer
-        for live, n in self.scheduled:
-            offer(live.off, live.req.num_computed_tokens + n, dec)
-        tier.end_previous(dec)
+        tier.build_connector_meta(self.scheduled, dec)
         self.off_ns += perf() - t0
         self.off_calls += 1
 

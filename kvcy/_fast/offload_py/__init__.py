@@ -10,5 +10,7 @@ which assembles them into the twin module the selector loads.
 * ``cache_policy``: ``CachePolicy`` and the policies' argument checks;
 * ``lru_policy``: ``LRUCachePolicy``;
 * ``arc_policy``: ``ARCCachePolicy``;
-* ``manager``: ``CPUOffloadingManager`` and its access records.
+* ``manager``: ``CPUOffloadingManager`` and its access records;
+* ``connector``: ``ReplayConnector`` and ``ConnectorRequest``, the replay's
+  offloading connector (``kvcy replay --cpu-offload``).
 """
