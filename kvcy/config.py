@@ -49,7 +49,7 @@ CACHE_DTYPES = (
     "nvfp4",
 )
 MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
-MAMBA_CACHE_MODES = ("all", "align", "none")
+MAMBA_CACHE_MODES = ("align", "none")
 #: Accepted ``prefix_caching_hash_algo`` values (vLLM 0.33.0's four plus the
 #: seed's ``builtin`` and ``sha256_cbor_64bit``).
 PREFIX_CACHING_HASH_ALGOS = ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash", "xxhash_cbor")
@@ -111,7 +111,7 @@ class CacheConfig:
     mamba_ssm_cache_dtype: str = "auto"
     """Dtype of the Mamba SSM state only (:data:`MAMBA_DTYPES`)."""
     mamba_cache_mode: str = "none"
-    """Which Mamba states are kept: "none", "align" or "all" (:data:`MAMBA_CACHE_MODES`)."""
+    """Mamba prefix-cache strategy: "none" (no caching) or "align" (:data:`MAMBA_CACHE_MODES`)."""
     kv_cache_memory_bytes: int | None = None
     """KV-cache memory per GPU in bytes; when set, ``gpu_memory_utilization`` is ignored."""
     kv_offloading_size: float | None = None

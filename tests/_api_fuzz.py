@@ -180,7 +180,8 @@ def _draw_world_recipe(rng: random.Random) -> dict:
             feats["mm_features"] = [MultiModalFeatureSpec("img", PlaceholderRange(1, 2))]
         reqs.append((f"r{i}", [rng.randrange(6) for _ in range(n)], feats))
     return dict(
-        config=name, num_blocks=rng.randrange(4, 20), caching=rng.random() < 0.85,
+        # (a Mamba group never caches: vLLM 0.33.0 caches Mamba states only in align mode)
+        config=name, num_blocks=rng.randrange(4, 20), caching=rng.random() < 0.85 and "mamba" not in name,
         events=rng.random() < 0.5, stats=rng.random() < 0.5,
         eagle=rng.random() < 0.2 and "chunked" not in name, reqs=reqs, admit=rng.randrange(0, 3),
         encoder=rng.randrange(0, 9),

@@ -52,6 +52,8 @@ def test_profiled_counts_are_not_init_arguments():
         ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override must be positive"),
         ({"swap_space": -1}, "Swap space must be non-negative"),
         ({"mamba_cache_mode": "some"}, "Unknown mamba_cache_mode: some"),
+        # vLLM 0.33.0's CacheConfig takes only "align" and "none" (no "all" mode)
+        ({"mamba_cache_mode": "all"}, "Unknown mamba_cache_mode: all"),
         ({"mamba_cache_dtype": "int8"}, "Unknown mamba_cache_dtype: int8"),
         ({"kv_offloading_backend": "disk"}, "Unknown KV offloading backend: disk"),
     ],

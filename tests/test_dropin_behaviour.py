@@ -212,6 +212,45 @@ def test_live_vllm_hybrid_properties(case):
     check_hybrid(S.vllm_api(), case)
 
 
+# ------------------------------------------------------------------ Mamba modes
+def _mamba_outcome(make):
+    try:
+        make()
+    except Exception as exc:  # (the type and message are what is compared)
+        return type(exc).__name__, str(exc)
+    return "built", ""
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_live_vllm_mamba_modes(impl, mode, caching, monkeypatch):
+    """vLLM 0.33.0's MambaManager asserts that prefix caching comes with align mode: kvcy
+    raises the same AssertionError (or builds, without caching), and where vLLM builds an
+    align-mode manager kvcy raises NotImplementedError naming Mamba align mode."""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    import torch
+    from vllm.v1 import kv_cache_interface as v
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+
+    from kvcy.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    kw = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16, enable_caching=caching)
+    vspec = v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode=mode)
+    vcfg = v.KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["m"], vspec)])
+    spec = MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",), mamba_cache_mode=mode)
+    cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["m"], spec)])
+    live = _mamba_outcome(lambda: VllmManager(vcfg, **kw))
+    got = _mamba_outcome(lambda: impl.kv_cache.KVCacheManager(cfg, **kw))
+    if mode == "align":
+        assert live == ("built", "")
+        assert got == ("NotImplementedError", "Mamba align mode (mamba_cache_mode='align') is not implemented in kvcy")
+    else:
+        assert live == (("AssertionError", "Mamba prefix caching requires mamba_cache_mode='align'") if caching
+                        else ("built", ""))
+        assert got == live
+
+
 # ------------------------------------------------------------------ the mask itself
 # SlidingWindowManager.reachable_block_mask(start, end, alignment, spec, use_eagle) in vLLM
 # 0.33.0 (dense retention, its default), recorded by this loop on vLLM's classmethod:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -306,9 +307,14 @@ def test_max_memory_mamba(settings):
     assert spec.max_memory_usage_bytes(settings) == page * (1 + 2)
     align = dataclasses.replace(settings, cache_config=CacheConfig(block_size=16, mamba_cache_mode="align"))
     assert spec.max_memory_usage_bytes(align) == page * (2 + 2)
-    # vLLM 0.33.0 has no "all" mode: anything but "align" holds one state
-    every = dataclasses.replace(settings, cache_config=CacheConfig(block_size=16, mamba_cache_mode="all"))
-    assert spec.max_memory_usage_bytes(every) == page * (1 + 2)
+    # vLLM 0.33.0 has no "all" mode (its CacheConfig refuses it); a spec's own mode other than
+    # "align" holds one state, as "none" does
+    every = dataclasses.replace(spec, mamba_cache_mode="all")
+    assert every.max_memory_usage_bytes(types.SimpleNamespace()) == page * (1 + 2)
+    assert dataclasses.replace(spec, mamba_cache_mode="align").max_memory_usage_bytes(
+        types.SimpleNamespace()) == page * (2 + 2)
+    with pytest.raises(ValueError, match="Unknown mamba_cache_mode: all"):
+        CacheConfig(block_size=16, mamba_cache_mode="all")
     checkpoints = dataclasses.replace(spec, num_prefill_checkpoint_blocks=3)
     assert checkpoints.max_memory_usage_bytes(align) == page * (2 + 2 + 3)
     assert checkpoints.max_memory_usage_bytes(settings) == page * (1 + 2)

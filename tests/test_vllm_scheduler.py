@@ -587,6 +587,16 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
     for spec, feature in cases:
         with pytest.raises(NotImplementedError, match=feature):
             kvcy.vllm.convert_kv_cache_spec(spec)
+
+    # A Mamba group in align mode converts (the spec is vLLM's), and the manager the
+    # scheduler would build refuses it, with or without prefix caching.
+    mamba = v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+    assert kvcy.vllm.convert_kv_cache_spec(mamba).mamba_cache_mode == "align"
+    config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["m"], mamba)])
+    for caching in (True, False):
+        with pytest.raises(NotImplementedError, match="Mamba align mode"):
+            kvcy.vllm.make_kv_cache_manager(config, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
+                                            enable_caching=caching)
     with pytest.raises(TypeError, match="expected a vLLM KVCacheSpec"):
         kvcy.vllm.convert_kv_cache_spec(kvcy.FullAttentionSpec(**attn))
 

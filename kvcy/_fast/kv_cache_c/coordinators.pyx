@@ -69,8 +69,11 @@ cdef class KVCacheCoordinator:
     replay checkpoints (see ``SlidingWindowManager.reachable_block_mask``).
 
     Raises:
-        NotImplementedError: sparse retention with prefix caching and a Mamba
-            group (vLLM's sparse Mamba states need Mamba align mode).
+        AssertionError: prefix caching with a Mamba group not in align mode
+            (vLLM's, from ``MambaManager``).
+        NotImplementedError: a Mamba group in align mode (``MambaManager``),
+            or sparse retention with prefix caching and a Mamba group
+            (vLLM's sparse Mamba states need Mamba align mode).
     """
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,

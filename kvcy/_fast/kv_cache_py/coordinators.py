@@ -92,8 +92,11 @@ class KVCacheCoordinator(_Checked):
     replay checkpoints (see ``SlidingWindowManager.reachable_block_mask``).
 
     Raises:
-        NotImplementedError: sparse retention with prefix caching and a Mamba
-            group (vLLM's sparse Mamba states need Mamba align mode).
+        AssertionError: prefix caching with a Mamba group not in align mode
+            (vLLM's, from ``MambaManager``).
+        NotImplementedError: a Mamba group in align mode (``MambaManager``),
+            or sparse retention with prefix caching and a Mamba group
+            (vLLM's sparse Mamba states need Mamba align mode).
     """
 
     # All fixed when made.

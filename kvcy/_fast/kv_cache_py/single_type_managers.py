@@ -729,14 +729,45 @@ _MAMBA_SPARSE = (
 )
 
 
+_MAMBA_CACHING = "Mamba prefix caching requires mamba_cache_mode='align'"
+_MAMBA_ALIGN = "Mamba align mode (mamba_cache_mode='align') is not implemented in kvcy"
+
+
 class MambaManager(SingleTypeKVCacheManager):
-    """Mamba (plain mode): only the state after the last cached block is needed."""
+    """Mamba: one recurrent state per request, without prefix caching.
+
+    As in vLLM 0.33.0, prefix caching of a Mamba group needs Mamba align mode
+    (``mamba_cache_mode='align'``), which kvcy does not implement yet: the
+    manager is made only with caching off and a mode other than "align".
+
+    Raises:
+        AssertionError: ``enable_caching`` with a mode other than "align"
+            (vLLM's assertion, raised even under ``python -O``).
+        NotImplementedError: ``mamba_cache_mode='align'``, with or without
+            caching (Mamba align mode).
+    """
+
+    def __init__(self, kv_cache_spec: MambaSpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        mode = getattr(kv_cache_spec, "mamba_cache_mode", "none")
+        if mode != "align" and self.enable_caching:
+            raise AssertionError(_MAMBA_CACHING)
+        if mode == "align":
+            raise NotImplementedError(_MAMBA_ALIGN)
 
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        """The last cached block whose end is a multiple of ``alignment_tokens``, null blocks before it.
+
+        This is vLLM's whole-block Mamba lookup, which vLLM 0.33.0 reaches only in
+        Mamba align mode (the only mode with Mamba prefix caching); kvcy's managers
+        refuse that mode, so only direct calls of this classmethod use it.  vLLM's
+        sub-block lookup (``alignment_tokens`` below the block size) is align-mode
+        work kvcy does not implement: this looks up whole blocks only.
+        """
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
