@@ -181,3 +181,47 @@ def test_allocate_slots_with_external_tokens_inside_held_blocks(impl, groups):
     new = mgr.allocate_slots(req, 4, num_external_computed_tokens=4)  # 8 tokens: 2 blocks
     assert new is not None and new.get_block_ids() == tuple([] for _ in range(groups))
     assert mgr.get_block_ids("r0") == held and free_ids(mgr) == before
+
+
+# ----------------------------- 9. pop_blocks_for_free and free leave the lists alone
+@pytest.mark.parametrize("groups", [1, 2])
+def test_free_leaves_the_request_block_lists_in_their_order(impl, groups):
+    """vLLM frees ``reversed(...)`` of the popped list; the list itself (which
+    ``get_blocks`` hands out) keeps its order. kvcy used to reverse it in place."""
+    mgr = manager(impl, groups, num_blocks=32)
+    req = impl.kv_cache.Request("a", list(range(18)), block_hasher=hasher())
+    assert mgr.allocate_slots(req, 18) is not None
+    held = mgr.get_blocks("a")
+    lists = [list_ for list_ in held.blocks]
+    ids = [[b.block_id for b in blocks] for blocks in lists]
+    assert all(len(i) == 5 for i in ids)
+    mgr.free(req)
+    assert [[b.block_id for b in blocks] for blocks in lists] == ids
+    assert held.get_block_ids() == tuple(ids)
+    if groups == 1:
+        # still freed tail first: the four cached blocks end the queue last-first,
+        # the unhashed fifth went to the front
+        assert free_ids(mgr)[-4:] == ids[0][3::-1]
+        assert free_ids(mgr)[0] == ids[0][4]
+
+
+def test_pop_blocks_for_free_leaves_out_leading_null_blocks(impl):
+    """A sliding window's skipped prefix is null blocks at the head of its table;
+    vLLM's pop_blocks_for_free returns the blocks without them (trim_null_head)."""
+    mgr = manager(impl, groups=2, num_blocks=32)
+    req = impl.kv_cache.Request("a", list(range(24)), block_hasher=hasher())
+    assert mgr.allocate_slots(req, 24) is not None
+    req.num_computed_tokens = 24
+    mgr.remove_skipped_blocks("a", 24)
+    full, window = mgr.coordinator.get_blocks("a")
+    null = mgr.block_pool.null_block
+    # window 8, 24 tokens computed: 24 - 8 + 1 = 17 tokens skipped, so 4 blocks of 4 are null
+    assert [b is null for b in window] == [True] * 4 + [False] * 2
+    expected = [b.block_id for b in full] + [b.block_id for b in window[4:]]
+    popped = mgr.pop_blocks_for_free(req)
+    assert [b.block_id for b in popped] == expected
+    assert not any(b is null for b in popped)
+    assert not mgr.coordinator.holds("a")
+    # the caller frees them, last first, as vLLM's scheduler does
+    mgr.block_pool.free_blocks(reversed(popped))
+    assert mgr.block_pool.get_num_free_blocks() == 31

@@ -356,12 +356,21 @@ cdef class SingleTypeKVCacheManager:
 
     # -------------------------------------------------------------- freeing
     cpdef list pop_blocks_for_free(self, str request_id):
+        """Forget the request and return its blocks, in allocation order, without
+        freeing them; leading null blocks (a window's skipped prefix) are left out.
+        The caller frees them, last block first."""
         self._gen.value = _next_gen()
         self._num_cached_block.pop(request_id, None)
-        return self._req_to_blocks.pop(request_id, [])
+        cdef list blocks = self._req_to_blocks.pop(request_id, [])
+        cdef Py_ssize_t lead = 0, n = len(blocks)
+        cdef object null = self._null_block
+        while lead < n and blocks[lead] is null:
+            lead += 1
+        return blocks[lead:] if lead else blocks
 
     cpdef free(self, str request_id):
-        """Return the request's blocks to the pool, tail first."""
+        """Return the request's blocks to the pool, tail first (the request's
+        block list itself is left in its order: a caller may still hold it)."""
         if not self._free_held(request_id):
             self.pop_blocks_for_free(request_id)  # (holds none: only the bookkeeping)
 
@@ -373,8 +382,13 @@ cdef class SingleTypeKVCacheManager:
             return False
         self._gen.value = _next_gen()
         self._num_cached_block.pop(request_id, None)
+        # Free tail first, then put the list back in its order: a caller may
+        # still hold it (get_blocks hands out these lists), as vLLM leaves it.
         blocks.reverse()
-        self.block_pool._free_blocks(blocks)
+        try:
+            self.block_pool._free_blocks(blocks)
+        finally:
+            blocks.reverse()
         return True
 
     cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1:

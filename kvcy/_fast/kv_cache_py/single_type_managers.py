@@ -384,14 +384,21 @@ class SingleTypeKVCacheManager(_Checked):
 
     # -------------------------------------------------------------- freeing
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Forget the request and return its blocks, in allocation order, without
+        freeing them; leading null blocks (a window's skipped prefix) are left out.
+        The caller frees them, last block first."""
         self._num_cached_block.pop(request_id, None)
-        return self._req_to_blocks.pop(request_id, [])
+        blocks = self._req_to_blocks.pop(request_id, [])
+        null = self._null_block
+        lead = 0
+        while lead < len(blocks) and blocks[lead] is null:
+            lead += 1
+        return blocks[lead:] if lead else blocks
 
     def free(self, request_id: str) -> None:
-        """Return the request's blocks to the pool, tail first."""
-        blocks = self.pop_blocks_for_free(request_id)
-        blocks.reverse()
-        self.block_pool.free_blocks(blocks)
+        """Return the request's blocks to the pool, tail first (the request's
+        block list itself is left in its order: a caller may still hold it)."""
+        self.block_pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
 
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
         blocks = self._req_to_blocks.get(request_id)
