@@ -4,7 +4,9 @@ Exports, all from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
 (the base), ``FullAttentionManager``, ``SinkFullAttentionManager``, ``SlidingWindowManager``,
 ``ChunkedLocalAttentionManager``, ``MambaManager``, ``CrossAttentionManager``,
 ``spec_manager_map`` (spec class -> manager class) and
-``get_manager_for_kv_cache_spec``.
+``get_manager_for_kv_cache_spec``; and, defined here,
+``register_all_kvcache_specs`` (vLLM's engine-start registration of the
+built-in specs in :class:`kvcy.kv_cache_interface.KVCacheSpecRegistry`).
 
 A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
 into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
@@ -45,6 +47,19 @@ else:
     spec_manager_map = _impl.spec_manager_map
     get_manager_for_kv_cache_spec = _impl.get_manager_for_kv_cache_spec
 
+
+
+def register_all_kvcache_specs(vllm_config: object = None) -> None:
+    """Register the built-in spec classes with their managers (the selected
+    twin's) in :class:`~kvcy.kv_cache_interface.KVCacheSpecRegistry`, as vLLM's
+    engine core does at start-up; a class registered already keeps its entry,
+    so calling it again changes nothing.  ``vllm_config`` is vLLM's argument,
+    which the registration does not read."""
+    from kvcy.kv_cache_interface import KVCacheSpecRegistry
+
+    KVCacheSpecRegistry._ensure_registered()
+
+
 __all__ = [
     "ChunkedLocalAttentionManager",
     "CrossAttentionManager",
@@ -54,5 +69,6 @@ __all__ = [
     "SinkFullAttentionManager",
     "SlidingWindowManager",
     "get_manager_for_kv_cache_spec",
+    "register_all_kvcache_specs",
     "spec_manager_map",
 ]

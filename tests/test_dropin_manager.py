@@ -225,3 +225,42 @@ def test_pop_blocks_for_free_leaves_out_leading_null_blocks(impl):
     # the caller frees them, last first, as vLLM's scheduler does
     mgr.block_pool.free_blocks(reversed(popped))
     assert mgr.block_pool.get_num_free_blocks() == 31
+
+
+# -------------------------- names and parameters as vLLM 0.33.0 spells them
+def test_single_type_manager_takes_vllms_positional_order(impl):
+    """vLLM: (spec, pool, enable_caching, group id, scheduler block size,
+    dcp_world_size=1, pcp_world_size=1, needs_kv_cache_zeroing=False,
+    max_admission_blocks_per_request=None)."""
+    kv = impl.kv_cache
+    pool = kv.BlockPool(16, True, BS)
+    mgr = kv.FullAttentionManager(full_spec(), pool, True, 0, BS, 1, 1, True, 3)
+    assert mgr._max_admission_blocks_per_request == 3
+    mgr.allocate_new_blocks("a", 8, 8)
+    assert sorted(mgr.take_new_block_ids()) == sorted(b.block_id for b in mgr.req_to_blocks["a"])
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        kv.FullAttentionManager(full_spec(), pool, True, 0, BS, 2)
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        kv.FullAttentionManager(full_spec(), pool, True, 0, BS, pcp_world_size=2)
+    with pytest.raises(TypeError, match="dcp_world_size must be an int"):
+        kv.FullAttentionManager(full_spec(), pool, True, 0, BS, dcp_world_size=1.0)
+
+
+def test_kv_cache_block_is_null_keyword(impl):
+    kv = impl.kv_cache
+    assert kv.KVCacheBlock(3, is_null=True).is_null is True
+    assert kv.KVCacheBlock(3).is_null is False
+    with pytest.raises(TypeError, match="is_null must be a bool"):
+        kv.KVCacheBlock(3, is_null=1)
+
+
+def test_register_all_kvcache_specs():
+    import kvcy.single_type_kv_cache_manager as st
+    from kvcy.kv_cache_interface import KVCacheSpecRegistry, SinkFullAttentionSpec
+
+    st.register_all_kvcache_specs(None)
+    st.register_all_kvcache_specs()  # again: nothing changes
+    sink = SinkFullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sink_len=BS)
+    assert KVCacheSpecRegistry.get_manager_class(sink) is st.SinkFullAttentionManager
+    assert KVCacheSpecRegistry.get_manager_class(full_spec()) is st.FullAttentionManager
+    assert "register_all_kvcache_specs" in st.__all__

@@ -610,11 +610,14 @@ def test_sparse_retention_leaves_unreachable_blocks_unhashed(impl):
         req = kv.Request("r", list(range(24)), block_hasher=get_request_block_hasher(4, sha))
         mgr.allocate_slots(req, 24)
         blocks = mgr.get_blocks("r").blocks[0]
+        ids = [b.block_id for b in blocks]
         assert [i for i, b in enumerate(blocks) if b.block_hash is not None] == cached
         mgr.free(req)
         order = [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
-        # (freed tail first, each unhashed one to the front: they lead in table order)
-        unhashed = [b.block_id for b in blocks if b.block_hash is None]
+        # (freed tail first, the unhashed ones to the front in that order: they lead,
+        # last table entry first; free() leaves the table itself in its order)
+        assert [b.block_id for b in blocks] == ids
+        unhashed = [b.block_id for b in reversed(blocks) if b.block_hash is None]
         assert order[: len(unhashed)] == unhashed
 
 

@@ -590,6 +590,12 @@ def objects():
 
 # (label, call): wrong types, negative or too large counts, unknown ids, objects of the wrong
 # kind.  Both twins must raise the same exception type with the same message.
+def _full_spec():
+    from kvcy.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+
+
 BAD_CALLS = {
     # kv_cache: constructors
     "BlockPool(num_gpu_blocks='3')": lambda o: o["mod"].BlockPool("3", True, 4),
@@ -602,6 +608,11 @@ BAD_CALLS = {
     "KVCacheBlock(2**64)": lambda o: o["mod"].KVCacheBlock(2**64),
     "KVCacheBlock(None)": lambda o: o["mod"].KVCacheBlock(None),
     "KVCacheBlock(1.5)": lambda o: o["mod"].KVCacheBlock(1.5),
+    "KVCacheBlock(is_null=1)": lambda o: o["mod"].KVCacheBlock(1, is_null=1),
+    "FullAttentionManager(dcp_world_size=2)": lambda o: o["mod"].FullAttentionManager(
+        _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 2),
+    "FullAttentionManager(pcp_world_size='1')": lambda o: o["mod"].FullAttentionManager(
+        _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 1, "1"),
     "KVCacheBlocks(list)": lambda o: o["mod"].KVCacheBlocks([[]]),
     "Request(request_id=5)": lambda o: o["mod"].Request(5, [1, 2]),
     "Request(tokens=['a'])": lambda o: o["mod"].Request("r", ["a"]),

@@ -78,7 +78,7 @@ class KVCacheBlock:
     ref_cnt: int
     is_null: bool
     block_hash_num_tokens: int | None
-    def __init__(self, block_id: int, *, pool: None = None) -> None: ...
+    def __init__(self, block_id: int, *, pool: None = None, is_null: bool = False) -> None: ...
     @property
     def prev_free_block(self) -> KVCacheBlock | None: ...
     @property
@@ -201,8 +201,10 @@ class SingleTypeKVCacheManager:
         enable_caching: bool,
         kv_cache_group_id: int,
         scheduler_block_size: int,
-        max_admission_blocks_per_request: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
         needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
     ) -> None: ...
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int: ...
     def get_num_blocks_to_allocate(

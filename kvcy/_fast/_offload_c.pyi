@@ -163,7 +163,8 @@ class CPUOffloadingManager:
 
 @final
 class ConnectorRequest:
-    def __init__(self) -> None: ...
+    # (made by ReplayConnector.new_request only: __init__ raises TypeError)
+    def __init__(self, *args: object, **kwargs: object) -> None: ...
     @property
     def req_context(self) -> ReqContext: ...
     @property

@@ -55,7 +55,7 @@ class KVCacheSpecRegistry:
             # full-attention subclasses group with full attention
             (ki.MLAAttentionSpec, full, ki.FullAttentionSpec),
             (ki.HiddenStateCacheSpec, full, ki.FullAttentionSpec),
-            (ki.SinkFullAttentionSpec, full, ki.FullAttentionSpec),
+            (ki.SinkFullAttentionSpec, twin.SinkFullAttentionManager, ki.FullAttentionSpec),
             (ki.TQFullAttentionSpec, full, ki.FullAttentionSpec),
         ):
             if spec_cls not in _REGISTRY:

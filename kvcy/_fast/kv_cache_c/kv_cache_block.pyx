@@ -31,12 +31,13 @@ cdef class KVCacheBlock:
     holds, taken when the block enters and handed over (or dropped) when it
     leaves.  A block refers to nothing but its hash bytes, so it stays out
     of the cycle collector (pools hold up to millions of them).
+    ``is_null`` (keyword only, vLLM's) marks the pool's null block.
     ``pool`` (keyword only, vLLM's) must be None: it serves HiSparse's several
     block pools, which kvcy does not implement (and keeping it would cost
     every block a field and a place in the cycle collector).
     """
 
-    def __init__(self, object block_id, *, object pool=None):
+    def __init__(self, object block_id, *, object pool=None, object is_null=False):
         # An int (or an int subclass, as the pure twin takes), never a float: a typed
         # ``int32_t`` argument would truncate 1.5 to 1.
         if type(block_id) is not int:
@@ -46,6 +47,8 @@ cdef class KVCacheBlock:
         cdef int32_t bid = block_id  # (its OverflowError before the pool's refusal, as in the pure twin)
         if pool is not None:
             raise NotImplementedError(_POOL_REFUSED)
+        if type(is_null) is not bool:
+            raise TypeError(f"is_null must be a bool, got {type(is_null).__name__}")
         self.block_id = bid
         self._ref_cnt = 0
         self._hash = None
@@ -53,7 +56,7 @@ cdef class KVCacheBlock:
         self._num_tokens = -1
         # _queue_id starts at 0 (C fields are zeroed on allocation) and is left
         # alone here: re-running __init__ must not detach a queued block.
-        self.is_null = False
+        self.is_null = is_null
 
     @property
     def ref_cnt(self):

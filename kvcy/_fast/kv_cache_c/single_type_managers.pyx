@@ -90,6 +90,18 @@ cdef class _Generation:
         self.value = _next_gen()
 
 
+def _check_no_context_parallel(dcp_world_size, pcp_world_size):
+    """A single-type manager's dcp / pcp world sizes: ints, and 1 (context
+    parallelism is not implemented)."""
+    for name, value in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise NotImplementedError(
+            "decode/prefill context parallelism (dcp/pcp world size > 1) is not implemented in kvcy"
+        )
+
+
 cdef class SingleTypeKVCacheManager:
     """Block bookkeeping for one KV-cache group of one attention type.
 
@@ -102,8 +114,9 @@ cdef class SingleTypeKVCacheManager:
     retains_longer_hit = False
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
-                 Py_ssize_t scheduler_block_size, max_admission_blocks_per_request=None,
-                 needs_kv_cache_zeroing=False):
+                 Py_ssize_t scheduler_block_size, dcp_world_size=1, pcp_world_size=1,
+                 needs_kv_cache_zeroing=False, max_admission_blocks_per_request=None):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         self._record_new_block_ids = bool(needs_kv_cache_zeroing) and isinstance(kv_cache_spec, AttentionSpec)
         self.new_block_ids = []
         self.kv_cache_spec = kv_cache_spec
@@ -977,6 +990,6 @@ def get_manager_for_kv_cache_spec(kv_cache_spec, block_pool, enable_caching, kv_
         enable_caching,
         kv_cache_group_id,
         scheduler_block_size,
-        _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
-        needs_kv_cache_zeroing,
+        needs_kv_cache_zeroing=needs_kv_cache_zeroing,
+        max_admission_blocks_per_request=_admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
     )

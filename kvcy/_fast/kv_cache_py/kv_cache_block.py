@@ -40,6 +40,7 @@ class KVCacheBlock:
     """One KV-cache block: id, reference count, cache key, free-queue position.
 
     The position is the pair of links to its neighbours in the free queue.
+    ``is_null`` (keyword only, vLLM's) marks the pool's null block.
     ``pool`` (keyword only, vLLM's) must be None: it serves HiSparse's several
     block pools, which kvcy does not implement (and keeping it would cost
     every block a field and a place in the cycle collector).
@@ -60,7 +61,7 @@ class KVCacheBlock:
         "_queue",
     )
 
-    def __init__(self, block_id: int, *, pool: None = None) -> None:
+    def __init__(self, block_id: int, *, pool: None = None, is_null: bool = False) -> None:
         if block_id.__class__ is not int:
             if not isinstance(block_id, int):
                 raise TypeError("an integer is required")
@@ -71,6 +72,8 @@ class KVCacheBlock:
             raise OverflowError("value too large to convert to int32_t")
         if pool is not None:
             raise NotImplementedError(_POOL_REFUSED)
+        if is_null.__class__ is not bool:
+            raise TypeError(f"is_null must be a bool, got {type(is_null).__name__}")
         self._block_id = block_id
         self._ref_cnt = 0
         self._queue: FreeKVCacheBlockQueue | None = None  # the queue it was last put in
@@ -78,7 +81,7 @@ class KVCacheBlock:
         self._block_hash_num_tokens: int | None = None
         self._prev_free_block: KVCacheBlock | None = None
         self._next_free_block: KVCacheBlock | None = None
-        self._is_null = False
+        self._is_null = is_null
 
     @property
     def block_id(self) -> int:

@@ -92,6 +92,18 @@ def _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, f
     return retention_interval, boundaries, final_segment_end_block
 
 
+def _check_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None:
+    """A single-type manager's dcp / pcp world sizes: ints, and 1 (context
+    parallelism is not implemented)."""
+    for name, value in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise NotImplementedError(
+            "decode/prefill context parallelism (dcp/pcp world size > 1) is not implemented in kvcy"
+        )
+
+
 class SingleTypeKVCacheManager(_Checked):
     """Block bookkeeping for one KV-cache group of one attention type.
 
@@ -119,9 +131,12 @@ class SingleTypeKVCacheManager(_Checked):
         enable_caching: bool,
         kv_cache_group_id: int,
         scheduler_block_size: int,
-        max_admission_blocks_per_request: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
         needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
     ) -> None:
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         self._record_new_block_ids = bool(needs_kv_cache_zeroing) and isinstance(kv_cache_spec, AttentionSpec)
         self.new_block_ids: list[int] = []
         self.kv_cache_spec = kv_cache_spec
@@ -891,6 +906,6 @@ def get_manager_for_kv_cache_spec(
         enable_caching,
         kv_cache_group_id,
         scheduler_block_size,
-        _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
-        needs_kv_cache_zeroing,
+        needs_kv_cache_zeroing=needs_kv_cache_zeroing,
+        max_admission_blocks_per_request=_admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
     )
