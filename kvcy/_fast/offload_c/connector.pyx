@@ -71,7 +71,7 @@ cdef class ConnectorRequest:
     connector's and read-only.
     """
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         raise TypeError("a ConnectorRequest is made by ReplayConnector.new_request")
 
     @property

@@ -73,7 +73,7 @@ class ConnectorRequest:
 
     __slots__ = ("_ctx", "_index", "_prompt_blocks", "_keys", "_next_stored", "_req", "_hit_first", "_hits")
 
-    def __init__(self) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("a ConnectorRequest is made by ReplayConnector.new_request")
 
     @property
