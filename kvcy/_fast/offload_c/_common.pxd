@@ -57,7 +57,8 @@ cdef extern from *:
        lookup of keys[j] itself mostly hits the cache.  Only reads and
        prefetches (a prefetch never faults) of the dict's current table, and
        only for exact bytes keys whose hash is already cached: a stale guess
-       costs a wasted prefetch, never a wrong answer.  The layout is CPython
+       costs a wasted prefetch, never a wrong answer; nothing for a table
+       small enough to stay in cache.  The layout is CPython
        3.11's (Include/internal/pycore_dict.h), mirrored here; on other
        versions, and for a dict that is not a general-keys table, nothing. */
     /* always inlined: a function made only of reads and prefetches counts
@@ -105,7 +106,9 @@ cdef extern from *:
         const KvcyDictEntry *ent;
         Py_ssize_t a, ix;
         Py_hash_t h;
-        if (dk->dk_kind != 0 || ((PyDictObject *)d)->ma_values != NULL) return;
+        /* a table of under 2**16 slots (~1 MiB of entries at most) stays
+           in cache: no pipeline, whose bookkeeping would only cost there */
+        if (dk->dk_log2_size < 16 || dk->dk_kind != 0 || ((PyDictObject *)d)->ma_values != NULL) return;
         ent = (const KvcyDictEntry *)(dk->dk_indices + ((size_t)1 << dk->dk_log2_index_bytes));
         a = j + 2 * KVCY_AHEAD_D;
         if (a >= 0 && a < n && (h = kvcy_bytes_hash_known(keys[a])) != -1) {
