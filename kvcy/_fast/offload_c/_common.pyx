@@ -46,6 +46,14 @@ cdef inline PyObject *_map_get(dict d, object key) except? NULL:
     return PyDict_GetItemWithError(d, key)
 
 
+cdef inline void _ahead_prime(dict d, list keys) noexcept:
+    """Start kvcy_dict_ahead's pipeline for a loop over ``keys`` looking them up
+    in ``d`` (the loop then calls ``kvcy_dict_ahead(d, keys, i)`` before each key)."""
+    cdef Py_ssize_t j
+    for j in range(-2 * KVCY_AHEAD_D, 0):
+        kvcy_dict_ahead(d, keys, j)
+
+
 cdef object _get_state(object ctx, type cls):
     """``ctx.get_state(cls)``; for a plain ReqContext, a direct read of its state dict."""
     if type(ctx) is _ReqContext:

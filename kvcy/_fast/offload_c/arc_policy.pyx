@@ -190,14 +190,25 @@ cdef class ARCCachePolicy(CachePolicy):
         """``_finish`` for a record's keys and flags (``keys[order[i]]``, head
         first): a key with ``_REUSED`` is reused, else one with ``_INSERTED``
         is insertion-only, as the manager's sets would say."""
-        cdef Py_ssize_t i, j, f
+        cdef Py_ssize_t i, j, f, n
         cdef ChunkStatus st
+        # the keys to look up, in visiting order (held by ``keys``), so that
+        # their lookups in the map are pipelined (kvcy_dict_ahead_at)
+        cdef vector[PyObject *] todo
+        cdef vector[Py_ssize_t] todo_flags
         for j in range(<Py_ssize_t>order.size() - 1, -1, -1):
             i = order[j]
             f = <Py_ssize_t>flags[i]
-            if not (f & (_REUSED | _INSERTED)):
-                continue
-            st = self.c_get(keys[i])
+            if f & (_REUSED | _INSERTED):
+                todo.push_back(_list_item(keys, i))
+                todo_flags.push_back(f)
+        n = <Py_ssize_t>todo.size()
+        for j in range(-2 * KVCY_AHEAD_D, 0):
+            kvcy_dict_ahead_at(self._chunks, todo.data(), n, j)
+        for j in range(n):
+            kvcy_dict_ahead_at(self._chunks, todo.data(), n, j)
+            f = todo_flags[j]
+            st = self.c_get(<object>todo[j])
             if st is None:
                 continue
             if f & _REUSED:

@@ -282,7 +282,18 @@ cdef class LRUCachePolicy(CachePolicy):
                     break
         if len(out) < n:
             return None
+        # the map's entries of the evicted keys are cold: their lookups are
+        # pipelined (kvcy_dict_ahead_at), over the keys held by ``out``
+        cdef vector[PyObject *] keys
+        cdef Py_ssize_t i
+        keys.reserve(n)
         for st in out:
+            keys.push_back(<PyObject *>st.key)
+        for i in range(-2 * KVCY_AHEAD_D, 0):
+            kvcy_dict_ahead_at(self._chunks, keys.data(), n, i)
+        for i in range(n):
+            kvcy_dict_ahead_at(self._chunks, keys.data(), n, i)
+            st = <ChunkStatus>_list_item(out, i)
             self._unlink(st)
             st.owned = False
             del self._chunks[st.key]

@@ -586,7 +586,12 @@ cdef class CPUOffloadingManager:
                 _check_no_repeats(offer)
         if is_arc:
             new_ghosts = []
-        for key in offer:
+        if policy._native:
+            _ahead_prime(policy._chunks, offer)
+        for i in range(n_offer):
+            key = offer[i]
+            if policy._native:
+                kvcy_dict_ahead(policy._chunks, offer, i)
             if is_arc:
                 # one lookup says resident, ghost (kept for the store miss
                 # and the insert below) or neither
