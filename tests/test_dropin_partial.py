@@ -1,0 +1,244 @@
+"""Partial prefix-cache entries with coarse keys (issue 14, the storage side of vLLM 0.33.0's
+fine-grained partial hits).
+
+When a full-attention group's blocks are coarser than the hash block, vLLM 0.33.0's
+``FullAttentionManager.cache_blocks`` also registers the prompt's last hash boundary a later
+request can reach, when it falls inside a block, as a partial entry of that block
+(``_cache_partial_tail_block`` -> ``BlockPool.cache_partial_block``).  The entry is the block's
+own key if it has none (so the block goes to the tail of the free queue when freed), or an extra
+key kept in ``cached_block_hashes_by_block``; eviction, promotion to a full block, reset and
+``move_block_hashes`` drop or move every key of the block, with one ``BlockRemoved`` per key.
+Aligned lookups never return these entries (their keys are hashes at unaligned boundaries).
+
+Both twins.  The recorded values below are what vLLM 0.33.0 printed for the same calls
+(``/tmp/kvh-venv``); the live tests at the end replay random operation sequences on vLLM's own
+``KVCacheManager`` beside kvcy's and compare everything observable after every operation
+(they run where vLLM imports: CI's vLLM step, ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+HBS = 4  # hash block size
+
+
+def _vllm_importable() -> bool:
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if os.environ.get("KVCY_REQUIRE_VLLM") == "1":  # CI's vLLM step: a broken install fails, never skips
+    import vllm
+
+    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
+
+live = pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+
+
+# ------------------------------------------------------------------ the two back ends
+class _Api:
+    """Builds one library's manager, requests and reads its state as plain data."""
+
+    def __init__(self, which: str, impl=None) -> None:
+        self.which = which
+        if which == "vllm":
+            os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+            import torch
+            from vllm.sampling_params import SamplingParams
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_manager import KVCacheManager
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+            from vllm.v1.request import Request
+
+            sha = get_hash_fn_by_name("sha256")
+            init_none_hash(sha)
+            self._spec = lambda bs: FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8,
+                                                      dtype=torch.float16)
+            self._cfg = lambda n, specs: KVCacheConfig(
+                num_blocks=n, kv_cache_tensors=[],
+                kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+            self._manager = lambda cfg, eagle: KVCacheManager(
+                cfg, max_model_len=4096, scheduler_block_size=max(s.kv_cache_spec.block_size
+                                                                  for s in cfg.kv_cache_groups),
+                hash_block_size=HBS, use_eagle=eagle, enable_kv_cache_events=True)
+            self._request = lambda rid, toks: Request(rid, toks, SamplingParams(max_tokens=4096), None,
+                                                      block_hasher=get_request_block_hasher(HBS, sha))
+        else:
+            from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+            from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+            kv = impl.kv_cache
+            sha = get_hash_fn_by_name("sha256")
+            init_none_hash(sha)
+            self._spec = lambda bs: FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+            self._cfg = lambda n, specs: KVCacheConfig(
+                num_blocks=n, kv_cache_tensors=[],
+                kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+            self._manager = lambda cfg, eagle: kv.KVCacheManager(
+                cfg, max_model_len=4096, scheduler_block_size=max(g.kv_cache_spec.block_size
+                                                                  for g in cfg.kv_cache_groups),
+                hash_block_size=HBS, use_eagle=eagle, enable_kv_cache_events=True)
+            self._request = lambda rid, toks: kv.Request(rid, toks, block_hasher=get_request_block_hasher(HBS, sha))
+
+    def manager(self, block_sizes, num_blocks, eagle=False):
+        return self._manager(self._cfg(num_blocks, [self._spec(bs) for bs in block_sizes]), eagle)
+
+    def request(self, rid, tokens):
+        return self._request(rid, tokens)
+
+
+def _h(h):
+    """An event's hash (bytes or, as vLLM publishes them by default, an int) as plain data."""
+    return h if h is None or isinstance(h, int) else bytes(h).hex()
+
+
+def _ev(e) -> list:
+    name = type(e).__name__
+    if name == "BlockStored":
+        return ["stored", [_h(h) for h in e.block_hashes], _h(e.parent_block_hash),
+                list(e.token_ids), e.block_size, e.group_idx, e.extra_keys, e.lookahead_token_ids, e.medium]
+    if name == "BlockRemoved":
+        return ["removed", [_h(h) for h in e.block_hashes], e.group_idx, e.medium]
+    return [name]
+
+
+def _state(mgr) -> dict:
+    """Free-queue order, every block's key and token count, the partial entries per block and
+    the cache map (key -> the block lookups return, and every block under it)."""
+    pool = mgr.block_pool
+    cmap = pool.cached_block_hash_to_block
+    keys = sorted(bytes(k) for k in (cmap._cache.keys() if hasattr(cmap, "_cache") else cmap.keys()))
+    ids = range(pool.num_gpu_blocks)
+    return {
+        "free": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+        "blocks": [(b.block_id, None if b.block_hash is None else bytes(b.block_hash).hex(), b.block_hash_num_tokens)
+                   for b in pool.blocks if b.block_hash is not None],
+        "extra": {bid: sorted(bytes(k).hex() for k in ks) for bid, ks in pool.cached_block_hashes_by_block.items()},
+        "map": [(k.hex(), cmap.get_one_block(k).block_id, [i for i in ids if cmap.contain(k, i)]) for k in keys],
+    }
+
+
+def _replay(api: _Api, case: dict) -> list:
+    """Run a case's operations; what each one returned, its events and the state after it."""
+    mgr = api.manager(case["block_sizes"], case["num_blocks"], case["eagle"])
+    reqs: dict = {}
+    out = []
+    for op in case["ops"]:
+        kind, rid = op[0], op[1]
+        rec = None
+        if kind == "new":
+            reqs[rid] = api.request(rid, list(op[2]))
+        elif kind == "admit":
+            req = reqs[rid]
+            blocks, n_hit = mgr.get_computed_blocks(req)[:2]
+            n_new = min(op[2], req.num_tokens - n_hit)
+            got = mgr.allocate_slots(req, n_new, n_hit, blocks)
+            rec = [n_hit, [list(g) for g in blocks.get_block_ids()],
+                   None if got is None else [list(g) for g in got.get_block_ids()]]
+            if got is not None:
+                req.num_computed_tokens = n_hit + n_new
+        elif kind == "step":
+            req = reqs[rid]
+            if req.num_computed_tokens >= req.num_tokens:
+                req.append_output_token_ids(list(op[3]))
+            n_new = min(op[2], req.num_tokens - req.num_computed_tokens)
+            got = mgr.allocate_slots(req, n_new)
+            rec = None if got is None else [list(g) for g in got.get_block_ids()]
+            if got is None:  # preempted, as the scheduler does
+                mgr.free(req)
+                req.num_computed_tokens = 0
+            else:
+                req.num_computed_tokens += n_new
+        elif kind == "free":
+            mgr.free(reqs[rid])
+            reqs[rid].num_computed_tokens = 0
+        elif kind == "evict":
+            mgr.block_pool.evict_blocks(set(op[2]))
+        elif kind == "reset":
+            rec = mgr.reset_prefix_cache()
+        else:
+            raise ValueError(kind)
+        out.append([kind, rid, rec, [_ev(e) for e in mgr.take_events()], _state(mgr)])
+    return out
+
+
+# ------------------------------------------------------------------ random cases
+_PREFIXES = [list(range(1000 * k, 1000 * k + 64)) for k in range(2)]
+
+
+@st.composite
+def _cases(draw):
+    # (vLLM 0.33.0 takes coarse keys only beside another group: its unitary coordinator
+    # asserts hash_block_size == block_size)
+    block_sizes = draw(st.sampled_from([[8, 16], [16, 16], [4, 8], [8, 8], [4, 16], [16, 8]]))
+    eagle = draw(st.booleans())
+    num_blocks = draw(st.sampled_from([16, 24, 48]))  # (small pools: preemption, evictions on reuse)
+    n_req = draw(st.integers(2, 6))
+    ops = []
+    states = {}
+    prompts = []
+    for r in range(n_req):
+        if prompts and draw(st.booleans()):  # the same prompt again (a resend)
+            prompt = draw(st.sampled_from(prompts))
+        else:
+            prefix = draw(st.sampled_from(_PREFIXES))
+            shared = draw(st.sampled_from([0, 8, 16, 20, 32, 44, 64]))
+            tail = draw(st.integers(1, 15))
+            prompt = prefix[:shared] + list(range(50000 + 100 * r, 50000 + 100 * r + tail))
+        prompts.append(prompt)
+        ops.append(("new", f"r{r}", prompt))
+        states[f"r{r}"] = "new"
+    n_ops = draw(st.integers(4, 30))
+    for _ in range(n_ops):
+        rid = f"r{draw(st.integers(0, n_req - 1))}"
+        kind = draw(st.sampled_from(["admit", "admit", "step", "step", "step", "free", "free", "evict", "reset"]))
+        if kind == "admit" or (kind == "step" and states[rid] != "running"):
+            if states[rid] == "running":
+                continue
+            ops.append(("admit", rid, draw(st.sampled_from([3, 5, 8, 200]))))
+            states[rid] = "running"  # (or left waiting: the replay tells, a later admit retries)
+        elif kind == "step":
+            ops.append(("step", rid, draw(st.sampled_from([1, 3, 8])), [draw(st.integers(60000, 60003))]))
+        elif kind == "free":
+            ops.append(("free", rid))
+            states[rid] = "done"
+        elif kind == "evict":
+            ops.append(("evict", None, draw(st.lists(st.integers(1, num_blocks - 1), max_size=3))))
+        else:
+            ops.append(("reset", None))
+    return {"block_sizes": block_sizes, "eagle": eagle, "num_blocks": num_blocks, "ops": ops}
+
+
+def _guarded(api, case):
+    """The replay, or the exception it ended with (same type and point on both sides)."""
+    try:
+        return _replay(api, case)
+    except Exception as exc:  # (a refused operation: both must refuse it alike)
+        return ["raised", type(exc).__name__]
+
+
+@pytest.fixture(scope="module")
+def vllm_api():
+    return _Api("vllm")
+
+
+@live
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          derandomize=True)
+@given(case=_cases())
+def test_random_sequences_as_vllm(impl, vllm_api, case):
+    """Random admissions (chunked, with prefix hits), decode steps with preemption, frees,
+    evictions and resets over coarse keys, prompts ending inside blocks: kvcy's manager
+    returns, queues and holds what vLLM's does after every operation."""
+    expected = _guarded(vllm_api, case)
+    assert expected[0] != "raised", expected  # (the cases are valid operation sequences)
+    assert _guarded(_Api("kvcy", impl), case) == expected
