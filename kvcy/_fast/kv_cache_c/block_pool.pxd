@@ -11,6 +11,9 @@ cdef class BlockPool:
     cdef readonly list blocks
     cdef readonly FreeKVCacheBlockQueue free_block_queue
     cdef readonly BlockHashToBlockMap cached_block_hash_to_block
+    # block id -> set of the cache keys (hash + 4-byte group id, vLLM's shape) the
+    # block carries besides its own: partial entries (cache_partial_block).
+    cdef readonly dict cached_block_hashes_by_block
     cdef readonly KVCacheBlock null_block
     cdef readonly bint enable_kv_cache_events
     cdef readonly bint use_int_block_hashes
@@ -43,3 +46,8 @@ cdef class BlockPool:
     cdef void _undo_free(self, list blocks_list, Py_ssize_t upto, int64_t n_head,
                          int64_t n_tail) noexcept
     cpdef Py_ssize_t get_num_free_blocks(self)
+    cdef list _remove_cached_block_hashes(self, KVCacheBlock block)
+    cdef int _emit_block_removed_events(self, list removed) except -1
+    cdef int _insert_block_hash(self, bytes block_hash, uint32_t gid, KVCacheBlock block,
+                                Py_ssize_t num_tokens) except -1
+    cdef int _promote(self, KVCacheBlock blk, bytes block_hash, uint32_t gid, Py_ssize_t num_tokens) except -1
