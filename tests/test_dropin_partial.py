@@ -338,6 +338,125 @@ def test_recorded_cases_show_what_they_are_for():
     assert len(evicted) == 6 and all(e[0] == "removed" for e in evicted)
 
 
+# ------------------------------------------------------------------ the pool by hand
+def _h4(i: int) -> bytes:
+    return f"hash-{i}".encode().ljust(32, b".")
+
+
+def _pool_request():
+    """What the pool reads of a request: 4 hash blocks of 4 tokens."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request_id="r", block_hashes=[_h4(i) for i in range(4)], all_token_ids=list(range(16)),
+                           lora_request=None, mm_features=[], cache_salt=None, prompt_embeds=None, session_id=None)
+
+
+def _pool_story(pool_type) -> list:
+    """cache_partial_block on a fresh block, again, promotion by cache_full_blocks, the entry
+    again as an extra key, move_block_hashes, eviction on reuse; what each step leaves."""
+    pool = pool_type(6, True, HBS, enable_kv_cache_events=True)
+    req = _pool_request()
+    a, b = pool.get_new_blocks(2)
+    out = []
+
+    def note(ret):
+        keys = [(blk.block_id, bytes(blk.block_hash).hex() if blk.block_hash is not None else None,
+                 blk.block_hash_num_tokens) for blk in pool.blocks]
+        extra = {k: sorted(bytes(x).hex() for x in v) for k, v in pool.cached_block_hashes_by_block.items()}
+        out.append([None if ret is None else bytes(ret).hex(), [_ev(e) for e in pool.take_events()], keys, extra,
+                    [blk.block_id for blk in pool.free_block_queue.get_all_free_blocks()]])
+
+    note(pool.cache_partial_block(req, a, 4, 0, 8))  # a's own key, 4 tokens
+    note(pool.cache_partial_block(req, a, 4, 0, 8))  # already there: no event
+    note(pool.cache_partial_block(req, pool.null_block, 4, 0, 8))  # the null block: None
+    pool.cache_full_blocks(req, [a], 0, 1, 8, 0)  # promotion: the partial key goes, the full one comes
+    note(None)
+    note(pool.cache_partial_block(req, a, 4, 0, 8))  # now an extra key of a
+    note(pool.cache_partial_block(req, a, 4, 1, 8))  # group 1: a second extra key
+    assert pool.get_cached_block(_h4(1), [0]) == [a]  # (the aligned key: a's own)
+    pool.move_block_hashes(a, b)  # every key moves, no event
+    note(None)
+    pool.free_blocks([a, b])
+    note(None)
+    pool.get_new_blocks(5)  # b is reused last: its three keys go, one BlockRemoved each
+    note(None)
+    note(pool.cache_partial_block(req, a, 12, 0, 8, replace_existing_hashes=True))
+    return out
+
+
+def test_pool_story(impl):
+    kv = impl.kv_cache
+    got = _pool_story(lambda *a, **k: kv.BlockPool(*a, use_int_block_hashes=False, **k))
+    k0 = _h4(0).hex() + "00000000"
+    k0g1 = _h4(0).hex() + "00000001"
+    k1 = _h4(1).hex() + "00000000"
+    # a's own key at 4 tokens; one BlockStored of the 4-token hash block; returned key
+    assert got[0][0] == k0 and got[0][2][1] == (1, k0, 4) and got[0][3] == {}
+    assert got[0][1] == [["stored", [_h4(0).hex()], None, [0, 1, 2, 3], 4, 0, [None], None, "GPU"]]
+    assert got[1][0] == k0 and got[1][1] == []  # already cached
+    assert got[2][0] is None and got[2][1] == []  # null block
+    # promotion: BlockRemoved of the partial key, then the full block's BlockStored
+    assert [e[0] for e in got[3][1]] == ["removed", "stored"] and got[3][2][1] == (1, k1, 8)
+    assert got[4][3] == {1: [k0]} and got[4][1][0][:5] == ["stored", [_h4(0).hex()], None, [0, 1, 2, 3], 4]
+    assert got[5][3] == {1: sorted([k0, k0g1])}
+    assert got[6][1] == [] and got[6][2][1] == (1, None, None) and got[6][2][2] == (2, k1, 8)
+    assert got[6][3] == {2: sorted([k0, k0g1])}
+    assert got[7][4] == [1, 3, 4, 5, 2]  # a has no key now (queue head), b has them (tail)
+    removed = got[8][1]
+    assert [e[0] for e in removed] == ["removed"] * 3 and removed[0][1] == [_h4(1).hex()]
+    assert got[8][3] == {} and got[8][2][2] == (2, None, None)
+    assert got[9][0] == _h4(2).hex() + "00000000" and got[9][2][1] == (1, _h4(2).hex() + "00000000", 12)
+
+
+@live
+def test_pool_story_as_vllm(impl):
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
+    try:
+        from vllm.v1.core.block_pool import BlockPool as VllmPool
+
+        expected = _pool_story(VllmPool)
+    finally:
+        del os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"]
+    kv = impl.kv_cache
+    assert _pool_story(lambda *a, **k: kv.BlockPool(*a, use_int_block_hashes=False, **k)) == expected
+
+
+_BAD_PARTIAL = [
+    (TypeError, lambda p, r, b: p.cache_partial_block(None, b, 4, 0, 8)),
+    (TypeError, lambda p, r, b: p.cache_partial_block(r, None, 4, 0, 8)),
+    (RuntimeError, lambda p, r, b: p.cache_partial_block(r, type(b)(1), 4, 0, 8)),
+    (TypeError, lambda p, r, b: p.cache_partial_block(r, b, 4.0, 0, 8)),
+    (AssertionError, lambda p, r, b: p.cache_partial_block(r, b, 6, 0, 8)),
+    (AssertionError, lambda p, r, b: p.cache_partial_block(r, b, 0, 0, 8)),
+    (AssertionError, lambda p, r, b: p.cache_partial_block(r, b, 20, 0, 8)),
+    (AssertionError, lambda p, r, b: p.cache_partial_block(r, b, 4, 0, 6)),
+    (ValueError, lambda p, r, b: p.cache_partial_block(r, b, 4, -1, 8)),
+    (TypeError, lambda p, r, b: p.cache_partial_block(r, b, 4, "0", 8)),
+]
+
+
+@pytest.mark.parametrize("i", range(len(_BAD_PARTIAL)))
+def test_bad_partial_calls_change_nothing(impl, i):
+    """Bad input is refused before anything changes (a block with keys, events queued)."""
+    error, call = _BAD_PARTIAL[i]
+    pool = impl.kv_cache.BlockPool(6, True, HBS, enable_kv_cache_events=True, use_int_block_hashes=False)
+    req = _pool_request()
+    a, b = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, [a], 0, 1, 8, 0)
+    pool.cache_partial_block(req, a, 4, 0, 8)
+
+    def state():
+        return ([(x.block_id, x.block_hash, x.block_hash_num_tokens, x.ref_cnt) for x in pool.blocks],
+                {k: set(v) for k, v in pool.cached_block_hashes_by_block.items()},
+                sorted(pool.cached_block_hash_to_block.keys()), len(pool.kv_event_queue))
+
+    before = state()
+    with pytest.raises(error):
+        call(pool, req, a)
+    assert state() == before
+
+
 # ------------------------------------------------------------------ random cases
 _PREFIXES = [list(range(1000 * k, 1000 * k + 64)) for k in range(2)]
 
