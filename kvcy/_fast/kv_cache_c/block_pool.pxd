@@ -11,9 +11,6 @@ cdef class BlockPool:
     cdef readonly list blocks
     cdef readonly FreeKVCacheBlockQueue free_block_queue
     cdef readonly BlockHashToBlockMap cached_block_hash_to_block
-    # block id -> set of the cache keys (hash + 4-byte group id, vLLM's shape) the
-    # block carries besides its own: partial entries (cache_partial_block).
-    cdef readonly dict cached_block_hashes_by_block
     cdef readonly KVCacheBlock null_block
     cdef readonly bint enable_kv_cache_events
     cdef readonly bint use_int_block_hashes
@@ -22,6 +19,9 @@ cdef class BlockPool:
     cdef readonly object medium
     cdef public object metrics_collector
     cdef public Py_ssize_t num_evictions
+    # Block id -> set of the cache keys (hash + 4-byte group id, vLLM's shape) the
+    # block carries besides its own: partial entries (cache_partial_block).
+    cdef readonly dict cached_block_hashes_by_block
 
     cpdef object get_cached_block(self, object block_hash, list kv_cache_group_ids)
     cdef inline object _get_one(self, object block_hash, Py_ssize_t gid)
@@ -38,6 +38,7 @@ cdef class BlockPool:
                               list lookahead_ids)
     cdef list _get_new_blocks(self, Py_ssize_t num_blocks)
     cdef int _metered_new_blocks(self, list ret) except -1
+    cdef int _new_blocks_partial(self, list ret) except -1
     cdef int _accessed(self, KVCacheBlock block) except -1
     cdef int _queue_removed(self, KVCacheBlock block) except -1
     cdef int _touch(self, list blocks) except -1
@@ -50,4 +51,6 @@ cdef class BlockPool:
     cdef int _emit_block_removed_events(self, list removed) except -1
     cdef int _insert_block_hash(self, bytes block_hash, uint32_t gid, KVCacheBlock block,
                                 Py_ssize_t num_tokens) except -1
+    cdef int _cache_partial(self, object request, KVCacheBlock blk, object hashes, Py_ssize_t num_tokens,
+                            uint32_t gid, bint replace_existing_hashes) except -1
     cdef int _promote(self, KVCacheBlock blk, bytes block_hash, uint32_t gid, Py_ssize_t num_tokens) except -1

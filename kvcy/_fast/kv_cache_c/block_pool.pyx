@@ -343,7 +343,9 @@ cdef class BlockPool:
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        cdef bint partial = len(self.cached_block_hashes_by_block) != 0  # (partial entries: every block checked)
+        if self.cached_block_hashes_by_block:
+            self._new_blocks_partial(ret)
+            return ret
         start = 0
         while start < num_blocks:  # (a range() with an enum step would build a Python range)
             end = start + _EVICT_BATCH
@@ -357,8 +359,8 @@ cdef class BlockPool:
                     kvcy_prefetch(k)
             for i in range(start, end):
                 p = items[i]
-                if (<KVCacheBlock>p)._hash is not None or partial:
-                    _evict(self, <KVCacheBlock>p)
+                if (<KVCacheBlock>p)._hash is not None:
+                    _evict_own_key(self, <KVCacheBlock>p)  # (no partial entries: checked above)
                 (<KVCacheBlock>p)._ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the
@@ -366,6 +368,17 @@ cdef class BlockPool:
         # loading their array entries).
         self.free_block_queue._prefetch_head(num_blocks if num_blocks < 64 else 64)
         return ret
+
+    cdef int _new_blocks_partial(self, list ret) except -1:
+        # _get_new_blocks with partial entries about (kept off its plain loop): a
+        # block's extra keys go with its own, even without it.
+        cdef Py_ssize_t i
+        cdef KVCacheBlock block
+        for i in range(PyList_GET_SIZE(ret)):
+            block = <KVCacheBlock>PyList_GET_ITEM(ret, i)
+            _evict(self, block)
+            block._ref_cnt += 1
+        return 0
 
     cdef int _metered_new_blocks(self, list ret) except -1:
         # _get_new_blocks with a metrics collector, in vLLM's order: with caching
@@ -571,28 +584,49 @@ cdef class BlockPool:
         if events and parent is not None and type(parent) is not bytes:
             raise TypeError(f"block hashes must be bytes, got {type(parent).__name__}")
         cdef uint32_t gid = <uint32_t>kv_cache_group_id
-        cdef bytes key = <bytes>block_hash + gid.to_bytes(4, "big")
-        cdef bint already_cached = (
-            (blk._hash is not None and blk._group == gid and blk._hash == block_hash)
-            or self.cached_block_hash_to_block.contain(key, blk.block_id)
-        )
+        self._cache_partial(request, blk, hashes, num_tokens, gid, bool(replace_existing_hashes))
+        return <bytes>block_hash + (<object>gid).to_bytes(4, "big")
+
+    cdef int _cache_partial(self, object request, KVCacheBlock blk, object hashes, Py_ssize_t num_tokens,
+                            uint32_t gid, bint replace_existing_hashes) except -1:
+        # cache_partial_block once its input is checked: blk is one of this pool's
+        # blocks and not the null block, num_tokens a positive multiple of the hash
+        # block size within the request's hashes, the hash there bytes (and the one
+        # before it, with events on).
+        cdef Py_ssize_t hbs = self.hash_block_size
+        cdef Py_ssize_t n_hash = num_tokens // hbs
+        cdef bytes block_hash = <bytes>hashes[n_hash - 1]
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>block_hash),
+                                        _PyBytes_GET_SIZE_RAW(<PyObject*>block_hash), gid)
+        cdef bint already_cached = blk._hash is not None and blk._group == gid and blk._hash == block_hash
+        cdef Py_ssize_t i
+        cdef PyObject *v
+        if not already_cached:
+            i = cache._find(<PyObject*>block_hash, gid, h)
+            if i >= 0:
+                v = cache._slots[i].value
+                already_cached = ((<KVCacheBlock>v).block_id == blk.block_id if Py_TYPE_RAW(v) != &PyDict_Type
+                                  else blk.block_id in <dict>v)
         if replace_existing_hashes:
             self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
             already_cached = False
         elif not already_cached and blk._hash is not None and 0 <= blk._num_tokens < num_tokens:
             self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
-        self._insert_block_hash(<bytes>block_hash, gid, blk, num_tokens)
-        if events and not already_cached:
+        if not already_cached:
+            self._insert_block_hash(block_hash, gid, blk, num_tokens)
+        if self.enable_kv_cache_events and not already_cached:
+            parent = hashes[n_hash - 2] if n_hash > 1 else None
             start = num_tokens - hbs
             lookahead_ids = [] if self.num_hash_lookahead_tokens else None
             keys, _ = self._event_extra_keys(request, start, num_tokens, 0, lookahead_ids)
             self.kv_event_queue.append(
                 self._block_stored(
                     request, [self._ext(block_hash)], None if parent is None else self._ext(parent),
-                    start, num_tokens, hbs, kv_cache_group_id, [untag_extra_keys(keys)], lookahead_ids,
+                    start, num_tokens, hbs, gid, [untag_extra_keys(keys)], lookahead_ids,
                 )
             )
-        return key
+        return 0
 
     cdef list _remove_cached_block_hashes(self, KVCacheBlock block):
         # Drop every cache entry of ``block``: its own key first, then its partial
@@ -804,13 +838,18 @@ cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     # block keeps), with its event; False if it had no key there.  With partial
     # entries about, every key of the block, with an event each (vLLM's order).
     cdef list removed
-    if len(pool.cached_block_hashes_by_block) != 0:
+    if len(pool.cached_block_hashes_by_block) != 0 and block.block_id in pool.cached_block_hashes_by_block:
         removed = pool._remove_cached_block_hashes(block)
         if not removed:
             return False
         pool.num_evictions += 1
         pool._emit_block_removed_events(removed)
         return True
+    return _evict_own_key(pool, block)
+
+
+cdef inline bint _evict_own_key(BlockPool pool, KVCacheBlock block) except -1:
+    # _evict for a block with no partial entries: its own key only.
     if block._hash is None:
         return False
     if not pool.cached_block_hash_to_block._drop_block(block):

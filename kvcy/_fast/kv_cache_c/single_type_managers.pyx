@@ -501,8 +501,19 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         cdef object block_idx = boundary // self.block_size
         if block_idx >= len(blocks):
             return 0
-        self.block_pool.cache_partial_block(request, blocks[block_idx], boundary, self.kv_cache_group_id,
-                                            self.block_size)
+        blk = blocks[block_idx]
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t n_hash
+        if boundary > 0 and _is_block(<PyObject*>blk) and not (<KVCacheBlock>blk).is_null:
+            # (what cache_partial_block checks, known here but for the hashes' type)
+            hashes = _block_hashes_of(request)
+            n_hash = boundary // hbs
+            if type(hashes[n_hash - 1]) is bytes and (
+                    n_hash == 1 or not pool.enable_kv_cache_events or type(hashes[n_hash - 2]) is bytes):
+                pool._cache_partial(request, <KVCacheBlock>blk, hashes, boundary,
+                                    <uint32_t>self.kv_cache_group_id, False)
+                return 0
+        pool.cache_partial_block(request, blk, boundary, self.kv_cache_group_id, self.block_size)
         return 0
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,

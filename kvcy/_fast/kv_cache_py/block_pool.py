@@ -415,8 +415,9 @@ class BlockPool(_Checked):
         if self.metrics_collector is not None:
             self._metered_new_blocks(ret)
         elif self.enable_caching:
+            partial = bool(self.cached_block_hashes_by_block)  # (a block's extra keys outlive its own)
             for block in ret:
-                if block._key is not None:
+                if block._key is not None or partial:
                     self._maybe_evict_cached_block(block)
                 block._ref_cnt += 1
         else:
@@ -440,7 +441,7 @@ class BlockPool(_Checked):
         if self.metrics_collector:  # (vLLM's order: the hook first, for a block with no key too)
             self.metrics_collector.on_block_evicted(block)
         key = block._key
-        if self.cached_block_hashes_by_block:  # (partial entries exist: vLLM's general path)
+        if block._block_id in self.cached_block_hashes_by_block:  # (partial entries too: every key goes)
             removed = self._remove_cached_block_hashes(block)
             if not removed:
                 return False
