@@ -6,8 +6,8 @@ Both twins.  What is expected comes from vLLM 0.33.0's ``v1/core/block_pool.py``
 * ``is_block_writable`` / ``move_block_hashes`` serve Mamba align mode (a
   speculative block's relocation, and copy-on-write of a partial hit in a
   running request); ``unpin_blocks`` and ``KVCacheBlock(pool=...)`` serve
-  HiSparse only and ``cache_partial_block`` fine-grained partial hits: those
-  three raise ``NotImplementedError`` naming the feature.
+  HiSparse only: those two raise ``NotImplementedError`` naming the feature
+  (``cache_partial_block``: tests/test_dropin_partial.py).
 * ``KVCacheMetricsCollector`` is called by the pool on allocation
   (``on_block_allocated``), on a touch (``on_block_accessed``), before a block
   is reused with caching on and in ``evict_blocks`` (``on_block_evicted``) and
@@ -173,12 +173,6 @@ def test_unpin_blocks_is_hisparse(impl):
     with pytest.raises(NotImplementedError, match="HiSparse"):
         pool.unpin_blocks(blocks, lambda block: None)
     assert [b.ref_cnt for b in blocks] == [1, 1]
-
-
-def test_cache_partial_block_is_partial_hits(impl):
-    pool, blocks = _cached_pool(impl)
-    with pytest.raises(NotImplementedError, match="fine-grained partial prefix hits"):
-        pool.cache_partial_block(_request(1), blocks[0], BS, 0, BS)
 
 
 # ------------------------------------------------------------------ the collector itself

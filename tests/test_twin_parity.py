@@ -666,7 +666,27 @@ BAD_CALLS = {
     "pool.move_block_hashes(null dst)": lambda o: o["pool"].move_block_hashes(o["pool"].blocks[1],
                                                                               o["pool"].null_block),
     "pool.unpin_blocks([], None)": lambda o: o["pool"].unpin_blocks([], None),
-    "pool.cache_partial_block(...)": lambda o: o["pool"].cache_partial_block(o["request"], o["block"], 4, 0, 4),
+    "pool.cache_partial_block(None request)": lambda o: o["pool"].cache_partial_block(None, o["block"], 4, 0, 4),
+    "pool.cache_partial_block(None block)": lambda o: o["pool"].cache_partial_block(o["request"], None, 4, 0, 4),
+    "pool.cache_partial_block(foreign block)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["mod"].KVCacheBlock(1), 4, 0, 4),
+    "pool.cache_partial_block(num_tokens='4')": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], "4", 0, 4),
+    "pool.cache_partial_block(num_tokens=6)": lambda o: o["pool"].cache_partial_block(o["request"], o["block"], 6, 0, 4),
+    "pool.cache_partial_block(num_tokens=0)": lambda o: o["pool"].cache_partial_block(o["request"], o["block"], 0, 0, 4),
+    "pool.cache_partial_block(num_tokens=-4)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], -4, 0, 4),
+    "pool.cache_partial_block(past the hashes)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], 400, 0, 4),
+    "pool.cache_partial_block(group=-1)": lambda o: o["pool"].cache_partial_block(o["request"], o["block"], 4, -1, 4),
+    "pool.cache_partial_block(group=2**32)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], 4, 2**32, 4),
+    "pool.cache_partial_block(group=True)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], 4, True, 4),
+    "pool.cache_partial_block(block_size=6)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], 4, 0, 6),
+    "pool.cache_partial_block(block_size=None)": lambda o: o["pool"].cache_partial_block(
+        o["request"], o["block"], 4, 0, None),
     "queue.popleft_n(-1)": lambda o: o["queue"].popleft_n(-1),
     "queue.popleft_n(too many)": lambda o: o["queue"].popleft_n(10**6),
     "queue.remove(held block)": lambda o: o["queue"].remove(o["block"]),

@@ -19,6 +19,9 @@ cdef class BlockPool:
     cdef readonly object medium
     cdef public object metrics_collector
     cdef public Py_ssize_t num_evictions
+    # Block id -> set of the cache keys (hash + 4-byte group id, vLLM's shape) the
+    # block carries besides its own: partial entries (cache_partial_block).
+    cdef readonly dict cached_block_hashes_by_block
 
     cpdef object get_cached_block(self, object block_hash, list kv_cache_group_ids)
     cdef inline object _get_one(self, object block_hash, Py_ssize_t gid)
@@ -35,6 +38,7 @@ cdef class BlockPool:
                               list lookahead_ids)
     cdef list _get_new_blocks(self, Py_ssize_t num_blocks)
     cdef int _metered_new_blocks(self, list ret) except -1
+    cdef int _new_blocks_partial(self, list ret) except -1
     cdef int _accessed(self, KVCacheBlock block) except -1
     cdef int _queue_removed(self, KVCacheBlock block) except -1
     cdef int _touch(self, list blocks) except -1
@@ -43,3 +47,10 @@ cdef class BlockPool:
     cdef void _undo_free(self, list blocks_list, Py_ssize_t upto, int64_t n_head,
                          int64_t n_tail) noexcept
     cpdef Py_ssize_t get_num_free_blocks(self)
+    cdef list _remove_cached_block_hashes(self, KVCacheBlock block)
+    cdef int _emit_block_removed_events(self, list removed) except -1
+    cdef int _insert_block_hash(self, bytes block_hash, uint32_t gid, KVCacheBlock block,
+                                Py_ssize_t num_tokens) except -1
+    cdef int _cache_partial(self, object request, KVCacheBlock blk, object hashes, Py_ssize_t num_tokens,
+                            uint32_t gid, bint replace_existing_hashes) except -1
+    cdef int _promote(self, KVCacheBlock blk, bytes block_hash, uint32_t gid, Py_ssize_t num_tokens) except -1

@@ -77,6 +77,7 @@ cdef class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         if self.enable_caching:
             self.cached_block_hash_to_block._reserve(_initial_map_keys(num_gpu_blocks))
+        self.cached_block_hashes_by_block = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -164,7 +165,9 @@ cdef class BlockPool:
             if not _is_block(PyList_GET_ITEM(blocks, i)):
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(blocks[i]).__name__}")
             blk = <KVCacheBlock>PyList_GET_ITEM(blocks, i)
-            assert blk.is_null or (mask is not None and not mask[i - num_cached_blocks]) or blk._hash is None, \
+            # (a block already keyed holds a partial entry, promoted below)
+            assert (blk.is_null or (mask is not None and not mask[i - num_cached_blocks]) or blk._hash is None
+                    or 0 <= blk._num_tokens < (i + 1) * block_size), \
                 "The block already has a hash. This should not happen."
         cdef bint events = self.enable_kv_cache_events
         cdef list new_hashes = [] if events else None
@@ -184,6 +187,11 @@ cdef class BlockPool:
                 if blk.is_null or (mask is not None and not mask[i - num_cached_blocks]):
                     continue
                 block_hash = <object>_PyList_GET_ITEM_RAW(new_block_hashes, i - off)
+                if blk._hash is not None:  # a partial entry's block filled up
+                    self._promote(blk, <bytes>block_hash, gid, (i + 1) * block_size)
+                    if events:
+                        new_hashes.append(self._ext(block_hash))
+                    continue
                 blk._hash = block_hash
                 blk._group = gid
                 blk._key_h = <uint32_t>hs[i - start]
@@ -335,6 +343,9 @@ cdef class BlockPool:
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        if self.cached_block_hashes_by_block:
+            self._new_blocks_partial(ret)
+            return ret
         start = 0
         while start < num_blocks:  # (a range() with an enum step would build a Python range)
             end = start + _EVICT_BATCH
@@ -349,7 +360,7 @@ cdef class BlockPool:
             for i in range(start, end):
                 p = items[i]
                 if (<KVCacheBlock>p)._hash is not None:
-                    _evict(self, <KVCacheBlock>p)
+                    _evict_own_key(self, <KVCacheBlock>p)  # (no partial entries: checked above)
                 (<KVCacheBlock>p)._ref_cnt += 1
             start = end
         # The next allocation most likely takes about as many blocks from the
@@ -357,6 +368,17 @@ cdef class BlockPool:
         # loading their array entries).
         self.free_block_queue._prefetch_head(num_blocks if num_blocks < 64 else 64)
         return ret
+
+    cdef int _new_blocks_partial(self, list ret) except -1:
+        # _get_new_blocks with partial entries about (kept off its plain loop): a
+        # block's extra keys go with its own, even without it.
+        cdef Py_ssize_t i
+        cdef KVCacheBlock block
+        for i in range(PyList_GET_SIZE(ret)):
+            block = <KVCacheBlock>PyList_GET_ITEM(ret, i)
+            _evict(self, block)
+            block._ref_cnt += 1
+        return 0
 
     cdef int _metered_new_blocks(self, list ret) except -1:
         # _get_new_blocks with a metrics collector, in vLLM's order: with caching
@@ -461,18 +483,20 @@ cdef class BlockPool:
         return not b.is_null and b._ref_cnt == 1 and b._hash is None
 
     def move_block_hashes(self, src_block, dst_block):
-        """Move ``src_block``'s prefix-cache entry to ``dst_block``.
+        """Move ``src_block``'s prefix-cache entries to ``dst_block``.
 
         For copy-on-write: the request holding ``src_block`` goes on writing it,
-        and a copy in ``dst_block`` serves later hits under the same key (and
-        token count).  ``src_block`` is left with no key.  No event is queued and
-        nothing is evicted: the entry stays cached.  Nothing happens when
-        ``src_block`` has no key.
+        and a copy in ``dst_block`` serves later hits under the same keys (its
+        own key keeps its token count, its partial entries stay partial).
+        ``src_block`` is left with no key.  No event is queued and nothing is
+        evicted: the entries stay cached.  Nothing happens when ``src_block``
+        has no entries.
 
         Raises:
             TypeError: a block is not a KVCacheBlock.
             RuntimeError: a block is not one of this pool's blocks.
-            AssertionError: ``dst_block`` has a cache key already (as vLLM asserts).
+            AssertionError: ``dst_block`` has a cache key or partial entries already
+                (as vLLM asserts).
             ValueError: ``dst_block`` is the null block, which is never cached.
             Nothing changes when one is raised.
         """
@@ -482,25 +506,15 @@ cdef class BlockPool:
         cdef KVCacheBlock dst = <KVCacheBlock>dst_block
         if dst._hash is not None:
             raise AssertionError(f"dst_block {dst.block_id} already has a cache key")
+        if dst.block_id in self.cached_block_hashes_by_block:
+            raise AssertionError(f"dst_block {dst.block_id} already has partial cache entries")
         if dst.is_null:
             raise ValueError("dst_block is the null block, which is never cached")
-        if src._hash is None:
-            return
-        cdef object h = src._hash
-        cdef uint32_t gid = src._group
-        cdef uint32_t key_h = src._key_h
         cdef Py_ssize_t num_tokens = src._num_tokens
-        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        cdef bint moved = cache._drop_block(src)
-        src._hash = None
-        src._num_tokens = -1
-        if moved:
-            dst._hash = h
-            dst._group = gid
-            dst._key_h = key_h
-            dst._num_tokens = num_tokens
-            cache._insert_hashed(<PyObject*>h, gid, kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>h),
-                                                                   _PyBytes_GET_SIZE_RAW(<PyObject*>h), gid), dst)
+        cdef tuple key
+        for key in self._remove_cached_block_hashes(src):
+            # (the token count goes with the first entry, which becomes dst's own key)
+            self._insert_block_hash(<bytes>key[0], <uint32_t>key[1], dst, num_tokens)
 
     def unpin_blocks(self, blocks, on_reuse):
         """Not implemented: releasing blocks that stay readable until reused is for HiSparse.
@@ -515,15 +529,175 @@ cdef class BlockPool:
 
     def cache_partial_block(self, request, block, num_tokens, kv_cache_group_id, block_size,
                             replace_existing_hashes=False):
-        """Not implemented yet: partial prefix-cache entries are for fine-grained partial prefix hits.
+        """Make ``block`` reachable from the prefix of ``num_tokens`` tokens that ends inside it.
+
+        The entry's key is the request's hash at that boundary (its
+        ``num_tokens // hash_block_size``-th hash) with the group id.  A block
+        with no key takes it as its own (with ``num_tokens`` as its token count);
+        a block with a key keeps it as a partial entry
+        (``cached_block_hashes_by_block``), dropped with the block's own key on
+        eviction, on reset, and when a longer entry replaces it.  If the block's
+        own key covers fewer tokens, its entries are dropped first (with
+        ``BlockRemoved`` events); ``replace_existing_hashes`` drops them in any
+        case (the block was rewritten).  A new entry queues a ``BlockStored`` of
+        the one hash block ending at the boundary.
+
+        Returns:
+            The entry's cache key, or None for the null block (nothing is cached).
 
         Raises:
-            NotImplementedError: always.
+            TypeError: ``block`` is not a KVCacheBlock, ``num_tokens``,
+                ``kv_cache_group_id`` or ``block_size`` is not an int, or the
+                request's hash is not bytes.
+            RuntimeError: ``block`` is not a block of this pool.
+            ValueError: the group id does not fit in 4 bytes.
+            AssertionError: ``block_size`` is not a multiple of the hash block size,
+                or ``num_tokens`` not a positive multiple of it within the
+                request's hashes (as vLLM asserts).
+            Nothing changes when one is raised.
         """
-        raise NotImplementedError(
-            "BlockPool.cache_partial_block serves fine-grained partial prefix hits, "
-            "which kvcy does not implement yet"
+        _check_own_block(self.blocks, "block", block)
+        cdef KVCacheBlock blk = <KVCacheBlock>block
+        if blk.is_null:
+            return None
+        num_tokens = _int_arg("num_tokens", num_tokens)
+        kv_cache_group_id = _int_arg("kv_cache_group_id", kv_cache_group_id)
+        block_size = _int_arg("block_size", block_size)
+        cdef Py_ssize_t hbs = self.hash_block_size
+        assert block_size % hbs == 0, (
+            f"block_size {block_size} is not a multiple of the hash block size {hbs}"
         )
+        hashes = _block_hashes_of_req(request)
+        assert num_tokens % hbs == 0, f"num_tokens {num_tokens} is not a multiple of the hash block size {hbs}"
+        n_hash = num_tokens // hbs
+        assert 0 < n_hash <= len(hashes), (
+            f"num_tokens {num_tokens} is not within the request's {len(hashes)} block hashes "
+            f"of {hbs} tokens"
+        )
+        if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
+        block_hash = hashes[n_hash - 1]
+        if type(block_hash) is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(block_hash).__name__}")
+        cdef bint events = self.enable_kv_cache_events
+        parent = hashes[n_hash - 2] if n_hash > 1 else None
+        if events and parent is not None and type(parent) is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(parent).__name__}")
+        cdef uint32_t gid = <uint32_t>kv_cache_group_id
+        self._cache_partial(request, blk, hashes, num_tokens, gid, bool(replace_existing_hashes))
+        return <bytes>block_hash + (<object>gid).to_bytes(4, "big")
+
+    cdef int _cache_partial(self, object request, KVCacheBlock blk, object hashes, Py_ssize_t num_tokens,
+                            uint32_t gid, bint replace_existing_hashes) except -1:
+        # cache_partial_block once its input is checked: blk is one of this pool's
+        # blocks and not the null block, num_tokens a positive multiple of the hash
+        # block size within the request's hashes, the hash there bytes (and the one
+        # before it, with events on).
+        cdef Py_ssize_t hbs = self.hash_block_size
+        cdef Py_ssize_t n_hash = num_tokens // hbs
+        cdef bytes block_hash = <bytes>hashes[n_hash - 1]
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>block_hash),
+                                        _PyBytes_GET_SIZE_RAW(<PyObject*>block_hash), gid)
+        cdef bint already_cached = blk._hash is not None and blk._group == gid and blk._hash == block_hash
+        cdef Py_ssize_t i
+        cdef PyObject *v
+        if not already_cached:
+            i = cache._find(<PyObject*>block_hash, gid, h)
+            if i >= 0:
+                v = cache._slots[i].value
+                already_cached = ((<KVCacheBlock>v).block_id == blk.block_id if Py_TYPE_RAW(v) != &PyDict_Type
+                                  else blk.block_id in <dict>v)
+        if replace_existing_hashes:
+            self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+            already_cached = False
+        elif not already_cached and blk._hash is not None and 0 <= blk._num_tokens < num_tokens:
+            self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+        if not already_cached:
+            self._insert_block_hash(block_hash, gid, blk, num_tokens)
+        if self.enable_kv_cache_events and not already_cached:
+            parent = hashes[n_hash - 2] if n_hash > 1 else None
+            start = num_tokens - hbs
+            lookahead_ids = [] if self.num_hash_lookahead_tokens else None
+            keys, _ = self._event_extra_keys(request, start, num_tokens, 0, lookahead_ids)
+            self.kv_event_queue.append(
+                self._block_stored(
+                    request, [self._ext(block_hash)], None if parent is None else self._ext(parent),
+                    start, num_tokens, hbs, gid, [untag_extra_keys(keys)], lookahead_ids,
+                )
+            )
+        return 0
+
+    cdef list _remove_cached_block_hashes(self, KVCacheBlock block):
+        # Drop every cache entry of ``block``: its own key first, then its partial
+        # entries (in their set's order).  The (hash, group id) pairs that were in
+        # the map, for events; the block is left with no key (as in vLLM, even if
+        # none was there).
+        cdef list removed = []
+        cdef object extra = self.cached_block_hashes_by_block.pop(block.block_id, None)
+        if block._hash is None and not extra:
+            return removed
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        if block._hash is not None and cache._drop_block(block):
+            removed.append((block._hash, block._group))
+        cdef bytes k
+        cdef object h
+        cdef Py_ssize_t g
+        if extra:
+            for k in extra:
+                h = k[:len(k) - 4]
+                g = int.from_bytes(k[len(k) - 4:], "big")
+                if cache._pop(h, g, block.block_id) is not None:
+                    removed.append((h, g))
+        block._hash = None
+        block._num_tokens = -1
+        return removed
+
+    cdef int _emit_block_removed_events(self, list removed) except -1:
+        # One BlockRemoved per dropped (hash, group id), in order.
+        if not self.enable_kv_cache_events:
+            return 0
+        cdef tuple key
+        for key in removed:
+            self.kv_event_queue.append(
+                BlockRemoved(block_hashes=[self._ext(<bytes>key[0])], medium=self.medium, group_idx=key[1])
+            )
+        return 0
+
+    cdef int _insert_block_hash(self, bytes block_hash, uint32_t gid, KVCacheBlock block,
+                                Py_ssize_t num_tokens) except -1:
+        # Cache ``block`` under (block_hash, gid) unless it is there already: as its
+        # own key if it has none (num_tokens -1: None), else as a partial entry.
+        if block._hash is not None and block._group == gid and block._hash == block_hash:
+            return 0
+        cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
+        cdef uint64_t h = kvcy_key_hash(_PyBytes_AS_STRING_RAW(<PyObject*>block_hash),
+                                        _PyBytes_GET_SIZE_RAW(<PyObject*>block_hash), gid)
+        cdef Py_ssize_t i = cache._find(<PyObject*>block_hash, gid, h)
+        cdef PyObject *v
+        if i >= 0:
+            v = cache._slots[i].value
+            if (Py_TYPE_RAW(v) != &PyDict_Type and (<KVCacheBlock>v).block_id == block.block_id) or (
+                    Py_TYPE_RAW(v) == &PyDict_Type and block.block_id in <dict>v):
+                return 0
+        if block._hash is None:
+            block._hash = block_hash
+            block._group = gid
+            block._key_h = <uint32_t>h
+            block._num_tokens = num_tokens
+        else:
+            extra = self.cached_block_hashes_by_block.get(block.block_id)
+            if extra is None:
+                extra = self.cached_block_hashes_by_block[block.block_id] = set()
+            extra.add(block_hash + (<object>gid).to_bytes(4, "big"))
+        cache._insert_hashed(<PyObject*>block_hash, gid, h, block)
+        return 0
+
+    cdef int _promote(self, KVCacheBlock blk, bytes block_hash, uint32_t gid, Py_ssize_t num_tokens) except -1:
+        # cache_full_blocks on a block holding a partial entry: its entries give
+        # way to the full one (BlockRemoved events first, as vLLM queues them).
+        self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+        return self._insert_block_hash(block_hash, gid, blk, num_tokens)
 
     def free_blocks(self, ordered_blocks):
         """Drop one reference on each block, in eviction order.
@@ -627,6 +801,7 @@ cdef class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         if self.enable_caching:
             self.cached_block_hash_to_block._reserve(_initial_map_keys(self.num_gpu_blocks))
+        self.cached_block_hashes_by_block.clear()
         cdef KVCacheBlock block
         for block in self.blocks:
             block._hash = None
@@ -660,7 +835,21 @@ cdef class BlockPool:
 cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     # The Python twin's BlockPool._maybe_evict_cached_block (inlined into get_new_blocks' loop):
     # drop the block's key from the cache map (found from the hash half the
-    # block keeps), with its event; False if it had no key there.
+    # block keeps), with its event; False if it had no key there.  With partial
+    # entries about, every key of the block, with an event each (vLLM's order).
+    cdef list removed
+    if len(pool.cached_block_hashes_by_block) != 0 and block.block_id in pool.cached_block_hashes_by_block:
+        removed = pool._remove_cached_block_hashes(block)
+        if not removed:
+            return False
+        pool.num_evictions += 1
+        pool._emit_block_removed_events(removed)
+        return True
+    return _evict_own_key(pool, block)
+
+
+cdef inline bint _evict_own_key(BlockPool pool, KVCacheBlock block) except -1:
+    # _evict for a block with no partial entries: its own key only.
     if block._hash is None:
         return False
     if not pool.cached_block_hash_to_block._drop_block(block):
@@ -671,6 +860,23 @@ cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     block._num_tokens = -1
     pool.num_evictions += 1
     return True
+
+
+cdef object _int_arg(str name, object value):
+    # An int argument (bools refused), or TypeError (the pure twin's _int_arg).
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        value = int(value)
+    return value
+
+
+cdef object _block_hashes_of_req(object request):
+    # The request's block hashes, or TypeError for something that is not a request.
+    try:
+        return request.block_hashes
+    except AttributeError:
+        raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
 cdef int _check_own_block(list pool_blocks, str name, object block) except -1:

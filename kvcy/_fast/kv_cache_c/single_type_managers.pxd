@@ -72,6 +72,9 @@ cdef class SingleTypeKVCacheManager:
 
 
 cdef class FullAttentionManager(SingleTypeKVCacheManager):
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=*,
+                       object replay_boundaries=*)
+    cdef int _cache_partial_tail_block(self, object request, Py_ssize_t num_tokens) except -1
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens)
     @staticmethod

@@ -501,6 +501,48 @@ cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_
 cdef class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every token's KV is kept until the request finishes."""
 
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,
+                       object replay_boundaries=()):
+        """Cache the request's full blocks among its first ``num_tokens`` tokens (see
+        ``SingleTypeKVCacheManager.cache_blocks``); with blocks coarser than the hash
+        block, also the partial entry of the prompt's last hash boundary when it
+        falls inside a block (``BlockPool.cache_partial_block``), as vLLM does."""
+        SingleTypeKVCacheManager.cache_blocks(self, request, num_tokens, retention_interval, replay_boundaries)
+        if self.block_size != self.block_pool.hash_block_size:
+            self._cache_partial_tail_block(request, num_tokens)
+
+    cdef int _cache_partial_tail_block(self, object request, Py_ssize_t num_tokens) except -1:
+        # The prompt's last hash boundary a later request can hit (all of the
+        # prompt with EAGLE, which drops a hash unit after looking up; one token
+        # less otherwise), cached as a partial entry of the block it falls in
+        # once computed.  Boundaries at a block's end are full blocks' keys.
+        cdef Py_ssize_t hbs = self.block_pool.hash_block_size
+        cdef Py_ssize_t n_prompt = request.num_prompt_tokens
+        cdef Py_ssize_t limit = n_prompt if self.use_eagle else n_prompt - 1
+        cdef Py_ssize_t n_hashes = len(_block_hashes_of(request))
+        # (Python ints: an empty prompt's -1 floors as in vLLM, whatever cdivision says)
+        cdef object boundary = min((<object>limit) // hbs, n_hashes) * hbs
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return 0
+        blocks = self._req_to_blocks.get(_rid(request), ())
+        cdef object block_idx = boundary // self.block_size
+        if block_idx >= len(blocks):
+            return 0
+        blk = blocks[block_idx]
+        cdef BlockPool pool = self.block_pool
+        cdef Py_ssize_t n_hash
+        if boundary > 0 and _is_block(<PyObject*>blk) and not (<KVCacheBlock>blk).is_null:
+            # (what cache_partial_block checks, known here but for the hashes' type)
+            hashes = _block_hashes_of(request)
+            n_hash = boundary // hbs
+            if type(hashes[n_hash - 1]) is bytes and (
+                    n_hash == 1 or not pool.enable_kv_cache_events or type(hashes[n_hash - 2]) is bytes):
+                pool._cache_partial(request, <KVCacheBlock>blk, hashes, boundary,
+                                    <uint32_t>self.kv_cache_group_id, False)
+                return 0
+        pool.cache_partial_block(request, blk, boundary, self.kv_cache_group_id, self.block_size)
+        return 0
+
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
                          bint drop_eagle_block, Py_ssize_t alignment_tokens):
         return FullAttentionManager._hits(self.block_pool, self.block_size, block_hashes, max_length, group_ids,

@@ -51,6 +51,23 @@ def _checked_mask(block_mask: Any, n: int) -> list:
     return [bool(x) for x in mask]
 
 
+def _int_arg(name: str, value: Any) -> int:
+    """An int argument (bools refused, as in the compiled twin), or TypeError."""
+    if value.__class__ is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        value = int(value)
+    return value
+
+
+def _block_hashes_of(request: Any) -> Any:
+    """The request's block hashes, or TypeError for something that is not a request."""
+    try:
+        return request.block_hashes
+    except AttributeError:
+        raise TypeError(f"expected a Request, got {type(request).__name__}") from None
+
+
 def _check_touchable(blocks: list, queue: FreeKVCacheBlockQueue | None, pool_blocks: list | None = None) -> None:
     """What touch() needs of its blocks, checked before it changes anything: each is a
     KVCacheBlock, one of ``pool_blocks`` (a pool's blocks, if given: a hit from another pool
@@ -95,7 +112,7 @@ class BlockPool(_Checked):
     _RULES = dict.fromkeys(
         ("num_gpu_blocks", "enable_caching", "hash_block_size", "blocks", "free_block_queue",
          "cached_block_hash_to_block", "null_block", "enable_kv_cache_events", "use_int_block_hashes",
-         "kv_event_queue", "num_hash_lookahead_tokens", "medium"),
+         "kv_event_queue", "num_hash_lookahead_tokens", "medium", "cached_block_hashes_by_block"),
         _READ_ONLY,
     )
 
@@ -141,6 +158,9 @@ class BlockPool(_Checked):
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        #: block id -> the cache keys the block carries besides its own
+        #: (``block_hash``): partial prefix entries (``cache_partial_block``).
+        self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block._is_null = True
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -206,12 +226,16 @@ class BlockPool(_Checked):
         cache = self.cached_block_hash_to_block
         i = num_cached_blocks
         key = None
+        stop = num_full_blocks  # (the first block holding a partial entry, if any)
         try:  # (checks as it goes; a failure undoes what it did, below)
             for i in range(num_cached_blocks, num_full_blocks):
                 blk = blocks[i]
                 if blk._is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                     continue
-                assert blk._key is None, "The block already has a hash. This should not happen."
+                if blk._key is not None:
+                    stop = i
+                    key = None
+                    break
                 block_hash = block_hashes[i]
                 key = _group_key(block_hash, kv_cache_group_id)
                 blk._key = key
@@ -227,6 +251,26 @@ class BlockPool(_Checked):
             keyed_here = key is not None and failed._key is key  # (block i got its key here)
             self._uncache(blocks, num_cached_blocks, i + 1 if keyed_here else i, block_mask)
             raise
+        if stop < num_full_blocks:
+            # A block with a partial entry fills up: its entries give way to the
+            # full one (vLLM's promotion).  The rest is checked first; nothing
+            # fails after that.
+            try:
+                self._check_promotions(blocks, block_hashes, stop, num_full_blocks, block_size, block_mask,
+                                       num_cached_blocks)
+            except BaseException:
+                self._uncache(blocks, num_cached_blocks, stop, block_mask)
+                raise
+            for i in range(stop, num_full_blocks):
+                blk = blocks[i]
+                if blk._is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                    continue
+                block_hash = block_hashes[i]
+                if blk._key is not None:
+                    self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+                self._insert_block_hash(_group_key(block_hash, kv_cache_group_id), blk, (i + 1) * block_size)
+                if events:
+                    new_hashes.append(self._ext(block_hash))
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
@@ -244,6 +288,26 @@ class BlockPool(_Checked):
                     num_full_blocks * block_size, block_size, kv_cache_group_id, extra_keys_list, lookahead_ids,
                 )
             )
+
+    def _check_promotions(self, blocks: list, block_hashes, start: int, end: int, block_size: int,
+                          block_mask: list | None, mask_start: int) -> None:
+        # What cache_full_blocks reads of blocks[start:end] (and their hashes),
+        # checked before any entry is dropped: KVCacheBlocks, bytes hashes, and
+        # a block already keyed holds a partial entry (fewer tokens than the
+        # full one), as vLLM asserts.
+        for i in range(start, end):
+            blk = blocks[i]
+            if blk.__class__ is not KVCacheBlock and not isinstance(blk, KVCacheBlock):
+                raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}")
+            if blk._is_null or (block_mask is not None and not block_mask[i - mask_start]):
+                continue
+            h = block_hashes[i]
+            if h.__class__ is not bytes:
+                raise TypeError(f"block hashes must be bytes, got {type(h).__name__}")
+            if blk._key is not None:
+                n = blk._block_hash_num_tokens
+                assert n is not None and n < (i + 1) * block_size, \
+                    "The block already has a hash. This should not happen."
 
     def _check_hashes_to_cache(self, request: Request, num_cached_blocks: int, num_full_blocks: int,
                                block_size: int) -> None:
@@ -351,8 +415,9 @@ class BlockPool(_Checked):
         if self.metrics_collector is not None:
             self._metered_new_blocks(ret)
         elif self.enable_caching:
+            partial = bool(self.cached_block_hashes_by_block)  # (a block's extra keys outlive its own)
             for block in ret:
-                if block._key is not None:
+                if block._key is not None or partial:
                     self._maybe_evict_cached_block(block)
                 block._ref_cnt += 1
         else:
@@ -376,6 +441,13 @@ class BlockPool(_Checked):
         if self.metrics_collector:  # (vLLM's order: the hook first, for a block with no key too)
             self.metrics_collector.on_block_evicted(block)
         key = block._key
+        if block._block_id in self.cached_block_hashes_by_block:  # (partial entries too: every key goes)
+            removed = self._remove_cached_block_hashes(block)
+            if not removed:
+                return False
+            self.__dict__["_num_evictions"] += 1
+            self._emit_block_removed_events(removed)
+            return True
         if key is None:
             return False
         if self.cached_block_hash_to_block.pop(key, block._block_id) is None:
@@ -392,6 +464,51 @@ class BlockPool(_Checked):
                 )
             )
         return True
+
+    def _remove_cached_block_hashes(self, block: KVCacheBlock) -> list[bytes]:
+        # Drop every cache entry of ``block``: its own key first, then its partial
+        # entries (in their set's order).  The keys that were in the map, for
+        # events; the block is left with no key (as in vLLM, even if none was).
+        keys = [] if block._key is None else [block._key]
+        extra = self.cached_block_hashes_by_block.pop(block._block_id, None)
+        if extra:
+            keys.extend(extra)
+        if not keys:
+            return []
+        cache = self.cached_block_hash_to_block
+        bid = block._block_id
+        removed = [key for key in keys if cache.pop(key, bid) is not None]
+        block._key = None
+        block._block_hash_num_tokens = None
+        return removed
+
+    def _emit_block_removed_events(self, keys: list[bytes]) -> None:
+        # One BlockRemoved per dropped cache key, in order.
+        if not self.enable_kv_cache_events:
+            return
+        for key in keys:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[self._ext(key[:-4])],
+                    medium=self.medium,
+                    group_idx=int.from_bytes(key[-4:], "big"),
+                )
+            )
+
+    def _insert_block_hash(self, key: bytes, block: KVCacheBlock, num_tokens: int | None) -> None:
+        # Cache ``block`` under ``key`` (unless it is there already): as its own key
+        # if it has none, else as one of its partial entries.
+        if block._key == key:
+            return
+        cache = self.cached_block_hash_to_block
+        if cache.contain(key, block._block_id):
+            return
+        if block._key is None:
+            block._key = key
+            block._block_hash_num_tokens = num_tokens
+        else:
+            self.cached_block_hashes_by_block.setdefault(block._block_id, set()).add(key)
+        cache.insert(key, block)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Drop the cache keys of the given blocks (they stay where they are)."""
@@ -457,18 +574,20 @@ class BlockPool(_Checked):
         return not block._is_null and block._ref_cnt == 1 and block._key is None
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
-        """Move ``src_block``'s prefix-cache entry to ``dst_block``.
+        """Move ``src_block``'s prefix-cache entries to ``dst_block``.
 
         For copy-on-write: the request holding ``src_block`` goes on writing it,
-        and a copy in ``dst_block`` serves later hits under the same key (and
-        token count).  ``src_block`` is left with no key.  No event is queued and
-        nothing is evicted: the entry stays cached.  Nothing happens when
-        ``src_block`` has no key.
+        and a copy in ``dst_block`` serves later hits under the same keys (its
+        own key keeps its token count, its partial entries stay partial).
+        ``src_block`` is left with no key.  No event is queued and nothing is
+        evicted: the entries stay cached.  Nothing happens when ``src_block``
+        has no entries.
 
         Raises:
             TypeError: a block is not a KVCacheBlock.
             RuntimeError: a block is not one of this pool's blocks.
-            AssertionError: ``dst_block`` has a cache key already (as vLLM asserts).
+            AssertionError: ``dst_block`` has a cache key or partial entries already
+                (as vLLM asserts).
             ValueError: ``dst_block`` is the null block, which is never cached.
             Nothing changes when one is raised.
         """
@@ -476,20 +595,14 @@ class BlockPool(_Checked):
         self._check_own_block("dst_block", dst_block)
         if dst_block._key is not None:
             raise AssertionError(f"dst_block {dst_block._block_id} already has a cache key")
+        if dst_block._block_id in self.cached_block_hashes_by_block:
+            raise AssertionError(f"dst_block {dst_block._block_id} already has partial cache entries")
         if dst_block._is_null:
             raise ValueError("dst_block is the null block, which is never cached")
-        key = src_block._key
-        if key is None:
-            return
         num_tokens = src_block._block_hash_num_tokens
-        cache = self.cached_block_hash_to_block
-        moved = cache.pop(key, src_block._block_id) is not None
-        src_block._key = None
-        src_block._block_hash_num_tokens = None
-        if moved:
-            dst_block._key = key
-            dst_block._block_hash_num_tokens = num_tokens
-            cache.insert(key, dst_block)
+        for key in self._remove_cached_block_hashes(src_block):
+            # (the token count goes with the first entry, which becomes dst's own key)
+            self._insert_block_hash(key, dst_block, num_tokens)
 
     def _check_own_block(self, name: str, block: Any) -> None:
         """``block`` is a KVCacheBlock of this pool, or TypeError / RuntimeError."""
@@ -519,15 +632,79 @@ class BlockPool(_Checked):
         block_size: int,
         replace_existing_hashes: bool = False,
     ) -> bytes | None:
-        """Not implemented yet: partial prefix-cache entries are for fine-grained partial prefix hits.
+        """Make ``block`` reachable from the prefix of ``num_tokens`` tokens that ends inside it.
+
+        The entry's key is the request's hash at that boundary (its
+        ``num_tokens // hash_block_size``-th hash) with the group id.  A block
+        with no key takes it as its own (with ``num_tokens`` as its token count);
+        a block with a key keeps it as a partial entry
+        (``cached_block_hashes_by_block``), dropped with the block's own key on
+        eviction, on reset, and when a longer entry replaces it.  If the block's
+        own key covers fewer tokens, its entries are dropped first (with
+        ``BlockRemoved`` events); ``replace_existing_hashes`` drops them in any
+        case (the block was rewritten).  A new entry queues a ``BlockStored`` of
+        the one hash block ending at the boundary.
+
+        Returns:
+            The entry's cache key, or None for the null block (nothing is cached).
 
         Raises:
-            NotImplementedError: always.
+            TypeError: ``block`` is not a KVCacheBlock, ``num_tokens``,
+                ``kv_cache_group_id`` or ``block_size`` is not an int, or the
+                request's hash is not bytes.
+            RuntimeError: ``block`` is not a block of this pool.
+            ValueError: the group id does not fit in 4 bytes.
+            AssertionError: ``block_size`` is not a multiple of the hash block size,
+                or ``num_tokens`` not a positive multiple of it within the
+                request's hashes (as vLLM asserts).
+            Nothing changes when one is raised.
         """
-        raise NotImplementedError(
-            "BlockPool.cache_partial_block serves fine-grained partial prefix hits, "
-            "which kvcy does not implement yet"
+        self._check_own_block("block", block)
+        if block._is_null:
+            return None
+        num_tokens = _int_arg("num_tokens", num_tokens)
+        kv_cache_group_id = _int_arg("kv_cache_group_id", kv_cache_group_id)
+        block_size = _int_arg("block_size", block_size)
+        hbs = self.hash_block_size
+        assert block_size % hbs == 0, (
+            f"block_size {block_size} is not a multiple of the hash block size {hbs}"
         )
+        hashes = _block_hashes_of(request)
+        assert num_tokens % hbs == 0, f"num_tokens {num_tokens} is not a multiple of the hash block size {hbs}"
+        n_hash = num_tokens // hbs
+        assert 0 < n_hash <= len(hashes), (
+            f"num_tokens {num_tokens} is not within the request's {len(hashes)} block hashes "
+            f"of {hbs} tokens"
+        )
+        if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
+            raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
+        block_hash = hashes[n_hash - 1]
+        if block_hash.__class__ is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(block_hash).__name__}")
+        events = self.enable_kv_cache_events
+        parent = hashes[n_hash - 2] if n_hash > 1 else None
+        if events and parent is not None and parent.__class__ is not bytes:
+            raise TypeError(f"block hashes must be bytes, got {type(parent).__name__}")
+        key = _group_key(block_hash, kv_cache_group_id)
+        already_cached = block._key == key or self.cached_block_hash_to_block.contain(key, block._block_id)
+        if replace_existing_hashes:
+            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+            already_cached = False
+        elif (not already_cached and block._key is not None and block._block_hash_num_tokens is not None
+              and block._block_hash_num_tokens < num_tokens):
+            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+        self._insert_block_hash(key, block, num_tokens)
+        if events and not already_cached:
+            start = num_tokens - hbs
+            lookahead_ids = [] if self.num_hash_lookahead_tokens else None
+            keys, _ = self._event_extra_keys(request, start, num_tokens, 0, lookahead_ids)
+            self.kv_event_queue.append(
+                self._block_stored(
+                    request, [self._ext(block_hash)], None if parent is None else self._ext(parent),
+                    start, num_tokens, hbs, kv_cache_group_id, [untag_extra_keys(keys)], lookahead_ids,
+                )
+            )
+        return key
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, in eviction order.
@@ -580,6 +757,7 @@ class BlockPool(_Checked):
             )
             return False
         object.__setattr__(self, "cached_block_hash_to_block", BlockHashToBlockMap())
+        self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.reset_hash()
         if self.metrics_collector:

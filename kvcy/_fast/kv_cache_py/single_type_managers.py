@@ -493,6 +493,39 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 blocks.pop()
         return computed, len(computed[0]) * block_size
 
+    def cache_blocks(
+        self,
+        request: Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
+        """Cache the request's full blocks among its first ``num_tokens`` tokens (see
+        ``SingleTypeKVCacheManager.cache_blocks``); with blocks coarser than the hash
+        block, also the partial entry of the prompt's last hash boundary when it
+        falls inside a block (``BlockPool.cache_partial_block``), as vLLM does."""
+        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
+        if self.block_size != self.block_pool.hash_block_size:
+            self._cache_partial_tail_block(request, num_tokens)
+
+    def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> None:
+        # The prompt's last hash boundary a later request can hit (all of the
+        # prompt with EAGLE, which drops a hash unit after looking up; one token
+        # less otherwise), cached as a partial entry of the block it falls in
+        # once computed.  Boundaries at a block's end are full blocks' keys.
+        hbs = self.block_pool.hash_block_size
+        limit = request.num_prompt_tokens if self.use_eagle else request.num_prompt_tokens - 1
+        boundary = min(limit // hbs, len(request.block_hashes)) * hbs
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        blocks = self._req_to_blocks.get(request.request_id, ())
+        block_idx = boundary // self.block_size
+        if block_idx >= len(blocks):
+            return
+        self.block_pool.cache_partial_block(
+            request, blocks[block_idx], boundary, self.kv_cache_group_id, self.block_size
+        )
+
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         blocks = self._req_to_blocks.get(running_request_id, [])
         num_requests = len(self._req_to_blocks)
