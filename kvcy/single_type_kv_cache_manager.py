@@ -1,9 +1,10 @@
 """Per-attention-type block bookkeeping (vLLM 0.33.0's ``vllm.v1.core.single_type_kv_cache_manager``).
 
-Exports, all from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
-(the base), ``FullAttentionManager``, ``SinkFullAttentionManager``, ``SlidingWindowManager``,
-``ChunkedLocalAttentionManager``, ``MambaManager``, ``CrossAttentionManager``,
-``spec_manager_map`` (spec class -> manager class) and
+Exports, from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
+(the base), ``FullAttentionManager``, ``SinkFullAttentionManager``, ``MambaManager``,
+``CrossAttentionManager``; from stem ``local_attention_managers``:
+``SlidingWindowManager``, ``ChunkedLocalAttentionManager``; from
+stem ``manager_factory``: ``spec_manager_map`` (spec class -> manager class) and
 ``get_manager_for_kv_cache_spec``; and, defined here,
 ``register_all_kvcache_specs`` (vLLM's engine-start registration of the
 built-in specs in :class:`kvcy.kv_cache_interface.KVCacheSpecRegistry`).

@@ -33,10 +33,13 @@ TWIN_EXPORTS = {
                      "HybridKVCacheCoordinator", "get_kv_cache_coordinator")
     },
     "kvcy.single_type_kv_cache_manager": {
-        name: "single_type_managers"
-        for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SlidingWindowManager",
-                     "ChunkedLocalAttentionManager", "MambaManager", "CrossAttentionManager", "spec_manager_map",
-                     "get_manager_for_kv_cache_spec")
+        **{name: "single_type_managers"
+           for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
+                        "MambaManager", "CrossAttentionManager")},
+        "SlidingWindowManager": "local_attention_managers",
+        "ChunkedLocalAttentionManager": "local_attention_managers",
+        "spec_manager_map": "manager_factory",
+        "get_manager_for_kv_cache_spec": "manager_factory",
     },
     "kvcy.kv_cache_utils": {"KVCacheBlock": "kv_cache_block", "FreeKVCacheBlockQueue": "free_queue"},
     "kvcy.request": {"Request": "request"},

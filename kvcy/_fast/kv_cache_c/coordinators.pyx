@@ -84,7 +84,7 @@ cdef class KVCacheCoordinator:
         if scheduler_block_size % hash_block_size != 0 or any(
             scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
         ):
-            raise ValueError(
+            raise AssertionError(
                 f"scheduler_block_size ({scheduler_block_size}) must be a multiple of "
                 f"hash_block_size ({hash_block_size}) and of every group's block size "
                 f"({[g.kv_cache_spec.block_size for g in groups]})"
@@ -346,20 +346,18 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                          enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
                          metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
         if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
+            raise AssertionError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self._manager = <SingleTypeKVCacheManager>self.single_type_managers[0]
         self.block_size = self._manager.block_size
         if enable_caching and hash_block_size != self.block_size:
-            raise ValueError(
+            raise AssertionError(
                 "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
                 f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
             )
         self.use_eagle = 0 in self.drop_eagle_group_ids
         self._manager.use_eagle = self.use_eagle
         self._group_ids = [0]
-        if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
-            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
 
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
         cdef tuple res = self._manager._find_hit(block_hashes, max_cache_hit_length, self._group_ids,
@@ -387,10 +385,6 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                     f"every group's block size must be a multiple of hash_block_size "
                     f"({hash_block_size}); got {manager.block_size}"
                 )
-        if self.eagle_group_ids and any(
-            isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in kv_cache_config.kv_cache_groups
-        ):
-            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
         self.verify_and_split_kv_cache_groups()
 
     def verify_and_split_kv_cache_groups(self):

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -19,13 +18,13 @@ from kvcy.kv_cache_interface import (
 )
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
+from kvcy._fast.kv_cache_py.local_attention_managers import SlidingWindowManager
+from kvcy._fast.kv_cache_py.manager_factory import get_manager_for_kv_cache_spec
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
-    SlidingWindowManager,
     _MAMBA_SPARSE,
     _shared_prefix_boundary,
-    get_manager_for_kv_cache_spec,
 )
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ class KVCacheCoordinator(_Checked):
         if scheduler_block_size % hash_block_size != 0 or any(
             scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
         ):
-            raise ValueError(
+            raise AssertionError(
                 f"scheduler_block_size ({scheduler_block_size}) must be a multiple of "
                 f"hash_block_size ({hash_block_size}) and of every group's block size "
                 f"({[g.kv_cache_spec.block_size for g in groups]})"
@@ -394,19 +393,17 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                          hash_block_size, use_int_block_hashes, metrics_collector,
                          num_prefill_lookahead, num_hash_lookahead_tokens)
         if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ValueError("UnitaryKVCacheCoordinator assumes only one kv cache group")
+            raise AssertionError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self.block_size = self.single_type_managers[0].block_size
         if enable_caching and hash_block_size != self.block_size:
-            raise ValueError(
+            raise AssertionError(
                 "UnitaryKVCacheCoordinator assumes hash_block_size == block_size "
                 f"(got hash_block_size={hash_block_size}, block_size={self.block_size})"
             )
         self.use_eagle = 0 in self.drop_eagle_group_ids
         self.single_type_managers[0].use_eagle = self.use_eagle
         self._manager_cls = type(self.single_type_managers[0])
-        if self.use_eagle and isinstance(self.kv_cache_spec, ChunkedLocalAttentionSpec):
-            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         blocks, length = self._manager_cls.find_longest_cache_hit(
@@ -440,10 +437,6 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     f"every group's block size must be a multiple of hash_block_size "
                     f"({hash_block_size}); got {manager.block_size}"
                 )
-        if self.eagle_group_ids and any(
-            isinstance(g.kv_cache_spec, ChunkedLocalAttentionSpec) for g in kv_cache_config.kv_cache_groups
-        ):
-            raise ValueError("Hybrid KV cache is not supported for eagle + chunked local attention.")
         self.verify_and_split_kv_cache_groups()
 
     def verify_and_split_kv_cache_groups(self) -> None:

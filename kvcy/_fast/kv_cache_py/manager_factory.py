@@ -1,0 +1,70 @@
+"""Which manager serves a spec (pure-Python twin): ``spec_manager_map`` and
+``get_manager_for_kv_cache_spec`` (vLLM 0.33.0's ``single_type_kv_cache_manager``),
+which the coordinators call for each KV-cache group.
+"""
+
+from __future__ import annotations
+
+from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+)
+from kvcy._fast.kv_cache_py.block_pool import BlockPool
+from kvcy._fast.kv_cache_py.local_attention_managers import ChunkedLocalAttentionManager, SlidingWindowManager
+from kvcy._fast.kv_cache_py.single_type_managers import (
+    CrossAttentionManager,
+    FullAttentionManager,
+    MambaManager,
+    SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
+)
+
+
+spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SinkFullAttentionSpec: SinkFullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def _manager_class(spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
+    for klass in type(spec).__mro__:
+        if klass in spec_manager_map:
+            return spec_manager_map[klass]
+    raise ValueError(f"no KV-cache manager for spec type {type(spec).__name__}")
+
+
+def _admission_cap(spec: KVCacheSpec, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+    if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+        return spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+    return None
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec,
+    block_pool: BlockPool,
+    enable_caching: bool,
+    kv_cache_group_id: int,
+    scheduler_block_size: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+    needs_kv_cache_zeroing: bool = False,
+) -> SingleTypeKVCacheManager:
+    klass = _manager_class(kv_cache_spec)
+    return klass(
+        kv_cache_spec,
+        block_pool,
+        enable_caching,
+        kv_cache_group_id,
+        scheduler_block_size,
+        needs_kv_cache_zeroing=needs_kv_cache_zeroing,
+        max_admission_blocks_per_request=_admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
+    )
