@@ -127,6 +127,8 @@ class BlockPool:
     blocks: list[KVCacheBlock]
     free_block_queue: FreeKVCacheBlockQueue
     cached_block_hash_to_block: BlockHashToBlockMap
+    @property
+    def cached_block_hashes_by_block(self) -> dict[int, set[bytes]]: ...
     null_block: KVCacheBlock
     enable_kv_cache_events: bool
     use_int_block_hashes: bool
