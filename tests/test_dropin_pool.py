@@ -460,3 +460,31 @@ def test_random_sequences_as_vllm(impl, seed, clock, monkeypatch):
 def test_eviction_event_fields():
     event = KVCacheEvictionEvent(lifetime_seconds=2.0, idle_seconds=1.0, reuse_gaps_seconds=(0.5,))
     assert (event.lifetime_seconds, event.idle_seconds, event.reuse_gaps_seconds) == (2.0, 1.0, (0.5,))
+
+
+def test_partial_entries_are_a_read_only_view(impl):
+    """``cached_block_hashes_by_block`` (vLLM's name) is a read-only view of frozen key
+    sets in both twins: Python cannot put into it what a later eviction would trust."""
+    kv = impl.kv_cache
+    pool = kv.BlockPool(6, True, 4)
+    view = pool.cached_block_hashes_by_block
+    assert dict(view) == {}
+    with pytest.raises(TypeError):
+        view[1] = {b"abcdefgh"}
+    with pytest.raises(AttributeError):
+        pool.cached_block_hashes_by_block = {}
+    # an extra key lands in the view as a frozenset (the sequence is test_dropin_partial's story)
+    from types import SimpleNamespace
+
+    pool = kv.BlockPool(6, True, 4)
+    req = SimpleNamespace(request_id="r", block_hashes=[f"hash-{i}".encode().ljust(32, b".") for i in range(4)],
+                          all_token_ids=list(range(16)), lora_request=None, mm_features=[], cache_salt=None,
+                          prompt_embeds=None, session_id=None)
+    (a,) = pool.get_new_blocks(1)
+    pool.cache_partial_block(req, a, 4, 0, 8)  # a's own key
+    pool.cache_full_blocks(req, [a], 0, 1, 8, 0)  # promoted to the full key
+    pool.cache_partial_block(req, a, 4, 0, 8)  # now an extra key of a
+    extra = pool.cached_block_hashes_by_block[a.block_id]
+    assert type(extra) is frozenset and len(extra) == 1
+    with pytest.raises(AttributeError):
+        extra.add(b"junk-key")

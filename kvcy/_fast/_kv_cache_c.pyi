@@ -8,7 +8,7 @@ file against the built module (.ci/run).
 """
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, final
 
 from typing_extensions import disjoint_base
@@ -128,7 +128,7 @@ class BlockPool:
     free_block_queue: FreeKVCacheBlockQueue
     cached_block_hash_to_block: BlockHashToBlockMap
     @property
-    def cached_block_hashes_by_block(self) -> dict[int, set[bytes]]: ...
+    def cached_block_hashes_by_block(self) -> Mapping[int, frozenset[bytes]]: ...
     null_block: KVCacheBlock
     enable_kv_cache_events: bool
     use_int_block_hashes: bool

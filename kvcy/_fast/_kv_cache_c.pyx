@@ -32,6 +32,7 @@ includes them):
 import enum
 import importlib
 import logging
+from types import MappingProxyType
 from weakref import ref as _weakref
 
 cimport cython

@@ -21,7 +21,7 @@ cdef class BlockPool:
     cdef public Py_ssize_t num_evictions
     # Block id -> set of the cache keys (hash + 4-byte group id, vLLM's shape) the
     # block carries besides its own: partial entries (cache_partial_block).
-    cdef readonly dict cached_block_hashes_by_block
+    cdef dict _partial_keys  # cached_block_hashes_by_block (a read-only view of it)
 
     cpdef object get_cached_block(self, object block_hash, list kv_cache_group_ids)
     cdef inline object _get_one(self, object block_hash, Py_ssize_t gid)

@@ -30,6 +30,7 @@ cdef list _checked_mask(object block_mask, Py_ssize_t n):
     return [bool(x) for x in mask]
 
 
+
 cdef class BlockPool:
     """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
 
@@ -77,7 +78,7 @@ cdef class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         if self.enable_caching:
             self.cached_block_hash_to_block._reserve(_initial_map_keys(num_gpu_blocks))
-        self.cached_block_hashes_by_block = {}
+        self._partial_keys = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -89,6 +90,12 @@ cdef class BlockPool:
         self.num_evictions = 0
 
     # ------------------------------------------------------------------ lookups
+    @property
+    def cached_block_hashes_by_block(self):
+        """Each block's partial prefix-cache entries beside its own key (block id ->
+        cache keys), as vLLM's pool keeps them; a read-only view (the pool owns them)."""
+        return MappingProxyType(self._partial_keys)
+
     cpdef object get_cached_block(self, object block_hash, list kv_cache_group_ids):
         """One cached block per group for ``block_hash``, or None if any group misses."""
         cdef list out = []
@@ -343,7 +350,7 @@ cdef class BlockPool:
         cdef PyObject *p
         cdef PyObject *k
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
-        if self.cached_block_hashes_by_block:
+        if self._partial_keys:
             self._new_blocks_partial(ret)
             return ret
         start = 0
@@ -506,7 +513,7 @@ cdef class BlockPool:
         cdef KVCacheBlock dst = <KVCacheBlock>dst_block
         if dst._hash is not None:
             raise AssertionError(f"dst_block {dst.block_id} already has a cache key")
-        if dst.block_id in self.cached_block_hashes_by_block:
+        if dst.block_id in self._partial_keys:
             raise AssertionError(f"dst_block {dst.block_id} already has partial cache entries")
         if dst.is_null:
             raise ValueError("dst_block is the null block, which is never cached")
@@ -634,7 +641,7 @@ cdef class BlockPool:
         # the map, for events; the block is left with no key (as in vLLM, even if
         # none was there).
         cdef list removed = []
-        cdef object extra = self.cached_block_hashes_by_block.pop(block.block_id, None)
+        cdef object extra = self._partial_keys.pop(block.block_id, None)
         if block._hash is None and not extra:
             return removed
         cdef BlockHashToBlockMap cache = self.cached_block_hash_to_block
@@ -686,10 +693,9 @@ cdef class BlockPool:
             block._key_h = <uint32_t>h
             block._num_tokens = num_tokens
         else:
-            extra = self.cached_block_hashes_by_block.get(block.block_id)
-            if extra is None:
-                extra = self.cached_block_hashes_by_block[block.block_id] = set()
-            extra.add(block_hash + (<object>gid).to_bytes(4, "big"))
+            self._partial_keys[block.block_id] = (
+                self._partial_keys.get(block.block_id, frozenset()) | {block_hash + (<object>gid).to_bytes(4, "big")}
+            )
         cache._insert_hashed(<PyObject*>block_hash, gid, h, block)
         return 0
 
@@ -801,7 +807,7 @@ cdef class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         if self.enable_caching:
             self.cached_block_hash_to_block._reserve(_initial_map_keys(self.num_gpu_blocks))
-        self.cached_block_hashes_by_block.clear()
+        self._partial_keys.clear()
         cdef KVCacheBlock block
         for block in self.blocks:
             block._hash = None
@@ -838,7 +844,7 @@ cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
     # block keeps), with its event; False if it had no key there.  With partial
     # entries about, every key of the block, with an event each (vLLM's order).
     cdef list removed
-    if len(pool.cached_block_hashes_by_block) != 0 and block.block_id in pool.cached_block_hashes_by_block:
+    if len(pool._partial_keys) != 0 and block.block_id in pool._partial_keys:
         removed = pool._remove_cached_block_hashes(block)
         if not removed:
             return False

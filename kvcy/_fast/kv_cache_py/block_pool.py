@@ -8,7 +8,8 @@ check with it too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvcy.hashing import generate_block_hash_extra_keys
@@ -112,9 +113,15 @@ class BlockPool(_Checked):
     _RULES = dict.fromkeys(
         ("num_gpu_blocks", "enable_caching", "hash_block_size", "blocks", "free_block_queue",
          "cached_block_hash_to_block", "null_block", "enable_kv_cache_events", "use_int_block_hashes",
-         "kv_event_queue", "num_hash_lookahead_tokens", "medium", "cached_block_hashes_by_block"),
+         "kv_event_queue", "num_hash_lookahead_tokens", "medium", "_partial_keys"),
         _READ_ONLY,
     )
+
+    @property
+    def cached_block_hashes_by_block(self) -> Mapping[int, frozenset[bytes]]:
+        """Each block's partial prefix-cache entries beside its own key (block id ->
+        cache keys), as vLLM's pool keeps them; a read-only view (the pool owns them)."""
+        return MappingProxyType(self._partial_keys)
 
     @property
     def num_evictions(self) -> int:
@@ -160,7 +167,7 @@ class BlockPool(_Checked):
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         #: block id -> the cache keys the block carries besides its own
         #: (``block_hash``): partial prefix entries (``cache_partial_block``).
-        self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
+        self._partial_keys: dict[int, frozenset[bytes]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block._is_null = True
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
@@ -415,7 +422,7 @@ class BlockPool(_Checked):
         if self.metrics_collector is not None:
             self._metered_new_blocks(ret)
         elif self.enable_caching:
-            partial = bool(self.cached_block_hashes_by_block)  # (a block's extra keys outlive its own)
+            partial = bool(self._partial_keys)  # (a block's extra keys outlive its own)
             for block in ret:
                 if block._key is not None or partial:
                     self._maybe_evict_cached_block(block)
@@ -441,7 +448,7 @@ class BlockPool(_Checked):
         if self.metrics_collector:  # (vLLM's order: the hook first, for a block with no key too)
             self.metrics_collector.on_block_evicted(block)
         key = block._key
-        if block._block_id in self.cached_block_hashes_by_block:  # (partial entries too: every key goes)
+        if block._block_id in self._partial_keys:  # (partial entries too: every key goes)
             removed = self._remove_cached_block_hashes(block)
             if not removed:
                 return False
@@ -470,7 +477,7 @@ class BlockPool(_Checked):
         # entries (in their set's order).  The keys that were in the map, for
         # events; the block is left with no key (as in vLLM, even if none was).
         keys = [] if block._key is None else [block._key]
-        extra = self.cached_block_hashes_by_block.pop(block._block_id, None)
+        extra = self._partial_keys.pop(block._block_id, None)
         if extra:
             keys.extend(extra)
         if not keys:
@@ -507,7 +514,7 @@ class BlockPool(_Checked):
             block._key = key
             block._block_hash_num_tokens = num_tokens
         else:
-            self.cached_block_hashes_by_block.setdefault(block._block_id, set()).add(key)
+            self._partial_keys[block._block_id] = self._partial_keys.get(block._block_id, frozenset()) | {key}
         cache.insert(key, block)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
@@ -595,7 +602,7 @@ class BlockPool(_Checked):
         self._check_own_block("dst_block", dst_block)
         if dst_block._key is not None:
             raise AssertionError(f"dst_block {dst_block._block_id} already has a cache key")
-        if dst_block._block_id in self.cached_block_hashes_by_block:
+        if dst_block._block_id in self._partial_keys:
             raise AssertionError(f"dst_block {dst_block._block_id} already has partial cache entries")
         if dst_block._is_null:
             raise ValueError("dst_block is the null block, which is never cached")
@@ -757,7 +764,7 @@ class BlockPool(_Checked):
             )
             return False
         object.__setattr__(self, "cached_block_hash_to_block", BlockHashToBlockMap())
-        self.cached_block_hashes_by_block.clear()
+        self._partial_keys.clear()
         for block in self.blocks:
             block.reset_hash()
         if self.metrics_collector:
