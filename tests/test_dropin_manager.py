@@ -264,3 +264,15 @@ def test_register_all_kvcache_specs():
     assert KVCacheSpecRegistry.get_manager_class(sink) is st.SinkFullAttentionManager
     assert KVCacheSpecRegistry.get_manager_class(full_spec()) is st.FullAttentionManager
     assert "register_all_kvcache_specs" in st.__all__
+
+
+def test_manager_checks_context_parallel_sizes_as_its_groups_do(impl):
+    """One check for dcp / pcp sizes, in the manager and each single-type manager: a
+    non-int is a TypeError (1.0 used to pass the manager's ``!= 1`` test)."""
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["a"], full_spec())])
+    make = impl.kv_cache.KVCacheManager
+    with pytest.raises(TypeError, match="dcp_world_size must be an int, got float"):
+        make(cfg, 64, BS, BS, dcp_world_size=1.0)
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        make(cfg, 64, BS, BS, pcp_world_size=2)
+    assert make(cfg, 64, BS, BS, dcp_world_size=1, pcp_world_size=1) is not None

@@ -123,10 +123,7 @@ cdef class KVCacheManager:
                             ("hash_block_size", hash_block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if dcp_world_size != 1 or pcp_world_size != 1:
-            raise NotImplementedError(
-                "decode/prefill context parallelism (dcp/pcp world size > 1) is not implemented in kvcy"
-            )
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         assert watermark >= 0.0, "watermark must be non-negative"
