@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
+from kvcy.sim.fleet import MAX_INSTANCES, ROUTERS, TRANSPORTS
 from kvcy.sim.scheduler import (
     MAX_BLOCK_SIZE,
     MAX_NUM_BLOCKS,
@@ -71,6 +72,26 @@ def _fractions(text: str) -> list[float]:
             f"expected comma-separated multiples of the pool size, each > 0 and <= 1024, got {text!r}"
         )
     return values
+
+
+def _routers(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in ROUTERS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected routers from {', '.join(ROUTERS)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not 1 <= v <= MAX_INSTANCES for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated instance counts from 1 to {MAX_INSTANCES}, got {text!r}"
+        )
+    return sorted(set(values))
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -132,6 +153,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     off.add_argument("--offload-sweep", type=_fractions, default=[1.0, 2.0, 4.0, 8.0, 16.0], metavar="F,F,...",
                      help="CPU-tier sizes of the --plot offloading panel, as multiples of the GPU pool, each run "
                      "with lru and with arc (default 1,2,4,8,16)")
+
+    fl = p.add_argument_group("fleet (N instances behind a router; their KV events feed a routing index)")
+    fl.add_argument("--instances", type=int_arg(1, MAX_INSTANCES), metavar="N",
+                    help="split the trace across N simulated instances, each with the pool above and KV events "
+                    "published to the router's index")
+    fl.add_argument("--router", type=_routers, metavar="NAME[,NAME...]",
+                    help=f"with --instances: the router(s) to compare, from {', '.join(ROUTERS)} (default: all)")
+    fl.add_argument("--fleet-transport", choices=list(TRANSPORTS), default="zmq",
+                    help="how events reach the index: zmq (real sockets on the loopback interface, default) or "
+                    "direct (applied in-process, deterministic)")
+    fl.add_argument("--instances-sweep", type=_counts, default=[1, 2, 4, 8], metavar="N,N,...",
+                    help="fleet sizes of the --plot fleet panel, each run with every router (default 1,2,4,8)")
 
     out = p.add_argument_group("implementation and output")
     out.add_argument("--impl", choices=["cython", "python", "both"],
@@ -268,6 +301,8 @@ def _run(args: argparse.Namespace) -> int:
     if not len(trace):
         raise ValueError("the trace has no requests")
     num_blocks = _num_blocks(args)
+    if args.instances is not None or args.router is not None:
+        return _run_fleet(args, trace, num_blocks, plot_path)
     cpu_blocks = 0
     bytes_per_block = None
     if args.cpu_offload is not None:
@@ -392,6 +427,67 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(rep, indent=2, allow_nan=False))
     else:
         print(format_report(rep))
+        if plot_path is not None:
+            print(f"\nplot written to {plot_path}")
+    return 0
+
+
+def _run_fleet(args: argparse.Namespace, trace: Trace, num_blocks: int, plot_path: Path | None) -> int:
+    """``--instances N``: the fleet replay, once per router (and the --plot sweep over fleet sizes)."""
+    from kvcy.sim.fleet import FleetConfig, replay_fleet
+    from kvcy.sim.fleet_report import build_fleet_report, format_fleet_report
+
+    if args.instances is None:
+        raise ValueError("--router needs --instances N")
+    if args.cpu_offload is not None:
+        raise ValueError("the fleet replay has no CPU tier yet: drop --cpu-offload or --instances")
+    if args.no_prefix_caching:
+        raise ValueError("the fleet replay routes by cached prefixes: drop --no-prefix-caching")
+    if args.impl == "both":
+        raise ValueError("the fleet replay runs one implementation: --impl cython or --impl python")
+    impl = _impls(args.impl)[0]
+    routers = args.router or list(ROUTERS)
+    config = ReplayConfig(
+        num_blocks=num_blocks, block_size=args.block_size, hash_algo=args.hash, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        step_ms=args.step_ms, token_us=args.token_us, reserve_full_isl=not args.no_reserve_full_isl,
+    )
+    runs = [(args.instances, r) for r in routers]
+    if plot_path is not None:
+        runs += [(n, r) for n in args.instances_sweep if n != args.instances for r in routers]
+    bar = _progress_bar(not args.no_progress and sys.stderr.isatty(), total=len(trace) * len(runs))
+    results = []
+    sweep: dict[str, list[tuple[int, float]]] = {r: [] for r in routers}
+    imbalance: dict[str, list[tuple[int, float]]] = {r: [] for r in routers}
+    try:
+        timer_overhead = timer_overhead_ns()
+        for k, (n, router) in enumerate(runs, 1):
+            if bar is not None:
+                bar.set_description(f"fleet {k}/{len(runs)} [{n} instances, {router}]")
+            res = replay_fleet(trace, config, FleetConfig(instances=n, router=router, transport=args.fleet_transport),
+                               impl, progress=bar if bar is not None else False, timer_overhead=timer_overhead)
+            if n == args.instances:
+                results.append(res)
+            sweep[router].append((n, res.hit_rate))
+            imbalance[router].append((n, res.imbalance))
+    finally:
+        if bar is not None:
+            bar.close()
+    rep = build_fleet_report(trace, results)
+    if plot_path is not None:
+        from kvcy.sim.plot import plot_fleet
+
+        plot_fleet(plot_path, sweep, imbalance=imbalance, upper_bound=rep["hit_rate_upper_bound"],
+                   chosen_instances=args.instances,
+                   title=f"kvcy replay: {trace.name}, {len(trace):,} requests, {num_blocks:,} blocks per instance")
+        rep["plot"] = {"path": str(plot_path), "sweep": [
+            {"router": r, "instances": n, "hit_rate": h, "prompt_tokens_max_over_mean": dict(imbalance[r])[n]}
+            for r in routers for n, h in sorted(sweep[r])
+        ]}
+    if args.json:
+        print(json.dumps(rep, indent=2, allow_nan=False))
+    else:
+        print(format_fleet_report(rep))
         if plot_path is not None:
             print(f"\nplot written to {plot_path}")
     return 0

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["MissingMatplotlib", "plot_replay"]
+__all__ = ["MissingMatplotlib", "plot_fleet", "plot_replay"]
 
 
 class MissingMatplotlib(RuntimeError):
@@ -163,6 +163,58 @@ def plot_replay(
         ax3.set_title("GPU + CPU hit rate against CPU-tier size")
         ax3.grid(True, alpha=0.3)
 
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_fleet(
+    path: str | Path,
+    sweep: Mapping[str, Sequence[tuple[int, float]]],
+    *,
+    imbalance: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    upper_bound: float | None = None,
+    chosen_instances: int | None = None,
+    title: str = "",
+) -> Path:
+    """Write the fleet replay's PNG: hit rate against the number of instances, one line per router.
+
+    With ``imbalance`` (router -> (instances, most prompt tokens on one
+    instance over the mean)) a second panel shows the load balance.
+    """
+    plt = _pyplot()
+    panels = 2 if imbalance else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
+    ax = axes[0][0]
+    for router, points in sweep.items():
+        pts = sorted(points)
+        ax.plot([n for n, _ in pts], [100.0 * h for _, h in pts], marker="o", label=router)
+    if upper_bound is not None:
+        ax.axhline(100.0 * upper_bound, color="grey", linestyle=":", label="upper bound (every prompt block kept)")
+    if chosen_instances is not None:
+        ax.axvline(chosen_instances, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("instances")
+    ax.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
+    ax.set_title("hit rate against fleet size, per router")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if imbalance:
+        ax2 = axes[0][1]
+        for router, points in imbalance.items():
+            pts = sorted(points)
+            ax2.plot([n for n, _ in pts], [v for _, v in pts], marker="o", label=router)
+        ax2.axhline(1.0, color="grey", linestyle=":")
+        ax2.set_xscale("log", base=2)
+        ax2.set_xlabel("instances")
+        ax2.set_ylabel("prompt tokens on the busiest instance / mean")
+        ax2.set_title("load balance")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -297,8 +297,8 @@ def manager_class(impl: str) -> type:
     return _fast.load(impl)["kv_cache"].KVCacheManager
 
 
-def build_manager(impl: str, config: ReplayConfig, max_model_len: int) -> Any:
-    """A one-group full-attention ``KVCacheManager`` for ``config``."""
+def build_manager(impl: str, config: ReplayConfig, max_model_len: int, *, kv_events: bool = False) -> Any:
+    """A one-group full-attention ``KVCacheManager`` for ``config`` (``kv_events``: with KV events on)."""
     from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=8, head_size=128, dtype="bfloat16")
@@ -316,7 +316,7 @@ def build_manager(impl: str, config: ReplayConfig, max_model_len: int) -> Any:
         enable_caching=config.enable_caching,
         use_eagle=False,
         log_stats=True,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         watermark=0.0,
     )
 
@@ -546,7 +546,7 @@ class _ReplayLoop:
         # Fixed for the replay.
         "res", "mgr", "hasher", "request_cls", "tier", "bar", "names", "capture_step", "expected_digests",
         "get_computed_blocks", "allocate_slots", "free", "timer_overhead", "max_model_len", "budget_per_step",
-        "max_seqs", "reserve_full_isl", "step_ms", "token_ms", "stall_steps",
+        "max_seqs", "reserve_full_isl", "step_ms", "token_ms", "stall_steps", "prebuilt",
         # The queues: not yet arrived, waiting (front first), running (oldest first).
         "pending", "waiting", "running",
         # Running totals.
@@ -575,6 +575,9 @@ class _ReplayLoop:
         # max_model_len steps (see replay's Raises), so more steps than that
         # without a finished request mean the loop is not getting anywhere.
         self.stall_steps = res.max_model_len + 2
+        # Requests built ahead of their first look (the fleet router hashes a
+        # prompt to route it), by trace index; taken by first_look.
+        self.prebuilt: dict[int, Any] = {}
         self.last_finish_step = 0
         self.pending: deque[TraceRequest] = deque(accepted)
         self.waiting: deque[_Live] = deque()
@@ -589,35 +592,48 @@ class _ReplayLoop:
     def run(self, stop_after_step: int | None) -> None:
         """Step until every request finished (or past ``stop_after_step``)."""
         while self.pending or self.waiting or self.running:
-            if not self.take_arrivals():
-                continue  # idle: the clock jumped to the next arrival
-            self.dec = []
-            self.ns = self.off_ns = 0
-            self.off_calls0 = self.off_calls
-            self.step_calls0 = self.calls
-            self.budget = self.budget_per_step
-            self.scheduled = []
-            self.preempted = False
-            self.schedule_running()
-            if not self.preempted:
-                self.admit_waiting()
-            if not self.scheduled:
-                raise RuntimeError(
-                    f"the scheduler made no progress at step {self.step} "
-                    f"({len(self.running)} running, {len(self.waiting)} waiting)"
-                )
-            usage = self.mgr.usage
-            self.usage_sum += usage
-            if usage > self.res.peak_usage:
-                self.res.peak_usage = usage
-            if self.tier is not None:
-                self.offer_stores()
-            num_scheduled = self.advance()
-            self.end_step()
-            self.step += 1
-            self.clock += self.step_ms + self.token_ms * num_scheduled
-            if stop_after_step is not None and self.step > stop_after_step:
+            if self.step_once() and stop_after_step is not None and self.step > stop_after_step:
                 break
+
+    @property
+    def busy(self) -> bool:
+        """Requests are waiting or running (pending ones have not arrived yet)."""
+        return bool(self.waiting or self.running)
+
+    def step_once(self) -> bool:
+        """One scheduler step; ``False``: the engine was idle and the clock jumped to the next arrival instead.
+
+        The fleet replay (:mod:`kvcy.sim.fleet`) drives several loops with
+        this, one step at a time, in simulated-time order.
+        """
+        if not self.take_arrivals():
+            return False
+        self.dec = []
+        self.ns = self.off_ns = 0
+        self.off_calls0 = self.off_calls
+        self.step_calls0 = self.calls
+        self.budget = self.budget_per_step
+        self.scheduled = []
+        self.preempted = False
+        self.schedule_running()
+        if not self.preempted:
+            self.admit_waiting()
+        if not self.scheduled:
+            raise RuntimeError(
+                f"the scheduler made no progress at step {self.step} "
+                f"({len(self.running)} running, {len(self.waiting)} waiting)"
+            )
+        usage = self.mgr.usage
+        self.usage_sum += usage
+        if usage > self.res.peak_usage:
+            self.res.peak_usage = usage
+        if self.tier is not None:
+            self.offer_stores()
+        num_scheduled = self.advance()
+        self.end_step()
+        self.step += 1
+        self.clock += self.step_ms + self.token_ms * num_scheduled
+        return True
 
     def take_arrivals(self) -> bool:
         """Requests whose arrival time has passed join the waiting queue; ``False``: idle, the clock jumped."""
@@ -695,13 +711,15 @@ class _ReplayLoop:
     def first_look(self, live: _Live) -> Any:
         """Build a waiting request's ``Request`` (tokens, block hashes) and its CPU-tier state."""
         tr = live.trace
-        req = self.request_cls(
-            tr.request_id,
-            tr.prompt_token_ids(),
-            max_tokens=tr.num_output_tokens,
-            block_hasher=self.hasher,
-            arrival_time=tr.arrival_ms / 1000.0,
-        )
+        req = self.prebuilt.pop(tr.index, None)
+        if req is None:
+            req = self.request_cls(
+                tr.request_id,
+                tr.prompt_token_ids(),
+                max_tokens=tr.num_output_tokens,
+                block_hasher=self.hasher,
+                arrival_time=tr.arrival_ms / 1000.0,
+            )
         live.req = req
         live.outputs = tr.output_token_ids()
         if self.tier is not None:

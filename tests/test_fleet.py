@@ -1,0 +1,112 @@
+"""The fleet replay (``kvcy replay --instances N``): routing, conservation, the index it routes by, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvcy.sim.cli import main
+from kvcy.sim.fleet import FleetConfig, replay_fleet
+from kvcy.sim.scheduler import ReplayConfig, replay
+from kvcy.sim.synthetic import SyntheticConfig, synthetic_trace
+from kvcy.sim.traces import Trace
+
+CONVERSATIONS = SyntheticConfig(
+    conversations=24, max_turns=4, system_prompts=3, system_len=256,
+    user_min=64, user_max=256, output_min=4, output_max=32, rate=40.0, think_ms=400.0,
+)
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return synthetic_trace(3, CONVERSATIONS)
+
+
+def _fleet(trace, impl, router, n=4, num_blocks=2048, transport="direct"):
+    return replay_fleet(trace, ReplayConfig(num_blocks=num_blocks), FleetConfig(instances=n, router=router,
+                        transport=transport), impl, timer_overhead=0)
+
+
+@pytest.mark.parametrize("router", ["kv", "round-robin", "least-loaded"])
+def test_every_request_is_routed_once_and_finishes(impl, trace, router):
+    res = _fleet(trace, impl.name, router)
+    assert sum(res.routed) == len(trace) and res.finished == len(trace)
+    assert sum(res.routed_tokens) == trace.num_prompt_tokens
+    assert sum(r.prompt_tokens for r in res.instances) == trace.num_prompt_tokens
+    for r in res.instances:
+        assert r.finished == r.requests
+        assert r.free_blocks_at_end == r.config.num_blocks - 1  # every block came back on every instance
+    if router == "round-robin":
+        assert max(res.routed) - min(res.routed) <= 1
+    assert res.events["batches_published"] > 0 and res.events["events_published"] > 0
+    assert res.index["instances"] == 4
+
+
+def test_one_instance_makes_the_single_replays_decisions(impl, trace):
+    """A fleet of one is the single replay, step for step (routing and events change nothing)."""
+    cfg = ReplayConfig(num_blocks=160, max_num_batched_tokens=256)
+    single = replay(trace, cfg, impl.name, timer_overhead=0)
+    fleet = replay_fleet(trace, cfg, FleetConfig(instances=1, router="kv", transport="direct"), impl.name,
+                         timer_overhead=0)
+    assert single.preemptions > 0  # a loaded pool: the comparison covers preemption too
+    assert fleet.instances[0].step_digests == single.step_digests
+    assert fleet.hit_tokens == single.hit_tokens
+
+
+def test_kv_routing_follows_the_conversations(impl, trace):
+    """Follow-up turns go where their conversation's blocks are: more hits than round-robin or least-loaded."""
+    kv = _fleet(trace, impl.name, "kv")
+    rr = _fleet(trace, impl.name, "round-robin")
+    ll = _fleet(trace, impl.name, "least-loaded")
+    assert kv.hit_rate > rr.hit_rate and kv.hit_rate > ll.hit_rate
+    # ample pools, no eviction: what the index promised at routing time, the instance had at admission
+    assert all(r.evictions in (None, 0) for r in kv.instances)
+    assert 0 < kv.predicted_hit_tokens <= kv.hit_tokens
+
+
+def test_the_index_reflects_what_each_instance_holds(impl, trace):
+    """At the end, the index holds exactly the cached blocks of each instance's pool."""
+    res = _fleet(trace, impl.name, "kv", num_blocks=96)
+    assert any(r.evictions for r in res.instances)  # small pools: blocks were removed as well as stored
+    cached = sum(r.config.num_blocks - 1 for r in res.instances)  # every free block keeps its hash until reused
+    assert 0 < res.index["blocks"] <= cached
+
+
+def test_fleet_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="instances"):
+        FleetConfig(instances=0)
+    with pytest.raises(TypeError, match="instances"):
+        FleetConfig(instances=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="router"):
+        FleetConfig(instances=2, router="random")
+    with pytest.raises(ValueError, match="transport"):
+        FleetConfig(instances=2, transport="udp")
+
+
+def test_cli_fleet_json(capsys):
+    rc = main(["synthetic:conversations=10,max_turns=3", "--instances", "2", "--router", "kv,round-robin",
+               "--fleet-transport", "direct", "--num-blocks", "512", "--json", "--no-progress"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert set(rep["routers"]) == {"kv", "round-robin"}
+    assert rep["fleet"]["instances"] == 2
+    for d in rep["routers"].values():
+        assert sum(d["requests"]["per_instance"]) == rep["trace"]["requests_replayed"]
+        assert 0.0 <= d["hit_rate"] <= 1.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--router", "kv"], "--router needs --instances"),
+    (["--instances", "2", "--impl", "both"], "one implementation"),
+    (["--instances", "2", "--cpu-offload", "2x"], "no CPU tier"),
+    (["--instances", "2", "--no-prefix-caching"], "drop --no-prefix-caching"),
+])
+def test_cli_fleet_refusals(capsys, argv, message):
+    assert main(["synthetic:conversations=2", "--num-blocks", "64", "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_bad_router_name(capsys):
+    assert main(["--instances", "2", "--router", "kv,random"]) == 2
+    assert "expected routers" in capsys.readouterr().err
