@@ -69,8 +69,8 @@ def test_the_index_reflects_what_each_instance_holds(impl, trace):
     """At the end, the index holds exactly the cached blocks of each instance's pool."""
     res = _fleet(trace, impl.name, "kv", num_blocks=96)
     assert any(r.evictions for r in res.instances)  # small pools: blocks were removed as well as stored
-    cached = sum(r.config.num_blocks - 1 for r in res.instances)  # every free block keeps its hash until reused
-    assert 0 < res.index["blocks"] <= cached
+    assert res.index["per_instance_blocks"] == res.index["per_instance_cached"]
+    assert all(n > 0 for n in res.index["per_instance_cached"])
 
 
 def test_fleet_config_refuses_bad_values():
@@ -110,3 +110,15 @@ def test_cli_fleet_refusals(capsys, argv, message):
 def test_cli_bad_router_name(capsys):
     assert main(["--instances", "2", "--router", "kv,random"]) == 2
     assert "expected routers" in capsys.readouterr().err
+
+
+def test_zmq_transport_ends_with_the_index_consistent(impl, trace):
+    """Events over real sockets on the loopback interface: every batch arrives, the index matches the pools."""
+    pytest.importorskip("zmq")
+    res = _fleet(trace, impl.name, "kv", n=3, num_blocks=96, transport="zmq")
+    ev = res.events
+    assert ev["transport"] == "zmq"
+    assert ev["batches_dropped"] == 0 and ev.get("batches_lost", 0) == 0
+    assert ev["batches_applied"] == ev["batches_published"]
+    assert res.index["per_instance_blocks"] == res.index["per_instance_cached"]
+    assert res.finished == len(trace)

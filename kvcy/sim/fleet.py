@@ -315,6 +315,10 @@ def replay_fleet(
     if rejected:
         out.instances[0].rejected = rejected
     out.events = transport.stats()
+    # What the index says each instance holds, beside what its pool caches
+    # (distinct cache keys): equal once every batch has been applied.
     out.index = {"instances": len(index.instances), "blocks": index.num_blocks(), "memory_bytes": index.memory_bytes,
+                 "per_instance_blocks": [index.num_blocks(name) if name in index.instances else 0 for name in names],
+                 "per_instance_cached": [len(lp.mgr.block_pool.cached_block_hash_to_block) for lp in loops],
                  "stats": dict(index.stats)}
     return out

@@ -1,0 +1,147 @@
+"""The fleet replay's ZeroMQ transport: one publisher per instance on the loopback interface, one subscriber.
+
+Each instance's :class:`~kvcy.kv_events.ZmqEventPublisher` binds a PUB socket
+and a replay (ROUTER) socket on ``127.0.0.1`` with system-chosen ports; the
+router's :class:`~kvcy.kv_events.EventSubscriber` connects to all of them and
+applies what has arrived to the index before each routing decision
+(:meth:`ZmqTransport.drain`).  The publishers encode and send from their
+own threads, so the index sees a batch some time after the instance published
+it: the lag the report gives (wall-clock seconds from the batch's timestamp
+to when it was applied, sampled at each routing decision) and the batches
+still in flight when a request is routed.  At the end :meth:`ZmqTransport.finish`
+waits (boundedly) until every published batch was applied, so the index ends
+as the instances are.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["ZmqTransport"]
+
+
+class ZmqTransport:
+    """Publishers for ``names`` (one per instance) and a subscriber applying to ``index``.
+
+    Args:
+        index: the routing index (``apply_batch`` / ``remove_instance``).
+        names: the instances' names in the index, in instance order.
+        finish_timeout: seconds :meth:`finish` waits for the last batches.
+
+    Raises:
+        ImportError: pyzmq is not installed.
+    """
+
+    def __init__(self, index: Any, names: list[str], *, finish_timeout: float = 30.0) -> None:
+        import zmq
+
+        from kvcy.kv_events import EventSubscriber, ZmqEventPublisher
+
+        self.names = names
+        self.finish_timeout = finish_timeout
+        self._ctx = zmq.Context()
+        self.publishers: list[Any] = []
+        self.subscriber: Any = None
+        self.published = [0] * len(names)
+        self.num_events = 0
+        self.lags: list[float] = []
+        self.in_flight_sum = 0
+        self.drains = 0
+        self._last_stats: dict[str, Any] = {}
+        self._dropped: list[int] = []
+        try:
+            for _ in names:
+                self.publishers.append(ZmqEventPublisher(
+                    endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv-events",
+                    context=self._ctx,
+                ))
+            self.subscriber = EventSubscriber(
+                index, {name: (p.endpoint, p.replay_endpoint) for name, p in zip(names, self.publishers)},
+                topic="kv-events", context=self._ctx,
+            )
+            self._settle()
+        except BaseException:
+            self.close()
+            raise
+
+    def _settle(self, timeout: float = 5.0) -> None:
+        """Wait until every subscription is live (a ZeroMQ SUB socket misses what is sent before it joined).
+
+        One empty probe batch per publisher, until the subscriber has seen one
+        from each (a probe it missed is recovered by replay anyway).
+        """
+        from kvcy.kv_events import KVEventBatch
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, pub in enumerate(self.publishers):
+                pub.publish(KVEventBatch(ts=time.time(), events=[]))
+                self.published[i] += 1
+            self.subscriber.poll(0.05)
+            if all(s.last_seq is not None for s in self.subscriber.states.values()):
+                return
+        raise RuntimeError("the fleet's event subscriber did not connect to every publisher within "
+                           f"{timeout:g} s")
+
+    def publish(self, i: int, batch: Any) -> None:
+        self.published[i] += 1
+        self.num_events += len(batch.events)
+        self.publishers[i].publish(batch)
+
+    def drain(self) -> None:
+        """Apply what has arrived; sample the lag and the batches still in flight."""
+        sub = self.subscriber
+        sub.poll(0.0)
+        states = sub.states
+        self.drains += 1
+        for name, n in zip(self.names, self.published):
+            st = states[name]
+            applied = -1 if st.last_seq is None else st.last_seq
+            self.in_flight_sum += max(0, n - 1 - applied)
+            if st.lag is not None:
+                self.lags.append(st.lag)
+
+    def finish(self) -> None:
+        """Wait until every published batch has been applied (at most ``finish_timeout`` seconds)."""
+        deadline = time.monotonic() + self.finish_timeout
+        while time.monotonic() < deadline:
+            self.subscriber.poll(0.02)
+            states = self.subscriber.states
+            if all(states[name].last_seq == n - 1 for name, n in zip(self.names, self.published)):
+                return
+
+    def close(self) -> None:
+        """Close the sockets and stop the threads (the counters are kept for :meth:`stats`)."""
+        self._dropped = [p.dropped_batches for p in self.publishers] or self._dropped
+        if self.subscriber is not None:
+            self._last_stats = dict(self.subscriber.stats)
+            self.subscriber.close()
+            self.subscriber = None
+        for pub in self.publishers:
+            pub.shutdown()
+        self.publishers = []
+        self._ctx.term()
+
+    def stats(self) -> dict[str, Any]:
+        lags = sorted(self.lags)
+
+        def pct(q: float) -> float:
+            return 1e3 * lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
+
+        sub = self._last_stats
+        return {
+            "transport": "zmq",
+            "batches_published": sum(self.published),
+            "events_published": self.num_events,
+            "batches_applied": sub.get("batches_applied", 0),
+            "batches_dropped": sum(self._dropped),
+            "batches_replayed": sub.get("replayed", 0),
+            "batches_lost": sub.get("lost", 0),
+            "gaps": sub.get("gaps", 0),
+            "malformed": sub.get("malformed", 0),
+            "lag_ms_p50": pct(0.5),
+            "lag_ms_p99": pct(0.99),
+            "lag_ms_max": 1e3 * float(sub.get("max_lag", 0.0)),
+            "in_flight_at_routing_mean": self.in_flight_sum / self.drains if self.drains else 0.0,
+        }
