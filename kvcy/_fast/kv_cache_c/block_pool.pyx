@@ -30,6 +30,13 @@ cdef list _checked_mask(object block_mask, Py_ssize_t n):
     return [bool(x) for x in mask]
 
 
+cdef inline bint _no_extra_keys(object request) except -1:
+    # Whether generate_block_hash_extra_keys gives None for every block of
+    # ``request``: no LoRA, no multimodal item, no cache salt, no prompt
+    # embeddings (the events then skip the per-block call).
+    return (request.lora_request is None and not request.mm_features and not request.cache_salt
+            and request.prompt_embeds is None)
+
 
 cdef class BlockPool:
     """All KV-cache blocks: allocation, freeing, caching and lazy eviction.
@@ -113,7 +120,19 @@ cdef class BlockPool:
 
     # ------------------------------------------------------------------ caching
     cdef object _ext(self, bytes block_hash):
-        return external_block_hash(block_hash, self.use_int_block_hashes)
+        # external_block_hash, in C for the int form (one per evicted block
+        # with events on): the hash's low 64 bits are its last 8 bytes, read
+        # big-endian (a shorter hash: all of it).
+        if not self.use_int_block_hashes:
+            return block_hash
+        cdef const unsigned char *p = <const unsigned char *>_PyBytes_AS_STRING_RAW(<PyObject *>block_hash)
+        cdef Py_ssize_t n = _PyBytes_GET_SIZE_RAW(<PyObject *>block_hash)
+        cdef Py_ssize_t i = n - 8 if n > 8 else 0
+        cdef unsigned long long v = 0
+        while i < n:
+            v = (v << 8) | p[i]
+            i += 1
+        return v
 
     cpdef cache_full_blocks(self, request, list blocks, Py_ssize_t num_cached_blocks,
                             Py_ssize_t num_full_blocks, Py_ssize_t block_size,
@@ -209,15 +228,19 @@ cdef class BlockPool:
             start = end
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
-            extra_keys_list = []
             lookahead_ids = [] if self.num_hash_lookahead_tokens else None
-            mm_idx = 0
-            for i in range(num_cached_blocks, num_full_blocks):
-                if (<KVCacheBlock>blocks[i]).is_null or (mask is not None and not mask[i - num_cached_blocks]):
-                    continue
-                start = i * block_size
-                keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx, lookahead_ids)
-                extra_keys_list.append(untag_extra_keys(keys))
+            if lookahead_ids is None and _no_extra_keys(request):
+                extra_keys_list = [None] * len(new_hashes)  # (one per block stored, as below)
+            else:
+                extra_keys_list = []
+                mm_idx = 0
+                for i in range(num_cached_blocks, num_full_blocks):
+                    if (<KVCacheBlock>blocks[i]).is_null or (mask is not None and not mask[i - num_cached_blocks]):
+                        continue
+                    start = i * block_size
+                    keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx,
+                                                          lookahead_ids)
+                    extra_keys_list.append(untag_extra_keys(keys))
             self.kv_event_queue.append(
                 self._block_stored(
                     request, new_hashes, parent, num_cached_blocks * block_size,
@@ -306,9 +329,13 @@ cdef class BlockPool:
         hashes = []
         extra_keys_list = []
         lookahead_ids = [] if self.num_hash_lookahead_tokens else None
+        cdef bint plain = lookahead_ids is None and _no_extra_keys(request)
         mm_idx = 0
         for i in range(num_cached_blocks):
             hashes.append(self._ext(block_hashes[i]))
+            if plain:
+                extra_keys_list.append(None)
+                continue
             start = i * block_size
             keys, mm_idx = self._event_extra_keys(request, start, start + block_size, mm_idx, lookahead_ids)
             extra_keys_list.append(untag_extra_keys(keys))
