@@ -62,7 +62,9 @@ def _fill_cache(pool, rng: random.Random) -> None:
     from here on every allocation evicts: the steady state of a full cache."""
     blocks = [b for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is None]
     taken = pool.get_new_blocks(len(blocks))  # the uncached ones sit at the head
-    hashes = SimpleNamespace(request_id="fill", block_hashes=[rng.randbytes(32) for _ in taken])
+    hashes = SimpleNamespace(request_id="fill", block_hashes=[rng.randbytes(32) for _ in taken],
+                             all_token_ids=[0] * (16 * len(taken)), lora_request=None, mm_features=[],
+                             cache_salt=None, prompt_embeds=None)  # (what events read, when on)
     pool.cache_full_blocks(hashes, taken, 0, len(taken), 16, 0)  # (all a request it needs)
     pool.free_blocks(taken)
     assert all(b.block_hash is not None for b in pool.free_block_queue.get_all_free_blocks())
@@ -103,6 +105,43 @@ def test_request_lifecycle_half_cached(benchmark, impl, pool_size, freeze_startu
     assert hit == 512
     requests = next(counter)  # (1020 when timed; 1 with --benchmark-disable)
     assert mgr.block_pool.num_evictions - evictions0 == 32 * requests  # every request evicted 32 blocks
+
+
+def test_request_lifecycle_kv_events(benchmark, impl, freeze_startup_heap):
+    """The half-cached lifecycle above (pool 10,000) with KV events on: each round queues one
+    BlockStored of 32 blocks and 32 BlockRemoved (int hashes), drained by take_events."""
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    Request = impl.kv_cache.Request
+    mgr = impl.kv_cache.KVCacheManager(_config(10_000), max_model_len=4096, scheduler_block_size=16,
+                                       hash_block_size=16, enable_kv_cache_events=True)
+    rng = random.Random(0)
+    prefix = [rng.randrange(32000) for _ in range(512)]
+    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    _fill_cache(mgr.block_pool, rng)
+    mgr.take_events()
+    freeze_startup_heap()
+    counter = itertools.count()
+    benchmark.group = "request lifecycle with KV events: 1024 tokens, 512 cached, full cache (pool 10,000)"
+
+    def setup():
+        i = next(counter)
+        req = Request(f"r{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
+        return (req,), {}
+
+    def run(req):
+        blocks, hit, _ = mgr.get_computed_blocks(req)
+        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        mgr.free(req)
+        return mgr.take_events()
+
+    events = benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=20)
+    stored = [e for e in events if type(e).__name__ == "BlockStored"]
+    removed = [e for e in events if type(e).__name__ == "BlockRemoved"]
+    assert len(stored) == 1 and len(stored[0].block_hashes) == 32 and len(removed) == 32
+    assert all(type(h) is int for h in stored[0].block_hashes)
 
 
 @pytest.mark.parametrize("sample_rate", [None, 0.01, 1.0])
