@@ -380,6 +380,7 @@ class EventSubscriber:
         if link.dealer is None:
             link.dealer = self._ctx.socket(zmq.DEALER)
             link.dealer.setsockopt(zmq.LINGER, 0)
+            link.dealer.setsockopt(zmq.RCVHWM, 0)  # a whole replay buffer may come back at once
             link.dealer.connect(state.replay_endpoint)
         got: list[tuple[int, Any]] = []
         finished = False
