@@ -397,6 +397,21 @@ def test_malformed_messages_are_counted_and_skipped(ipc, cleanup):
         pub.close()
 
 
+def test_a_batch_that_does_not_encode_is_skipped_and_counted_lost(ipc, cleanup, caplog):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    hashes = iter(range(100))
+    wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
+    with caplog.at_level("ERROR", logger="kvcy.kv_events"):
+        pub.publish(KVEventBatch(ts=1.0, events=[object()]))
+        pub.publish(stored(500))
+        last = pub._next_seq - 1
+        wait_until(lambda: sub.states["a"].last_seq == last, "the batch after", step=lambda: sub.poll(0.02))
+    assert "could not be encoded" in caplog.text
+    assert pub.running and sub.states["a"].lost == 1 and 500 in index.blocks["a"]
+
+
 def test_silent_instance_is_forgotten_then_rebuilt(ipc, cleanup):
     pub = publisher(cleanup, 0, ipc(), ipc())
     index = RecordingIndex()

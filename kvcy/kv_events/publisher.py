@@ -358,10 +358,14 @@ class ZmqEventPublisher(EventPublisher):
             except Exception:  # skipped; subscribers see its number missing
                 logger.exception("KV-event batch %d could not be encoded; skipped", seq)
                 continue
-            # PUB never blocks: past the high-water mark ZeroMQ drops the message, and the
-            # subscriber gets the batch back from the replay buffer.
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            # The replay buffer keeps the batch even if the send fails. PUB never blocks: past
+            # the high-water mark ZeroMQ drops the message, and subscribers replay it.
             self._buffer.append((seq, payload))
+            try:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            except Exception:
+                logger.exception("KV-event batch %d could not be sent", seq)
+                continue
             self.sent_batches += 1
 
     def _serve_replay(self) -> None:
