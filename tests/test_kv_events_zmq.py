@@ -546,8 +546,8 @@ def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup)
             pub.publish(KVEventBatch(ts=time.time(), events=events))
 
     step(list(range(100, 118)))  # a fresh subscription may miss it: replay brings it back
-    wait_until(lambda: sub.states["gpu0"].last_seq is not None, "the first batch",
-               step=lambda: (step(list(range(200, 206))), sub.poll(0.02)))
+    wait_until(lambda: sub.states["gpu0"].last_seq is not None, "the first batch",  # empty batches: hello
+               step=lambda: (pub.publish(KVEventBatch(ts=time.time(), events=[])), sub.poll(0.02)))
     prompts = [list(range(100, 118)), list(range(100, 110)) + [7] * 9, list(range(300, 321)),
                list(range(400, 421)), list(range(100, 114)) + [9] * 3]
     for tokens in prompts:  # 12 blocks: the later prompts evict earlier blocks
