@@ -56,6 +56,7 @@ cdef extern from "Python.h":
 cdef extern from "_kv_index.h":
     int kvcy_kvi_u64(PyObject *o, unsigned long long *out) noexcept
     int kvcy_kvi_ctz(unsigned long long x) noexcept nogil
+    void kvcy_kvi_prefetch(const void *p) noexcept nogil
     uint32_t NIL "KVI_NIL"
     uint64_t BYTES_SALT "KVI_BYTES_SALT"
     Py_ssize_t MIN_SLOTS "KVI_MIN_SLOTS"
@@ -103,20 +104,20 @@ cdef inline uint64_t _pack(uint32_t hid, uint32_t mid, uint32_t iid) noexcept no
     return (<uint64_t>hid << 24) | (<uint64_t>mid << 16) | <uint64_t>iid
 
 
-cdef int _read_hash(PyObject *h, uint64_t *key, PyObject **obj) noexcept:
+cdef inline int _read_hash(PyObject *h, uint64_t *key, PyObject **obj) noexcept:
     """0: ``*key``/``*obj`` describe the hash; 1: not an int or bytes; 2: an int out of range."""
     cdef unsigned long long v
+    if PyLong_Check(h) and not PyBool_Check(h):
+        if kvcy_kvi_u64(h, &v) < 0:
+            return 2
+        key[0] = v
+        obj[0] = NULL
+        return 0
     if PyBytes_CheckExact_ptr(h):
         key[0] = _digest(PyBytes_AS_STRING(<object>h), PyBytes_GET_SIZE(<object>h))
         obj[0] = h
         return 0
-    if not PyLong_Check(h) or PyBool_Check(h):
-        return 1
-    if kvcy_kvi_u64(h, &v) < 0:
-        return 2
-    key[0] = v
-    obj[0] = NULL
-    return 0
+    return 1
 
 
 cdef object _hash_error(int code, object h, str where):
@@ -239,6 +240,8 @@ cdef class KVIndex:
     cdef uint32_t _efree, _lru_head, _lru_tail
     # instances
     cdef dict _iids                      # name -> iid
+    cdef dict _template                  # {name: 0} in _order's order (None: to rebuild)
+    cdef list _ints                      # 0, 1, 2, ...: the counts a query returns
     cdef list _order                     # names, first seen first
     cdef list _free_iids
     cdef Py_ssize_t _icap, _inext_new
@@ -268,6 +271,8 @@ cdef class KVIndex:
         self._lru_tail = NIL
         self._iids = {}
         self._order = []
+        self._template = None
+        self._ints = []
         self._free_iids = []
         self._mids = {}
         self._mnames = []
@@ -293,6 +298,7 @@ cdef class KVIndex:
         self._entries_dropped = self._instances_removed = 0
         self._iids = {}
         self._order = []
+        self._template = None
         self._free_iids = []
         self._mids = {}
         self._mnames = []
@@ -323,13 +329,15 @@ cdef class KVIndex:
 
     # ------------------------------------------------------------------ hash table
     cdef inline uint32_t _hfind(self, uint64_t key, PyObject *obj) noexcept:
-        cdef uint32_t tag = obj != NULL
-        cdef Py_ssize_t i
-        cdef Slot *s
-        cdef PyObject *o
         if self._hmask < 0:
             return NIL
-        i = _home(key, tag, self._hmask)
+        return self._hprobe(key, obj, _home(key, obj != NULL, self._hmask))
+
+    cdef inline uint32_t _hprobe(self, uint64_t key, PyObject *obj, Py_ssize_t i) noexcept:
+        """The hid of ``key`` / ``obj`` (NULL for an int), probing from slot ``i``; NIL when absent."""
+        cdef uint32_t tag = obj != NULL
+        cdef Slot *s
+        cdef PyObject *o
         while True:
             s = &self._hslots[i]
             if s.val == 0:
@@ -824,6 +832,7 @@ cdef class KVIndex:
                     self._inext_new += 1
                 self._iids[instance] = iid
                 self._order.append(instance)
+                self._template = None
                 self._oiid[len(self._order) - 1] = <uint32_t>iid
                 self._alive[iid >> 6] |= (<uint64_t>1) << (iid & 63)
                 self._ihead[iid] = NIL
@@ -874,6 +883,7 @@ cdef class KVIndex:
             self._oiid[k] = self._oiid[k + 1]
         self._instances_removed += 1
         del self._order[pos]
+        self._template = None
         self._free_iids.append(iid)
         del self._iids[instance]
 
@@ -882,6 +892,7 @@ cdef class KVIndex:
         self._free_all()
         self._iids = {}
         self._order = []
+        self._template = None
         self._free_iids = []
         self._mids = {}
         self._mnames = []
@@ -958,39 +969,64 @@ cdef class KVIndex:
         return self._walk(items, NULL, PySequence_Fast_GET_SIZE(seq), off)
 
     cdef dict _walk(self, PyObject **items, const uint64_t *data, Py_ssize_t n, Py_ssize_t off):
-        """The walk of ``longest_prefix`` over ``items`` (checked) or ``data`` (unsigned ints)."""
-        cdef Py_ssize_t j, k, norder = len(self._order)
-        cdef uint64_t key
-        cdef PyObject *obj = NULL
-        cdef uint32_t hid
+        """The walk of ``longest_prefix`` over ``items`` (checked) or ``data`` (unsigned ints).
+
+        Chunks of 32 hashes: read (and check) them, prefetch their table slots,
+        find their ids and prefetch their bitsets, then narrow the running set.
+        """
+        cdef Py_ssize_t j, k, t, m, base, norder = len(self._order)
+        cdef uint64_t keys[32]
+        cdef PyObject *objs[32]
+        cdef Py_ssize_t homes[32]
+        cdef uint32_t hids[32]
         cdef bint walking = norder > 0
         cdef int code
-        cdef dict result = {}
+        cdef dict result
+        cdef list ints
         if walking:
             memcpy(self._qcur, self._alive, <size_t>self._W * sizeof(uint64_t))
             if off < 0:
                 self._settle(0)
                 walking = False
-        for j in range(n):
+        for base in range(0, n, 32):
+            m = min(32, n - base)
             if items != NULL:
-                code = _read_hash(items[j], &key, &obj)
-                if code:
-                    raise _hash_error(code, <object>items[j], f"block_hashes[{j}]")
+                for t in range(m):
+                    code = _read_hash(items[base + t], &keys[t], &objs[t])
+                    if code:
+                        raise _hash_error(code, <object>items[base + t], f"block_hashes[{base + t}]")
+            elif walking:
+                memcpy(keys, &data[base], <size_t>m * sizeof(uint64_t))
+                memset(objs, 0, <size_t>m * sizeof(PyObject *))
             else:
-                key = data[j]
-            if walking:
-                hid = self._hfind(key, obj)
-                if hid == NIL:
-                    self._settle(j)
+                break
+            if not walking:
+                continue
+            for t in range(m):
+                homes[t] = _home(keys[t], objs[t] != NULL, self._hmask)
+                kvcy_kvi_prefetch(&self._hslots[homes[t]])
+            for t in range(m):
+                hids[t] = self._hprobe(keys[t], objs[t], homes[t])
+                if hids[t] != NIL:
+                    kvcy_kvi_prefetch(&self._bits[<Py_ssize_t>hids[t] * self._stride + off])
+            for t in range(m):
+                if hids[t] == NIL:
+                    self._settle(base + t)
                     walking = False
-                else:
-                    walking = self._narrow(hid, off, j)
-                if not walking and items == NULL:
+                    break
+                if not self._narrow(hids[t], off, base + t):
+                    walking = False
                     break
         if walking:
             self._settle(n)
+        if self._template is None:
+            self._template = dict.fromkeys(self._order, 0)
+        result = self._template.copy()
+        ints = self._ints
+        if len(ints) <= n:
+            ints.extend(range(len(ints), n + 1))
         for k in range(norder):
-            PyDict_SetItem(result, self._order[k], self._qpos[self._oiid[k]])
+            PyDict_SetItem(result, self._order[k], ints[self._qpos[self._oiid[k]]])
         return result
 
     def best_instance(
