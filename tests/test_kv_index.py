@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import random
+import sys
 from collections import Counter, OrderedDict
 
 import pytest
@@ -490,3 +491,80 @@ def test_index_of_manager_events_gives_the_managers_cache_hits(impl, use_int):
         checked += sum(1 for n in want.values() if n)
     assert checked > 20  # the workload does hit
     assert index.stats["blocks_removed"] > 0 and index.stats["all_blocks_cleared"] == 1
+
+
+# --------------------------------------------------------------------------- scale, memory, references
+def test_twins_agree_under_churn():
+    """A seeded stress run (tables grown, rehashed and shrunk by deletions, 200 instances, the bound
+    hit, instances removed and re-added): both twins answer every query and count alike."""
+    impls = [i for i in ("cython", "python") if i in _fast.available() and not (i == "cython" and _fast.NO_EXTENSIONS)]
+    if len(impls) < 2:
+        pytest.skip("needs both twins")
+    rng = random.Random(11)
+    twins = [_fast.load(i)["kv_index"].KVIndex(max_blocks=6000) for i in impls]
+    chains = [[rng.getrandbits(64) for _ in range(60)] for _ in range(8)] + [
+        [rng.randbytes(32) for _ in range(30)] for _ in range(2)]
+    names = [f"n{k}" for k in range(200)]
+    for step in range(1500):
+        name = rng.choice(names)
+        chain = rng.choice(chains)
+        r = rng.random()
+        if r < 0.5:
+            events = [stored(chain[: rng.randrange(1, len(chain) + 1)], rng.choice(["GPU", "CPU"]))]
+        elif r < 0.9:
+            start = rng.randrange(len(chain))
+            events = [removed(chain[start:start + rng.randrange(1, 10)], rng.choice(["GPU", "CPU"]))]
+        elif r < 0.97:
+            events = [AllBlocksCleared()]
+        else:
+            for ix in twins:
+                ix.remove_instance(name)
+            continue
+        for ix in twins:
+            ix.apply_events(name, events)
+        if step % 50 == 0:
+            q = rng.choice(chains)
+            medium = rng.choice([None, "GPU", "CPU"])
+            answers = [ix.longest_prefix(q, medium) for ix in twins]
+            assert answers[0] == answers[1]
+            assert [ix.best_instance(q, medium) for ix in twins][0] == twins[1].best_instance(q, medium)
+    assert twins[0].stats == twins[1].stats
+    assert twins[0].stats["entries_dropped"] > 0 and twins[0].stats["instances"] > 64
+    assert [ix.num_blocks(n) for n in names for ix in twins[:1]] == [twins[1].num_blocks(n) for n in names]
+    assert twins[0].instances == twins[1].instances
+
+
+def test_bytes_hashes_are_released(KVIndex):
+    key = bytes(range(32))
+    base = sys.getrefcount(key)
+    index = KVIndex()
+    index.apply_events("a", [stored([key], "GPU"), stored([key], "CPU")])
+    index.apply_events("b", [stored([key])])
+    assert sys.getrefcount(key) > base
+    index.apply_events("a", [removed([key], "GPU"), removed([key], "CPU")])
+    index.remove_instance("b")
+    assert index.stats["hashes"] == 0 and sys.getrefcount(key) == base
+    index.apply_events("a", [stored([key])])
+    index.clear()
+    assert sys.getrefcount(key) == base
+    index.apply_events("a", [stored([key])])
+    del index
+    assert sys.getrefcount(key) == base
+
+
+def test_memory_bytes_grows_with_the_index(KVIndex):
+    index = KVIndex()
+    empty = index.memory_bytes
+    assert empty > 0
+    index.apply_events("a", [stored(range(20_000))])
+    assert index.memory_bytes > empty + 20_000 * 16
+
+
+def test_init_again_starts_afresh(KVIndex):
+    index = KVIndex()
+    index.apply_events("a", [stored([1, 2])])
+    index.__init__(max_blocks=1)
+    assert index.instances == () and index.num_blocks() == 0 and index.stats["events_applied"] == 0
+    assert index.max_blocks == 1
+    index.apply_events("a", [stored([1, 2])])
+    assert index.num_blocks() == 1 and index.longest_prefix([2]) == {"a": 1}
