@@ -568,3 +568,61 @@ def test_init_again_starts_afresh(KVIndex):
     assert index.max_blocks == 1
     index.apply_events("a", [stored([1, 2])])
     assert index.num_blocks() == 1 and index.longest_prefix([2]) == {"a": 1}
+
+
+def test_str_subclass_names_are_kept_as_plain_str(KVIndex):
+    class Name(str):
+        def __hash__(self):
+            raise AssertionError("the index hashes the plain str")
+
+    index = KVIndex()
+    index.apply_events(Name("a"), [stored([1])])
+    (name,) = index.instances
+    assert type(name) is str and name == "a"
+    assert index.longest_prefix([1]) == {"a": 1}
+    assert index.best_instance([1], candidates=[Name("a")]) == ("a", 1)
+    index.remove_instance(Name("a"))
+    assert index.instances == ()
+
+
+def test_finalizers_that_change_the_index_mid_call_do_not_crash(KVIndex):
+    """Garbage collection can run Python code (a finalizer) wherever an object is allocated;
+    here finalizers change the index and the hash lists while calls are under way."""
+    import gc
+
+    index = KVIndex(max_blocks=500)
+    rng = random.Random(5)
+    hashes = [rng.getrandbits(64) for _ in range(300)]
+    events = [stored(hashes[:200]), removed(hashes[50:80]), stored([bytes([k]) * 32 for k in range(20)])]
+
+    class Meddler:
+        def __init__(self, k):
+            self.cycle = self
+            self.k = k
+
+        def __del__(self):
+            k = self.k
+            if k % 4 == 0:
+                index.apply_events(f"m{k % 7}", [stored(hashes[k % 50: k % 50 + 30])])
+            elif k % 4 == 1:
+                index.remove_instance(f"m{k % 7}")
+            elif k % 4 == 2:
+                hashes.append(rng.getrandbits(64))
+                del hashes[0]
+            else:
+                index.longest_prefix(hashes[:40])
+
+    old = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        for k in range(300):
+            Meddler(k)
+            index.apply_events(f"i{k % 9}", events)
+            index.longest_prefix(hashes)
+            index.longest_prefix(array.array("Q", hashes[:100]))
+            if k % 50 == 0:
+                index.clear()
+    finally:
+        gc.set_threshold(*old)
+        gc.collect()
+    assert index.num_blocks() == sum(index.num_blocks(name) for name in index.instances) <= 500

@@ -126,10 +126,13 @@ cdef object _hash_error(int code, object h, str where):
     return ValueError(f"{where}: block hash {h} is not an unsigned 64-bit int")
 
 
-cdef inline int _check_instance(object instance, str what) except -1:
+cdef inline str _instance_name(object instance, str what):
+    """``instance`` as a plain ``str`` (a subclass's value, without its methods)."""
+    if type(instance) is str:
+        return <str>instance
     if not isinstance(instance, str):
         raise TypeError(f"{what} must be a str, got {type(instance).__name__}")
-    return 0
+    return str.__str__(instance)
 
 
 cdef inline int _check_medium(object medium, str where) except -1:
@@ -168,7 +171,7 @@ cdef bint _u64_buffer(Py_buffer *view) noexcept:
 cdef class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
 
-    Each instance (a name: any ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
+    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
     publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
     them into entries, one per ``(instance, medium, block hash)``, and
     :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
@@ -242,6 +245,7 @@ cdef class KVIndex:
     cdef dict _iids                      # name -> iid
     cdef dict _template                  # {name: 0} in _order's order (None: to rebuild)
     cdef list _ints                      # 0, 1, 2, ...: the counts a query returns
+    cdef dict _result                    # the next query's result, made by _prepare
     cdef list _order                     # names, first seen first
     cdef list _free_iids
     cdef Py_ssize_t _icap, _inext_new
@@ -720,7 +724,7 @@ cdef class KVIndex:
         """
         if instance is None:
             return self._elive
-        _check_instance(instance, "instance")
+        instance = _instance_name(instance, "instance")
         iid = self._iids.get(instance)
         return 0 if iid is None else self._icount[<Py_ssize_t>iid]
 
@@ -734,7 +738,7 @@ cdef class KVIndex:
         Raises:
             TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
         """
-        _check_instance(instance, "instance")
+        instance = _instance_name(instance, "instance")
         if not isinstance(batch, KVEventBatch):
             raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
         applied = self.apply_events(instance, batch.events)
@@ -757,7 +761,7 @@ cdef class KVIndex:
         cdef PyObject **items
         cdef int code
         cdef bint new_instance
-        _check_instance(instance, "instance")
+        instance = _instance_name(instance, "instance")
         if not isinstance(events, (list, tuple)):
             events = list(events)
         n = len(events)
@@ -868,7 +872,7 @@ cdef class KVIndex:
             TypeError: ``instance`` is not a str.
         """
         cdef Py_ssize_t iid, k, n, pos
-        _check_instance(instance, "instance")
+        instance = _instance_name(instance, "instance")
         iid_obj = self._iids.get(instance)
         if iid_obj is None:
             return
@@ -961,28 +965,45 @@ cdef class KVIndex:
                 try:
                     if not _u64_buffer(&view):
                         raise _buffer_error(&view)
+                    self._prepare(view.shape[0])
                     return self._walk(NULL, <const uint64_t *>view.buf, view.shape[0], off)
                 finally:
                     PyBuffer_Release(&view)
             seq = list(seq)
-        items = PySequence_Fast_ITEMS(seq)
-        return self._walk(items, NULL, PySequence_Fast_GET_SIZE(seq), off)
+        self._prepare(len(seq))
+        if PySequence_Fast_GET_SIZE(seq) > len(self._ints) - 1:  # grown by a finalizer meanwhile
+            seq = tuple(seq)
+            self._prepare(len(seq))
+        return self._walk(PySequence_Fast_ITEMS(seq), NULL, PySequence_Fast_GET_SIZE(seq), off)
+
+    cdef int _prepare(self, Py_ssize_t n) except -1:
+        """Make every object a query's result needs (``_result``, the counts up to ``n``) first:
+        the walk then allocates nothing, so no garbage collection can run a finalizer (Python
+        code that might change the index or the hashes) in the middle of it."""
+        if self._template is None:
+            self._template = dict.fromkeys(self._order, 0)
+        self._result = self._template.copy()
+        if len(self._ints) <= n:
+            self._ints.extend(range(len(self._ints), n + 1))
+        return 0
 
     cdef dict _walk(self, PyObject **items, const uint64_t *data, Py_ssize_t n, Py_ssize_t off):
-        """The walk of ``longest_prefix`` over ``items`` (checked) or ``data`` (unsigned ints).
+        """The walk of ``longest_prefix`` over ``items`` (checked) or ``data`` (unsigned ints),
+        right after ``_prepare(n)``.
 
         Chunks of 32 hashes: read (and check) them, prefetch their table slots,
         find their ids and prefetch their bitsets, then narrow the running set.
         """
-        cdef Py_ssize_t j, k, t, m, base, norder = len(self._order)
+        cdef Py_ssize_t k, t, m, base, norder = len(self._order)
         cdef uint64_t keys[32]
         cdef PyObject *objs[32]
         cdef Py_ssize_t homes[32]
         cdef uint32_t hids[32]
         cdef bint walking = norder > 0
         cdef int code
-        cdef dict result
-        cdef list ints
+        cdef dict result = self._result
+        cdef list ints = self._ints
+        self._result = None
         if walking:
             memcpy(self._qcur, self._alive, <size_t>self._W * sizeof(uint64_t))
             if off < 0:
@@ -1019,12 +1040,6 @@ cdef class KVIndex:
                     break
         if walking:
             self._settle(n)
-        if self._template is None:
-            self._template = dict.fromkeys(self._order, 0)
-        result = self._template.copy()
-        ints = self._ints
-        if len(ints) <= n:
-            ints.extend(range(len(ints), n + 1))
         for k in range(norder):
             PyDict_SetItem(result, self._order[k], ints[self._qpos[self._oiid[k]]])
         return result
@@ -1051,9 +1066,7 @@ cdef class KVIndex:
         if candidates is not None:
             if isinstance(candidates, (str, bytes)):
                 raise TypeError(f"candidates must be a sequence of instance names, got {type(candidates).__name__}")
-            candidates = list(candidates)
-            for c in candidates:
-                _check_instance(c, "a candidate")
+            candidates = [_instance_name(c, "a candidate") for c in candidates]
         prefix = self.longest_prefix(block_hashes, medium)
         names = prefix if candidates is None else candidates
         best = None

@@ -34,9 +34,13 @@ Medium = str | None
 _Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-def _check_instance(instance: object, what: str = "instance") -> None:
+def _instance_name(instance: object, what: str = "instance") -> str:
+    """``instance`` as a plain ``str`` (a subclass's value, without its methods)."""
+    if type(instance) is str:
+        return instance
     if not isinstance(instance, str):
         raise TypeError(f"{what} must be a str, got {type(instance).__name__}")
+    return str.__str__(instance)
 
 
 def _check_hash(h: object, where: str) -> None:
@@ -74,7 +78,7 @@ def _query_hashes(block_hashes: object) -> Sequence[Any]:
 class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
 
-    Each instance (a name: any ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
+    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
     publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
     them into entries, one per ``(instance, medium, block hash)``, and
     :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
@@ -216,7 +220,7 @@ class KVIndex:
         """
         if instance is None:
             return len(self._entries)
-        _check_instance(instance)
+        instance = _instance_name(instance)
         entries = self._by_instance.get(instance)
         return 0 if entries is None else len(entries)
 
@@ -230,7 +234,7 @@ class KVIndex:
         Raises:
             TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
         """
-        _check_instance(instance)
+        instance = _instance_name(instance)
         if not isinstance(batch, KVEventBatch):
             raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
         applied = self.apply_events(instance, batch.events)
@@ -246,7 +250,7 @@ class KVIndex:
         Raises:
             TypeError, ValueError: bad input (see the class docstring); nothing is applied then.
         """
-        _check_instance(instance)
+        instance = _instance_name(instance)
         if not isinstance(events, (list, tuple)):
             events = list(events)
         new_mediums: list[Medium] = []
@@ -342,7 +346,7 @@ class KVIndex:
         Raises:
             TypeError: ``instance`` is not a str.
         """
-        _check_instance(instance)
+        instance = _instance_name(instance)
         if instance not in self._by_instance:
             return
         self._forget(instance)
@@ -419,9 +423,7 @@ class KVIndex:
         if candidates is not None:
             if isinstance(candidates, (str, bytes)):
                 raise TypeError(f"candidates must be a sequence of instance names, got {type(candidates).__name__}")
-            candidates = list(candidates)
-            for c in candidates:
-                _check_instance(c, "a candidate")
+            candidates = [_instance_name(c, "a candidate") for c in candidates]
         prefix = self.longest_prefix(block_hashes, medium)
         names: Iterable[str] = prefix if candidates is None else candidates
         best: str | None = None
