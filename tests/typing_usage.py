@@ -17,6 +17,8 @@ from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_non
 from kvcy.kv_cache_coordinator import KVCacheCoordinator
 from kvcy.kv_cache_manager import KVCacheBlocks
 from kvcy.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, get_kv_cache_config
+from kvcy.kv_events import BlockStored, KVEventBatch
+from kvcy.kv_index import KVIndex
 from kvcy.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
 if sys.version_info >= (3, 11):
@@ -82,5 +84,20 @@ def run_sizing() -> int:
     return config.num_blocks
 
 
+def run_kv_index() -> int:
+    index = KVIndex(max_blocks=100)
+    assert_type(index, KVIndex)
+    event = BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
+                        medium="GPU", lora_name=None)
+    applied: int = index.apply_batch("a", KVEventBatch(ts=0.0, events=[event]))
+    prefix = index.longest_prefix([1, 2, 3])
+    assert_type(prefix, dict[str, int])
+    best = index.best_instance([1, 2, 3], candidates=["a"])
+    assert_type(best, tuple[str | None, int])
+    names: tuple[str, ...] = index.instances
+    assert applied == 1 and names == ("a",) and best == ("a", 2)
+    return prefix["a"]
+
+
 if __name__ == "__main__":
-    print(run_manager(), run_block_pool(), run_sizing())
+    print(run_manager(), run_block_pool(), run_sizing(), run_kv_index())

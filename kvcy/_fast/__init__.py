@@ -15,6 +15,9 @@ The offloading twin (``offload``) is imported on first use of ``kvcy._fast.offlo
 rather than here: it needs ``kvcy.kv_offload``, whose ``cpu`` package imports the
 live twin back from this module (and numpy), which ``import kvcy`` should not pay
 for.  Whether its compiled twin exists still counts towards the choice above.
+The KV-aware routing index's twin (``kv_index``, for routers, not engines) is
+imported on first use of ``kvcy._fast.kv_index`` too, so that ``import kvcy``
+does not pay for it either.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from types import ModuleType
 __all__ = ["IMPLEMENTATION", "NO_EXTENSIONS", "REQUIRE_EXTENSIONS", "TWINS", "load", "available"]
 
 #: The twin modules, by concept.  Each has ``_<name>_c`` and ``_<name>_py``.
-TWINS = ("hashing", "kv_cache", "offload")
+TWINS = ("hashing", "kv_cache", "offload", "kv_index")
 
 #: Twins imported on first use (see the module docstring).
-_LAZY = ("offload",)
+_LAZY = ("offload", "kv_index")
 
 
 def _flag(name: str) -> bool:
@@ -119,3 +122,4 @@ def __getattr__(name: str) -> ModuleType:
 hashing: ModuleType = _modules["hashing"]
 kv_cache: ModuleType = _modules["kv_cache"]
 offload: ModuleType  # bound on first use, by __getattr__ above
+kv_index: ModuleType  # likewise

@@ -1,4 +1,4 @@
-"""KV-cache events, wire-compatible with vLLM's ``vllm.distributed.kv_events``.
+"""The KV-cache event structs, wire-compatible with vLLM's ``vllm.distributed.kv_events``.
 
 The structs are msgspec ``Struct``s with vLLM's class names, field names and
 field order, encoded as vLLM encodes them (a batch is array-like; each event is

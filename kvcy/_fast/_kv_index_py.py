@@ -1,0 +1,435 @@
+"""Pure-Python twin of the KV-aware routing index (``kvcy.kv_index.KVIndex``).
+
+A fleet of vLLM / kvcy instances each publish KV-cache events
+(``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``); the index folds
+them into "which instance holds which block hash, in which medium" and answers
+a router's question: for a request's chained block hashes, how many leading
+blocks does each instance hold?  ``_kv_index_c.pyx`` is the compiled twin, with
+the same names, signatures, docstrings, messages and decisions; this one is the
+reference, written for clarity (dicts and sets).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
+
+IMPLEMENTATION = "python"
+
+#: At most this many instances are known at once (``remove_instance`` frees a place).
+MAX_INSTANCES = 65536
+#: At most this many distinct mediums (``None`` is one) until ``clear()``.
+MAX_MEDIUMS = 256
+
+_HASH_LIMIT = 1 << 64
+
+Hash = int | bytes
+Medium = str | None
+_Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def _instance_name(instance: object, what: str = "instance") -> str:
+    """``instance`` as a plain ``str`` (a subclass's value, without its methods)."""
+    if type(instance) is str:
+        return instance
+    if not isinstance(instance, str):
+        raise TypeError(f"{what} must be a str, got {type(instance).__name__}")
+    return str.__str__(instance)
+
+
+def _check_hash(h: object, where: str) -> None:
+    if isinstance(h, int) and not isinstance(h, bool):
+        if h < 0 or h >= _HASH_LIMIT:
+            raise ValueError(f"{where}: block hash {h} is not an unsigned 64-bit int")
+    elif type(h) is not bytes:
+        raise TypeError(f"{where}: a block hash is an int or bytes, got {type(h).__name__}")
+
+
+def _check_medium(medium: object, where: str) -> None:
+    if medium is not None and type(medium) is not str:
+        raise TypeError(f"{where} must be a str or None, got {type(medium).__name__}")
+
+
+def _query_hashes(block_hashes: object) -> Sequence[Any]:
+    """``block_hashes`` as a sequence to walk: a list or tuple as is, a buffer of unsigned
+    64-bit ints read as ints, any other iterable as a list (``str``/``bytes`` refused)."""
+    if isinstance(block_hashes, (list, tuple)):
+        return block_hashes
+    if isinstance(block_hashes, (str, bytes, bytearray)):
+        raise TypeError(f"block_hashes must be a sequence of block hashes, got {type(block_hashes).__name__}")
+    try:
+        view = memoryview(block_hashes)  # type: ignore[arg-type]
+    except TypeError:
+        return list(block_hashes)  # type: ignore[call-overload]
+    with view:
+        if view.ndim != 1 or view.itemsize != 8 or view.format not in ("Q", "L", "@Q", "@L", "=Q", "<Q") \
+                or not view.c_contiguous:
+            raise TypeError("block_hashes as a buffer must be a 1-D C-contiguous array of unsigned 64-bit ints "
+                            f"(format 'Q' or 'L'), got format {view.format!r} with {view.ndim} dimension(s)")
+        return view.tolist()
+
+
+class KVIndex:
+    """Which instance of a fleet holds which KV-cache block, from their KV events.
+
+    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
+    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
+    them into entries, one per ``(instance, medium, block hash)``, and
+    :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
+    stands for the whole prefix up to block ``i``), how many leading blocks each
+    instance holds.  :meth:`best_instance` picks the instance with the longest.
+
+    Semantics, the same in both twins:
+
+    * An entry is reference-counted.  ``BlockStored`` adds one per hash (a new
+      entry starts at one), ``BlockRemoved`` takes one away; the entry is gone at
+      zero.  So a hash stored twice in one medium (two KV-cache groups of a hybrid
+      model, or two blocks of one group with the same hash, as vLLM's prefix cache
+      allows) and removed once is still held, as in vLLM, where each cached copy
+      is evicted, and reported, separately.  (vLLM's ``kv_cache_report_mode="full"``
+      re-reports prefix hits as ``BlockStored`` with no removal to match; under it
+      an entry can outlive its blocks until ``AllBlocksCleared`` or
+      :meth:`remove_instance`.)  ``group_idx`` is otherwise not kept.
+    * Mediums are kept apart: a hash stored in ``"GPU"`` and ``"CPU"`` is two
+      entries, and removing it from one leaves the other.  ``None`` is a medium of
+      its own.  Queries with ``medium=None`` count a block held in any medium.
+    * A ``BlockRemoved`` hash the instance does not hold in that medium is a
+      no-op, counted as ``stats["removals_unknown"]``.
+    * ``AllBlocksCleared`` forgets every entry of the instance, in every medium
+      (vLLM sends it when its prefix cache is reset).
+    * Block hashes are kept exactly as received: an ``int`` (vLLM's default, the
+      low 64 bits, ``0 <= h < 2**64``) or ``bytes`` (``use_int_block_hashes=False``).
+      ``5`` and ``b"\\x05"`` are different hashes; do not mix the two forms in one
+      fleet.  ``bool`` is no block hash, nor is a subclass of ``bytes``.
+    * LoRA fields are ignored: vLLM's block hashes already cover the adapter
+      (its name is one of the hash's extra keys).
+    * ``data_parallel_rank`` is ignored: name the instances per rank if the
+      ranks should be told apart.
+    * With ``max_blocks``, a store that would make more entries than that first
+      drops the least recently stored entry (storing an entry again makes it the
+      most recent), whatever its count; ``stats["entries_dropped"]`` counts them.
+      A later removal of a dropped entry counts as unknown.
+
+    Bad input raises before the call changes anything: ``TypeError`` for an
+    instance name that is not a ``str``, an event that is not one of the three
+    classes, ``block_hashes`` that is not a list or tuple, a hash that is neither
+    ``int`` nor ``bytes``, a medium that is neither ``str`` nor ``None``;
+    ``ValueError`` for an ``int`` hash outside ``[0, 2**64)``, more than
+    ``MAX_INSTANCES`` instances or ``MAX_MEDIUMS`` mediums.
+    """
+
+    def __init__(self, max_blocks: int | None = None) -> None:
+        """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
+
+        Raises:
+            TypeError: ``max_blocks`` is not an int or None.
+            ValueError: ``max_blocks`` is below 1.
+        """
+        if max_blocks is not None:
+            if not isinstance(max_blocks, int) or isinstance(max_blocks, bool):
+                raise TypeError(f"max_blocks must be an int or None, got {type(max_blocks).__name__}")
+            if max_blocks < 1:
+                raise ValueError(f"max_blocks must be at least 1 (or None), got {max_blocks}")
+        self._max_blocks = max_blocks
+        # (instance, medium, hash) -> count, least recently stored first.
+        self._entries: OrderedDict[tuple[str, Medium, Hash], int] = OrderedDict()
+        # instance -> its (medium, hash) entries; the keys are the known instances, first seen first.
+        self._by_instance: dict[str, dict[tuple[Medium, Hash], None]] = {}
+        # medium -> hash -> instances holding it there.
+        self._by_medium: dict[Medium, dict[Hash, set[str]]] = {}
+        # hash -> instance -> number of mediums it holds the hash in.
+        self._any: dict[Hash, dict[str, int]] = {}
+        self._stats = {
+            "events_applied": 0,
+            "batches_applied": 0,
+            "blocks_stored": 0,
+            "blocks_removed": 0,
+            "removals_unknown": 0,
+            "all_blocks_cleared": 0,
+            "entries_cleared": 0,
+            "entries_dropped": 0,
+            "instances_removed": 0,
+        }
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def max_blocks(self) -> int | None:
+        """The bound on entries held (``None``: unbounded)."""
+        return self._max_blocks
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        """The known instances, first seen first (``remove_instance`` forgets one)."""
+        return tuple(self._by_instance)
+
+    @property
+    def mediums(self) -> tuple[str | None, ...]:
+        """The mediums seen since the last ``clear()``, first seen first."""
+        return tuple(self._by_medium)
+
+    @property
+    def memory_bytes(self) -> int:
+        """An estimate of the memory the index holds, in bytes.
+
+        ``sys.getsizeof`` of every container and of each distinct hash object
+        (the instance and medium names are counted once).  It walks the whole
+        index: time proportional to its size.
+        """
+        size = sys.getsizeof(self) + sys.getsizeof(self._entries) + sys.getsizeof(self._by_instance)
+        size += sys.getsizeof(self._by_medium) + sys.getsizeof(self._any) + sys.getsizeof(self._stats)
+        for key in self._entries:
+            size += sys.getsizeof(key)
+        for name, entries in self._by_instance.items():
+            size += sys.getsizeof(name) + sys.getsizeof(entries)
+            size += sum(sys.getsizeof(k) for k in entries)
+        for per_hash in self._by_medium.values():
+            size += sys.getsizeof(per_hash) + sum(sys.getsizeof(s) for s in per_hash.values())
+        for h, holders in self._any.items():
+            size += sys.getsizeof(h) + sys.getsizeof(holders)
+        return size
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since the index was made (``clear()`` keeps them) and its size now.
+
+        ``events_applied``: events applied; ``batches_applied``: ``apply_batch``
+        calls; ``blocks_stored``: hashes in ``BlockStored`` events;
+        ``blocks_removed``: ``BlockRemoved`` hashes that were held;
+        ``removals_unknown``: those that were not (no-ops); ``all_blocks_cleared``:
+        ``AllBlocksCleared`` events; ``entries_cleared``: entries they forgot;
+        ``entries_dropped``: entries dropped by ``max_blocks``;
+        ``instances_removed``: instances ``remove_instance`` forgot; then the size
+        now: ``instances``, ``entries`` and ``hashes`` (distinct hash values held).
+        """
+        return {**self._stats, "instances": len(self._by_instance), "entries": len(self._entries),
+                "hashes": len(self._any)}
+
+    def num_blocks(self, instance: str | None = None) -> int:
+        """Entries held by ``instance`` (a hash in two mediums counts twice), or by all with None.
+
+        An unknown instance holds none.
+
+        Raises:
+            TypeError: ``instance`` is not a str or None.
+        """
+        if instance is None:
+            return len(self._entries)
+        instance = _instance_name(instance)
+        entries = self._by_instance.get(instance)
+        return 0 if entries is None else len(entries)
+
+    # ------------------------------------------------------------------ events
+    def apply_batch(self, instance: str, batch: KVEventBatch) -> int:
+        """Apply one ``KVEventBatch`` published by ``instance`` (of any data-parallel rank).
+
+        Returns:
+            The number of events applied (all of the batch's).
+
+        Raises:
+            TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
+        """
+        instance = _instance_name(instance)
+        if not isinstance(batch, KVEventBatch):
+            raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
+        applied = self.apply_events(instance, batch.events)
+        self._stats["batches_applied"] += 1
+        return applied
+
+    def apply_events(self, instance: str, events: Sequence[BlockStored | BlockRemoved | AllBlocksCleared]) -> int:
+        """Apply ``instance``'s events, in order; the instance becomes known (even with no events).
+
+        Returns:
+            The number of events applied.
+
+        Raises:
+            TypeError, ValueError: bad input (see the class docstring); nothing is applied then.
+        """
+        instance = _instance_name(instance)
+        if not isinstance(events, (list, tuple)):
+            events = list(events)
+        new_mediums: list[Medium] = []
+        for i, ev in enumerate(events):
+            if isinstance(ev, AllBlocksCleared):
+                continue
+            if not isinstance(ev, (BlockStored, BlockRemoved)):
+                raise TypeError(f"events[{i}] is not a BlockStored, BlockRemoved or AllBlocksCleared: "
+                                f"{type(ev).__name__}")
+            hashes = ev.block_hashes
+            if not isinstance(hashes, (list, tuple)):
+                raise TypeError(f"events[{i}].block_hashes must be a list of block hashes, "
+                                f"got {type(hashes).__name__}")
+            for j, h in enumerate(hashes):
+                _check_hash(h, f"events[{i}].block_hashes[{j}]")
+            medium = ev.medium
+            _check_medium(medium, f"events[{i}].medium")
+            if medium not in self._by_medium and medium not in new_mediums:
+                new_mediums.append(medium)
+        if len(self._by_medium) + len(new_mediums) > MAX_MEDIUMS:
+            raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
+        if instance not in self._by_instance:
+            if len(self._by_instance) >= MAX_INSTANCES:
+                raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
+            self._by_instance[instance] = {}
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                for h in ev.block_hashes:
+                    self._store(instance, ev.medium, h)
+                self._stats["blocks_stored"] += len(ev.block_hashes)
+            elif isinstance(ev, BlockRemoved):
+                for h in ev.block_hashes:
+                    self._remove(instance, ev.medium, h)
+            else:
+                self._stats["all_blocks_cleared"] += 1
+                self._stats["entries_cleared"] += len(self._by_instance[instance])
+                self._forget(instance)
+        self._stats["events_applied"] += len(events)
+        return len(events)
+
+    def _store(self, instance: str, medium: Medium, h: Hash) -> None:
+        key = (instance, medium, h)
+        count = self._entries.get(key)
+        if count is not None:
+            self._entries[key] = count + 1
+            self._entries.move_to_end(key)
+            return
+        if self._max_blocks is not None and len(self._entries) >= self._max_blocks:
+            self._drop(*next(iter(self._entries)))
+            self._stats["entries_dropped"] += 1
+        self._entries[key] = 1
+        self._by_instance[instance][(medium, h)] = None
+        self._by_medium.setdefault(medium, {}).setdefault(h, set()).add(instance)
+        holders = self._any.setdefault(h, {})
+        holders[instance] = holders.get(instance, 0) + 1
+
+    def _remove(self, instance: str, medium: Medium, h: Hash) -> None:
+        key = (instance, medium, h)
+        count = self._entries.get(key)
+        if count is None:
+            self._stats["removals_unknown"] += 1
+            return
+        self._stats["blocks_removed"] += 1
+        if count > 1:
+            self._entries[key] = count - 1
+        else:
+            self._drop(instance, medium, h)
+
+    def _drop(self, instance: str, medium: Medium, h: Hash) -> None:
+        """Forget one entry, whatever its count."""
+        del self._entries[(instance, medium, h)]
+        del self._by_instance[instance][(medium, h)]
+        per_hash = self._by_medium[medium]
+        holders = per_hash[h]
+        holders.discard(instance)
+        if not holders:
+            del per_hash[h]
+        in_mediums = self._any[h]
+        if in_mediums[instance] > 1:
+            in_mediums[instance] -= 1
+        else:
+            del in_mediums[instance]
+            if not in_mediums:
+                del self._any[h]
+
+    def _forget(self, instance: str) -> None:
+        for medium, h in list(self._by_instance[instance]):
+            self._drop(instance, medium, h)
+
+    def remove_instance(self, instance: str) -> None:
+        """Forget ``instance`` and all it holds (it restarted, or fell silent); unknown: a no-op.
+
+        Raises:
+            TypeError: ``instance`` is not a str.
+        """
+        instance = _instance_name(instance)
+        if instance not in self._by_instance:
+            return
+        self._forget(instance)
+        del self._by_instance[instance]
+        self._stats["instances_removed"] += 1
+
+    def clear(self) -> None:
+        """Forget every instance, entry and medium (the counters of ``stats`` are kept)."""
+        self._entries.clear()
+        self._by_instance.clear()
+        self._by_medium.clear()
+        self._any.clear()
+
+    # ------------------------------------------------------------------ queries
+    def longest_prefix(self, block_hashes: Sequence[int | bytes], medium: str | None = None) -> dict[str, int]:
+        """For each known instance (first seen first), how many leading ``block_hashes`` it holds.
+
+        Hash ``i`` of a chained sequence stands for the whole prefix up to block
+        ``i``, so an instance's count is the index of the first hash it does not
+        hold.  ``medium=None`` counts blocks held in any medium.  Time is
+        proportional to the number of hashes, not to the index's size.
+
+        Args:
+            block_hashes: the request's block hashes, ints or bytes as the events
+                carry them; also an ``array('Q')`` (or another 1-D C-contiguous
+                buffer of unsigned 64-bit ints, format ``'Q'`` or ``'L'``).
+            medium: count only blocks held in this medium (``None``: any).
+
+        Returns:
+            ``{instance: number of leading blocks it holds}``, 0 included.
+
+        Raises:
+            TypeError, ValueError: a hash (every one is checked) or ``medium`` is bad.
+        """
+        _check_medium(medium, "medium")
+        hashes = _query_hashes(block_hashes)
+        for j, h in enumerate(hashes):
+            _check_hash(h, f"block_hashes[{j}]")
+        result = dict.fromkeys(self._by_instance, 0)
+        alive = set(self._by_instance)
+        if medium is None:
+            table: dict[Hash, Any] = self._any
+        else:
+            table = self._by_medium.get(medium, {})
+        depth = 0
+        for h in hashes:
+            holders = table.get(h)
+            if not alive or holders is None:
+                break
+            alive = {name for name in alive if name in holders}
+            for name in alive:
+                result[name] = depth + 1
+            depth += 1
+        return result
+
+    def best_instance(
+        self,
+        block_hashes: Sequence[int | bytes],
+        medium: str | None = None,
+        candidates: Sequence[str] | None = None,
+    ) -> tuple[str | None, int]:
+        """The instance holding the longest prefix of ``block_hashes``, and its length.
+
+        Among ``candidates`` (all known instances when None; an unknown one holds
+        nothing), the first with the longest prefix wins a tie, in the
+        candidates' order (first seen first without them).
+
+        Returns:
+            ``(instance, number of leading blocks)``; ``(None, 0)`` with no candidates.
+
+        Raises:
+            TypeError, ValueError: as :meth:`longest_prefix`, or a candidate is not a str.
+        """
+        if candidates is not None:
+            if isinstance(candidates, (str, bytes)):
+                raise TypeError(f"candidates must be a sequence of instance names, got {type(candidates).__name__}")
+            candidates = [_instance_name(c, "a candidate") for c in candidates]
+        prefix = self.longest_prefix(block_hashes, medium)
+        names: Iterable[str] = prefix if candidates is None else candidates
+        best: str | None = None
+        best_len = -1
+        for name in names:
+            n = prefix.get(name, 0)
+            if n > best_len:
+                best, best_len = name, n
+        return (best, best_len) if best is not None else (None, 0)

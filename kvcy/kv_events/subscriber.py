@@ -1,0 +1,458 @@
+"""Reading the KV events of N publishers into a routing index.
+
+``EventSubscriber`` opens one ZeroMQ SUB socket per publisher (sequence numbers count per
+publisher, so each socket says whose message it read) and, where the publisher has one, a DEALER
+socket on its replay endpoint.  Each decoded ``KVEventBatch`` goes to
+``index.apply_batch(instance, batch)`` in sequence order; the index is anything with
+``apply_batch`` and ``remove_instance`` (``kvcy.kv_index.KVIndex``).
+
+Per publisher it keeps an ``InstanceState``:
+
+- a gap (a live sequence number above the next one expected, a late join included) is filled
+  from the replay socket, waiting at most ``replay_timeout`` seconds; numbers the replay cannot
+  supply (past the publisher's buffer, dropped by its full queue, no replay socket) are counted
+  in ``lost`` and skipped;
+- a live sequence number at or below the previous live one means the publisher restarted: the
+  instance is forgotten (``index.remove_instance``) and rebuilt from the new stream;
+- a message that does not decode (wrong frame count, a sequence frame that is not 8 bytes, a
+  truncated or foreign payload) is counted in ``malformed`` and skipped;
+- with ``silent_after`` set, an instance that sent nothing for that many seconds is forgotten
+  and counted in ``silences``; when it speaks again it is treated as a newcomer (its history is
+  replayed from its first batch still buffered).
+
+Lag: when a batch is applied, ``lag = time.time() - batch.ts``, the seconds between the
+publisher stamping the batch (vLLM stamps it when the scheduler step emits the events) and the
+index holding it; it includes the publisher's queue, the transport and this subscriber's
+backlog, and across machines it carries their clock difference.
+
+A limitation of the protocol: a publisher that restarts and publishes past the number it had
+reached before this subscriber sees any of its new messages looks like a gap, not a restart;
+``silent_after`` longer than a restart takes bounds the damage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from kvcy.kv_events.events import AllBlocksCleared, KVEventBatch
+from kvcy.kv_events.publisher import END_SEQ, import_zmq
+
+__all__ = ["EventSubscriber", "InstanceState"]
+
+logger = logging.getLogger("kvcy.kv_events")
+
+_COUNTERS = ("batches_applied", "events_applied", "gaps", "replayed", "lost", "malformed", "restarts",
+             "silences", "clears")
+
+
+@dataclasses.dataclass
+class InstanceState:
+    """What a subscriber knows of one publisher (an instance of the index).
+
+    Attributes:
+        last_seq: the last sequence number applied; None before the first and after forgetting.
+        live_seq: the last sequence number read on the live (SUB) socket.
+        last_ts: the publisher's timestamp of the last batch applied.
+        lag: seconds from ``last_ts`` to when that batch was applied (see the module doc).
+        max_lag: the largest ``lag`` seen.
+        last_received: ``time.monotonic()`` when a message last came in, None once forgotten.
+        batches_applied, events_applied: what reached the index.
+        gaps: holes seen in the sequence numbers (a late join counts once).
+        replayed: batches applied from the replay socket.
+        lost: sequence numbers never applied (not replayable).
+        malformed: messages skipped because they did not decode or the index refused them.
+        restarts: times the sequence numbers went back (instance forgotten each time).
+        silences: times the instance was forgotten for saying nothing for ``silent_after``.
+        clears: ``AllBlocksCleared`` events applied.
+    """
+
+    instance: str
+    endpoint: str
+    replay_endpoint: str | None
+    last_seq: int | None = None
+    live_seq: int | None = None
+    last_ts: float | None = None
+    lag: float | None = None
+    max_lag: float = 0.0
+    last_received: float | None = None
+    batches_applied: int = 0
+    events_applied: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    lost: int = 0
+    malformed: int = 0
+    restarts: int = 0
+    silences: int = 0
+    clears: int = 0
+
+
+class _Link:
+    """One publisher: its state and its sockets."""
+
+    __slots__ = ("dealer", "state", "sub")
+
+    def __init__(self, state: InstanceState, sub: Any) -> None:
+        self.state = state
+        self.sub = sub
+        self.dealer: Any = None
+
+
+class EventSubscriber:
+    """Applies the KV-event batches of N publishers to an index, recovering lost batches.
+
+    Drive it with ``poll`` / ``run_for`` from your own loop, or ``start`` a background thread
+    (then hold ``lock`` while reading the index or the states). Close it (``close`` or a
+    ``with`` block) to release its sockets and stop its thread.
+
+    Args:
+        index: receives ``apply_batch(instance, batch)`` and ``remove_instance(instance)``.
+        publishers: instance name -> endpoint, or -> (endpoint, replay endpoint or None).
+        topic: the topic prefix to subscribe to ("" for all).
+        silent_after: forget an instance silent for this many seconds (None: never).
+        replay_timeout: seconds to wait for a replay answer before counting the batches lost.
+        rcvhwm: the SUB sockets' receive high-water mark (past it ZeroMQ drops, and replay
+            recovers).
+        context: the ZeroMQ context (``zmq.Context.instance()`` when None).
+        clock: the wall clock lag is measured with (``time.time``).
+
+    Raises:
+        ValueError, TypeError: a bad setting or publisher entry (no socket is left open).
+    """
+
+    #: Messages read from one socket per ``poll`` pass, so one busy publisher cannot starve
+    #: the others.
+    MAX_BATCHES_PER_POLL: int = 1000
+
+    def __init__(
+        self,
+        index: Any,
+        publishers: Mapping[str, str | tuple[str, str | None]] | None = None,
+        *,
+        topic: str = "",
+        silent_after: float | None = None,
+        replay_timeout: float = 1.0,
+        rcvhwm: int = 100_000,
+        context: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for method in ("apply_batch", "remove_instance"):
+            if not callable(getattr(index, method, None)):
+                raise TypeError(f"index must have a {method}() method, got {type(index).__name__}")
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, got {type(topic).__name__}")
+        if silent_after is not None and not silent_after > 0:
+            raise ValueError(f"silent_after must be None or > 0, got {silent_after!r}")
+        if not replay_timeout >= 0:
+            raise ValueError(f"replay_timeout must be >= 0, got {replay_timeout!r}")
+        if not isinstance(rcvhwm, int) or isinstance(rcvhwm, bool) or rcvhwm < 0:
+            raise ValueError(f"rcvhwm must be an int >= 0, got {rcvhwm!r}")
+        zmq = import_zmq()
+        self._zmq = zmq
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self.index = index
+        self.topic = topic
+        self.silent_after = silent_after
+        self.replay_timeout = float(replay_timeout)
+        self.rcvhwm = rcvhwm
+        self._clock = clock
+        self._decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self._links: dict[str, _Link] = {}
+        self._poller = zmq.Poller()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        #: Held while a batch is applied or an instance forgotten; hold it to read the index
+        #: while the background thread runs.
+        self.lock = threading.RLock()
+        try:
+            for instance, where in (publishers or {}).items():
+                if isinstance(where, tuple):
+                    self.add_publisher(instance, *where)
+                else:
+                    self.add_publisher(instance, where)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ publishers
+    def add_publisher(self, instance: str, endpoint: str, replay_endpoint: str | None = None) -> None:
+        """Connect to one more publisher, known in the index as ``instance``.
+
+        Raises:
+            TypeError: ``instance`` or an endpoint is not a str.
+            ValueError: ``instance`` is known already.
+            RuntimeError: the background thread runs.
+        """
+        self._check_not_running()
+        if not isinstance(instance, str):
+            raise TypeError(f"instance must be a str, got {type(instance).__name__}")
+        if not isinstance(endpoint, str) or not (replay_endpoint is None or isinstance(replay_endpoint, str)):
+            raise TypeError("endpoint must be a str and replay_endpoint a str or None")
+        if instance in self._links:
+            raise ValueError(f"instance {instance!r} is subscribed already")
+        zmq = self._zmq
+        sub = self._ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode("utf-8"))
+            sub.connect(endpoint)
+        except BaseException:
+            sub.close(linger=0)
+            raise
+        self._links[instance] = _Link(InstanceState(instance, endpoint, replay_endpoint), sub)
+        self._poller.register(sub, zmq.POLLIN)
+
+    def remove_publisher(self, instance: str) -> None:
+        """Disconnect from ``instance`` and forget it in the index.
+
+        Raises:
+            KeyError: ``instance`` is not subscribed.
+            RuntimeError: the background thread runs.
+        """
+        self._check_not_running()
+        link = self._links.pop(instance)
+        self._poller.unregister(link.sub)
+        self._close_link(link)
+        with self.lock:
+            self.index.remove_instance(instance)
+
+    @property
+    def states(self) -> dict[str, InstanceState]:
+        """A snapshot of every publisher's state, by instance name."""
+        with self.lock:
+            return {name: dataclasses.replace(link.state) for name, link in self._links.items()}
+
+    @property
+    def stats(self) -> dict[str, float | int]:
+        """The counters of ``InstanceState`` summed over the publishers, ``max_lag`` (seconds)
+        and ``instances`` (publishers subscribed)."""
+        with self.lock:
+            states = [link.state for link in self._links.values()]
+            out: dict[str, float | int] = {name: sum(getattr(s, name) for s in states) for name in _COUNTERS}
+            out["max_lag"] = max((s.max_lag for s in states), default=0.0)
+            out["instances"] = len(states)
+        return out
+
+    # ------------------------------------------------------------------ driving
+    def poll(self, timeout: float = 0.0) -> int:
+        """Wait up to ``timeout`` seconds for messages, apply what has come, check silences.
+
+        Returns:
+            The number of batches applied (replayed ones included).
+
+        Raises:
+            RuntimeError: called from another thread while the background thread runs.
+        """
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the subscriber's background thread polls; stop() it first")
+        applied = 0
+        zmq = self._zmq
+        if self._links:
+            ready = dict(self._poller.poll(max(0, int(timeout * 1000))))
+            for name, link in list(self._links.items()):
+                if link.sub not in ready:
+                    continue
+                for _ in range(self.MAX_BATCHES_PER_POLL):
+                    try:
+                        frames = link.sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    applied += self._on_message(link, frames)
+        elif timeout > 0:
+            self._stop.wait(timeout)
+        self._check_silences()
+        return applied
+
+    def sync(self) -> int:
+        """Ask every replay socket for all it holds past what was applied, and apply it.
+
+        A subscriber that joins late gets the publishers' buffered history now rather than at
+        their next batch. Returns the batches applied.
+
+        Raises:
+            RuntimeError: the background thread runs.
+        """
+        self._check_not_running()
+        applied = 0
+        for link in self._links.values():
+            last = link.state.last_seq
+            applied += self._replay(link, 0 if last is None else last + 1)
+        return applied
+
+    def run_for(self, seconds: float) -> int:
+        """``poll`` for ``seconds`` (monotonic clock); returns the batches applied."""
+        deadline = time.monotonic() + seconds
+        applied = 0
+        while (left := deadline - time.monotonic()) > 0:
+            applied += self.poll(min(left, 0.05))
+        return applied
+
+    def start(self) -> None:
+        """Poll in a background thread until ``stop`` or ``close``.
+
+        Raises:
+            RuntimeError: it runs already.
+        """
+        self._check_not_running()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kvcy-kv-events-subscriber", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread (waits for it; at most a replay timeout)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join()
+
+    def close(self) -> None:
+        """Stop the thread and close every socket (the index keeps what it holds)."""
+        self.stop()
+        for link in self._links.values():
+            self._poller.unregister(link.sub)
+            self._close_link(link)
+        self._links.clear()
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll(0.05)
+            except Exception:  # keep serving the other publishers
+                logger.exception("KV-event subscriber: poll failed")
+                self._stop.wait(0.05)
+
+    def _check_not_running(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("stop() the subscriber's thread first")
+
+    def _decode(self, state: InstanceState, frames: list[bytes]) -> tuple[int, Any] | None:
+        """(sequence number, batch) from a message's frames, or None (counted) if malformed."""
+        if len(frames) != 3 or len(frames[1]) != 8:
+            state.malformed += 1
+            return None
+        try:
+            batch = self._decoder.decode(frames[2])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            state.malformed += 1
+            return None
+        return int.from_bytes(frames[1], "big"), batch
+
+    def _on_message(self, link: _Link, frames: list[bytes]) -> int:
+        state = link.state
+        state.last_received = time.monotonic()
+        decoded = self._decode(state, frames)
+        if decoded is None:
+            return 0
+        seq, batch = decoded
+        applied = 0
+        if state.live_seq is not None and seq <= state.live_seq:
+            state.restarts += 1
+            self._forget(state)
+        state.live_seq = seq
+        expected = 0 if state.last_seq is None else state.last_seq + 1
+        if seq > expected:
+            state.gaps += 1
+            applied += self._replay(link, expected)
+        if state.last_seq is None or seq > state.last_seq:  # else: replay applied it already
+            applied += self._apply(state, seq, batch)
+        return applied
+
+    def _replay(self, link: _Link, start: int) -> int:
+        """Ask ``link``'s replay socket for batches from ``start`` on and apply them in order."""
+        state = link.state
+        if state.replay_endpoint is None:
+            return 0
+        zmq = self._zmq
+        if link.dealer is None:
+            link.dealer = self._ctx.socket(zmq.DEALER)
+            link.dealer.setsockopt(zmq.LINGER, 0)
+            link.dealer.setsockopt(zmq.RCVHWM, 0)  # a whole replay buffer may come back at once
+            link.dealer.connect(state.replay_endpoint)
+        got: list[tuple[int, Any]] = []
+        finished = False
+        try:
+            link.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+            deadline = time.monotonic() + self.replay_timeout
+            while (left := deadline - time.monotonic()) > 0 and link.dealer.poll(int(left * 1000) + 1):
+                frames = link.dealer.recv_multipart()
+                if frames[:1] != [b""]:
+                    state.malformed += 1
+                    continue
+                if len(frames) == 4 and frames[2] == END_SEQ:
+                    finished = True
+                    break
+                decoded = self._decode(state, frames[1:])
+                if decoded is not None:
+                    got.append(decoded)
+        except zmq.Again:
+            pass
+        if not finished:
+            # A late answer must not end the next replay early: start over with a new socket.
+            link.dealer.close(linger=0)
+            link.dealer = None
+            logger.warning("KV-event replay from %s got no end marker within %.2f s",
+                           state.replay_endpoint, self.replay_timeout)
+        applied = 0
+        for seq, batch in sorted(got, key=lambda item: item[0]):
+            if seq >= start and (state.last_seq is None or seq > state.last_seq):
+                applied += self._apply(state, seq, batch)
+                state.replayed += 1
+        return applied
+
+    def _apply(self, state: InstanceState, seq: int, batch: Any) -> int:
+        expected = 0 if state.last_seq is None else state.last_seq + 1
+        with self.lock:
+            try:
+                self.index.apply_batch(state.instance, batch)
+            except (ValueError, TypeError):
+                logger.exception("KV-event batch %d of %s refused by the index", seq, state.instance)
+                state.malformed += 1
+                applied = 0
+            else:
+                state.batches_applied += 1
+                state.events_applied += len(batch.events)
+                state.clears += sum(isinstance(e, AllBlocksCleared) for e in batch.events)
+                state.last_ts = batch.ts
+                state.lag = self._clock() - batch.ts
+                state.max_lag = max(state.max_lag, state.lag)
+                applied = 1
+            state.lost += seq - expected
+            state.last_seq = seq
+        return applied
+
+    def _forget(self, state: InstanceState) -> None:
+        with self.lock:
+            self.index.remove_instance(state.instance)
+            state.last_seq = state.live_seq = None
+
+    def _check_silences(self) -> None:
+        if self.silent_after is None:
+            return
+        now = time.monotonic()
+        for link in self._links.values():
+            state = link.state
+            if state.last_received is not None and now - state.last_received > self.silent_after:
+                state.silences += 1
+                state.last_received = None
+                self._forget(state)
+
+    @staticmethod
+    def _close_link(link: _Link) -> None:
+        link.sub.close(linger=0)
+        if link.dealer is not None:
+            link.dealer.close(linger=0)
+            link.dealer = None

@@ -1,0 +1,569 @@
+"""KV events over ZeroMQ (issue 20): kvcy's publisher on vLLM 0.33.0's wire and replay protocol,
+and the subscriber that applies N publishers to a routing index, through the faults it must
+survive (late join, restart, high-water-mark drops, malformed messages, silence).
+
+Everything runs on loopback (ipc sockets in a temporary folder, inproc where the test needs
+ZeroMQ's high-water mark to bite), and every wait is a bounded loop: a test that fails, fails
+within seconds.  tests/test_kv_events_vllm.py checks the same wire against vLLM's own code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import msgspec
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+from kvcy.kv_events import (  # noqa: E402
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventPublisherFactory,
+    EventSubscriber,
+    KVEventBatch,
+    KVEventsConfig,
+    NullEventPublisher,
+    ZmqEventPublisher,
+)
+from kvcy.kv_events.publisher import END_SEQ, offset_endpoint_port  # noqa: E402
+
+BS = 4
+WAIT = 5.0  # seconds any single wait may take before the test fails
+_names = itertools.count()
+
+
+class RecordingIndex:
+    """A stand-in for the routing index: per instance, the block hashes it holds."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, set] = {}
+        self.removed: list[str] = []
+        self.batches = 0
+
+    def apply_batch(self, instance, batch) -> int:
+        held = self.blocks.setdefault(instance, set())
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                held.update(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                held.difference_update(event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                held.clear()
+        self.batches += 1
+        return len(batch.events)
+
+    def remove_instance(self, instance) -> None:
+        self.blocks.pop(instance, None)
+        self.removed.append(instance)
+
+
+def stored(*hashes: int, ts: float | None = None) -> KVEventBatch:
+    event = BlockStored(block_hashes=list(hashes), parent_block_hash=None, token_ids=list(range(BS * len(hashes))),
+                        block_size=BS, lora_id=None, medium="GPU", lora_name=None)
+    return KVEventBatch(ts=time.time() if ts is None else ts, events=[event])
+
+
+def wait_until(cond, what: str, step=lambda: time.sleep(0.01), timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        step()
+
+
+def wait_sent(pub: ZmqEventPublisher, n: int) -> None:
+    wait_until(lambda: pub.sent_batches >= n, f"{n} batches sent")
+
+
+@pytest.fixture
+def ipc(tmp_path):
+    """``ipc()`` -> a fresh ipc endpoint in a temporary folder."""
+    return lambda: f"ipc://{tmp_path}/{next(_names)}"
+
+
+@pytest.fixture
+def cleanup():
+    """Publishers and subscribers to close at the end, whatever happens; no thread outlives a test."""
+    before = set(threading.enumerate())
+    things: list = []
+    yield things.append
+    for thing in reversed(things):
+        (thing.close if isinstance(thing, EventSubscriber) else thing.shutdown)()
+    left = [t for t in set(threading.enumerate()) - before if t.name.startswith("kvcy-")]
+    assert left == [], f"threads left running: {left}"
+
+
+def publisher(cleanup, *args, **kw) -> ZmqEventPublisher:
+    pub = ZmqEventPublisher(*args, **kw)
+    cleanup(pub)
+    return pub
+
+
+def subscriber(cleanup, index, publishers, **kw) -> EventSubscriber:
+    sub = EventSubscriber(index, publishers, **kw)
+    cleanup(sub)
+    return sub
+
+
+def raw_sub(endpoint: str, topic: bytes = b""):
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, topic)
+    sock.connect(endpoint)
+    return sock
+
+
+def first_message(pub: ZmqEventPublisher, sock, batch_for) -> list[bytes]:
+    """Publish ``batch_for(i)`` until ``sock`` hears one (a fresh SUB misses the first ones)."""
+    for i in range(100):
+        pub.publish(batch_for(i))
+        if sock.poll(50):
+            return sock.recv_multipart()
+    raise AssertionError("the subscriber never heard the publisher")
+
+
+# --------------------------------------------------------------------------- configuration
+def test_config_defaults_and_checks():
+    cfg = KVEventsConfig()
+    assert (cfg.publisher, cfg.endpoint, cfg.replay_endpoint, cfg.buffer_steps, cfg.hwm, cfg.max_queue_size,
+            cfg.topic) == ("null", "tcp://*:5557", None, 10_000, 100_000, 100_000, "")
+    assert KVEventsConfig(enable_kv_cache_events=True).publisher == "zmq"
+    with pytest.raises(ValueError, match="buffer_steps must be >= 0"):
+        KVEventsConfig(buffer_steps=-1)
+    with pytest.raises(TypeError, match="hwm must be an int"):
+        KVEventsConfig(hwm=1.5)
+    with pytest.raises(ValueError, match="max_queue_size must be >= 1"):
+        KVEventsConfig(max_queue_size=0)
+    with pytest.raises(ValueError, match="endpoint must be a non-empty str"):
+        KVEventsConfig(endpoint="")
+
+
+def test_offset_endpoint_port_per_data_parallel_rank():
+    assert offset_endpoint_port("tcp://*:5557", 0) == "tcp://*:5557"
+    assert offset_endpoint_port("tcp://*:5557", 3) == "tcp://*:5560"
+    assert offset_endpoint_port("tcp://*:0", 3) == "tcp://*:0"
+    assert offset_endpoint_port("inproc://cache", 2) == "inproc://cache_dp2"
+    assert offset_endpoint_port(None, 2) is None
+    with pytest.raises(ValueError, match="must contain 'inproc' or 'tcp'"):
+        offset_endpoint_port("ipc:///tmp/x", 1)
+
+
+def test_factory_builds_the_configured_publisher(ipc, cleanup):
+    assert isinstance(EventPublisherFactory.create(None), NullEventPublisher)
+    assert isinstance(EventPublisherFactory.create(KVEventsConfig()), NullEventPublisher)
+    endpoint, replay = ipc(), ipc()
+    pub = EventPublisherFactory.create(KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint,
+                                                      replay_endpoint=replay, buffer_steps=7, topic="t"))
+    cleanup(pub)
+    assert isinstance(pub, ZmqEventPublisher)
+    got = pub.get_publisher_config()
+    assert (got.endpoint, got.replay_endpoint, got.buffer_steps, got.topic) == (endpoint, replay, 7, "t")
+    with pytest.raises(ValueError, match="Unknown event publisher 'kafka'"):
+        EventPublisherFactory.create(KVEventsConfig(enable_kv_cache_events=True, publisher="kafka"))
+
+
+def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup):
+    pub = publisher(cleanup, 0, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+    for endpoint in (pub.endpoint, pub.replay_endpoint):
+        assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
+    sock = raw_sub(pub.endpoint)
+    try:
+        frames = first_message(pub, sock, lambda i: stored(i))
+    finally:
+        sock.close()
+    assert msgspec.msgpack.decode(frames[2], type=KVEventBatch).events[0].block_size == BS
+
+
+# --------------------------------------------------------------------------- the wire
+def test_wire_format_is_vllms(cleanup):
+    """Frames: topic, 8-byte big-endian sequence number, msgpack of vLLM's array-like batch whose
+    events are maps tagged ``type`` (defaults left out, required Nones kept)."""
+    pub = publisher(cleanup, 2, "tcp://127.0.0.1:0", topic="kv@node")
+    sock = raw_sub(pub.endpoint)
+    try:
+        batch_for = lambda i: KVEventBatch(ts=1.5 + i, events=[  # noqa: E731
+            BlockStored(block_hashes=[7, 8], parent_block_hash=None, token_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+                        block_size=4, lora_id=None, medium="GPU", lora_name=None, group_idx=0),
+            BlockRemoved(block_hashes=[b"\x01\x02"], medium="GPU"),
+            AllBlocksCleared(),
+        ])
+        topic, seq, payload = first_message(pub, sock, batch_for)
+        assert topic == b"kv@node" and len(seq) == 8
+        n = int.from_bytes(seq, "big")
+        expected = [
+            1.5 + n,
+            [
+                {"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None,
+                 "token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "block_size": 4, "lora_id": None, "medium": "GPU",
+                 "lora_name": None, "group_idx": 0},
+                {"type": "BlockRemoved", "block_hashes": [b"\x01\x02"], "medium": "GPU"},
+                {"type": "AllBlocksCleared"},
+            ],
+            2,  # the publisher's data-parallel rank, stamped on a batch that had none
+        ]
+        # Same values, same field order (tests/test_kv_events_vllm.py compares the bytes with
+        # vLLM's own encoding of its own structs).
+        decoded = msgspec.msgpack.decode(payload)
+        assert decoded == expected
+        assert [list(event) for event in decoded[1]] == [list(event) for event in expected[1]]
+        # The next batch carries the next number.
+        pub.publish(batch_for(n + 1))
+        assert sock.poll(int(WAIT * 1000))
+        assert sock.recv_multipart()[1] == (n + 1).to_bytes(8, "big")
+    finally:
+        sock.close()
+
+
+def test_replay_protocol(ipc, cleanup):
+    """A DEALER sends ``[b"", start]``; the ROUTER answers every buffered batch from ``start`` on
+    as ``[b"", topic, seq, payload]`` and ends with ``[b"", b"", -1, b""]``; a bad request is
+    ignored without stopping the publisher."""
+    pub = publisher(cleanup, 0, ipc(), ipc(), buffer_steps=3, topic="t")
+    for i in range(5):
+        pub.publish(stored(i, ts=float(i)))
+    wait_sent(pub, 5)
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(pub.replay_endpoint)
+    try:
+        dealer.send_multipart([b"", b"bad"])  # not 8 bytes: ignored
+        for start, seqs in ((1, [2, 3, 4]), (4, [4]), (9, [])):
+            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            answers = []
+            while True:
+                assert dealer.poll(int(WAIT * 1000)), "no replay answer"
+                frames = dealer.recv_multipart()
+                if frames[2] == END_SEQ:
+                    assert frames == [b"", b"", END_SEQ, b""]
+                    break
+                answers.append(frames)
+            assert [int.from_bytes(f[2], "big") for f in answers] == seqs
+            assert all(f[:2] == [b"", b"t"] for f in answers)
+            assert [msgspec.msgpack.decode(f[3], type=KVEventBatch).ts for f in answers] == [float(s) for s in seqs]
+    finally:
+        dealer.close()
+    assert pub.replay_requests == 3
+
+
+def test_publish_never_blocks_and_counts_drops(ipc, cleanup):
+    """With the queue full, ``publish`` drops (counted) instead of waiting; the dropped numbers
+    are missing on the wire, so a subscriber counts them lost."""
+    pub = publisher(cleanup, 0, ipc(), ipc(), max_queue_size=1)
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    first_hash = iter(range(10**6, 10**7))
+    wait_until(lambda: index.batches > 0, "the subscriber to hear the publisher",
+               step=lambda: (pub.publish(stored(next(first_hash))), sub.poll(0.02)))
+    total = 2000
+    done = threading.Event()
+
+    def flood():
+        for i in range(total):
+            pub.publish(stored(i))
+        done.set()
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    flooder.join(WAIT)
+    assert done.is_set(), "publish blocked"
+    assert pub.dropped_batches > 0
+    wait_until(lambda: pub.sent_batches + pub.dropped_batches == pub._next_seq, "the queue to drain")
+    pub.publish(stored(-1))  # the queue is empty: this one gets through, and ends the stream
+    wait_until(lambda: sub.states["a"].last_seq == pub._next_seq - 1, "the last batch to arrive",
+               step=lambda: sub.poll(0.02))
+    state = sub.states["a"]
+    assert state.lost == pub.dropped_batches
+    assert state.batches_applied == pub.sent_batches
+    with pytest.raises(TypeError, match="events must be an EventBatch"):
+        pub.publish([])
+
+
+# --------------------------------------------------------------------------- the faults
+def test_late_joiner_replays_what_it_missed(ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    for i in range(5):
+        pub.publish(stored(i))
+    wait_sent(pub, 5)
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    # The publisher's next batch shows the gap 0..; replay fills it.
+    more = iter(range(5, 100))
+    wait_until(lambda: sub.states["a"].last_seq is not None, "a batch",
+               step=lambda: (pub.publish(stored(next(more))), sub.poll(0.05)))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the last batch", step=lambda: sub.poll(0.02))
+    state = sub.states["a"]
+    assert state.gaps >= 1 and state.replayed >= 5 and state.lost == 0
+    assert index.blocks["a"] == set(range(last + 1))
+
+
+def test_late_joiner_syncs_at_once(ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc(), ipc(), buffer_steps=4)
+    for i in range(6):
+        pub.publish(stored(i))
+    wait_sent(pub, 6)
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    assert sub.sync() == 4
+    state = sub.states["a"]
+    # Batches 0 and 1 left the replay buffer: lost, and said so.
+    assert (state.last_seq, state.replayed, state.lost) == (5, 4, 2)
+    assert index.blocks["a"] == {2, 3, 4, 5}
+
+
+def test_publisher_restart_is_forgotten_and_rebuilt(ipc, cleanup):
+    endpoint, replay = ipc(), ipc()
+    old = ZmqEventPublisher(0, endpoint, replay)
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+    hashes = iter(range(100, 200))
+    try:
+        wait_until(lambda: index.batches > 0, "the first publisher",
+                   step=lambda: (old.publish(stored(next(hashes))), sub.poll(0.02)))
+        for _ in range(30):
+            old.publish(stored(next(hashes)))
+        wait_sent(old, old._next_seq)
+        wait_until(lambda: sub.states["a"].last_seq == old._next_seq - 1, "the old stream",
+                   step=lambda: sub.poll(0.02))
+    finally:
+        old.shutdown()
+    assert index.blocks["a"] and index.removed == []
+    new = publisher(cleanup, 0, endpoint, replay)  # numbers from 0 again
+    fresh = iter(range(1000, 1100))
+    wait_until(lambda: sub.states["a"].restarts == 1, "the restart",
+               step=lambda: (new.publish(stored(next(fresh))), sub.poll(0.05)))
+    last = new._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the new stream", step=lambda: sub.poll(0.02))
+    assert index.removed == ["a"]
+    # Only what the new process stored: the old blocks went with the old process.
+    assert index.blocks["a"] == set(range(1000, 1000 + last + 1))
+    assert sub.states["a"].lost == 0
+
+
+def test_drops_at_the_high_water_mark_come_back_by_replay(cleanup):
+    name = f"inproc://kvcy-hwm-{next(_names)}"
+    pub = publisher(cleanup, 0, name, name + "-replay", hwm=1, buffer_steps=1000)
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (name, name + "-replay")}, rcvhwm=1)
+    first = iter(range(10**6, 10**7))
+    wait_until(lambda: index.batches > 0, "the subscriber to hear the publisher",
+               step=lambda: (pub.publish(stored(next(first))), sub.poll(0.02)))
+    start = pub._next_seq
+    for i in range(200):  # nobody reads: ZeroMQ keeps ~2 and drops the rest
+        pub.publish(stored(i))
+    wait_sent(pub, start + 200)
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the last batch", step=lambda: sub.poll(0.02))
+    state = sub.states["a"]
+    assert state.gaps >= 1 and state.replayed >= 150 and state.lost == 0
+    assert set(range(200)) <= index.blocks["a"]
+
+
+def test_malformed_messages_are_counted_and_skipped(ipc, cleanup):
+    """A fake publisher (a bare PUB socket) sends junk among good batches."""
+    endpoint = ipc()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    try:
+        index = RecordingIndex()
+        sub = subscriber(cleanup, index, {"a": endpoint})
+        seq = itertools.count()
+
+        def send(batch, n=None):
+            n = next(seq) if n is None else n
+            pub.send_multipart([b"", n.to_bytes(8, "big"), msgspec.msgpack.encode(batch)])
+            return n
+
+        wait_until(lambda: index.batches > 0, "the subscriber", step=lambda: (send(stored(0)), sub.poll(0.02)))
+        next_seq = next(seq)
+        good = msgspec.msgpack.encode(stored(42))
+        pub.send_multipart([b""])  # one frame
+        pub.send_multipart([b"", b"\x00\x01", good])  # a 2-byte sequence number
+        pub.send_multipart([b"", next_seq.to_bytes(8, "big"), b"\xc1"])  # not msgpack
+        pub.send_multipart([b"", next_seq.to_bytes(8, "big"), good[:-5]])  # truncated
+        pub.send_multipart([b"", next_seq.to_bytes(8, "big"), msgspec.msgpack.encode({"x": 1})])  # not a batch
+        pub.send_multipart([b"", next_seq.to_bytes(8, "big"), good])
+        wait_until(lambda: sub.states["a"].last_seq == next_seq, "the good batch", step=lambda: sub.poll(0.02))
+        state = sub.states["a"]
+        assert state.malformed == 5
+        # Every number up to the good batch was applied, or missed before the subscription took.
+        assert state.batches_applied + state.lost == next_seq + 1 and state.batches_applied >= 2
+        assert 42 in index.blocks["a"]
+    finally:
+        pub.close()
+
+
+def test_a_batch_that_does_not_encode_is_skipped_and_counted_lost(ipc, cleanup, caplog):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    hashes = iter(range(100))
+    wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
+    with caplog.at_level("ERROR", logger="kvcy.kv_events"):
+        pub.publish(KVEventBatch(ts=1.0, events=[object()]))
+        pub.publish(stored(500))
+        last = pub._next_seq - 1
+        wait_until(lambda: sub.states["a"].last_seq == last, "the batch after", step=lambda: sub.poll(0.02))
+    assert "could not be encoded" in caplog.text
+    assert pub.running and sub.states["a"].lost == 1 and 500 in index.blocks["a"]
+
+
+def test_silent_instance_is_forgotten_then_rebuilt(ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)}, silent_after=0.2)
+    hashes = iter(range(100))
+    wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
+    wait_until(lambda: sub.states["a"].silences == 1, "the silence", step=lambda: sub.poll(0.05))
+    assert "a" not in index.blocks and index.removed == ["a"]
+    assert sub.states["a"].last_seq is None
+    # It speaks again: a newcomer, rebuilt from its replay buffer.
+    pub.publish(stored(next(hashes)))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the rebuild", step=lambda: sub.poll(0.02))
+    assert index.blocks["a"] == set(range(last + 1))
+    assert sub.states["a"].lost == 0
+
+
+def test_clear_is_applied_in_order(ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    hashes = iter(range(100))
+    wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
+    pub.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared(), stored(500).events[0]]))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the clear", step=lambda: sub.poll(0.02))
+    assert index.blocks["a"] == {500} and sub.states["a"].clears == 1
+
+
+# --------------------------------------------------------------------------- driving and shutdown
+def test_background_thread_two_publishers_and_clean_shutdown(ipc, cleanup):
+    pubs = {name: publisher(cleanup, 0, ipc(), ipc()) for name in ("a", "b")}
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {n: (p.endpoint, p.replay_endpoint) for n, p in pubs.items()})
+    sub.start()
+    with pytest.raises(RuntimeError, match="stop\\(\\) the subscriber's thread first"):
+        sub.add_publisher("c", ipc())
+    with pytest.raises(RuntimeError, match="background thread polls"):
+        sub.poll()
+    for name, pub in pubs.items():  # a fresh subscription misses the first batches: say hello until heard
+        wait_until(lambda: sub.states[name].last_seq is not None, f"{name}'s first batch",
+                   step=lambda: (pub.publish(stored(-1)), time.sleep(0.02)))
+    offset = {"a": 0, "b": 1000}
+    for i in range(20):
+        for name, pub in pubs.items():
+            pub.publish(stored(offset[name] + i))
+
+    def caught_up():
+        with sub.lock:
+            return all(sub.states[n].last_seq == p._next_seq - 1 for n, p in pubs.items())
+
+    wait_until(caught_up, "both streams")
+    sub.stop()
+    assert not [t for t in threading.enumerate() if t.name == "kvcy-kv-events-subscriber"]
+    for name, pub in pubs.items():
+        assert set(range(offset[name], offset[name] + 20)) <= index.blocks[name]
+        pub.shutdown()
+        pub.shutdown()  # again: nothing
+        with pytest.raises(RuntimeError, match="Publisher is closed"):
+            pub.publish(stored(1))
+    assert sub.stats["instances"] == 2 and sub.stats["lost"] == 0
+    sub.remove_publisher("a")
+    assert "a" not in index.blocks and list(sub.states) == ["b"]
+    sub.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvcy-kv-events")]
+
+
+def test_subscriber_refuses_bad_settings(cleanup, ipc):
+    with pytest.raises(TypeError, match="index must have a apply_batch"):
+        EventSubscriber(object())
+    with pytest.raises(ValueError, match="silent_after must be None or > 0"):
+        EventSubscriber(RecordingIndex(), silent_after=0)
+    sub = subscriber(cleanup, RecordingIndex(), {"a": ipc()})
+    with pytest.raises(ValueError, match="instance 'a' is subscribed already"):
+        sub.add_publisher("a", ipc())
+    with pytest.raises(KeyError):
+        sub.remove_publisher("zz")
+    assert sub.poll(0) == 0 and sub.run_for(0.05) == 0
+
+
+def test_lag_is_apply_time_minus_batch_timestamp(ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc())
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"a": pub.endpoint}, clock=lambda: 1000.0)
+    wait_until(lambda: index.batches > 0, "a batch",
+               step=lambda: (pub.publish(stored(1, ts=990.5)), sub.poll(0.02)))
+    state = sub.states["a"]
+    assert (state.last_ts, state.lag, state.max_lag) == (990.5, 9.5, 9.5)
+    assert sub.stats["max_lag"] == 9.5
+
+
+# --------------------------------------------------------------------------- end to end
+def _leading(held: set, hashes: list) -> int:
+    n = 0
+    for h in hashes:
+        if h not in held:
+            break
+        n += 1
+    return n
+
+
+def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup):
+    """A kvcy KVCacheManager publishes each step's events; the subscriber's index then knows,
+    for any request, exactly the prefix the manager would hit (evictions included)."""
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from kvcy.kv_events import external_block_hash
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    cfg = KVCacheConfig(num_blocks=12, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=BS, hash_block_size=BS,
+                                       enable_kv_cache_events=True)
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    index = RecordingIndex()
+    sub = subscriber(cleanup, index, {"gpu0": (pub.endpoint, pub.replay_endpoint)})
+    ids = itertools.count()
+    published: list = []
+
+    def request(tokens):
+        return impl.kv_cache.Request(f"r{next(ids)}", tokens, block_hasher=get_request_block_hasher(BS, hash_fn))
+
+    def step(tokens):
+        req = request(tokens)
+        _, hit, _ = mgr.get_computed_blocks(req)
+        assert mgr.allocate_slots(req, len(tokens) - hit) is not None
+        mgr.free(req)
+        events = mgr.take_events()
+        if events:
+            published.extend(events)
+            pub.publish(KVEventBatch(ts=time.time(), events=events))
+
+    step(list(range(100, 118)))  # a fresh subscription may miss it: replay brings it back
+    wait_until(lambda: sub.states["gpu0"].last_seq is not None, "the first batch",  # empty batches: hello
+               step=lambda: (pub.publish(KVEventBatch(ts=time.time(), events=[])), sub.poll(0.02)))
+    prompts = [list(range(100, 118)), list(range(100, 110)) + [7] * 9, list(range(300, 321)),
+               list(range(400, 421)), list(range(100, 114)) + [9] * 3]
+    for tokens in prompts:  # 12 blocks: the later prompts evict earlier blocks
+        step(tokens)
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["gpu0"].last_seq == last, "every batch", step=lambda: sub.poll(0.02))
+    assert sub.states["gpu0"].lost == 0
+    held = index.blocks["gpu0"]
+    assert any(isinstance(e, BlockRemoved) for e in published), "the scenario should evict"
+    hits = []
+    for tokens in prompts + [list(range(100, 121)), list(range(300, 309)), [1, 2, 3, 4, 5]]:
+        probe = request(tokens)
+        _, hit, _ = mgr.get_computed_blocks(probe)
+        hashes = [external_block_hash(h, True) for h in probe.block_hashes]
+        # vLLM's lookup never hits the last token; the index answers for whole blocks held.
+        cached = _leading(held, hashes[: (len(tokens) - 1) // BS])
+        assert cached * BS == hit, tokens
+        hits.append(hit)
+    assert max(hits) >= 3 * BS and min(hits) == 0
