@@ -92,7 +92,9 @@ class FleetResult:
 
     ``instances`` holds each instance's own :class:`ReplayResult` (its hits,
     steps and manager time); the fleet-wide figures are sums over them.
-    ``predicted_hit_tokens`` is what the index said the chosen instance held
+    ``route_ns`` is the router's own time (hashes to index query to
+    choice), ``apply_ns`` the time spent receiving and applying event batches
+    to the index before routing decisions.  ``predicted_hit_tokens`` is what the index said the chosen instance held
     when the request was routed (``kv`` router; for the others, what it
     would have said), against ``hit_tokens`` that the instance's manager
     then found.
@@ -107,6 +109,7 @@ class FleetResult:
     routed_tokens: list[int] = field(default_factory=list)
     predicted_hit_tokens: int = 0
     route_ns: int = 0
+    apply_ns: int = 0
     events: dict[str, Any] = field(default_factory=dict)
     index: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -276,6 +279,8 @@ def replay_fleet(
                                            block_hasher=hasher, arrival_time=tr.arrival_ms / 1000.0)
                 t0 = perf()
                 transport.drain()
+                t1 = perf()
+                out.apply_ns += t1 - t0
                 hashes = [external_block_hash(h, use_int) for h in req.block_hashes]
                 held = index.longest_prefix(hashes)
                 loads = [_outstanding(lp) for lp in loops]
@@ -287,7 +292,7 @@ def replay_fleet(
                     prompt = tr.num_prompt_tokens
                     choice = min(range(n), key=lambda j: (
                         prompt - min(prompt, held.get(names[j], 0) * block_size) + loads[j][1], j))
-                out.route_ns += perf() - t0
+                out.route_ns += perf() - t1
                 out.predicted_hit_tokens += min(tr.num_prompt_tokens, held.get(names[choice], 0) * block_size)
                 k += 1
                 out.routed[choice] += 1

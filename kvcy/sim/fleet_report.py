@@ -39,6 +39,7 @@ def build_fleet_report(trace: Trace, results: list[FleetResult]) -> dict[str, An
             "simulated_time_s": max((x.sim_time_s for x in r.instances), default=0.0),
             "manager_cpu_s": mgr_s,
             "routing_cpu_s": r.route_ns / 1e9,
+            "event_apply_cpu_s": r.apply_ns / 1e9,
             "events": r.events,
             "index": r.index,
             "wall_s": r.wall_s,
@@ -70,7 +71,7 @@ def format_fleet_report(rep: dict[str, Any]) -> str:
         f"hash {f['hash']}, {f['impl']} managers, events over {f['transport']}",
         "",
     ]
-    width = 26
+    width = 30
     col = max(16, *(len(n) + 2 for n in names))
     lines.append(f"{'router':<{width}}" + "".join(f"{n:>{col}}" for n in names))
 
@@ -90,6 +91,7 @@ def format_fleet_report(rep: dict[str, Any]) -> str:
     row("index blocks", lambda d: f"{d['index']['blocks']:,}")
     row("index memory", lambda d: _bytes(d["index"]["memory_bytes"]).strip(" ()") or "0 B")
     row("routing CPU time", lambda d: format_duration(d["routing_cpu_s"]))
+    row("receiving + applying events", lambda d: format_duration(d["event_apply_cpu_s"]))
     row("manager CPU time", lambda d: format_duration(d["manager_cpu_s"]))
     row("wall time", lambda d: format_duration(d["wall_s"]))
     bound = rep.get("hit_rate_upper_bound")

@@ -53,7 +53,7 @@ class ZmqTransport:
         try:
             for _ in names:
                 self.publishers.append(ZmqEventPublisher(
-                    endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv-events",
+                    endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", topic="kv-events",
                     context=self._ctx,
                 ))
             self.subscriber = EventSubscriber(
