@@ -188,6 +188,24 @@ def test_factory_builds_the_configured_publisher(ipc, cleanup):
         EventPublisherFactory.create(KVEventsConfig(enable_kv_cache_events=True, publisher="kafka"))
 
 
+def test_publisher_refuses_bad_settings_before_opening_anything():
+    with pytest.raises(ValueError, match="endpoint must be a non-empty str, got None"):
+        ZmqEventPublisher(0, None)
+    with pytest.raises(ValueError, match="data_parallel_rank must be >= 0"):
+        ZmqEventPublisher(-1, "tcp://127.0.0.1:0")
+    with pytest.raises(ValueError, match="must contain 'inproc' or 'tcp'"):
+        ZmqEventPublisher(1, "ipc:///tmp/kvcy-never-bound")
+    with pytest.raises(TypeError, match="topic must be a str"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", topic=b"kv")
+
+
+def test_data_parallel_rank_offsets_the_endpoints(cleanup):
+    name = f"inproc://kvcy-dp-{next(_names)}"
+    pub = publisher(cleanup, 3, name, name + "-replay")
+    assert (pub.endpoint, pub.replay_endpoint) == (name + "_dp3", name + "-replay_dp3")
+    assert pub.get_publisher_config().endpoint == name + "_dp3"
+
+
 def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup):
     pub = publisher(cleanup, 0, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
     for endpoint in (pub.endpoint, pub.replay_endpoint):

@@ -220,10 +220,10 @@ class ZmqEventPublisher(EventPublisher):
         context: Any = None,
     ) -> None:
         super().__init__(data_parallel_rank)
-        endpoint_dp = offset_endpoint_port(endpoint, data_parallel_rank)
-        replay_dp = offset_endpoint_port(replay_endpoint, data_parallel_rank)
-        # Validates every setting before a socket exists.
-        config = KVEventsConfig(True, "zmq", endpoint_dp or "", replay_dp, buffer_steps, hwm, max_queue_size, topic)
+        # Every setting is checked before a socket exists.
+        config = KVEventsConfig(True, "zmq", endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic)
+        config.endpoint = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
+        config.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         zmq = import_zmq()
         self._zmq = zmq
         self._ctx = context if context is not None else zmq.Context.instance()
@@ -385,7 +385,7 @@ class ZmqEventPublisher(EventPublisher):
     def _bound(self, sock: Any, endpoint: str) -> str:
         """The address actually bound (the system's port for ``:0``), else ``endpoint``."""
         if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
-            return sock.getsockopt(self._zmq.LAST_ENDPOINT).decode()
+            return str(sock.getsockopt(self._zmq.LAST_ENDPOINT).decode())
         return endpoint
 
     def _close_sockets(self) -> None:
