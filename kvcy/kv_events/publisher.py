@@ -7,8 +7,9 @@ What goes on the wire (``vllm.distributed.kv_events.ZmqEventPublisher``'s format
   encoded with msgspec's msgpack encoder (``KVEventBatch`` is array-like:
   ``[ts, [event, ...], data_parallel_rank]``, each event a map tagged ``"type"``);
 - the optional ROUTER replay socket keeps the last ``buffer_steps`` encoded batches. A client
-  sends ``[b"", start]`` from a DEALER (or ``start`` from a REQ), ``start`` being an 8-byte
-  big-endian sequence number; the publisher answers every buffered batch whose number is at
+  sends ``[b"", start]`` from a DEALER, ``start`` being an 8-byte big-endian sequence number
+  (a REQ socket sending ``start`` gets only the first answer: REQ takes one reply per
+  request); the publisher answers every buffered batch whose number is at
   least ``start`` as ``[b"", topic, seq, payload]``, then the end marker
   ``[b"", b"", (-1 as 8 signed big-endian bytes), b""]``.
 
