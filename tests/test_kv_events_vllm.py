@@ -39,6 +39,7 @@ from test_kv_events_zmq import (  # noqa: E402
 from vllm.distributed import kv_events as vk  # noqa: E402
 
 from kvcy import kv_events as kk  # noqa: E402
+from kvcy.kv_index import KVIndex  # noqa: E402
 
 BS = 4
 
@@ -96,7 +97,7 @@ def test_vllm_publisher_feeds_kvcy_subscriber(ipc, cleanup):  # noqa: F811
 
         for i in range(3):
             pub.publish(batch(i))
-        index = RecordingIndex()
+        index = RecordingIndex(KVIndex())
         sub = subscriber(cleanup, index, {"vllm": (endpoint, replay)})
         wait_until(lambda: sub.states["vllm"].last_seq == 2, "vLLM's replay", step=sub.sync)
         assert index.blocks["vllm"] == {0, 1, 2}
@@ -110,6 +111,8 @@ def test_vllm_publisher_feeds_kvcy_subscriber(ipc, cleanup):  # noqa: F811
         state = sub.states["vllm"]
         assert state.lost == 0 and state.malformed == 0 and state.replayed >= 3
         assert index.blocks["vllm"] == set(range(sent))
+        index.check()  # the real index holds the same
+        assert index.kv.longest_prefix([0, 1])["vllm"] == 2
     finally:
         pub.shutdown()
 

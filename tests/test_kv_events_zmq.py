@@ -37,14 +37,27 @@ _names = itertools.count()
 
 
 class RecordingIndex:
-    """A stand-in for the routing index: per instance, the block hashes it holds."""
+    """Per instance, the set of block hashes it holds, and what was forgotten: the oracle a real
+    ``KVIndex`` (``kv``, fed the same calls) is checked against by ``check``."""
 
-    def __init__(self) -> None:
+    def __init__(self, kv=None) -> None:
+        self.kv = kv
         self.blocks: dict[str, set] = {}
         self.removed: list[str] = []
         self.batches = 0
 
+    def check(self) -> None:
+        """The real index holds exactly what the recording says each instance holds."""
+        if self.kv is None:
+            return
+        assert set(self.kv.instances) == set(self.blocks)
+        for instance, held in self.blocks.items():
+            assert self.kv.num_blocks(instance) == len(held), instance
+            assert all(self.kv.longest_prefix([h])[instance] == 1 for h in held), instance
+
     def apply_batch(self, instance, batch) -> int:
+        if self.kv is not None:
+            self.kv.apply_batch(instance, batch)
         held = self.blocks.setdefault(instance, set())
         for event in batch.events:
             if isinstance(event, BlockStored):
@@ -57,6 +70,8 @@ class RecordingIndex:
         return len(batch.events)
 
     def remove_instance(self, instance) -> None:
+        if self.kv is not None:
+            self.kv.remove_instance(instance)
         self.blocks.pop(instance, None)
         self.removed.append(instance)
 
@@ -82,6 +97,14 @@ def wait_sent(pub: ZmqEventPublisher, n: int) -> None:
 def ipc(tmp_path):
     """``ipc()`` -> a fresh ipc endpoint in a temporary folder."""
     return lambda: f"ipc://{tmp_path}/{next(_names)}"
+
+
+@pytest.fixture
+def index(impl):
+    """A ``RecordingIndex`` over a real ``KVIndex`` of each twin, checked against it at the end."""
+    recording = RecordingIndex(impl.kv_index.KVIndex())
+    yield recording
+    recording.check()
 
 
 @pytest.fixture
@@ -163,6 +186,24 @@ def test_factory_builds_the_configured_publisher(ipc, cleanup):
     assert (got.endpoint, got.replay_endpoint, got.buffer_steps, got.topic) == (endpoint, replay, 7, "t")
     with pytest.raises(ValueError, match="Unknown event publisher 'kafka'"):
         EventPublisherFactory.create(KVEventsConfig(enable_kv_cache_events=True, publisher="kafka"))
+
+
+def test_publisher_refuses_bad_settings_before_opening_anything():
+    with pytest.raises(ValueError, match="endpoint must be a non-empty str, got None"):
+        ZmqEventPublisher(0, None)
+    with pytest.raises(ValueError, match="data_parallel_rank must be >= 0"):
+        ZmqEventPublisher(-1, "tcp://127.0.0.1:0")
+    with pytest.raises(ValueError, match="must contain 'inproc' or 'tcp'"):
+        ZmqEventPublisher(1, "ipc:///tmp/kvcy-never-bound")
+    with pytest.raises(TypeError, match="topic must be a str"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", topic=b"kv")
+
+
+def test_data_parallel_rank_offsets_the_endpoints(cleanup):
+    name = f"inproc://kvcy-dp-{next(_names)}"
+    pub = publisher(cleanup, 3, name, name + "-replay")
+    assert (pub.endpoint, pub.replay_endpoint) == (name + "_dp3", name + "-replay_dp3")
+    assert pub.get_publisher_config().endpoint == name + "_dp3"
 
 
 def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup):
@@ -248,11 +289,10 @@ def test_replay_protocol(ipc, cleanup):
     assert pub.replay_requests == 3
 
 
-def test_publish_never_blocks_and_counts_drops(ipc, cleanup):
+def test_publish_never_blocks_and_counts_drops(index, ipc, cleanup):
     """With the queue full, ``publish`` drops (counted) instead of waiting; the dropped numbers
     are missing on the wire, so a subscriber counts them lost."""
     pub = publisher(cleanup, 0, ipc(), ipc(), max_queue_size=1)
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
     first_hash = iter(range(10**6, 10**7))
     wait_until(lambda: index.batches > 0, "the subscriber to hear the publisher",
@@ -271,7 +311,7 @@ def test_publish_never_blocks_and_counts_drops(ipc, cleanup):
     assert done.is_set(), "publish blocked"
     assert pub.dropped_batches > 0
     wait_until(lambda: pub.sent_batches + pub.dropped_batches == pub._next_seq, "the queue to drain")
-    pub.publish(stored(-1))  # the queue is empty: this one gets through, and ends the stream
+    pub.publish(stored(2**40))  # the queue is empty: this one gets through, and ends the stream
     wait_until(lambda: sub.states["a"].last_seq == pub._next_seq - 1, "the last batch to arrive",
                step=lambda: sub.poll(0.02))
     state = sub.states["a"]
@@ -282,12 +322,11 @@ def test_publish_never_blocks_and_counts_drops(ipc, cleanup):
 
 
 # --------------------------------------------------------------------------- the faults
-def test_late_joiner_replays_what_it_missed(ipc, cleanup):
+def test_late_joiner_replays_what_it_missed(index, ipc, cleanup):
     pub = publisher(cleanup, 0, ipc(), ipc())
     for i in range(5):
         pub.publish(stored(i))
     wait_sent(pub, 5)
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
     # The publisher's next batch shows the gap 0..; replay fills it.
     more = iter(range(5, 100))
@@ -300,12 +339,11 @@ def test_late_joiner_replays_what_it_missed(ipc, cleanup):
     assert index.blocks["a"] == set(range(last + 1))
 
 
-def test_late_joiner_syncs_at_once(ipc, cleanup):
+def test_late_joiner_syncs_at_once(index, ipc, cleanup):
     pub = publisher(cleanup, 0, ipc(), ipc(), buffer_steps=4)
     for i in range(6):
         pub.publish(stored(i))
     wait_sent(pub, 6)
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
     assert sub.sync() == 4
     state = sub.states["a"]
@@ -314,10 +352,9 @@ def test_late_joiner_syncs_at_once(ipc, cleanup):
     assert index.blocks["a"] == {2, 3, 4, 5}
 
 
-def test_publisher_restart_is_forgotten_and_rebuilt(ipc, cleanup):
+def test_publisher_restart_is_forgotten_and_rebuilt(index, ipc, cleanup):
     endpoint, replay = ipc(), ipc()
     old = ZmqEventPublisher(0, endpoint, replay)
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
     hashes = iter(range(100, 200))
     try:
@@ -343,10 +380,9 @@ def test_publisher_restart_is_forgotten_and_rebuilt(ipc, cleanup):
     assert sub.states["a"].lost == 0
 
 
-def test_drops_at_the_high_water_mark_come_back_by_replay(cleanup):
+def test_drops_at_the_high_water_mark_come_back_by_replay(index, cleanup):
     name = f"inproc://kvcy-hwm-{next(_names)}"
     pub = publisher(cleanup, 0, name, name + "-replay", hwm=1, buffer_steps=1000)
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (name, name + "-replay")}, rcvhwm=1)
     first = iter(range(10**6, 10**7))
     wait_until(lambda: index.batches > 0, "the subscriber to hear the publisher",
@@ -355,21 +391,23 @@ def test_drops_at_the_high_water_mark_come_back_by_replay(cleanup):
     for i in range(200):  # nobody reads: ZeroMQ keeps ~2 and drops the rest
         pub.publish(stored(i))
     wait_sent(pub, start + 200)
-    last = pub._next_seq - 1
-    wait_until(lambda: sub.states["a"].last_seq == last, "the last batch", step=lambda: sub.poll(0.02))
+    # The tail of the flood was dropped too: the publisher's next batch that gets through shows
+    # the gap (or sync() would ask at once).
+    more = iter(range(2 * 10**7, 3 * 10**7))
+    wait_until(lambda: (sub.states["a"].last_seq or 0) >= start + 199, "the flood",
+               step=lambda: (sub.poll(0.02), pub.publish(stored(next(more)))))
     state = sub.states["a"]
     assert state.gaps >= 1 and state.replayed >= 150 and state.lost == 0
     assert set(range(200)) <= index.blocks["a"]
 
 
-def test_malformed_messages_are_counted_and_skipped(ipc, cleanup):
+def test_malformed_messages_are_counted_and_skipped(index, ipc, cleanup):
     """A fake publisher (a bare PUB socket) sends junk among good batches."""
     endpoint = ipc()
     pub = zmq.Context.instance().socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(endpoint)
     try:
-        index = RecordingIndex()
         sub = subscriber(cleanup, index, {"a": endpoint})
         seq = itertools.count()
 
@@ -386,20 +424,22 @@ def test_malformed_messages_are_counted_and_skipped(ipc, cleanup):
         pub.send_multipart([b"", next_seq.to_bytes(8, "big"), b"\xc1"])  # not msgpack
         pub.send_multipart([b"", next_seq.to_bytes(8, "big"), good[:-5]])  # truncated
         pub.send_multipart([b"", next_seq.to_bytes(8, "big"), msgspec.msgpack.encode({"x": 1})])  # not a batch
-        pub.send_multipart([b"", next_seq.to_bytes(8, "big"), good])
-        wait_until(lambda: sub.states["a"].last_seq == next_seq, "the good batch", step=lambda: sub.poll(0.02))
+        # Decodes, but the index refuses it (a negative block hash): counted, skipped, numbered.
+        pub.send_multipart([b"", next_seq.to_bytes(8, "big"), msgspec.msgpack.encode(stored(7, -5))])
+        pub.send_multipart([b"", (next_seq + 1).to_bytes(8, "big"), good])
+        wait_until(lambda: sub.states["a"].last_seq == next_seq + 1, "the good batch", step=lambda: sub.poll(0.02))
         state = sub.states["a"]
-        assert state.malformed == 5
-        # Every number up to the good batch was applied, or missed before the subscription took.
-        assert state.batches_applied + state.lost == next_seq + 1 and state.batches_applied >= 2
-        assert 42 in index.blocks["a"]
+        assert state.malformed == 6
+        # Every number up to the good batch was applied, refused, or missed before the
+        # subscription took.
+        assert state.batches_applied + 1 + state.lost == next_seq + 2 and state.batches_applied >= 2
+        assert 42 in index.blocks["a"] and 7 not in index.blocks["a"]
     finally:
         pub.close()
 
 
-def test_a_batch_that_does_not_encode_is_skipped_and_counted_lost(ipc, cleanup, caplog):
+def test_a_batch_that_does_not_encode_is_skipped_and_counted_lost(index, ipc, cleanup, caplog):
     pub = publisher(cleanup, 0, ipc(), ipc())
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
     hashes = iter(range(100))
     wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
@@ -412,9 +452,8 @@ def test_a_batch_that_does_not_encode_is_skipped_and_counted_lost(ipc, cleanup, 
     assert pub.running and sub.states["a"].lost == 1 and 500 in index.blocks["a"]
 
 
-def test_silent_instance_is_forgotten_then_rebuilt(ipc, cleanup):
+def test_silent_instance_is_forgotten_then_rebuilt(index, ipc, cleanup):
     pub = publisher(cleanup, 0, ipc(), ipc())
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)}, silent_after=0.2)
     hashes = iter(range(100))
     wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
@@ -429,9 +468,8 @@ def test_silent_instance_is_forgotten_then_rebuilt(ipc, cleanup):
     assert sub.states["a"].lost == 0
 
 
-def test_clear_is_applied_in_order(ipc, cleanup):
+def test_clear_is_applied_in_order(index, ipc, cleanup):
     pub = publisher(cleanup, 0, ipc(), ipc())
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
     hashes = iter(range(100))
     wait_until(lambda: index.batches > 0, "a batch", step=lambda: (pub.publish(stored(next(hashes))), sub.poll(0.02)))
@@ -442,9 +480,8 @@ def test_clear_is_applied_in_order(ipc, cleanup):
 
 
 # --------------------------------------------------------------------------- driving and shutdown
-def test_background_thread_two_publishers_and_clean_shutdown(ipc, cleanup):
+def test_background_thread_two_publishers_and_clean_shutdown(index, ipc, cleanup):
     pubs = {name: publisher(cleanup, 0, ipc(), ipc()) for name in ("a", "b")}
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {n: (p.endpoint, p.replay_endpoint) for n, p in pubs.items()})
     sub.start()
     with pytest.raises(RuntimeError, match="stop\\(\\) the subscriber's thread first"):
@@ -453,7 +490,7 @@ def test_background_thread_two_publishers_and_clean_shutdown(ipc, cleanup):
         sub.poll()
     for name, pub in pubs.items():  # a fresh subscription misses the first batches: say hello until heard
         wait_until(lambda: sub.states[name].last_seq is not None, f"{name}'s first batch",
-                   step=lambda: (pub.publish(stored(-1)), time.sleep(0.02)))
+                   step=lambda: (pub.publish(stored(2**40)), time.sleep(0.02)))
     offset = {"a": 0, "b": 1000}
     for i in range(20):
         for name, pub in pubs.items():
@@ -492,9 +529,8 @@ def test_subscriber_refuses_bad_settings(cleanup, ipc):
     assert sub.poll(0) == 0 and sub.run_for(0.05) == 0
 
 
-def test_lag_is_apply_time_minus_batch_timestamp(ipc, cleanup):
+def test_lag_is_apply_time_minus_batch_timestamp(index, ipc, cleanup):
     pub = publisher(cleanup, 0, ipc())
-    index = RecordingIndex()
     sub = subscriber(cleanup, index, {"a": pub.endpoint}, clock=lambda: 1000.0)
     wait_until(lambda: index.batches > 0, "a batch",
                step=lambda: (pub.publish(stored(1, ts=990.5)), sub.poll(0.02)))
@@ -504,15 +540,6 @@ def test_lag_is_apply_time_minus_batch_timestamp(ipc, cleanup):
 
 
 # --------------------------------------------------------------------------- end to end
-def _leading(held: set, hashes: list) -> int:
-    n = 0
-    for h in hashes:
-        if h not in held:
-            break
-        n += 1
-    return n
-
-
 def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup):
     """A kvcy KVCacheManager publishes each step's events; the subscriber's index then knows,
     for any request, exactly the prefix the manager would hit (evictions included)."""
@@ -527,7 +554,7 @@ def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup)
     mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=BS, hash_block_size=BS,
                                        enable_kv_cache_events=True)
     pub = publisher(cleanup, 0, ipc(), ipc())
-    index = RecordingIndex()
+    index = impl.kv_index.KVIndex()
     sub = subscriber(cleanup, index, {"gpu0": (pub.endpoint, pub.replay_endpoint)})
     ids = itertools.count()
     published: list = []
@@ -555,7 +582,6 @@ def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup)
     last = pub._next_seq - 1
     wait_until(lambda: sub.states["gpu0"].last_seq == last, "every batch", step=lambda: sub.poll(0.02))
     assert sub.states["gpu0"].lost == 0
-    held = index.blocks["gpu0"]
     assert any(isinstance(e, BlockRemoved) for e in published), "the scenario should evict"
     hits = []
     for tokens in prompts + [list(range(100, 121)), list(range(300, 309)), [1, 2, 3, 4, 5]]:
@@ -563,7 +589,8 @@ def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup)
         _, hit, _ = mgr.get_computed_blocks(probe)
         hashes = [external_block_hash(h, True) for h in probe.block_hashes]
         # vLLM's lookup never hits the last token; the index answers for whole blocks held.
-        cached = _leading(held, hashes[: (len(tokens) - 1) // BS])
+        cached = index.longest_prefix(hashes[: (len(tokens) - 1) // BS])["gpu0"]
         assert cached * BS == hit, tokens
+        assert index.best_instance(hashes[: (len(tokens) - 1) // BS]) == ("gpu0", cached)
         hits.append(hit)
     assert max(hits) >= 3 * BS and min(hits) == 0

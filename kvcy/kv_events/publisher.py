@@ -7,8 +7,9 @@ What goes on the wire (``vllm.distributed.kv_events.ZmqEventPublisher``'s format
   encoded with msgspec's msgpack encoder (``KVEventBatch`` is array-like:
   ``[ts, [event, ...], data_parallel_rank]``, each event a map tagged ``"type"``);
 - the optional ROUTER replay socket keeps the last ``buffer_steps`` encoded batches. A client
-  sends ``[b"", start]`` from a DEALER (or ``start`` from a REQ), ``start`` being an 8-byte
-  big-endian sequence number; the publisher answers every buffered batch whose number is at
+  sends ``[b"", start]`` from a DEALER, ``start`` being an 8-byte big-endian sequence number
+  (a REQ socket sending ``start`` gets only the first answer: REQ takes one reply per
+  request); the publisher answers every buffered batch whose number is at
   least ``start`` as ``[b"", topic, seq, payload]``, then the end marker
   ``[b"", b"", (-1 as 8 signed big-endian bytes), b""]``.
 
@@ -220,10 +221,10 @@ class ZmqEventPublisher(EventPublisher):
         context: Any = None,
     ) -> None:
         super().__init__(data_parallel_rank)
-        endpoint_dp = offset_endpoint_port(endpoint, data_parallel_rank)
-        replay_dp = offset_endpoint_port(replay_endpoint, data_parallel_rank)
-        # Validates every setting before a socket exists.
-        config = KVEventsConfig(True, "zmq", endpoint_dp or "", replay_dp, buffer_steps, hwm, max_queue_size, topic)
+        # Every setting is checked before a socket exists.
+        config = KVEventsConfig(True, "zmq", endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic)
+        config.endpoint = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
+        config.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
         zmq = import_zmq()
         self._zmq = zmq
         self._ctx = context if context is not None else zmq.Context.instance()
@@ -385,7 +386,7 @@ class ZmqEventPublisher(EventPublisher):
     def _bound(self, sock: Any, endpoint: str) -> str:
         """The address actually bound (the system's port for ``:0``), else ``endpoint``."""
         if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
-            return sock.getsockopt(self._zmq.LAST_ENDPOINT).decode()
+            return str(sock.getsockopt(self._zmq.LAST_ENDPOINT).decode())
         return endpoint
 
     def _close_sockets(self) -> None:
