@@ -107,7 +107,8 @@ class _Api:
         cfg = ki.KVCacheConfig(num_blocks=case["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
         return self._manager_cls(
             cfg, max_model_len=4096, scheduler_block_size=_scheduler_block_size(case),
-            hash_block_size=case["hbs"], enable_caching=case["caching"], enable_kv_cache_events=True)
+            hash_block_size=case["hbs"], enable_caching=case["caching"], enable_kv_cache_events=True,
+            use_eagle=case.get("eagle", False))
 
     def request(self, case: dict, rid: str, tokens: list):
         return self._request(rid, tokens, case["hbs"], self._sha)
@@ -469,6 +470,7 @@ _PREFIXES = [list(range(1000 * k, 1000 * k + 48)) for k in range(2)]
 def _cases(draw):
     groups, hbs = draw(st.sampled_from(_CONFIGS))
     caching = draw(st.sampled_from([True, True, True, False]))
+    eagle = draw(st.sampled_from([False, False, True]))
     num_blocks = draw(st.sampled_from([14, 20, 40]))
     n_req = draw(st.integers(2, 4))
     ops, states, prompts = [], {}, []
@@ -503,7 +505,7 @@ def _cases(draw):
             states[rid] = "done"
         else:
             ops.append(("reset", None))
-    return {"groups": groups, "hbs": hbs, "num_blocks": num_blocks, "caching": caching, "ops": ops}
+    return {"groups": groups, "hbs": hbs, "num_blocks": num_blocks, "caching": caching, "eagle": eagle, "ops": ops}
 
 
 @pytest.fixture(scope="module")
@@ -518,7 +520,7 @@ def vllm_api():
 def test_random_sequences_as_vllm(impl, vllm_api, case):
     """Random admissions (chunked, prefix hits, bounded replay's rewind, external tokens), decode
     steps with preemption, gap frees, frees and resets on R-SWA, ring and bounded-replay groups,
-    alone and beside full attention: kvcy's manager returns, holds, queues, caches and publishes
+    alone and beside full attention, with and without EAGLE and prefix caching: kvcy's manager returns, holds, queues, caches and publishes
     what vLLM's does after every operation."""
     expected = _guarded(vllm_api, case)
     assert expected[0] != "raised", expected  # (the cases are valid operation sequences)
