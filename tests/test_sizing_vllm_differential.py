@@ -223,6 +223,13 @@ MODELS = {
         2048,
         {},
     ),
+    "rswa-disabled-hybrid": (
+        {"f.0": full(), "s.0": swa(128),
+         "r.0": V.RSWASpec(block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, rswa_window=64)},
+        GiB // 8,
+        2048,
+        {"disable_hybrid": True},
+    ),
     "bounded-replay-swa-mla": (
         {"m.0": mla(), "m.1": mla(),
          "s.0": V.SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16, sliding_window=128,
