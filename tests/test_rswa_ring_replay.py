@@ -569,6 +569,60 @@ def test_specs_map_through_kvcy_vllm():
     assert mgr.kv_cache_config.prefix_cacheable_group_ids == config.prefix_cacheable_group_ids == (0,)
 
 
+# (layout -> (groups' specs as in _Api.spec, blocks in the pool); the window of 48 tokens is the
+# scenario's sliding window: bounded replay rewinds every hit by it)
+_SCHEDULER_LAYOUTS = {
+    "full+rswa": ([["full", 16], ["rswa", 16, 48]], 96),
+    "full+ring": ([["full", 16], ["ring", 16]], 80),
+    "full+bounded-replay": ([["full", 16], ["replay", 16, 48]], 96),
+}
+
+
+@pytest.fixture(scope="module")
+def scheduler_module(tmp_path_factory):
+    """tests/test_vllm_scheduler.py's scenario (vLLM's own Scheduler, a config-only model), with
+    the KV-cache layouts above."""
+    tvs = pytest.importorskip("test_vllm_scheduler")
+    from transformers import OPTConfig
+
+    path = tmp_path_factory.mktemp("opt-config-only-swa")
+    OPTConfig(vocab_size=tvs.VOCAB, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+              max_position_embeddings=2048, architectures=["OPTForCausalLM"]).save_pretrained(path)
+    return tvs, str(path)
+
+
+@live
+@pytest.mark.parametrize("layout", sorted(_SCHEDULER_LAYOUTS))
+def test_vllm_scheduler_runs_alike_on_kvcy(scheduler_module, vllm_api, layout, monkeypatch):
+    """vLLM 0.33.0's Scheduler (its prefix-replay rewind included) through 300 requests with
+    hits, preemptions and aborts: every step's SchedulerOutput and what it returned are the
+    same on kvcy's manager as on vLLM's."""
+    import kvcy
+    import kvcy.vllm
+
+    tvs, model_dir = scheduler_module
+    groups, num_blocks = _SCHEDULER_LAYOUTS[layout]
+
+    def kv_cache_config(_layout):
+        ki = vllm_api.ki
+        names = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(2)]
+        specs = [vllm_api.spec(g) for g in groups]
+        return ki.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                                kv_cache_groups=[ki.KVCacheGroupSpec([n], s) for n, s in zip(names, specs)])
+
+    monkeypatch.setitem(tvs.LAYOUTS, layout, num_blocks)
+    monkeypatch.setattr(tvs, "make_kv_cache_config", kv_cache_config)
+    expected, manager_class = tvs.run_scenario(model_dir, layout)
+    assert manager_class.__module__ == "vllm.v1.core.kv_cache_manager"
+    steps = expected[:-1]
+    assert sum(len(r["scheduler_output"]["preempted"] or ()) for r in steps) >= 1
+    assert sum(s["prefix_cache_stats"]["hits"] for r in steps for s in r["engine_outputs"]["stats"]) > 0
+    with kvcy.vllm.installed():
+        got, manager_class = tvs.run_scenario(model_dir, layout)
+    assert manager_class.__module__.startswith("kvcy._fast."), manager_class
+    assert got == expected, tvs._first_difference(expected, got)
+
+
 if __name__ == "__main__":  # re-record: /tmp/kvh-venv/bin/python tests/test_rswa_ring_replay.py
     DATA.parent.mkdir(exist_ok=True)
     DATA.write_text(json.dumps(_record(), separators=(",", ":")) + "\n")
