@@ -569,6 +569,53 @@ def test_specs_map_through_kvcy_vllm():
     assert mgr.kv_cache_config.prefix_cacheable_group_ids == config.prefix_cacheable_group_ids == (0,)
 
 
+def _merge_cases(ki, dtype):
+    attn = {"block_size": 16, "num_kv_heads": 2, "head_size": 64, "dtype": dtype}
+    r = lambda **kw: ki.RSWASpec(**{**attn, "rswa_window": 128, **kw})  # noqa: E731
+    c = lambda **kw: ki.CircularBufferSpec(**{**attn, **kw})  # noqa: E731
+    mla = {"block_size": 16, "num_kv_heads": 1, "head_size": 576, "dtype": dtype, "sliding_window": 128}
+    m = lambda **kw: ki.SlidingWindowMLASpec(**{**mla, **kw})  # noqa: E731
+    return {
+        "rswa same": (ki.RSWASpec, [r(), r()]),
+        "rswa non-causal one": (ki.RSWASpec, [r(), r(non_causal=True)]),
+        "rswa recorded window": (ki.RSWASpec, [r(sliding_window=64), r()]),
+        "rswa two recorded windows": (ki.RSWASpec, [r(sliding_window=64), r(sliding_window=32)]),
+        "rswa windows differ": (ki.RSWASpec, [r(), r(rswa_window=64)]),
+        "rswa heads differ": (ki.RSWASpec, [r(), r(num_kv_heads=4)]),
+        "rswa with full": (ki.RSWASpec, [r(), ki.FullAttentionSpec(**attn)]),
+        "rswa padded": (ki.RSWASpec, [r(page_size_padded=9000), r(page_size_padded=9000)]),
+        "ring same": (ki.CircularBufferSpec, [c(), c()]),
+        "ring block sizes differ": (ki.CircularBufferSpec, [c(), c(block_size=32)]),
+        "replay same": (ki.SlidingWindowMLASpec, [m(bounded_replay=True), m(bounded_replay=True)]),
+        "replay policy differs": (ki.SlidingWindowMLASpec, [m(bounded_replay=True), m()]),
+    }
+
+
+@live
+def test_merges_as_vllm(vllm_api):
+    """RSWASpec, CircularBufferSpec and bounded-replay merges: the same merged spec, or the same
+    exception type, as vLLM 0.33.0."""
+    import torch
+    from vllm.v1 import kv_cache_interface as v
+
+    import kvcy.vllm
+    from kvcy import kv_cache_interface as ki
+
+    ours, theirs = _merge_cases(ki, torch.float16), _merge_cases(v, torch.float16)
+    for name in ours:
+        outcome = {}
+        for side, (cls, specs) in (("kvcy", ours[name]), ("vllm", theirs[name])):
+            try:
+                merged = cls.merge(specs)
+            except Exception as exc:  # noqa: BLE001 - compared between the two
+                outcome[side] = type(exc).__name__
+            else:
+                outcome[side] = merged if side == "kvcy" else kvcy.vllm.convert_kv_cache_spec(merged)
+        assert outcome["kvcy"] == outcome["vllm"], name
+        if not isinstance(outcome["kvcy"], str):
+            assert type(outcome["kvcy"]) is ours[name][0], name
+
+
 # (layout -> (groups' specs as in _Api.spec, blocks in the pool); the window of 48 tokens is the
 # scenario's sliding window: bounded replay rewinds every hit by it)
 _SCHEDULER_LAYOUTS = {
