@@ -32,6 +32,7 @@ from kvcy.kv_cache_interface import (
     replace_as,
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     FullAttentionSpec,
     HiddenStateCacheSpec,
     KVCacheConfig,
@@ -584,7 +585,7 @@ def _get_packed_kv_cache_groups(layout: KVCacheLayout, kv_cache_spec: dict[str, 
         return sum(cdiv(len(names), n) * page for page, names in by_page.items())
 
     def is_state_bucket(uniform: UniformTypeKVCacheSpecs) -> bool:
-        if isinstance(uniform.first_spec, MambaSpec):
+        if isinstance(uniform.first_spec, (MambaSpec, CircularBufferSpec)):  # (state-like: one block per request)
             return True
         return repeats is None and isinstance(uniform.first_spec, SlidingWindowSpec)
 

@@ -3,7 +3,8 @@
 Exports, from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
 (the base), ``FullAttentionManager``, ``SinkFullAttentionManager``, ``MambaManager``,
 ``CrossAttentionManager``; from stem ``local_attention_managers``:
-``SlidingWindowManager``, ``ChunkedLocalAttentionManager``; from
+``SlidingWindowManager``, ``ChunkedLocalAttentionManager``, ``RSWAManager``,
+``CircularBufferManager``; from
 stem ``manager_factory``: ``spec_manager_map`` (spec class -> manager class) and
 ``get_manager_for_kv_cache_spec``; and, defined here,
 ``register_all_kvcache_specs`` (vLLM's engine-start registration of the
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
         SinkFullAttentionManager,
         SlidingWindowManager,
         ChunkedLocalAttentionManager,
+        RSWAManager,
+        CircularBufferManager,
         MambaManager,
         CrossAttentionManager,
         spec_manager_map,
@@ -43,6 +46,8 @@ else:
     SinkFullAttentionManager = _impl.SinkFullAttentionManager
     SlidingWindowManager = _impl.SlidingWindowManager
     ChunkedLocalAttentionManager = _impl.ChunkedLocalAttentionManager
+    RSWAManager = _impl.RSWAManager
+    CircularBufferManager = _impl.CircularBufferManager
     MambaManager = _impl.MambaManager
     CrossAttentionManager = _impl.CrossAttentionManager
     spec_manager_map = _impl.spec_manager_map
@@ -63,9 +68,11 @@ def register_all_kvcache_specs(vllm_config: object = None) -> None:
 
 __all__ = [
     "ChunkedLocalAttentionManager",
+    "CircularBufferManager",
     "CrossAttentionManager",
     "FullAttentionManager",
     "MambaManager",
+    "RSWAManager",
     "SingleTypeKVCacheManager",
     "SinkFullAttentionManager",
     "SlidingWindowManager",

@@ -140,8 +140,8 @@ def convert_kv_cache_spec(spec: Any) -> Any:
     """kvcy's spec (same class name, same field values) for one of vLLM 0.33.0's specs.
 
     Raises:
-        NotImplementedError: a spec class kvcy does not have (e.g. ``RSWASpec``,
-            ``CircularBufferSpec``, the HiSparse specs, a model's own subclass), or a
+        NotImplementedError: a spec class kvcy does not have (the HiSparse specs, a
+            model's own subclass), or a
             field set away from vLLM's default that kvcy does not implement.
         TypeError: ``spec`` is not a vLLM ``KVCacheSpec``.
     """

@@ -205,6 +205,39 @@ MODELS = {
     "disabled-hybrid-block-sizes": (
         {"a": full(block_size=32), "b": swa(64)}, GiB // 8, 1024, {"disable_hybrid": True}),
     "attention-free": ({}, 0, 2048, {}),
+    # issue 19: R-SWA groups with full attention; a circular buffer (a state-like bucket, one
+    # block per request) beside full and sliding-window layers; bounded-replay sliding-window MLA
+    "rswa-with-full": (
+        {**{f"f.{i}": full() for i in range(2)},
+         **{f"r.{i}": V.RSWASpec(block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, rswa_window=256)
+            for i in range(2)}},
+        GiB // 8 + 3,
+        2048,
+        {},
+    ),
+    "ring-with-full-and-swa": (
+        {**{f"f.{i}": full() for i in range(2)}, **{f"s.{i}": swa(128) for i in range(2)},
+         **{f"c.{i}": V.CircularBufferSpec(block_size=16, num_kv_heads=2, head_size=128, dtype=BF16)
+            for i in range(12)}},
+        GiB // 8 + 5,
+        2048,
+        {},
+    ),
+    "rswa-disabled-hybrid": (
+        {"f.0": full(), "s.0": swa(128),
+         "r.0": V.RSWASpec(block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, rswa_window=64)},
+        GiB // 8,
+        2048,
+        {"disable_hybrid": True},
+    ),
+    "bounded-replay-swa-mla": (
+        {"m.0": mla(), "m.1": mla(),
+         "s.0": V.SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype=BF16, sliding_window=128,
+                                       bounded_replay=True)},
+        GiB // 8,
+        1024,
+        {},
+    ),
 }
 
 

@@ -93,8 +93,8 @@ def test_sliding_window_mla_fields():
         0, False, True, 0)
     with pytest.raises(AssertionError, match="Unsupported model version"):
         swmla(model_version="deepseek_v3")
-    with pytest.raises(NotImplementedError, match="bounded sliding-window replay"):
-        swmla(bounded_replay=True)
+    bounded = swmla(bounded_replay=True, sliding_window=64)
+    assert (bounded.prefix_cacheable, bounded.prefix_replay_tokens) == (False, 64)
     with pytest.raises(TypeError, match="bounded_replay"):
         swmla(bounded_replay=1)
 

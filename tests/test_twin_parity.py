@@ -596,6 +596,20 @@ def _full_spec():
     return FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
 
 
+def _rswa_manager(o):
+    from kvcy.kv_cache_interface import RSWASpec
+
+    spec = RSWASpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16", rswa_window=8)
+    return o["mod"].RSWAManager(spec, o["mod"].BlockPool(8, True, 4), True, 0, 4)
+
+
+def _ring_manager(o, num_blocks):
+    from kvcy.kv_cache_interface import CircularBufferSpec
+
+    spec = CircularBufferSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    return o["mod"].CircularBufferManager(spec, o["mod"].BlockPool(num_blocks, True, 4), True, 0, 4)
+
+
 BAD_CALLS = {
     # kv_cache: constructors
     "BlockPool(num_gpu_blocks='3')": lambda o: o["mod"].BlockPool("3", True, 4),
@@ -705,6 +719,16 @@ BAD_CALLS = {
     "manager.get_blocks(5)": lambda o: o["manager"].get_blocks(5),
     "manager.get_computed_blocks(None)": lambda o: o["manager"].get_computed_blocks(None),
     "manager.remove_skipped_blocks(-1)": lambda o: o["manager"].remove_skipped_blocks("r", -1),
+    "manager.remove_skipped_blocks(num_prompt_tokens='4')": lambda o: o["manager"].remove_skipped_blocks(
+        "r", 4, num_prompt_tokens="4"),
+    "manager.remove_skipped_blocks(num_prompt_tokens=-1)": lambda o: o["manager"].remove_skipped_blocks(
+        "r", 4, num_prompt_tokens=-1),
+    "RSWAManager(full-attention spec)": lambda o: o["mod"].RSWAManager(
+        _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4),
+    "RSWAManager.remove_skipped_blocks(num_prompt_tokens=1.5)": lambda o: _rswa_manager(o).remove_skipped_blocks(
+        "r", 40, 1.5),
+    "CircularBufferManager.allocate_new_blocks(pool exhausted)": lambda o: _ring_manager(o, 1).allocate_new_blocks(
+        "r", 4, 4),
     # hashing
     "digest(unknown algo)": lambda o: o["hashing"].digest("md5", b""),
     "hash_blocks(block_size=0)": lambda o: o["hashing"].hash_blocks("sha256", b"p" * 32, [1, 2], 0, 1, 0),

@@ -303,6 +303,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     attention_chunk_size: int
 
+@disjoint_base
+class RSWAManager(FullAttentionManager):
+    rswa_window: int
+
+class CircularBufferManager(FullAttentionManager): ...
+
 class MambaManager(SingleTypeKVCacheManager):
     @classmethod
     def reachable_block_mask(

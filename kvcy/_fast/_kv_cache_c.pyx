@@ -49,10 +49,12 @@ from kvcy.hashing import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     MambaSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
     get_kv_cache_spec_kind,

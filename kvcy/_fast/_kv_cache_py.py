@@ -32,7 +32,12 @@ from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
 from kvcy._fast.kv_cache_py.kv_cache_manager import KVCacheManager
 from kvcy._fast.kv_cache_py.request import Request
-from kvcy._fast.kv_cache_py.local_attention_managers import ChunkedLocalAttentionManager, SlidingWindowManager
+from kvcy._fast.kv_cache_py.local_attention_managers import (
+    ChunkedLocalAttentionManager,
+    CircularBufferManager,
+    RSWAManager,
+    SlidingWindowManager,
+)
 from kvcy._fast.kv_cache_py.manager_factory import _manager_class, get_manager_for_kv_cache_spec, spec_manager_map
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
@@ -49,6 +54,7 @@ __all__ = [
     "BlockHashToBlockMap",
     "BlockPool",
     "ChunkedLocalAttentionManager",
+    "CircularBufferManager",
     "CrossAttentionManager",
     "FreeKVCacheBlockQueue",
     "FullAttentionManager",
@@ -59,6 +65,7 @@ __all__ = [
     "KVCacheCoordinatorNoPrefixCache",
     "KVCacheManager",
     "MambaManager",
+    "RSWAManager",
     "Request",
     "SingleTypeKVCacheManager",
     "SinkFullAttentionManager",

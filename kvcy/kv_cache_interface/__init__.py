@@ -17,7 +17,7 @@ and hash by that canonical name, so equal specs are equal however their dtype
 was given.
 
 Parameters of features kvcy leaves out (decode context parallelism, HiSparse,
-bounded sliding-window replay, connector paths) are accepted at their "off"
+connector paths) are accepted at their "off"
 values and raise ``NotImplementedError`` naming the feature otherwise.  Page
 sizes follow vLLM 0.33.0's formula from the spec's fields alone; packed
 quantized layouts are published in ``num_head_slots`` / ``state_content_bytes``
@@ -25,9 +25,9 @@ quantized layouts are published in ``num_head_slots`` / ``state_content_bytes``
 
 The package holds one module per concept: ``dtypes`` and ``quant`` (element
 types and quantization modes), ``base`` (:class:`KVCacheSpec`,
-:class:`MultipleOf`), ``attention``, ``full_attention``, ``sliding_window``,
-``chunked_local``, ``mla``, ``mamba`` and ``encoder_attention`` (the spec
-families), ``registry`` (:class:`KVCacheSpecRegistry`: managers and
+:class:`MultipleOf`), ``attention``, ``full_attention``, ``rswa``, ``sliding_window``,
+``chunked_local``, ``circular_buffer``, ``mla``, ``mamba`` and ``encoder_attention``
+(the spec families), ``registry`` (:class:`KVCacheSpecRegistry`: managers and
 grouping bases of spec classes), ``uniform`` (:class:`UniformTypeKVCacheSpecs`), ``kinds`` (spec
 kinds of KV events), ``tensor`` and ``config`` (:class:`KVCacheTensor`, the
 groups and :class:`KVCacheConfig`), ``layout`` and ``views`` (physical layouts
@@ -41,6 +41,7 @@ from kvcy.kv_cache_interface._checks import cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
 from kvcy.kv_cache_interface.base import KVCacheSpec, MultipleOf, num_states_for, replace_as
 from kvcy.kv_cache_interface.chunked_local import ChunkedLocalAttentionSpec
+from kvcy.kv_cache_interface.circular_buffer import CircularBufferSpec
 from kvcy.kv_cache_interface.config import KVCacheConfig, KVCacheGroupRole, KVCacheGroupSpec
 from kvcy.kv_cache_interface.dtypes import canonical_dtype, get_dtype_size
 from kvcy.kv_cache_interface.encoder_attention import CrossAttentionSpec, EncoderOnlyAttentionSpec
@@ -57,6 +58,7 @@ from kvcy.kv_cache_interface.quant import (
     kv_cache_uses_per_token_head_scales,
     nvfp4_kv_cache_full_dim,
 )
+from kvcy.kv_cache_interface.rswa import RSWASpec
 from kvcy.kv_cache_interface.registry import KVCacheSpecMetadata, KVCacheSpecRegistry, register_kv_cache_spec
 from kvcy.kv_cache_interface.sliding_window import SlidingWindowSpec
 from kvcy.kv_cache_interface.tensor import KVCacheTensor
@@ -66,6 +68,7 @@ from kvcy.kv_cache_interface.views import compute_layer_kv_cache_shape_bytes, re
 __all__ = [
     "AttentionSpec",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
     "CrossAttentionSpec",
     "EncoderOnlyAttentionSpec",
     "FullAttentionSpec",
@@ -84,6 +87,7 @@ __all__ = [
     "MLA_PACKED_STATE_BYTES",
     "MambaSpec",
     "MultipleOf",
+    "RSWASpec",
     "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",

@@ -104,7 +104,8 @@ class KVCacheSpec:
 
     @property
     def prefix_replay_tokens(self) -> int:
-        """Tokens a prefix hit must replay (bounded replay); 0 for every kvcy spec."""
+        """Tokens a prefix hit must replay (bounded replay: a sliding-window MLA spec's
+        window); 0 for every other spec."""
         return 0
 
     @property

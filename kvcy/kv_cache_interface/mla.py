@@ -127,9 +127,11 @@ class HiddenStateCacheSpec(MLAAttentionSpec):
 class SlidingWindowMLASpec(SlidingWindowSpec):
     """Sliding-window attention stored in the MLA (one latent per state, no V) format.
 
-    ``bounded_replay`` (DeepSeek V4.1) would take the group out of prefix
-    caching and make a prefix hit replay one window of tokens; kvcy's managers
-    do not do that replay, so only False is accepted.
+    ``bounded_replay`` (DeepSeek V4.1) takes the group out of prefix caching
+    (:attr:`prefix_cacheable` False: it gets no hits and caches nothing) and
+    makes a prefix hit of the other groups replay its last window of tokens
+    (:attr:`prefix_replay_tokens`, read by vLLM's scheduler), for which the
+    sliding-window manager allocates fresh blocks.
     """
 
     head_size_v: int | None = 0
@@ -146,11 +148,6 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         owner = type(self).__name__
         _check_optional_str(owner, "cache_dtype_str", self.cache_dtype_str)
         _check_bool(owner, "bounded_replay", self.bounded_replay)
-        if self.bounded_replay:
-            raise NotImplementedError(
-                f"{owner}.bounded_replay=True: bounded sliding-window replay is not supported by kvcy's "
-                "managers (only False is)"
-            )
         _apply_alignment(self)
 
     @property

@@ -49,11 +49,13 @@ class KVCacheSpecRegistry:
             (ki.FullAttentionSpec, full, ki.FullAttentionSpec),
             (ki.SlidingWindowSpec, twin.SlidingWindowManager, ki.SlidingWindowSpec),
             (ki.SlidingWindowMLASpec, twin.SlidingWindowManager, ki.SlidingWindowMLASpec),
+            (ki.CircularBufferSpec, twin.CircularBufferManager, ki.CircularBufferSpec),
             (ki.MambaSpec, twin.MambaManager, ki.MambaSpec),
             (ki.ChunkedLocalAttentionSpec, twin.ChunkedLocalAttentionManager, ki.ChunkedLocalAttentionSpec),
             (ki.CrossAttentionSpec, twin.CrossAttentionManager, ki.CrossAttentionSpec),
             # full-attention subclasses group with full attention
             (ki.MLAAttentionSpec, full, ki.FullAttentionSpec),
+            (ki.RSWASpec, twin.RSWAManager, ki.FullAttentionSpec),
             (ki.HiddenStateCacheSpec, full, ki.FullAttentionSpec),
             (ki.SinkFullAttentionSpec, twin.SinkFullAttentionManager, ki.FullAttentionSpec),
             (ki.TQFullAttentionSpec, full, ki.FullAttentionSpec),

@@ -429,7 +429,11 @@ cdef class KVCacheManager:
                                             new_blocks_list, has_new_computed or n_ext > 0,
                                             num_local_computed_tokens + n_ext)
         cdef Py_ssize_t processed = total_computed_tokens - num_in_flight
-        coordinator.remove_skipped_blocks(request_id, processed if processed > 0 else 0)
+        coordinator.remove_skipped_blocks(
+            request_id, processed if processed > 0 else 0,
+            (<Request>request).num_prompt_tokens if type(request) is Request
+            else getattr(request, "num_prompt_tokens", None),
+        )
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, n_enc,
             num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False,
@@ -591,8 +595,9 @@ cdef class KVCacheManager:
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None):
         """Free the blocks before each group's attention window (replaced by the null block).
 
-        ``num_prompt_tokens`` is for vLLM's R-SWA groups, which kvcy does not
-        have; the groups here ignore it.
+        ``num_prompt_tokens`` (the request's prompt length, or None) is for R-SWA
+        groups, which also free the blocks between the prompt and the decode
+        window; the other groups ignore it.
         """
         cdef Py_ssize_t n = _check_count("processed_computed_tokens", processed_computed_tokens)
         self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)

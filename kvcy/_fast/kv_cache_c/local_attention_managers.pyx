@@ -1,6 +1,7 @@
 # kv_cache_c/local_attention_managers.pyx: SlidingWindowManager (with its reachable-block masks,
-# dense and sparse) and ChunkedLocalAttentionManager, whose attention sees only part of the context.
-# (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
+# dense and sparse; bounded replay is its spec's prefix_cacheable=False), ChunkedLocalAttentionManager
+# and RSWAManager, whose attention sees only part of the context, and CircularBufferManager, one ring
+# block per request.  (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), after single_type_managers.pyx.
 
 cdef inline Py_ssize_t _hit_blocks(Py_ssize_t sliding_window, Py_ssize_t block_size, bint use_eagle) noexcept:
@@ -248,3 +249,119 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
         return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
+
+
+cdef object _check_prompt_tokens(object num_prompt_tokens):
+    # remove_skipped_blocks' num_prompt_tokens: None, or a token count.
+    if num_prompt_tokens is None:
+        return None
+    return _check_count("num_prompt_tokens", num_prompt_tokens)
+
+
+cdef class RSWAManager(FullAttentionManager):
+    """Reference sliding-window attention: full attention over the prompt, the last
+    ``rswa_window`` tokens of what follows.
+
+    Given the prompt length, ``remove_skipped_blocks`` frees the whole blocks
+    between the prompt's last block and the start of the decode window
+    (replacing them with the null block); otherwise it is full attention's.
+    Hits, allocation and caching are full attention's.
+    """
+
+    def __init__(self, kv_cache_spec, *args, **kwargs):
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.rswa_window = kv_cache_spec.rswa_window
+
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
+                                object num_prompt_tokens=None):
+        """Free the blocks wholly inside ``[ceil(prompt / block) * block,
+        max(prompt, processed_computed_tokens - rswa_window))``: after the prompt's
+        last block, before the decode window.  Without ``num_prompt_tokens``, as
+        full attention (nothing to free).
+
+        Raises:
+            TypeError / ValueError: ``num_prompt_tokens`` is not None or a count.
+        """
+        num_prompt_tokens = _check_prompt_tokens(num_prompt_tokens)
+        if num_prompt_tokens is None:
+            FullAttentionManager.remove_skipped_blocks(self, request_id, processed_computed_tokens)
+            return
+        cdef Py_ssize_t n_prompt = num_prompt_tokens
+        cdef Py_ssize_t window_start = processed_computed_tokens - self.rswa_window
+        if window_start < n_prompt:
+            window_start = n_prompt
+        self._remove_blocks_in_range(request_id, _cdiv(n_prompt, self.block_size), window_start // self.block_size)
+
+
+cdef class CircularBufferManager(FullAttentionManager):
+    """A ring: one block per request for its whole life, never cached, never hit.
+
+    The first allocation (new tokens or external ones) takes the block; every
+    later one takes nothing.  Hits and skipped blocks do not apply.
+    """
+
+    cdef list _claim_ring_block(self, str request_id, bint record_for_zeroing):
+        cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
+        cdef list req_blocks = _held_list(p)
+        if req_blocks:
+            return None
+        cdef list new_blocks = self.block_pool.get_new_blocks(1)
+        if req_blocks is None:
+            self._gen.value = _next_gen()
+            req_blocks = []
+            self._req_to_blocks[request_id] = req_blocks
+        req_blocks.extend(new_blocks)
+        if self._record_new_block_ids and record_for_zeroing:  # (never: rings are not zeroed)
+            _record_ids(self.new_block_ids, new_blocks)
+        return new_blocks
+
+    cpdef Py_ssize_t get_num_blocks_to_allocate(
+        self, str request_id, Py_ssize_t num_tokens, object new_computed_blocks,
+        Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
+        Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False, Py_ssize_t prefill_end=0,
+    ) except -1:
+        """1 until the request holds its ring block, then 0."""
+        return 0 if self._req_to_blocks.get(request_id) else 1
+
+    cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
+        """The ring block if the request has none yet, else nothing."""
+        cdef list out = self._claim_ring_block(request_id, True)
+        return [] if out is None else out
+
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens):
+        return self._claim_ring_block(request_id, True)
+
+    cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
+                                            Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=True):
+        """The ring block if the request has none yet (whatever the token counts)."""
+        self._claim_ring_block(request_id, record_for_zeroing)
+
+    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
+                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
+        return tuple([[] for _ in group_ids]), 0
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+        """No hit: an empty list per group, 0 tokens."""
+        return tuple([[] for _ in kv_cache_group_ids]), 0
+
+    cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,
+                       object replay_boundaries=()):
+        return None
+
+    cpdef add_local_computed_blocks(self, str request_id, object new_computed_blocks,
+                                    Py_ssize_t num_local_computed_tokens,
+                                    Py_ssize_t num_external_computed_tokens):
+        """Nothing: a ring takes no hits (any given are ignored, as in vLLM)."""
+        return None
+
+    cdef list _checked_hits(self, object new_computed_blocks, Py_ssize_t total_computed_tokens):
+        return []
+
+    cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
+                                object num_prompt_tokens=None):
+        return None
+
+    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
+        return 0

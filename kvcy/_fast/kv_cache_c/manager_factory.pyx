@@ -6,7 +6,9 @@
 spec_manager_map = {
     FullAttentionSpec: FullAttentionManager,
     SinkFullAttentionSpec: SinkFullAttentionManager,
+    RSWASpec: RSWAManager,
     SlidingWindowSpec: SlidingWindowManager,
+    CircularBufferSpec: CircularBufferManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
     CrossAttentionSpec: CrossAttentionManager,

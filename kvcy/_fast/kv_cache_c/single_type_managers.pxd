@@ -37,6 +37,7 @@ cdef class SingleTypeKVCacheManager:
     cdef _Generation _gen
     cdef readonly KVCacheBlock _null_block
     cdef readonly bint _record_new_block_ids  # (KV-cache zeroing: new_block_ids records what is taken)
+    cdef readonly bint _prefix_cacheable  # (the spec's: False caches nothing -- a ring, bounded replay)
     cdef readonly list new_block_ids
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)

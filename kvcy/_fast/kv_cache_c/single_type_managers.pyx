@@ -107,7 +107,9 @@ cdef class SingleTypeKVCacheManager:
 
     With ``needs_kv_cache_zeroing`` (the config's: Mamba layers or mixed
     precision), an attention group records the ids of the blocks it takes for
-    the worker to zero (``take_new_block_ids``).
+    the worker to zero (``take_new_block_ids``); a circular buffer's ring never
+    is.  A group whose spec is not ``prefix_cacheable`` (bounded replay, the
+    ring) caches nothing.
     """
 
     #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
@@ -117,7 +119,12 @@ cdef class SingleTypeKVCacheManager:
                  Py_ssize_t scheduler_block_size, dcp_world_size=1, pcp_world_size=1,
                  needs_kv_cache_zeroing=False, max_admission_blocks_per_request=None):
         _check_no_context_parallel(dcp_world_size, pcp_world_size)
-        self._record_new_block_ids = bool(needs_kv_cache_zeroing) and isinstance(kv_cache_spec, AttentionSpec)
+        self._record_new_block_ids = (
+            bool(needs_kv_cache_zeroing)
+            and isinstance(kv_cache_spec, AttentionSpec)
+            and not isinstance(kv_cache_spec, CircularBufferSpec)
+        )
+        self._prefix_cacheable = bool(kv_cache_spec.prefix_cacheable)
         self.new_block_ids = []
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
@@ -289,7 +296,10 @@ cdef class SingleTypeKVCacheManager:
         at the request's ``shared_prefix_boundary`` or once per interval can
         use.  ``replay_boundaries``: where a later request replaying this
         prompt can resume (``replay_boundaries()``); read only when sparse.
+        Nothing for a group that is not prefix-cacheable.
         """
+        if not self._prefix_cacheable:
+            return
         cdef str request_id = _rid(request)
         cdef PyObject* p = PyDict_GetItem(self._num_cached_block, request_id)
         cdef Py_ssize_t num_cached_blocks = 0 if p == NULL else <Py_ssize_t><object>p
@@ -352,6 +362,8 @@ cdef class SingleTypeKVCacheManager:
         # allocation is made, checked before it: the cached count is the
         # request's entry, or, for a request taking its hits now (attaching),
         # what add_local_computed_blocks will record.
+        if not self._prefix_cacheable:
+            return 0
         cdef PyObject *p = PyDict_GetItem(self._num_cached_block, request_id)
         cdef Py_ssize_t num_cached, skipped
         if p != NULL:

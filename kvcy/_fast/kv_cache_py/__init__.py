@@ -12,7 +12,8 @@ which assembles them into the twin module the selector (``kvcy._fast``) loads.
 * ``block_pool``: ``BlockPool``;
 * ``single_type_managers``: ``SingleTypeKVCacheManager``, the full (and sink),
   Mamba and cross-attention managers;
-* ``local_attention_managers``: ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``;
+* ``local_attention_managers``: ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``,
+  ``RSWAManager``, ``CircularBufferManager``;
 * ``manager_factory``: ``spec_manager_map``, ``get_manager_for_kv_cache_spec``;
 * ``coordinators``: ``KVCacheCoordinator``, its three kinds,
   ``get_kv_cache_coordinator``;

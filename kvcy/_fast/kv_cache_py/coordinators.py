@@ -333,6 +333,11 @@ class KVCacheCoordinator(_Checked):
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
+        """Free each group's blocks outside its attention window; ``num_prompt_tokens``
+        (None, or the prompt length: checked before any group changes) is for R-SWA
+        groups, which free the gap after the prompt."""
+        if num_prompt_tokens is not None:
+            num_prompt_tokens = _check_count("num_prompt_tokens", num_prompt_tokens)
         for manager in self.single_type_managers:
             manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
@@ -432,7 +437,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                          hash_block_size, use_int_block_hashes, metrics_collector,
                          num_prefill_lookahead, num_hash_lookahead_tokens)
         for manager in self.single_type_managers:
-            if manager.block_size % hash_block_size != 0:
+            # (groups out of prefix caching -- a ring, bounded replay -- hash nothing)
+            if manager._prefix_cacheable and manager.block_size % hash_block_size != 0:
                 raise ValueError(
                     f"every group's block size must be a multiple of hash_block_size "
                     f"({hash_block_size}); got {manager.block_size}"
@@ -440,11 +446,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self.verify_and_split_kv_cache_groups()
 
     def verify_and_split_kv_cache_groups(self) -> None:
-        """Batch groups with identical specs; full attention first."""
+        """Batch groups with identical specs; full attention first.  Groups out of
+        prefix caching (a ring, bounded replay) take no part in lookups: their hits
+        stay empty."""
         groups: list[list] = []  # [spec, group_ids, manager_cls, use_eagle]
         for i, g in enumerate(self.kv_cache_config.kv_cache_groups):
             spec = g.kv_cache_spec
-            if isinstance(spec, CrossAttentionSpec):
+            if isinstance(spec, CrossAttentionSpec) or not spec.prefix_cacheable:
                 continue
             klass = type(self.single_type_managers[i])
             use_eagle = i in self.drop_eagle_group_ids

@@ -368,7 +368,8 @@ class KVCacheManager(_Checked):
                     has_new_computed or num_external_computed_tokens > 0,
                     num_local_computed_tokens + num_external_computed_tokens,
                 )
-        coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens))
+        coordinator.remove_skipped_blocks(request_id, max(0, total_computed_tokens - request.num_in_flight_tokens),
+                                          getattr(request, "num_prompt_tokens", None))
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
             num_local_computed_tokens + num_external_computed_tokens, num_local_computed_tokens,
@@ -406,8 +407,9 @@ class KVCacheManager(_Checked):
     ) -> None:
         """Free the blocks before each group's attention window (replaced by the null block).
 
-        ``num_prompt_tokens`` is for vLLM's R-SWA groups, which kvcy does not
-        have; the groups here ignore it.
+        ``num_prompt_tokens`` (the request's prompt length, or None) is for R-SWA
+        groups, which also free the blocks between the prompt and the decode
+        window; the other groups ignore it.
         """
         processed_computed_tokens = _check_count("processed_computed_tokens", processed_computed_tokens)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)

@@ -1,19 +1,29 @@
-"""Sliding-window and chunked-local attention managers (pure-Python twin).
+"""Windowed and ring managers (pure-Python twin).
 
 From vLLM 0.33.0's ``vllm/v1/core/single_type_kv_cache_manager.py``:
-``SlidingWindowManager`` (with its reachable-block masks, dense and sparse) and
-``ChunkedLocalAttentionManager``: the managers whose attention sees only part of
-the context, so blocks before the window or chunk can be freed.
+``SlidingWindowManager`` (with its reachable-block masks, dense and sparse),
+``ChunkedLocalAttentionManager`` and ``RSWAManager``: the managers whose
+attention sees only part of the context, so blocks outside the window, chunk
+or decode window can be freed; and ``CircularBufferManager``, one ring block
+per request.  A sliding-window group with bounded replay is served by
+``SlidingWindowManager`` too: its spec is not prefix-cacheable, so the group
+caches nothing and the coordinators give it no hits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcy.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from kvcy.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec, RSWASpec, SlidingWindowSpec
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _check_count, cdiv
 from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
-from kvcy._fast.kv_cache_py.single_type_managers import SingleTypeKVCacheManager, _check_hit_args, _check_mask_args
+from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+from kvcy._fast.kv_cache_py.single_type_managers import (
+    FullAttentionManager,
+    SingleTypeKVCacheManager,
+    _check_hit_args,
+    _check_mask_args,
+)
 
 
 def _hit_blocks(sliding_window: int, block_size: int, use_eagle: bool) -> int:
@@ -237,3 +247,136 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return (num_computed_tokens // self.attention_chunk_size) * self.attention_chunk_size
+
+
+def _check_prompt_tokens(num_prompt_tokens) -> int | None:
+    # remove_skipped_blocks' num_prompt_tokens: None, or a token count.
+    if num_prompt_tokens is None:
+        return None
+    return _check_count("num_prompt_tokens", num_prompt_tokens)
+
+
+class RSWAManager(FullAttentionManager):
+    """Reference sliding-window attention: full attention over the prompt, the last
+    ``rswa_window`` tokens of what follows.
+
+    Given the prompt length, ``remove_skipped_blocks`` frees the whole blocks
+    between the prompt's last block and the start of the decode window
+    (replacing them with the null block); otherwise it is full attention's.
+    Hits, allocation and caching are full attention's.
+    """
+
+    _RULES = {**FullAttentionManager._RULES, "rswa_window": _READ_ONLY}
+
+    def __init__(self, kv_cache_spec: RSWASpec, *args, **kwargs) -> None:
+        super().__init__(kv_cache_spec, *args, **kwargs)
+        self.rswa_window = kv_cache_spec.rswa_window
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free the blocks wholly inside ``[ceil(prompt / block) * block,
+        max(prompt, processed_computed_tokens - rswa_window))``: after the prompt's
+        last block, before the decode window.  Without ``num_prompt_tokens``, as
+        full attention (nothing to free).
+
+        Raises:
+            TypeError / ValueError: ``num_prompt_tokens`` is not None or a count.
+        """
+        num_prompt_tokens = _check_prompt_tokens(num_prompt_tokens)
+        if num_prompt_tokens is None:
+            super().remove_skipped_blocks(request_id, processed_computed_tokens)
+            return
+        window_start = max(num_prompt_tokens, processed_computed_tokens - self.rswa_window)
+        self._remove_blocks_in_range(request_id, cdiv(num_prompt_tokens, self.block_size),
+                                     window_start // self.block_size)
+
+
+class CircularBufferManager(FullAttentionManager):
+    """A ring: one block per request for its whole life, never cached, never hit.
+
+    The first allocation (new tokens or external ones) takes the block; every
+    later one takes nothing.  Hits and skipped blocks do not apply.
+    """
+
+    def _claim_ring_block(self, request_id: str, record_for_zeroing: bool = True) -> list[KVCacheBlock]:
+        req_blocks = self._req_to_blocks.get(request_id)
+        if req_blocks:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(1)
+        if req_blocks is None:
+            self._req_to_blocks[request_id] = req_blocks = []
+        req_blocks.extend(new_blocks)
+        if self._record_new_block_ids and record_for_zeroing:  # (never: rings are not zeroed)
+            self.new_block_ids.extend([b._block_id for b in new_blocks])
+        return new_blocks
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """1 until the request holds its ring block, then 0."""
+        return 0 if self._req_to_blocks.get(request_id) else 1
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
+        """The ring block if the request has none yet, else nothing."""
+        return self._claim_ring_block(request_id)
+
+    def allocate_external_computed_blocks(
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
+    ) -> None:
+        """The ring block if the request has none yet (whatever the token counts)."""
+        self._claim_ring_block(request_id, record_for_zeroing)
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+        drop_eagle_block, alignment_tokens,
+    ):
+        """No hit: an empty list per group, 0 tokens."""
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+    def cache_blocks(
+        self,
+        request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
+        return None
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Nothing: a ring takes no hits (any given are ignored, as in vLLM)."""
+        return None
+
+    def _check_hits(self, new_computed_blocks, total_computed_tokens: int) -> None:
+        return None
+
+    def _add_local_computed_blocks(self, request_id, new_computed_blocks, num_local_computed_tokens,
+                                   num_external_computed_tokens) -> None:
+        return None
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        return None
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0

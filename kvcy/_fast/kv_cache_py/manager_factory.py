@@ -7,15 +7,22 @@ from __future__ import annotations
 
 from kvcy.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
+    RSWASpec,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
-from kvcy._fast.kv_cache_py.local_attention_managers import ChunkedLocalAttentionManager, SlidingWindowManager
+from kvcy._fast.kv_cache_py.local_attention_managers import (
+    ChunkedLocalAttentionManager,
+    CircularBufferManager,
+    RSWAManager,
+    SlidingWindowManager,
+)
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     FullAttentionManager,
@@ -28,7 +35,9 @@ from kvcy._fast.kv_cache_py.single_type_managers import (
 spec_manager_map: dict[type, type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
     SinkFullAttentionSpec: SinkFullAttentionManager,
+    RSWASpec: RSWAManager,
     SlidingWindowSpec: SlidingWindowManager,
+    CircularBufferSpec: CircularBufferManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
     MambaSpec: MambaManager,
     CrossAttentionSpec: CrossAttentionManager,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvcy.kv_cache_interface import AttentionSpec, KVCacheSpec, MambaSpec, SinkFullAttentionSpec
+from kvcy.kv_cache_interface import AttentionSpec, CircularBufferSpec, KVCacheSpec, MambaSpec, SinkFullAttentionSpec
 from kvcy._fast._request_tables import _BlockTable, _CountTable
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _hashed, cdiv
 from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
@@ -101,7 +101,9 @@ class SingleTypeKVCacheManager(_Checked):
 
     With ``needs_kv_cache_zeroing`` (the config's: Mamba layers or mixed
     precision), an attention group records the ids of the blocks it takes for
-    the worker to zero (``take_new_block_ids``).
+    the worker to zero (``take_new_block_ids``); a circular buffer's ring never
+    is.  A group whose spec is not ``prefix_cacheable`` (bounded replay, the
+    ring) caches nothing.
     """
 
     # Fixed when made; use_eagle is set by the coordinators.  The two dicts
@@ -109,7 +111,8 @@ class SingleTypeKVCacheManager(_Checked):
     _RULES = dict.fromkeys(
         ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
          "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
-         "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids"),
+         "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids",
+         "_prefix_cacheable"),
         _READ_ONLY,
     )
 
@@ -129,7 +132,12 @@ class SingleTypeKVCacheManager(_Checked):
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
         _check_no_context_parallel(dcp_world_size, pcp_world_size)
-        self._record_new_block_ids = bool(needs_kv_cache_zeroing) and isinstance(kv_cache_spec, AttentionSpec)
+        self._record_new_block_ids = (
+            bool(needs_kv_cache_zeroing)
+            and isinstance(kv_cache_spec, AttentionSpec)
+            and not isinstance(kv_cache_spec, CircularBufferSpec)
+        )
+        self._prefix_cacheable = bool(kv_cache_spec.prefix_cacheable)
         self.new_block_ids: list[int] = []
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
@@ -304,7 +312,10 @@ class SingleTypeKVCacheManager(_Checked):
         at the request's ``shared_prefix_boundary`` or once per interval can
         use.  ``replay_boundaries``: where a later request replaying this
         prompt can resume (``replay_boundaries()``); read only when sparse.
+        Nothing for a group that is not prefix-cacheable.
         """
+        if not self._prefix_cacheable:
+            return
         request_id = request.request_id
         num_cached_blocks = self._num_cached_block.get(request_id, 0)
         num_full_blocks = _hashed(request, num_tokens, self.block_pool.hash_block_size) // self.block_size
@@ -378,6 +389,8 @@ class SingleTypeKVCacheManager(_Checked):
         # allocation is made, checked before it: the cached count is the
         # request's entry, or, for a request taking its hits now (attaching),
         # what add_local_computed_blocks will record.
+        if not self._prefix_cacheable:
+            return
         num_cached = self._num_cached_block.get(request_id)
         if num_cached is None:
             if attaching:
