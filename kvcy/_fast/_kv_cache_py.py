@@ -34,10 +34,16 @@ from kvcy._fast.kv_cache_py.kv_cache_manager import KVCacheManager
 from kvcy._fast.kv_cache_py.request import Request
 from kvcy._fast.kv_cache_py.local_attention_managers import ChunkedLocalAttentionManager, SlidingWindowManager
 from kvcy._fast.kv_cache_py.manager_factory import _manager_class, get_manager_for_kv_cache_spec, spec_manager_map
+from kvcy._fast.kv_cache_py.mamba_manager import (
+    MambaManager,
+    eagle_proof_margin,
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+    partial_hash_hits_enabled,
+)
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     FullAttentionManager,
-    MambaManager,
     SingleTypeKVCacheManager,
     SinkFullAttentionManager,
 )

@@ -16,10 +16,10 @@ from kvcy.kv_cache_interface import (
 )
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.local_attention_managers import ChunkedLocalAttentionManager, SlidingWindowManager
+from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     FullAttentionManager,
-    MambaManager,
     SingleTypeKVCacheManager,
     SinkFullAttentionManager,
 )
