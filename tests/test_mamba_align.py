@@ -143,6 +143,7 @@ def _replay(api: _Api, case: dict) -> list:
     reqs: dict = {}
     out = []
     for op in case["ops"]:
+        if os.environ.get("TRACE_OPS"): print(op[:3], flush=True)
         kind, rid = op[0], op[1]
         rec = None
         if kind == "new":
