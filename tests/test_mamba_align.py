@@ -143,7 +143,6 @@ def _replay(api: _Api, case: dict) -> list:
     reqs: dict = {}
     out = []
     for op in case["ops"]:
-        if os.environ.get("TRACE_OPS"): print(op[:3], flush=True)
         kind, rid = op[0], op[1]
         rec = None
         if kind == "new":
@@ -332,6 +331,31 @@ def test_alignment_is_checked(impl, value, error):
     with pytest.raises(error):
         m.cache_hit_alignment_tokens = value
     assert m.cache_hit_alignment_tokens == 16
+
+
+@pytest.mark.parametrize("bad", ["foreign", "not a block"])
+def test_bad_hits_change_nothing(impl, bad):
+    """Hits that are not this pool's blocks are refused by allocate_slots before anything
+    changes: no block taken, no checkpoint reserved, no copy queued."""
+    api = _Api("kvcy", impl)
+    mgr = api.manager(CASES["partial_hit_cow"])
+    a = api.request("a", _P)
+    assert mgr.allocate_slots(a, 36) is not None
+    mgr.new_step_starts()
+    b = api.request("b", _P)
+    hits, n_hit, _ = mgr.get_computed_blocks(b)
+    assert n_hit == 36
+    junk = impl.kv_cache.KVCacheBlock(5) if bad == "foreign" else "block"
+    blocks = impl.kv_cache.KVCacheBlocks((list(hits.blocks[0]), list(hits.blocks[1][:-1]) + [junk]))
+    before = _state(mgr, {"a": a, "b": b})
+    with pytest.raises((RuntimeError, TypeError)):
+        mgr.allocate_slots(b, 4, n_hit, blocks)
+    assert _state(mgr, {"a": a, "b": b}) == before
+    assert mgr.take_kv_cache_block_copies() == ([], [])
+    # and the real hits still go through afterwards (a partial hit: its tail block is copied)
+    assert mgr.allocate_slots(b, 4, n_hit, hits) is not None
+    copies, retained = mgr.take_kv_cache_block_copies()
+    assert len(copies) == 2 and len(retained) == 4
 
 
 # ------------------------------------------------------------------ random cases

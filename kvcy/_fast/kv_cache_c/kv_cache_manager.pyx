@@ -417,7 +417,7 @@ cdef class KVCacheManager:
         cdef Py_ssize_t needed, full_num_tokens, prefill_end = 0
         if coordinator.retention_interval is not None and coordinator.retention_interval == 0:
             # (where the scheduler ends the prefill; a resumed request replays its output)
-            prefill_end = max(request.num_prompt_tokens, _num_tokens(request) - 1)
+            prefill_end = max(_check_count("num_prompt_tokens", request.num_prompt_tokens), _num_tokens(request) - 1)
         if full_sequence_must_fit:
             full_num_tokens = _within_model_len(self, _num_tokens(request))
             needed = coordinator.get_num_blocks_to_allocate(

@@ -27,6 +27,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
     ) except? -1
     cdef bint _needs_internal_checkpoint(self, str request_id, Py_ssize_t query_start, Py_ssize_t query_end,
                                          Py_ssize_t checkpoint_position, Py_ssize_t prefill_end) except -1
+    cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef int _relocate_speculative_block(self, list req_blocks, Py_ssize_t block_idx) except -1
     cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1

@@ -271,6 +271,13 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         return num_new + n_evictable
 
     # -------------------------------------------------------------- allocation
+    cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
+        """The state blocks this step needs; in align mode the returned list also holds
+        the null blocks and moved speculative blocks appended to the table, a
+        partial hit's copy first when the request takes it now."""
+        cdef list out = self._allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+        return [] if out is None else out
+
     @cython.boundscheck(True)
     @cython.wraparound(True)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):

@@ -348,7 +348,9 @@ class KVCacheManager(_Checked):
             watermark_blocks = self.watermark_blocks
         coordinator = self.coordinator
         # (where the scheduler ends the prefill; a resumed request replays its output)
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1) if coordinator.retention_interval == 0 else 0
+        prefill_end = 0
+        if coordinator.retention_interval == 0:
+            prefill_end = max(_check_count("num_prompt_tokens", request.num_prompt_tokens), request.num_tokens - 1)
         if full_sequence_must_fit:
             full_num_tokens = min(request.num_tokens, self.max_model_len)
             needed = coordinator.get_num_blocks_to_allocate(
