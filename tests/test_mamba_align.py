@@ -58,7 +58,8 @@ class _Api:
             from vllm.utils.hashing import get_hash_fn_by_name
             from vllm.v1.core.kv_cache_manager import KVCacheManager
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+            from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                                    SlidingWindowSpec)
             from vllm.v1.request import Request
 
             self._sha = get_hash_fn_by_name("sha256")
@@ -67,13 +68,16 @@ class _Api:
                                                       dtype=torch.float16)
             self._mamba = lambda bs, **kw: MambaSpec(block_size=bs, shapes=((4,),), dtypes=(torch.float32,),
                                                      mamba_cache_mode="align", **kw)
+            self._swa = lambda bs, w: SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8,
+                                                        dtype=torch.float16, sliding_window=w)
             self._Cfg, self._Group, self._Manager = KVCacheConfig, KVCacheGroupSpec, KVCacheManager
             self._hasher = get_request_block_hasher
             self._request = lambda rid, toks, hasher: Request(rid, toks, SamplingParams(max_tokens=4096), None,
                                                               block_hasher=hasher)
         else:
             from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-            from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+            from kvcy.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                                 SlidingWindowSpec)
 
             kv = impl.kv_cache
             self._sha = get_hash_fn_by_name("sha256")
@@ -81,6 +85,8 @@ class _Api:
             self._full = lambda bs: FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
             self._mamba = lambda bs, **kw: MambaSpec(block_size=bs, shapes=((4,),), dtypes=("float32",),
                                                      mamba_cache_mode="align", **kw)
+            self._swa = lambda bs, w: SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16",
+                                                        sliding_window=w)
             self._Cfg, self._Group, self._Manager = KVCacheConfig, KVCacheGroupSpec, kv.KVCacheManager
             self._hasher = get_request_block_hasher
             self._request = lambda rid, toks, hasher: kv.Request(rid, toks, block_hasher=hasher)
@@ -91,6 +97,8 @@ class _Api:
                  self._mamba(case["mamba_bs"], num_speculative_blocks=case["spec_blocks"],
                              num_prefill_checkpoint_blocks=case["checkpoint_blocks"],
                              prefill_checkpoint_alignment=case["checkpoint_alignment"])]
+        if case.get("window"):  # (a sliding-window group with blocks of the hash block's size)
+            specs.append(self._swa(case["hbs"], case["window"]))
         extra = {} if case["retention"] is None else {"prefix_cache_retention_interval": case["retention"]}
         cfg = self._Cfg(num_blocks=case["num_blocks"], kv_cache_tensors=[],
                         kv_cache_groups=[self._Group([f"l{i}"], s) for i, s in enumerate(specs)], **extra)
@@ -214,8 +222,8 @@ _P = list(range(100, 140))  # a 40-token prompt
 
 
 def _case(ops, full_bs=16, mamba_bs=16, hbs=4, eagle=False, lookahead=0, spec_blocks=0, checkpoint_blocks=0,
-          checkpoint_alignment=None, shared_checkpoint=False, retention=None, num_blocks=32):
-    return dict(full_bs=full_bs, mamba_bs=mamba_bs, hbs=hbs, eagle=eagle, lookahead=lookahead,
+          checkpoint_alignment=None, shared_checkpoint=False, retention=None, num_blocks=32, window=0):
+    return dict(full_bs=full_bs, mamba_bs=mamba_bs, hbs=hbs, eagle=eagle, lookahead=lookahead, window=window,
                 spec_blocks=spec_blocks, checkpoint_blocks=checkpoint_blocks,
                 checkpoint_alignment=checkpoint_alignment, shared_checkpoint=shared_checkpoint,
                 retention=retention, num_blocks=num_blocks, ops=ops)
@@ -376,7 +384,8 @@ def _cases(draw):
                  checkpoint_alignment=draw(st.sampled_from([None, hbs, 2 * hbs])) if checkpoints else None,
                  shared_checkpoint=draw(st.booleans()),
                  retention=draw(st.sampled_from([None, None, None, 0, 2 * sbs])),
-                 num_blocks=draw(st.sampled_from([16, 24, 48])))
+                 num_blocks=draw(st.sampled_from([16, 24, 48])),
+                 window=draw(st.sampled_from([0, 0, 0, 6, 13])))
     n_req = draw(st.integers(2, 5))
     ops = case["ops"]
     states = {}
@@ -436,9 +445,9 @@ def vllm_api():
 def test_random_sequences_as_vllm(impl, vllm_api, case):
     """Random chunked admissions with prefix hits (partial ones too), decode steps with
     preemption, step ends (copies, hand-offs), finishes, evictions and resets on full
-    attention + Mamba align, with and without EAGLE, prefill checkpoints, sparse retention
-    and hash blocks finer than the blocks: kvcy returns, queues and holds what vLLM does
-    after every operation."""
+    attention + Mamba align (+ sometimes a sliding window at the hash block size), with and
+    without EAGLE, prefill checkpoints, sparse retention and hash blocks finer than the
+    blocks: kvcy returns, queues and holds what vLLM does after every operation."""
     expected = _guarded(vllm_api, case)
     assert _guarded(_Api("kvcy", impl), case) == expected
 
