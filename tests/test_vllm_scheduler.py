@@ -589,14 +589,14 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
             kvcy.vllm.convert_kv_cache_spec(spec)
 
     # A Mamba group in align mode converts (the spec is vLLM's), and the manager the
-    # scheduler would build refuses it, with or without prefix caching.
+    # scheduler would build takes it, with or without prefix caching (issue 19).
     mamba = v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
     assert kvcy.vllm.convert_kv_cache_spec(mamba).mamba_cache_mode == "align"
     config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["m"], mamba)])
     for caching in (True, False):
-        with pytest.raises(NotImplementedError, match="Mamba align mode"):
-            kvcy.vllm.make_kv_cache_manager(config, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
-                                            enable_caching=caching)
+        made = kvcy.vllm.make_kv_cache_manager(config, max_model_len=256, scheduler_block_size=16,
+                                               hash_block_size=16, enable_caching=caching)
+        assert made.coordinator.single_type_managers[0].mamba_cache_mode == "align"
     with pytest.raises(TypeError, match="expected a vLLM KVCacheSpec"):
         kvcy.vllm.convert_kv_cache_spec(kvcy.FullAttentionSpec(**attn))
 
