@@ -173,8 +173,9 @@ cdef class SingleTypeKVCacheManager:
         """Blocks this group must take from the free pool to hold ``num_tokens``.
 
         Evictable cache hits (free, ref_cnt 0) count too: touching them takes
-        them out of the free pool.  ``prefill_end`` matters only to Mamba
-        prefill checkpoints under sparse retention, which kvcy does not keep.
+        them out of the free pool; so does the private copy of a partial hit's
+        tail block.  ``prefill_end`` matters only to Mamba align mode's prefill
+        checkpoints (``MambaManager``).
         """
         cdef Py_ssize_t num_required_blocks = _cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self._cap >= 0 and self._cap < num_required_blocks:

@@ -206,8 +206,9 @@ class SingleTypeKVCacheManager(_Checked):
         """Blocks this group must take from the free pool to hold ``num_tokens``.
 
         Evictable cache hits (free, ref_cnt 0) count too: touching them takes
-        them out of the free pool.  ``prefill_end`` matters only to Mamba
-        prefill checkpoints under sparse retention, which kvcy does not keep.
+        them out of the free pool; so does the private copy of a partial hit's
+        tail block.  ``prefill_end`` matters only to Mamba align mode's prefill
+        checkpoints (``MambaManager``).
         """
         num_required_blocks = cdiv(num_tokens, self.block_size)
         cap = self._max_admission_blocks_per_request
