@@ -366,6 +366,25 @@ def test_bad_hits_change_nothing(impl, bad):
     assert len(copies) == 2 and len(retained) == 4
 
 
+def test_inconsistent_partial_hit_refused_before_a_block_is_taken(impl):
+    """A partial hit recorded past the request's blocks (a direct call with a token count
+    its hits do not cover) fails vLLM's copy-on-write assertion -- raised even under
+    ``python -O`` -- before the copy's block is taken (vLLM takes it first)."""
+    from kvcy.kv_cache_interface import FullAttentionSpec
+
+    kv = impl.kv_cache
+    pool = kv.BlockPool(8, True, 4)
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")
+    mgr = kv.FullAttentionManager(spec, pool, True, 0, 16)
+    hit = pool.get_new_blocks(1)[0]
+    mgr.add_local_computed_blocks("r", [hit], 100, 0)  # (one block; 100 tokens end in block 6)
+    free = pool.get_num_free_blocks()
+    with pytest.raises(AssertionError, match="not the partial hit's block"):
+        mgr.allocate_new_blocks("r", 112, 112)
+    assert pool.get_num_free_blocks() == free and mgr.req_to_blocks["r"] == [hit]
+    assert mgr.take_pending_cow_copies() == []
+
+
 # ------------------------------------------------------------------ random cases
 _PREFIXES = [list(range(1000 * k, 1000 * k + 80)) for k in range(2)]
 

@@ -64,6 +64,7 @@ cdef class SingleTypeKVCacheManager:
                                             Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=*)
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
+    cdef int _check_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block) except -1
     cdef int _apply_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block,
                         KVCacheBlock cow_block) except -1
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=*,

@@ -303,21 +303,32 @@ cdef class SingleTypeKVCacheManager:
 
     def _allocate_with_cow(self, str request_id, Py_ssize_t num_tokens):
         # _allocate_new_blocks for a request with a partial hit: its copy first.
-        block_idx, source = self._partial_hit_reqs.pop(request_id)
+        block_idx, source = self._partial_hit_reqs[request_id]
+        self._check_cow(request_id, block_idx, source)  # (before a block is taken)
+        del self._partial_hit_reqs[request_id]
         cdef KVCacheBlock cow = self.block_pool._get_new_blocks(1)[0]
         self._apply_cow(request_id, block_idx, source, cow)
         self.new_block_ids.append(cow.block_id)  # (recorded whatever the group, as vLLM)
         cdef list rest = self._allocate_new_blocks(request_id, num_tokens, num_tokens)
         return [cow] if rest is None else [cow] + rest
 
+    @cython.boundscheck(True)
+    @cython.wraparound(False)
+    cdef int _check_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block) except -1:
+        # vLLM's assertions on a copy-on-write, raised even under python -O, alike in both twins.
+        req_blocks = self._req_to_blocks.get(request_id, ())
+        if not (0 <= block_idx < len(req_blocks) and req_blocks[block_idx] is source_block):
+            raise AssertionError(f"block {block_idx} of request {request_id!r} is not the partial hit's block")
+        if source_block.is_null or source_block._ref_cnt <= 0:
+            raise AssertionError("the partial hit's block is the null block or holds no reference")
+        return 0
+
     cdef int _apply_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block,
                         KVCacheBlock cow_block) except -1:
         # The request's copy replaces the shared block at block_idx; both stay
         # referenced (the copy once more) until the worker has run the copy.
+        self._check_cow(request_id, block_idx, source_block)  # (the index is written unchecked)
         cdef list req_blocks = self._req_to_blocks[request_id]
-        assert 0 <= block_idx < len(req_blocks)
-        assert req_blocks[block_idx] is source_block
-        assert not source_block.is_null and source_block._ref_cnt > 0
         self._gen.value = _next_gen()
         req_blocks[block_idx] = cow_block
         self._pending_cow_copies.append((source_block, cow_block))

@@ -316,8 +316,10 @@ class SingleTypeKVCacheManager(_Checked):
         """Give the request at least ``num_tokens`` slots; return the new blocks
         (first the private copy of a partial hit's tail block, if there is one)."""
         cow_blocks: list[KVCacheBlock] = []
-        partial = self._partial_hit_reqs.pop(request_id, None)
+        partial = self._partial_hit_reqs.get(request_id)
         if partial is not None:
+            self._check_cow(request_id, partial[0], partial[1])  # (before a block is taken)
+            del self._partial_hit_reqs[request_id]
             cow_block = self.block_pool.get_new_blocks(1)[0]
             self._apply_cow(request_id, partial[0], partial[1], cow_block)
             self.new_block_ids.append(cow_block._block_id)  # (recorded whatever the group, as vLLM)
@@ -332,15 +334,20 @@ class SingleTypeKVCacheManager(_Checked):
             self.new_block_ids.extend([b._block_id for b in new_blocks])
         return cow_blocks + new_blocks if cow_blocks else new_blocks
 
+    def _check_cow(self, request_id: str, block_idx: int, source_block: KVCacheBlock) -> None:
+        # vLLM's assertions on a copy-on-write, raised even under python -O, alike in both twins.
+        req_blocks = self._req_to_blocks.get(request_id, ())
+        if not (0 <= block_idx < len(req_blocks) and req_blocks[block_idx] is source_block):
+            raise AssertionError(f"block {block_idx} of request {request_id!r} is not the partial hit's block")
+        if source_block._is_null or source_block._ref_cnt <= 0:
+            raise AssertionError("the partial hit's block is the null block or holds no reference")
+
     def _apply_cow(self, request_id: str, block_idx: int, source_block: KVCacheBlock,
                    cow_block: KVCacheBlock) -> None:
         # The request's copy replaces the shared block at block_idx; both stay
         # referenced (the copy once more) until the worker has run the copy.
-        req_blocks = self._req_to_blocks[request_id]
-        assert block_idx < len(req_blocks)
-        assert req_blocks[block_idx] is source_block
-        assert not source_block._is_null and source_block._ref_cnt > 0
-        req_blocks[block_idx] = cow_block
+        self._check_cow(request_id, block_idx, source_block)
+        self._req_to_blocks[request_id][block_idx] = cow_block
         self._pending_cow_copies.append((source_block, cow_block))
         cow_block._ref_cnt += 1
 
