@@ -4,7 +4,9 @@ The names of vLLM 0.33.0's ``vllm.v1.core.kv_cache_utils``, gathered from where
 kvcy keeps them:
 
 * ``KVCacheBlock`` (stem ``kv_cache_block``) and ``FreeKVCacheBlockQueue``
-  (stem ``free_queue``): the selected twin's classes.
+  (stem ``free_queue``): the selected twin's classes; ``partial_hash_hits_enabled``
+  and ``eagle_proof_margin`` (stem ``mamba_manager``): when hits may end inside a
+  block (Mamba align mode) and how far an EAGLE lookup looks past a candidate.
 * Block hashing (``BlockHash``, ``hash_block_tokens``, ``init_none_hash``,
   ``get_request_block_hasher``, ...): :mod:`kvcy.hashing`, whose hot part has
   its own twins, ``kvcy/_fast/_hashing_c.pyx`` and ``kvcy/_fast/_hashing_py.py``.
@@ -80,10 +82,12 @@ from kvcy._request_types import KVCacheBlockCopy
 if TYPE_CHECKING:
     # Type checkers see the pure-Python twin (the compiled one has the same API:
     # kvcy/_fast/_kv_cache_c.pyi); at run time the selected twin's classes.
-    from kvcy._fast._kv_cache_py import KVCacheBlock, FreeKVCacheBlockQueue
+    from kvcy._fast._kv_cache_py import KVCacheBlock, FreeKVCacheBlockQueue, eagle_proof_margin, partial_hash_hits_enabled
 else:
     KVCacheBlock = _impl.KVCacheBlock
     FreeKVCacheBlockQueue = _impl.FreeKVCacheBlockQueue
+    eagle_proof_margin = _impl.eagle_proof_margin
+    partial_hash_hits_enabled = _impl.partial_hash_hits_enabled
 
 
 def __getattr__(name: str):
@@ -110,6 +114,7 @@ __all__ = [
     "PrefixCachingMetrics",
     "check_enough_kv_cache_memory",
     "create_kv_cache_group_specs",
+    "eagle_proof_margin",
     "estimate_max_model_len",
     "generate_block_hash_extra_keys",
     "generate_scheduler_kv_cache_config",
@@ -138,6 +143,7 @@ __all__ = [
     "may_override_num_blocks",
     "maybe_convert_block_hash",
     "need_extra_keys",
+    "partial_hash_hits_enabled",
     "resolve_block_hashes",
     "resolve_none_hash_seed",
     "to_event_extra_keys",

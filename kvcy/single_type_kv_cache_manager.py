@@ -1,8 +1,9 @@
 """Per-attention-type block bookkeeping (vLLM 0.33.0's ``vllm.v1.core.single_type_kv_cache_manager``).
 
 Exports, from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
-(the base), ``FullAttentionManager``, ``SinkFullAttentionManager``, ``MambaManager``,
-``CrossAttentionManager``; from stem ``local_attention_managers``:
+(the base), ``FullAttentionManager``, ``SinkFullAttentionManager``,
+``CrossAttentionManager``; from stem ``mamba_manager``: ``MambaManager``
+(with Mamba align mode); from stem ``local_attention_managers``:
 ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``, ``RSWAManager``,
 ``CircularBufferManager``; from
 stem ``manager_factory``: ``spec_manager_map`` (spec class -> manager class) and

@@ -481,8 +481,10 @@ def test_mask_refusals(impl):
         kv.SlidingWindowManager.reachable_block_mask(0, 8, 8, spec, False, dcp_world_size=2)
     with pytest.raises(NotImplementedError, match="dcp_world_size"):
         kv.FullAttentionManager.reachable_block_mask(0, 8, 8, _full(), False, dcp_world_size=2)
-    with pytest.raises(NotImplementedError, match="Mamba align mode"):
-        kv.MambaManager.reachable_block_mask(0, 8, 8, _mamba(), False, retention_interval=0)
+    # (Mamba align mode's sparse states: retention 0 keeps only the boundaries' states)
+    assert kv.MambaManager.reachable_block_mask(0, 8, 8, _mamba(), False, retention_interval=0) == [False] * 8
+    assert kv.MambaManager.reachable_block_mask(0, 8, 8, _mamba(), False, retention_interval=0,
+                                                reachable_boundaries=[23]) == [False] * 3 + [True] + [False] * 4
     assert kv.MambaManager.reachable_block_mask(0, 8, 8, _mamba(), False) is None
     assert kv.MambaManager.reachable_block_mask(0, 8, None, _mamba(), False, retention_interval=8) is None
     for kw, exc, msg in (({"retention_interval": -8}, ValueError, "retention_interval must be non-negative"),
@@ -539,10 +541,10 @@ def test_mamba_sparse_retention_needs_align_mode(impl):
     for specs, retention in (([_full(), _mamba()], 0), ([_mamba()], 8), ([_full(), _mamba()], None)):
         with pytest.raises(AssertionError, match="Mamba prefix caching requires mamba_cache_mode='align'"):
             _manager(impl, specs, retention)
-    # Align mode itself is not implemented in kvcy (with caching or without).
+    # In align mode (with caching or without) the interval is kept (Mamba's sparse states:
+    # tests/test_mamba_align.py).
     for caching in (True, False):
-        with pytest.raises(NotImplementedError, match="Mamba align mode"):
-            _manager(impl, [_full(), _mamba(mode="align")], 8, caching=caching)
+        assert _manager(impl, [_full(), _mamba(mode="align")], 8, caching=caching).coordinator.retention_interval == 8
     # Without caching nothing is cached, so nothing needs the sparse Mamba mask.
     assert _manager(impl, [_full(), _mamba()], 8, caching=False).coordinator.retention_interval == 8
     assert _manager(impl, [_full(), _mamba()], None, caching=False).coordinator.retention_interval is None

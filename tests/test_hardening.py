@@ -320,6 +320,13 @@ def _objects(impl):
     req = mod.Request("r", list(range(10)), block_hasher=hasher())
     mgr.allocate_slots(req, 10)
     stms = hybrid.coordinator.single_type_managers
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    mamba_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
+                                          mamba_cache_mode="align"))])
+    mamba = mod.KVCacheManager(mamba_cfg, 256, 16, 4).coordinator.single_type_managers[1]
     return {
         "request": req,
         "block": mgr.block_pool.blocks[1],
@@ -327,6 +334,7 @@ def _objects(impl):
         "pool": mgr.block_pool,
         "full_manager": mgr.coordinator.single_type_managers[0],
         "sliding_manager": stms[1],
+        "mamba_manager": mamba,
         "unitary": mgr.coordinator,
         "hybrid": hybrid.coordinator,
         "no_cache": no_cache.coordinator,
@@ -344,8 +352,10 @@ ASSIGNABLE = {
     "block": {"ref_cnt", "block_hash_num_tokens", "block_hash"},  # (block_hash: vLLM's setter, asserts)
     "queue": {"num_free_blocks"},
     "pool": {"metrics_collector", "num_evictions"},
-    "full_manager": {"use_eagle"},
-    "sliding_manager": {"use_eagle"},
+    "full_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
+    "sliding_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
+    "mamba_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint",
+                      "drop_eagle_checkpoint_block"},
     "unitary": set(),
     "hybrid": set(),
     "no_cache": set(),
@@ -436,6 +446,9 @@ BAD_ASSIGNMENTS = [
     ("queue", "num_free_blocks", "3", TypeError),
     ("queue", "num_free_blocks", 2**64, OverflowError),
     ("pool", "num_evictions", 1.5, TypeError),
+    ("full_manager", "cache_hit_alignment_tokens", 0, ValueError),
+    ("full_manager", "cache_hit_alignment_tokens", "16", TypeError),
+    ("mamba_manager", "cache_hit_alignment_tokens", -4, ValueError),
     ("kv_cache_blocks", "blocks", [[]], TypeError),
     ("manager", "watermark_blocks", None, TypeError),
 ]

@@ -1,10 +1,11 @@
-"""Mamba groups are refused as vLLM 0.33.0 refuses them, when the manager is made.
+"""Mamba groups are refused or built as vLLM 0.33.0 refuses or builds them.
 
 vLLM 0.33.0's ``MambaManager`` asserts that prefix caching comes with
-``mamba_cache_mode='align'``; align mode itself (its allocation and caching)
-is not in kvcy yet, so a Mamba group in that mode raises ``NotImplementedError``
-naming it.  A Mamba group with caching off in any other mode works as before.
-(The same four cases against live vLLM: tests/test_dropin_behaviour.py.)
+``mamba_cache_mode='align'``: a Mamba group with caching in any other mode fails
+that assertion when the manager is made (explicitly, so ``python -O`` too).  Align
+mode, with caching or without, builds (its behaviour: tests/test_mamba_align.py), and
+a Mamba group with caching off in any other mode works as before.  (The same cases
+against live vLLM: tests/test_dropin_behaviour.py.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
 CACHING_MESSAGE = "Mamba prefix caching requires mamba_cache_mode='align'"
-ALIGN_MESSAGE = "Mamba align mode (mamba_cache_mode='align') is not implemented in kvcy"
 
 
 def _config(mode: str, hybrid: bool) -> KVCacheConfig:
@@ -32,22 +32,28 @@ def _config(mode: str, hybrid: bool) -> KVCacheConfig:
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["mamba", "full+mamba"])
-@pytest.mark.parametrize("mode, caching, error, message", [
-    ("none", True, AssertionError, CACHING_MESSAGE),
-    # vLLM's spec takes any string; only "align" is the caching mode
-    ("all", True, AssertionError, CACHING_MESSAGE),
-    ("align", True, NotImplementedError, ALIGN_MESSAGE),
-    ("align", False, NotImplementedError, ALIGN_MESSAGE),
-])
-def test_mamba_manager_refuses_as_vllm(impl, hybrid, mode, caching, error, message):
+@pytest.mark.parametrize("mode", ["none", "all"])  # (vLLM's spec takes any string; only "align" caches)
+def test_mamba_manager_refuses_as_vllm(impl, hybrid, mode):
     cfg = _config(mode, hybrid)
-    with pytest.raises(error) as info:
-        impl.kv_cache.KVCacheManager(cfg, 256, 16, 16, enable_caching=caching)
-    assert str(info.value) == message
+    with pytest.raises(AssertionError) as info:
+        impl.kv_cache.KVCacheManager(cfg, 256, 16, 16, enable_caching=True)
+    assert str(info.value) == CACHING_MESSAGE
     # the single-type manager raises it, made by itself too
-    pool = impl.kv_cache.BlockPool(8, caching, 16)
-    with pytest.raises(error, match="Mamba"):
-        impl.kv_cache.MambaManager(cfg.kv_cache_groups[-1].kv_cache_spec, pool, caching, 0, 16)
+    pool = impl.kv_cache.BlockPool(8, True, 16)
+    with pytest.raises(AssertionError, match="Mamba"):
+        impl.kv_cache.MambaManager(cfg.kv_cache_groups[-1].kv_cache_spec, pool, True, 0, 16)
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["mamba", "full+mamba"])
+@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
+def test_align_mode_builds(impl, hybrid, caching):
+    mgr = impl.kv_cache.KVCacheManager(_config("align", hybrid), 256, 16, 16, enable_caching=caching)
+    mamba = mgr.coordinator.single_type_managers[-1]
+    assert mamba.mamba_cache_mode == "align" and not mamba.has_positionally_stable_blocks
+    req = impl.kv_cache.Request("r", list(range(40)))
+    blocks = mgr.allocate_slots(req, 40)
+    # (align mode: one state block, the states before it null)
+    assert blocks.get_block_ids()[-1] == [0, 0, 1 + int(hybrid) * 3]
 
 
 @pytest.mark.parametrize("mode", ["none", "all"])

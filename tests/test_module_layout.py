@@ -35,7 +35,8 @@ TWIN_EXPORTS = {
     "kvcy.single_type_kv_cache_manager": {
         **{name: "single_type_managers"
            for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
-                        "MambaManager", "CrossAttentionManager")},
+                        "CrossAttentionManager")},
+        "MambaManager": "mamba_manager",
         "SlidingWindowManager": "local_attention_managers",
         "ChunkedLocalAttentionManager": "local_attention_managers",
         "RSWAManager": "local_attention_managers",
@@ -43,7 +44,8 @@ TWIN_EXPORTS = {
         "spec_manager_map": "manager_factory",
         "get_manager_for_kv_cache_spec": "manager_factory",
     },
-    "kvcy.kv_cache_utils": {"KVCacheBlock": "kv_cache_block", "FreeKVCacheBlockQueue": "free_queue"},
+    "kvcy.kv_cache_utils": {"KVCacheBlock": "kv_cache_block", "FreeKVCacheBlockQueue": "free_queue",
+                            "partial_hash_hits_enabled": "mamba_manager", "eagle_proof_margin": "mamba_manager"},
     "kvcy.request": {"Request": "request"},
 }
 

@@ -729,6 +729,17 @@ BAD_CALLS = {
         "r", 40, 1.5),
     "CircularBufferManager.allocate_new_blocks(pool exhausted)": lambda o: _ring_manager(o, 1).allocate_new_blocks(
         "r", 4, 4),
+    "manager.finalize_partial_tail_offloads(None)": lambda o: o["manager"].finalize_partial_tail_offloads(None),
+    # kv_cache: Mamba align mode, partial hits
+    "mamba.get_num_blocks_to_allocate([None])": lambda o: o["mamba_manager"].get_num_blocks_to_allocate(
+        "x", 16, [None], 0, 0, 16),
+    "mamba.get_num_blocks_to_allocate(foreign free hit)": lambda o: o["mamba_manager"].get_num_blocks_to_allocate(
+        "x", 16, [o["mod"].KVCacheBlock(3)], 0, 16, 16),
+    "MambaManager.reachable_block_mask(alignment 0)": lambda o: o["mod"].MambaManager.reachable_block_mask(
+        0, 8, 0, o["mamba_manager"].kv_cache_spec, False, retention_interval=0),
+    "MambaManager.find_longest_cache_hit(alignment 0)": lambda o: o["mod"].MambaManager.find_longest_cache_hit(
+        [], 16, [0], o["mamba_manager"].block_pool, o["mamba_manager"].kv_cache_spec, False, 0),
+    "partial_hash_hits_enabled(dcp=2)": lambda o: o["mod"].partial_hash_hits_enabled([], 4, 2),
     # hashing
     "digest(unknown algo)": lambda o: o["hashing"].digest("md5", b""),
     "hash_blocks(block_size=0)": lambda o: o["hashing"].hash_blocks("sha256", b"p" * 32, [1, 2], 0, 1, 0),

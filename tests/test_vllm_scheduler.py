@@ -50,8 +50,11 @@ import kvcy.vllm  # noqa: E402
 
 BLOCK_SIZE = 16
 # KV-cache layouts the scenario runs on: one full-attention group, or a hybrid of a full-attention
-# and a sliding-window group (vLLM's hybrid coordinator), each with a pool small enough to preempt.
-LAYOUTS = {"full-attention": 64, "full+sliding-window": 96}  # layout -> blocks in the pool
+# and a sliding-window group (vLLM's hybrid coordinator), or of a full-attention and a Mamba group
+# in align mode hashed every 4 tokens (fine-grained partial hits, copy-on-write), each with a pool
+# small enough to preempt.
+LAYOUTS = {"full-attention": 64, "full+sliding-window": 96, "full+mamba-align": 80}  # layout -> blocks
+HASH_BLOCK_SIZES = {"full+mamba-align": 4}  # layout -> hash block size (default: BLOCK_SIZE)
 SLIDING_WINDOW = 48
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 12
@@ -86,7 +89,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def make_vllm_config(model_dir: str, num_blocks: int, watermark: float) -> Any:
+def make_vllm_config(model_dir: str, num_blocks: int, watermark: float, mamba_align: bool = False) -> Any:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model_config = ModelConfig(
@@ -100,7 +103,8 @@ def make_vllm_config(model_dir: str, num_blocks: int, watermark: float) -> Any:
         is_encoder_decoder=False,
         watermark=watermark,
     )
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True,
+                               mamba_cache_mode="align" if mamba_align else "none")
     config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
     config.cache_config.num_gpu_blocks = num_blocks
     return config
@@ -108,12 +112,16 @@ def make_vllm_config(model_dir: str, num_blocks: int, watermark: float) -> Any:
 
 def make_kv_cache_config(layout: str) -> Any:
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                            SlidingWindowSpec)
 
     layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(2)]
     full = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)
     if layout == "full-attention":
         groups = [KVCacheGroupSpec(layers, full)]
+    elif layout == "full+mamba-align":
+        mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], mamba)]
     else:
         sliding = SlidingWindowSpec(
             block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16, sliding_window=SLIDING_WINDOW
@@ -127,13 +135,13 @@ def make_scheduler(model_dir: str, layout: str, watermark: float) -> Any:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    config = make_vllm_config(model_dir, LAYOUTS[layout], watermark)
+    config = make_vllm_config(model_dir, LAYOUTS[layout], watermark, mamba_align="mamba" in layout)
     return Scheduler(
         vllm_config=config,
         kv_cache_config=make_kv_cache_config(layout),
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK_SIZE,
-        hash_block_size=BLOCK_SIZE,
+        hash_block_size=HASH_BLOCK_SIZES.get(layout, BLOCK_SIZE),
         log_stats=True,
     )
 
@@ -259,7 +267,7 @@ def run_scenario(
     scheduler = make_scheduler(model_dir, layout, watermark)
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
-    block_hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
+    block_hasher = get_request_block_hasher(HASH_BLOCK_SIZES.get(layout, BLOCK_SIZE), hash_fn)
 
     workload = make_workload(seed)
     rng = random.Random(seed + 1)  # aborts
@@ -356,6 +364,8 @@ def test_scenario_exercises_what_it_claims(model_dir: str, layout: str, vllm_rec
     assert hits >= 20 * BLOCK_SIZE
     assert {"stop", "length"} <= reasons
     assert vllm_records[-1]["final_free_blocks"] == LAYOUTS[layout] - 1  # every block back (less the null block)
+    if layout == "full+mamba-align":  # hits ending inside a block: their shared block is copied
+        assert sum(len(r["scheduler_output"]["kv_cache_block_copies"] or ()) for r in steps) >= 20
     # The watermark changes decisions here: without it vLLM schedules differently.
     no_watermark, _ = run_scenario(model_dir, layout, watermark=0.0)
     assert no_watermark != vllm_records
@@ -585,14 +595,14 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
             kvcy.vllm.convert_kv_cache_spec(spec)
 
     # A Mamba group in align mode converts (the spec is vLLM's), and the manager the
-    # scheduler would build refuses it, with or without prefix caching.
+    # scheduler would build takes it, with or without prefix caching (issue 19).
     mamba = v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
     assert kvcy.vllm.convert_kv_cache_spec(mamba).mamba_cache_mode == "align"
     config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["m"], mamba)])
     for caching in (True, False):
-        with pytest.raises(NotImplementedError, match="Mamba align mode"):
-            kvcy.vllm.make_kv_cache_manager(config, max_model_len=256, scheduler_block_size=16, hash_block_size=16,
-                                            enable_caching=caching)
+        made = kvcy.vllm.make_kv_cache_manager(config, max_model_len=256, scheduler_block_size=16,
+                                               hash_block_size=16, enable_caching=caching)
+        assert made.coordinator.single_type_managers[0].mamba_cache_mode == "align"
     with pytest.raises(TypeError, match="expected a vLLM KVCacheSpec"):
         kvcy.vllm.convert_kv_cache_spec(kvcy.FullAttentionSpec(**attn))
 

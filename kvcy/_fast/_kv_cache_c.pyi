@@ -195,7 +195,10 @@ class SingleTypeKVCacheManager:
     req_to_blocks: dict[str, list[KVCacheBlock]]
     num_cached_block: dict[str, int]
     new_block_ids: list[int]
+    cache_hit_alignment_tokens: int
+    shared_prefix_checkpoint: bool
     retains_longer_hit: ClassVar[bool]
+    supports_fine_grained_hash_lookup: ClassVar[bool]
     def __init__(
         self,
         kv_cache_spec: KVCacheSpec,
@@ -239,6 +242,12 @@ class SingleTypeKVCacheManager:
     def records_new_block_ids(self) -> bool: ...
     def take_new_block_ids(self) -> list[int]: ...
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]: ...
+    def take_pending_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]: ...
+    def finalize_partial_tail_offload(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> tuple[int, KVCacheBlock, int] | None: ...
+    @property
+    def has_positionally_stable_blocks(self) -> bool: ...
     def cache_blocks(
         self,
         request: Request,
@@ -310,6 +319,13 @@ class RSWAManager(FullAttentionManager):
 class CircularBufferManager(FullAttentionManager): ...
 
 class MambaManager(SingleTypeKVCacheManager):
+    mamba_cache_mode: str
+    _align: bool
+    num_speculative_blocks: int
+    has_prefill_checkpoint_blocks: bool
+    drop_eagle_checkpoint_block: bool
+    cached_blocks_this_step: set[bytes]
+    last_state_block_idx: dict[str, int]
     @classmethod
     def reachable_block_mask(
         cls,
@@ -432,6 +448,24 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 @disjoint_base
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     attention_groups: list[tuple[Any, ...]]
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        enable_kv_cache_events: bool,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        use_int_block_hashes: bool | None = None,
+        metrics_collector: Any = None,
+        num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
+        allow_partial_hash_hits: bool = True,
+    ) -> None: ...
+    @property
+    def _cache_hit_alignment_tokens(self) -> int: ...
     def verify_and_split_kv_cache_groups(self) -> None: ...
 
 def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> tuple[int, ...]: ...
@@ -449,7 +483,27 @@ def get_kv_cache_coordinator(
     metrics_collector: Any = None,
     num_prefill_lookahead: int = 0,
     num_hash_lookahead_tokens: int = 0,
+    allow_partial_hash_hits: bool = True,
 ) -> KVCacheCoordinator: ...
+
+def get_mamba_prefill_checkpoint_position(
+    num_tokens: int, hash_block_size: int, drop_eagle_block: bool, num_hash_lookahead_tokens: int = 0
+) -> int: ...
+def is_mamba_prefill_checkpoint_valid(
+    query_start: int,
+    query_end: int,
+    checkpoint_position: int,
+    hash_block_size: int,
+    mamba_block_size: int,
+    checkpoint_alignment: int | None,
+) -> bool: ...
+def partial_hash_hits_enabled(
+    kv_cache_groups: Sequence[Any],
+    hash_block_size: int,
+    dcp_world_size: int = 1,
+    manager_classes: Sequence[type] | None = None,
+) -> bool: ...
+def eagle_proof_margin(block_size: int, hash_block_size: int, fine_grained_lookup: bool) -> int: ...
 
 @disjoint_base
 class KVCacheBlocks:

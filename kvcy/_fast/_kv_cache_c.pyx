@@ -20,8 +20,9 @@ includes them):
 * ``free_queue.pyx``: FreeKVCacheBlockQueue
 * ``block_map.pyx``: BlockHashToBlockMap, resolve_block_hashes
 * ``block_pool.pyx``: BlockPool
-* ``single_type_managers.pyx``: SingleTypeKVCacheManager, the full (and sink),
-  Mamba and cross-attention managers
+* ``single_type_managers.pyx``: SingleTypeKVCacheManager, the full (and sink)
+  and cross-attention managers
+* ``mamba_manager.pyx``: MambaManager (align mode, partial hits) and its helpers
 * ``local_attention_managers.pyx``: the sliding-window and chunked-local managers
 * ``manager_factory.pyx``: spec_manager_map, get_manager_for_kv_cache_spec
 * ``coordinators.pyx``: the KV-cache coordinators
@@ -89,6 +90,7 @@ include "kv_cache_c/free_queue.pyx"
 include "kv_cache_c/block_map.pyx"
 include "kv_cache_c/block_pool.pyx"
 include "kv_cache_c/single_type_managers.pyx"
+include "kv_cache_c/mamba_manager.pyx"
 include "kv_cache_c/local_attention_managers.pyx"
 include "kv_cache_c/manager_factory.pyx"
 include "kv_cache_c/coordinators.pyx"

@@ -39,10 +39,16 @@ from kvcy._fast.kv_cache_py.local_attention_managers import (
     SlidingWindowManager,
 )
 from kvcy._fast.kv_cache_py.manager_factory import _manager_class, get_manager_for_kv_cache_spec, spec_manager_map
+from kvcy._fast.kv_cache_py.mamba_manager import (
+    MambaManager,
+    eagle_proof_margin,
+    get_mamba_prefill_checkpoint_position,
+    is_mamba_prefill_checkpoint_valid,
+    partial_hash_hits_enabled,
+)
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     FullAttentionManager,
-    MambaManager,
     SingleTypeKVCacheManager,
     SinkFullAttentionManager,
 )
@@ -72,9 +78,13 @@ __all__ = [
     "SlidingWindowManager",
     "UnitaryKVCacheCoordinator",
     "cdiv",
+    "eagle_proof_margin",
     "get_kv_cache_coordinator",
     "get_manager_for_kv_cache_spec",
+    "get_mamba_prefill_checkpoint_position",
+    "is_mamba_prefill_checkpoint_valid",
     "logger",
+    "partial_hash_hits_enabled",
     "replay_boundaries",
     "resolve_block_hashes",
     "spec_manager_map",

@@ -69,8 +69,8 @@ class KVCacheConfig:
     """Token interval of retained sliding-window / Mamba prefix-cache
     checkpoints: None retains them densely; 0 only where a replay of the
     prompt or a shared prefix resumes; a multiple of the scheduler block also
-    once per interval (the coordinator validates it as vLLM does; sparse
-    retention of a Mamba group needs Mamba align mode, not implemented)."""
+    once per interval (the coordinator validates it as vLLM does; a Mamba
+    group keeps sparse states in align mode)."""
     kv_cache_layout: str | None = None
     """Name of the physical KV-cache layout the engine core chose for all
     workers (None: not resolved).  The manager does not read it."""

@@ -22,7 +22,7 @@ class MambaSpec(KVCacheSpec):
     ``mamba_type`` names the Mamba backend: a string (``"mamba2"``), or vLLM's
     ``MambaAttentionBackendEnum`` member or its class-path value, stored as the
     member's lower-case name.  The prefill-checkpoint fields size the pool as
-    vLLM's do; kvcy's managers do not implement align mode or its checkpoints.
+    vLLM's do, and drive align mode's checkpoints in ``MambaManager``.
     """
 
     shapes: tuple[tuple[int, ...], ...]

@@ -18,7 +18,7 @@ cdef class KVCacheCoordinator:
     cdef readonly set drop_eagle_group_ids
     cdef readonly bint enable_partial_hash_hits
     cdef readonly object retention_interval  # None (dense), or an int >= 0
-    cdef Py_ssize_t _retention  # the interval cache_blocks acts on: -1 for None or no sliding-window group
+    cdef Py_ssize_t _retention  # the interval cache_blocks acts on: -1 for None or no sparse (window, Mamba align) group
     cdef Py_ssize_t _n_managers
     cdef bint _any_cross
 
@@ -26,14 +26,15 @@ cdef class KVCacheCoordinator:
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
         Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*, Py_ssize_t prefill_end=*,
-    ) except -1
+    ) except? -1
     cpdef allocate_new_computed_blocks(self, str request_id, tuple new_computed_blocks,
                                        Py_ssize_t num_local_computed_tokens,
                                        Py_ssize_t num_external_computed_tokens,
                                        tuple skip_zeroing_group_ids=*)
     cpdef tuple allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens,
                                     Py_ssize_t num_tokens_main_model, Py_ssize_t num_encoder_tokens=*)
-    cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_encoder_tokens)
+    cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model,
+                                    Py_ssize_t num_encoder_tokens)
     cpdef cache_blocks(self, request, Py_ssize_t num_computed_tokens)
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens)
     cdef int _check_cache_inputs(self, object request, str request_id, Py_ssize_t num_computed_tokens,
@@ -66,6 +67,9 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
     cdef readonly list attention_groups
     cdef bint _is_simple_hybrid
+    cdef Py_ssize_t _alignment  # where hits land: the hash block with partial hits, else the scheduler block
+
+    cdef Py_ssize_t _align_cacheable(self, Py_ssize_t num_tokens) noexcept
 
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens)
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length)

@@ -68,12 +68,12 @@ cdef class KVCacheCoordinator:
     multiple of the scheduler block makes sliding-window groups keep sparse
     replay checkpoints (see ``SlidingWindowManager.reachable_block_mask``).
 
+    With ``use_eagle``, Mamba groups put their prefill checkpoints where
+    EAGLE's hits land (``drop_eagle_checkpoint_block``).
+
     Raises:
         AssertionError: prefix caching with a Mamba group not in align mode
             (vLLM's, from ``MambaManager``).
-        NotImplementedError: a Mamba group in align mode (``MambaManager``),
-            or sparse retention with prefix caching and a Mamba group
-            (vLLM's sparse Mamba states need Mamba align mode).
     """
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
@@ -111,7 +111,7 @@ cdef class KVCacheCoordinator:
         # The groups whose hits drop the EAGLE block: flagged groups drop it only with use_eagle.
         self.drop_eagle_group_ids = eagle_ids if use_eagle else set()
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
-        # Fine-grained (sub-block) hits need Mamba "align" mode, which kvcy does not implement.
+        # Fine-grained (sub-block) hits: only the hybrid coordinator turns them on.
         self.enable_partial_hash_hits = False
         needs_zeroing = kv_cache_config.needs_kv_cache_zeroing
         self.single_type_managers = tuple(
@@ -124,27 +124,33 @@ cdef class KVCacheCoordinator:
         self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
         self._n_managers = len(self.single_type_managers)
         self._any_cross = any(self._cross_attention)
+        if use_eagle:
+            for manager in self.single_type_managers:
+                if isinstance(manager, MambaManager):
+                    (<MambaManager>manager).drop_eagle_checkpoint_block = True
         retention_interval = kv_cache_config.prefix_cache_retention_interval
         _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
-        if retention_interval is not None and enable_caching and any(
-            isinstance(g.kv_cache_spec, MambaSpec) for g in groups
-        ):
-            raise NotImplementedError(_MAMBA_SPARSE)
         # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
         self.retention_interval = retention_interval
-        # What cache_blocks acts on: only sliding-window masks are sparse (the other
-        # managers' masks are None whatever the interval), so without such a group the
-        # interval changes nothing and the request's shared_prefix_boundary is not read.
+        # What cache_blocks acts on: only sliding-window and Mamba align masks are
+        # sparse (the other managers' masks are None whatever the interval), so
+        # without such a group the interval changes nothing and the request's
+        # shared_prefix_boundary is not read.
         self._retention = -1 if retention_interval is None or not any(
-            isinstance(m, SlidingWindowManager) for m in self.single_type_managers
+            isinstance(m, SlidingWindowManager) or (isinstance(m, MambaManager) and (<MambaManager>m)._align)
+            for m in self.single_type_managers
         ) else retention_interval
 
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
         Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False, Py_ssize_t prefill_end=0,
-    ) except -1:
-        """Blocks all groups must take from the free pool (``prefill_end``: see the managers')."""
+    ) except? -1:
+        """Blocks all groups must take from the free pool.  ``prefill_end`` (where the
+        request's prefill ends) matters only when the retention interval is 0: Mamba
+        then reserves a prefill checkpoint only for the chunk reaching it."""
+        if self.retention_interval is None or self.retention_interval != 0:
+            prefill_end = 0
         cdef Py_ssize_t total = 0, i
         cdef SingleTypeKVCacheManager manager
         _check_group_count(new_computed_blocks, self._n_managers)
@@ -157,7 +163,7 @@ cdef class KVCacheCoordinator:
             else:
                 total += manager.get_num_blocks_to_allocate(
                     request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
-                    num_local_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                    num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
                 )
         return total
 
@@ -205,12 +211,13 @@ cdef class KVCacheCoordinator:
 
     cpdef tuple allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens,
                                     Py_ssize_t num_tokens_main_model, Py_ssize_t num_encoder_tokens=0):
-        cdef tuple out = self._allocate_new_blocks(request_id, num_tokens, num_encoder_tokens)
+        cdef tuple out = self._allocate_new_blocks(request_id, num_tokens, num_tokens_main_model, num_encoder_tokens)
         if out is None:
             return tuple([[] for _ in range(self._n_managers)])
         return out
 
-    cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_encoder_tokens):
+    cdef tuple _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model,
+                                    Py_ssize_t num_encoder_tokens):
         # New blocks per group, or None when no group got any.
         cdef Py_ssize_t i
         cdef SingleTypeKVCacheManager manager
@@ -218,13 +225,13 @@ cdef class KVCacheCoordinator:
         cdef bint any_new = False
         if self._n_managers == 1 and not self._any_cross:
             manager = <SingleTypeKVCacheManager>self.single_type_managers[0]
-            got = manager._allocate_new_blocks(request_id, num_tokens)
+            got = manager._allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
             return None if got is None else (got,)
         cdef list out = []
         for i in range(self._n_managers):
             manager = <SingleTypeKVCacheManager>self.single_type_managers[i]
             got = manager._allocate_new_blocks(
-                request_id, num_encoder_tokens if self._cross_attention[i] else num_tokens
+                request_id, num_encoder_tokens if self._cross_attention[i] else num_tokens, num_tokens_main_model
             )
             if got is None:
                 got = []
@@ -380,7 +387,8 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
-                 metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0):
+                 metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0,
+                 allow_partial_hash_hits=True):
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                          enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes,
                          metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
@@ -391,7 +399,25 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                     f"every group's block size must be a multiple of hash_block_size "
                     f"({hash_block_size}); got {manager.block_size}"
                 )
+        self.enable_partial_hash_hits = bool(allow_partial_hash_hits) and partial_hash_hits_enabled(
+            kv_cache_config.kv_cache_groups, hash_block_size, 1, [type(m) for m in self.single_type_managers]
+        )
+        self._alignment = self.hash_block_size if self.enable_partial_hash_hits else self.scheduler_block_size
+        for manager in self.single_type_managers:
+            (<SingleTypeKVCacheManager>manager)._alignment = self._alignment
         self.verify_and_split_kv_cache_groups()
+
+    @property
+    def _cache_hit_alignment_tokens(self):
+        """Where hits land: hash-block boundaries with partial hits, else scheduler-block ones."""
+        return self._alignment
+
+    cdef Py_ssize_t _align_cacheable(self, Py_ssize_t num_tokens) noexcept:
+        # The longest prefix of num_tokens a later hit can match (no rounding with
+        # partial hits: a privatized Mamba tail must not be cached again).
+        if self.enable_partial_hash_hits:
+            return num_tokens
+        return num_tokens // self.scheduler_block_size * self.scheduler_block_size
 
     def verify_and_split_kv_cache_groups(self):
         """Batch groups with identical specs; full attention first.  Groups out of
@@ -425,14 +451,13 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         # Hits are scheduler-block aligned; EAGLE groups keep one block past the
         # boundary (their hit looks one block further, then drops it), within the
         # finalized tokens (the re-prefillable ones are left out).
-        cdef Py_ssize_t sbs = self.scheduler_block_size
-        cdef Py_ssize_t aligned = num_computed_tokens // sbs * sbs
+        cdef Py_ssize_t aligned = self._align_cacheable(num_computed_tokens)
         cdef Py_ssize_t finalized
         if manager.use_eagle and aligned > 0:
             finalized = num_computed_tokens - self.num_reprefillable_tokens
             if finalized < 0:
                 finalized = 0
-            return min(finalized, finalized // sbs * sbs + manager.block_size)
+            return min(finalized, self._align_cacheable(finalized) + manager.block_size)
         return aligned
 
     cpdef tuple find_longest_cache_hit(self, object block_hashes, Py_ssize_t max_cache_hit_length):
@@ -441,7 +466,8 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         cdef Py_ssize_t longest = 0, curr, max_len, new_len, first, idx, n
         cdef list blocks_by_group = [None] * num_groups
         cdef list length_by_group = [0] * num_groups
-        cdef Py_ssize_t alignment = self.scheduler_block_size
+        cdef Py_ssize_t alignment = self._alignment
+        cdef bint partial = self.enable_partial_hash_hits
         cdef set eagle_verified = set()
         cdef tuple managers = self.single_type_managers
         cdef SingleTypeKVCacheManager first_manager
@@ -461,8 +487,12 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                 max_len = curr
                 first_manager = <SingleTypeKVCacheManager>managers[first]
                 if drop and not isinstance(spec, MambaSpec):
-                    # (EAGLE looks one block past the candidate, up to the request's hashes)
-                    max_len = min(curr + first_manager.block_size, len(block_hashes) * self.hash_block_size)
+                    # (EAGLE looks one block -- one hash block when fine-grained -- past
+                    # the candidate, up to the request's hashes)
+                    max_len = min(curr + (self.hash_block_size if partial and klass.supports_fine_grained_hash_lookup
+                                          and first_manager.block_size > self.hash_block_size
+                                          else first_manager.block_size),
+                                  len(block_hashes) * self.hash_block_size)
                 res = first_manager._find_hit(block_hashes, max_len, group_ids, drop, alignment)
                 new_len = res[1]
                 if drop:
@@ -496,7 +526,7 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
 def get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                              enable_kv_cache_events, scheduler_block_size, hash_block_size,
                              use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
-                             num_hash_lookahead_tokens=0):
+                             num_hash_lookahead_tokens=0, allow_partial_hash_hits=True):
     extra = (use_int_block_hashes, metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
@@ -510,5 +540,5 @@ def get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_token
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra, allow_partial_hash_hits,
     )

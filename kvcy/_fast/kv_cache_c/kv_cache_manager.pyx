@@ -107,9 +107,10 @@ cdef class KVCacheManager:
         metrics_collector: a ``KVCacheMetricsCollector`` (or None), handed to the block pool.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
-        enable_mamba_shared_prefix_checkpoint: vLLM's opt-in; it takes effect
-            only with fine-grained partial hits, which kvcy does not make, so
-            ``mamba_shared_prefix_checkpoint`` stays False (as vLLM's does then).
+        enable_mamba_shared_prefix_checkpoint: vLLM's opt-in: Mamba align groups
+            also cache the state at a request's shared-prefix junction.  It takes
+            effect (``mamba_shared_prefix_checkpoint``) only with EAGLE groups,
+            fine-grained partial hits and no multi-module MTP re-prefill.
         use_int_block_hashes: publish event hashes as 64-bit ints (default:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
@@ -146,11 +147,14 @@ cdef class KVCacheManager:
             num_hash_lookahead_tokens,
         )
         coordinator = self.coordinator
-        # (vLLM's narrowing; False here, as partial hits are never enabled.)
         self.mamba_shared_prefix_checkpoint = bool(
             enable_mamba_shared_prefix_checkpoint and coordinator.eagle_group_ids
             and coordinator.enable_partial_hash_hits and coordinator.num_reprefillable_tokens == 0
         )
+        if self.mamba_shared_prefix_checkpoint:
+            for manager in coordinator.single_type_managers:
+                if isinstance(manager, MambaManager):
+                    (<MambaManager>manager).shared_prefix_checkpoint = True
         self.retained_hit_group_ids = tuple(
             m.kv_cache_group_id for m in coordinator.single_type_managers if m.retains_longer_hit
         )
@@ -410,12 +414,15 @@ cdef class KVCacheManager:
 
         cdef Py_ssize_t total_computed_tokens = _within_model_len(self, num_local_computed_tokens + n_ext)
         cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
-        cdef Py_ssize_t needed, full_num_tokens
+        cdef Py_ssize_t needed, full_num_tokens, prefill_end = 0
+        if coordinator.retention_interval is not None and coordinator.retention_interval == 0:
+            # (where the scheduler ends the prefill; a resumed request replays its output)
+            prefill_end = max(_check_count("num_prompt_tokens", request.num_prompt_tokens), _num_tokens(request) - 1)
         if full_sequence_must_fit:
             full_num_tokens = _within_model_len(self, _num_tokens(request))
             needed = coordinator.get_num_blocks_to_allocate(
                 request_id, full_num_tokens, new_blocks_list, n_enc,
-                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True,
+                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True, prefill_end,
             )
             if not _fits(self.block_pool, needed, watermark_blocks, 0):
                 return None
@@ -436,7 +443,7 @@ cdef class KVCacheManager:
         )
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, n_enc,
-            num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False,
+            num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False, prefill_end,
         )
         if not _fits(self.block_pool, needed, watermark_blocks, n_reserved):
             return None
@@ -444,7 +451,8 @@ cdef class KVCacheManager:
             coordinator.allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext, skip_zeroing_group_ids
             )
-        cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot, n_enc)
+        cdef tuple new_blocks = coordinator._allocate_new_blocks(request_id, num_tokens_need_slot,
+                                                                 num_tokens_main_model, n_enc)
         if caching:
             coordinator.cache_blocks(request, _tokens_to_cache(total_computed_tokens, n_new, _num_tokens(request)))
         if new_blocks is None:
@@ -773,7 +781,8 @@ cdef class KVCacheManager:
 
     def take_kv_cache_block_copies(self):
         """The block copies (copy-on-write of partial hits) queued since the last call,
-        and the blocks they keep; always empty, as kvcy's hits are whole blocks."""
+        and the blocks they keep referenced (source and copy of each, in order): the
+        caller frees those once the worker has run the copies."""
         copies = []
         retained = []
         for manager in self.coordinator.single_type_managers:
@@ -783,13 +792,26 @@ cdef class KVCacheManager:
         return copies, retained
 
     def take_boundary_state_offloads(self):
-        """Mamba "align" boundary states for a KV connector; always empty (kvcy has no align mode)."""
-        return {}
+        """Mamba "align" boundary states queued for a KV connector since the last call:
+        ``{request id: [(group id, block id, boundary tokens), ...]}``."""
+        offloads = {}
+        for manager in self.coordinator.single_type_managers:
+            for request_id, group_id, block, boundary in manager.take_pending_boundary_state_offloads():
+                offloads.setdefault(request_id, []).append((group_id, block.block_id, boundary))
+        return offloads
 
     def finalize_partial_tail_offloads(self, request):
-        """Mamba "align" partial tails of a finishing request; always empty (kvcy has no align mode)."""
-        _rid(request)
-        return []
+        """A finishing request's own Mamba "align" partial tails that no later token
+        overwrote: ``[(group id, block id, boundary tokens), ...]``."""
+        request_id = _rid(request)
+        num_computed = _check_count("num_computed_tokens", request.num_computed_tokens)
+        num_in_flight = _check_count("num_in_flight_tokens", request.num_in_flight_tokens)
+        out = []
+        for manager in self.coordinator.single_type_managers:
+            done = manager.finalize_partial_tail_offload(request_id, num_computed, num_in_flight)
+            if done is not None:
+                out.append((done[0], done[1].block_id, done[2]))
+        return out
 
     def new_step_starts(self):
         """A new scheduler step begins: the coordinator tells every single-type manager."""

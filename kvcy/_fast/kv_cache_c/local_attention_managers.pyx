@@ -155,12 +155,12 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
         return n if n > 0 else 0
 
     cdef object _reachable(self, Py_ssize_t start_block, Py_ssize_t end_block):
-        return _window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+        return _window_mask(start_block, end_block, self._alignment, self.block_size,
                             self.sliding_window, self.use_eagle)
 
     cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
                                   Py_ssize_t retention_interval, list boundaries):
-        return _sparse_window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+        return _sparse_window_mask(start_block, end_block, self._alignment, self.block_size,
                                    self.sliding_window, self.use_eagle, retention_interval, boundaries, -1)
 
     @classmethod

@@ -1,7 +1,7 @@
 # kv_cache_c/single_type_managers.pxd: the declarations of _Generation, SingleTypeKVCacheManager,
-# FullAttentionManager, SinkFullAttentionManager, MambaManager,
-# CrossAttentionManager: C fields and cdef/cpdef method signatures (implemented in
-# single_type_managers.pyx).
+# FullAttentionManager, SinkFullAttentionManager, CrossAttentionManager: C fields and
+# cdef/cpdef method signatures (implemented in single_type_managers.pyx; Mamba's manager is
+# in mamba_manager.pxd).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 @cython.final
@@ -39,13 +39,24 @@ cdef class SingleTypeKVCacheManager:
     cdef readonly bint _record_new_block_ids  # (KV-cache zeroing: new_block_ids records what is taken)
     cdef readonly bint _prefix_cacheable  # (the spec's: False caches nothing -- a ring, bounded replay)
     cdef readonly list new_block_ids
+    # The token granularity hits land on (cache_hit_alignment_tokens: a checked
+    # property; it divides), set by the hybrid coordinator; Mamba align's
+    # shared-prefix checkpoints (set by the manager).
+    cdef Py_ssize_t _alignment
+    cdef public bint shared_prefix_checkpoint
+    # Partial hits: request id -> (index, shared tail block) to copy on the next
+    # allocation; the (source, copy) pairs queued; Mamba align's boundary states
+    # (request id, group id, block, tokens) queued for a connector.
+    cdef dict _partial_hit_reqs
+    cdef list _pending_cow_copies
+    cdef list _pending_boundary_state_offloads
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, object new_computed_blocks,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
         Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*, Py_ssize_t prefill_end=*,
-    ) except -1
+    ) except? -1
     cpdef add_local_computed_blocks(self, str request_id, object new_computed_blocks,
                                     Py_ssize_t num_local_computed_tokens,
                                     Py_ssize_t num_external_computed_tokens)
@@ -53,7 +64,10 @@ cdef class SingleTypeKVCacheManager:
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
                                             Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=*)
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
-    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens)
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
+    cdef int _check_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block) except -1
+    cdef int _apply_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block,
+                        KVCacheBlock cow_block) except -1
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=*,
                        object replay_boundaries=*)
     cdef list _reachable_boundaries(self, object request, object replay_boundaries)
@@ -85,17 +99,6 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
 
 cdef class SinkFullAttentionManager(FullAttentionManager):
     pass
-
-
-cdef class MambaManager(SingleTypeKVCacheManager):
-    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
-                         bint drop_eagle_block, Py_ssize_t alignment_tokens)
-    @staticmethod
-    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
-                     list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens)
-    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)
-    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
-                                  Py_ssize_t retention_interval, list boundaries)
 
 
 cdef class CrossAttentionManager(SingleTypeKVCacheManager):

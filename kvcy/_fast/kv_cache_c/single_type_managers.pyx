@@ -1,6 +1,6 @@
-# kv_cache_c/single_type_managers.pyx: SingleTypeKVCacheManager and the full (and sink), Mamba and
-# cross-attention managers; the windowed ones are in local_attention_managers.pyx, the spec -> manager
-# map in manager_factory.pyx.  (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
+# kv_cache_c/single_type_managers.pyx: SingleTypeKVCacheManager and the full (and sink) and
+# cross-attention managers; Mamba's is in mamba_manager.pyx, the windowed ones in
+# local_attention_managers.pyx, the spec -> manager map in manager_factory.pyx.  (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 
 cdef inline list _held_list(PyObject *p):
@@ -114,6 +114,8 @@ cdef class SingleTypeKVCacheManager:
 
     #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
     retains_longer_hit = False
+    #: Whether a lookup can end inside one of this type's blocks (fine-grained partial hits).
+    supports_fine_grained_hash_lookup = False
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
                  Py_ssize_t scheduler_block_size, dcp_world_size=1, pcp_world_size=1,
@@ -141,6 +143,29 @@ cdef class SingleTypeKVCacheManager:
         self.req_to_blocks = _BlockTable(self._req_to_blocks, self._gen, block_pool.blocks, KVCacheBlock)
         self.num_cached_block = _CountTable(self._num_cached_block, self._gen, _checked_count)
         self._null_block = block_pool.null_block
+        self._alignment = scheduler_block_size
+        self.shared_prefix_checkpoint = False
+        self._partial_hit_reqs = {}
+        self._pending_cow_copies = []
+        self._pending_boundary_state_offloads = []
+
+    @property
+    def cache_hit_alignment_tokens(self):
+        """The token granularity hits land on: the scheduler block, or the hash
+        block when the hybrid coordinator turns fine-grained partial hits on."""
+        return self._alignment
+
+    @cache_hit_alignment_tokens.setter
+    def cache_hit_alignment_tokens(self, value):
+        cdef Py_ssize_t n = _check_count("cache_hit_alignment_tokens", value)
+        if n == 0:
+            raise ValueError("cache_hit_alignment_tokens must be positive, got 0")
+        self._alignment = n
+
+    @property
+    def has_positionally_stable_blocks(self):
+        """Whether a block index keeps naming the same token range (False only for Mamba align)."""
+        return True
 
     # -------------------------------------------------------------- counting
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
@@ -151,12 +176,13 @@ cdef class SingleTypeKVCacheManager:
         self, str request_id, Py_ssize_t num_tokens, object new_computed_blocks,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
         Py_ssize_t num_tokens_main_model, bint apply_admission_cap=False, Py_ssize_t prefill_end=0,
-    ) except -1:
+    ) except? -1:
         """Blocks this group must take from the free pool to hold ``num_tokens``.
 
         Evictable cache hits (free, ref_cnt 0) count too: touching them takes
-        them out of the free pool.  ``prefill_end`` matters only to Mamba
-        prefill checkpoints under sparse retention, which kvcy does not keep.
+        them out of the free pool; so does the private copy of a partial hit's
+        tail block.  ``prefill_end`` matters only to Mamba align mode's prefill
+        checkpoints (``MambaManager``).
         """
         cdef Py_ssize_t num_required_blocks = _cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self._cap >= 0 and self._cap < num_required_blocks:
@@ -191,6 +217,8 @@ cdef class SingleTypeKVCacheManager:
                 if queue is not None and not queue._holds(blk):
                     raise RuntimeError(f"remove() called on an invalid block: {blk}")
                 num_evictable += 1
+        if n_new_computed > 0 and num_local_computed_tokens % self.block_size != 0:
+            num_new_blocks += 1  # (the private copy of a partial hit's shared tail)
         return num_new_blocks + num_evictable
 
     # -------------------------------------------------------------- allocation
@@ -210,6 +238,13 @@ cdef class SingleTypeKVCacheManager:
             req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
         self._num_cached_block[request_id] = len(req_blocks)
+        cdef Py_ssize_t block_idx
+        if blocks and num_local_computed_tokens % self.block_size != 0:
+            # A partial hit: its tail block is copied before the request writes
+            # it (allocate_new_blocks), and cached again once full.
+            block_idx = num_local_computed_tokens // self.block_size
+            self._partial_hit_reqs[request_id] = (block_idx, blocks[len(blocks) - 1])
+            self._num_cached_block[request_id] = block_idx
 
     cdef list _checked_hits(self, object new_computed_blocks, Py_ssize_t total_computed_tokens):
         # The hits add_local_computed_blocks takes (those past the skipped
@@ -247,12 +282,15 @@ cdef class SingleTypeKVCacheManager:
                 _record_ids(self.new_block_ids, new_blocks)
 
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
-        """Give the request at least ``num_tokens`` slots; return the new blocks."""
-        cdef list out = self._allocate_new_blocks(request_id, num_tokens)
+        """Give the request at least ``num_tokens`` slots; return the new blocks
+        (first the private copy of a partial hit's tail block, if there is one)."""
+        cdef list out = self._allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         return [] if out is None else out
 
-    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens):
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
         # As allocate_new_blocks, but None (no list built) when nothing is new.
+        if self._partial_hit_reqs and request_id in self._partial_hit_reqs:
+            return self._allocate_with_cow(request_id, num_tokens)
         cdef PyObject* p = PyDict_GetItem(self._req_to_blocks, request_id)
         cdef list req_blocks
         if p == NULL:
@@ -270,6 +308,40 @@ cdef class SingleTypeKVCacheManager:
             _record_ids(self.new_block_ids, new_blocks)
         return new_blocks
 
+    def _allocate_with_cow(self, str request_id, Py_ssize_t num_tokens):
+        # _allocate_new_blocks for a request with a partial hit: its copy first.
+        block_idx, source = self._partial_hit_reqs[request_id]
+        self._check_cow(request_id, block_idx, source)  # (before a block is taken)
+        del self._partial_hit_reqs[request_id]
+        cdef KVCacheBlock cow = self.block_pool._get_new_blocks(1)[0]
+        self._apply_cow(request_id, block_idx, source, cow)
+        self.new_block_ids.append(cow.block_id)  # (recorded whatever the group, as vLLM)
+        cdef list rest = self._allocate_new_blocks(request_id, num_tokens, num_tokens)
+        return [cow] if rest is None else [cow] + rest
+
+    @cython.boundscheck(True)
+    @cython.wraparound(False)
+    cdef int _check_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block) except -1:
+        # vLLM's assertions on a copy-on-write, raised even under python -O, alike in both twins.
+        req_blocks = self._req_to_blocks.get(request_id, ())
+        if not (0 <= block_idx < len(req_blocks) and req_blocks[block_idx] is source_block):
+            raise AssertionError(f"block {block_idx} of request {request_id!r} is not the partial hit's block")
+        if source_block.is_null or source_block._ref_cnt <= 0:
+            raise AssertionError("the partial hit's block is the null block or holds no reference")
+        return 0
+
+    cdef int _apply_cow(self, str request_id, Py_ssize_t block_idx, KVCacheBlock source_block,
+                        KVCacheBlock cow_block) except -1:
+        # The request's copy replaces the shared block at block_idx; both stay
+        # referenced (the copy once more) until the worker has run the copy.
+        self._check_cow(request_id, block_idx, source_block)  # (the index is written unchecked)
+        cdef list req_blocks = self._req_to_blocks[request_id]
+        self._gen.value = _next_gen()
+        req_blocks[block_idx] = cow_block
+        self._pending_cow_copies.append((source_block, cow_block))
+        cow_block._ref_cnt += 1
+        return 0
+
     @property
     def records_new_block_ids(self):
         """Whether the worker zeroes this group's new blocks (their ids are recorded)."""
@@ -282,8 +354,24 @@ cdef class SingleTypeKVCacheManager:
         return ids
 
     def take_pending_cow_copies(self):
-        """Copy-on-write (source, copy) pairs of partial prefix hits; kvcy makes none (hits are whole blocks)."""
-        return []
+        """The copy-on-write (source, copy) pairs queued since the last call, and forget them.
+
+        Each pair holds one extra reference on both blocks until the caller
+        frees them (once the worker has run the copy)."""
+        pending = self._pending_cow_copies
+        self._pending_cow_copies = []
+        return pending
+
+    def take_pending_boundary_state_offloads(self):
+        """The (request id, group id, block, boundary tokens) boundary states queued
+        for a KV connector since the last call, and forget them (Mamba align only)."""
+        pending = self._pending_boundary_state_offloads
+        self._pending_boundary_state_offloads = []
+        return pending
+
+    def finalize_partial_tail_offload(self, request_id, num_computed_tokens, num_in_flight_tokens):
+        """A finishing request's own partial-tail state for a connector; None but for Mamba align."""
+        return None
 
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,
                        object replay_boundaries=()):
@@ -386,6 +474,8 @@ cdef class SingleTypeKVCacheManager:
         The caller frees them, last block first."""
         self._gen.value = _next_gen()
         self._num_cached_block.pop(request_id, None)
+        if self._partial_hit_reqs:
+            self._partial_hit_reqs.pop(request_id, None)
         cdef list blocks = self._req_to_blocks.pop(request_id, [])
         cdef Py_ssize_t lead = 0, n = len(blocks)
         cdef object null = self._null_block
@@ -407,6 +497,8 @@ cdef class SingleTypeKVCacheManager:
             return False
         self._gen.value = _next_gen()
         self._num_cached_block.pop(request_id, None)
+        if self._partial_hit_reqs:
+            self._partial_hit_reqs.pop(request_id, None)
         # Free tail first, then put the list back in its order: a caller may
         # still hold it (get_blocks hands out these lists), as vLLM leaves it.
         blocks.reverse()
@@ -510,8 +602,48 @@ cdef int _hits_from_list(BlockHashToBlockMap cache, list hashes, Py_ssize_t max_
     return 0
 
 
+def _fine_full_hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
+                    list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
+    # FullAttentionManager's lookup with alignment_tokens below (and dividing) the block
+    # size: whole blocks up to the first miss, then the longest cached hash boundary
+    # inside the next block; EAGLE drops one alignment unit.
+    cdef Py_ssize_t n_groups = len(group_ids), scale = block_size // alignment_tokens
+    cdef Py_ssize_t i, g, first, last, fine_idx, hit_length, num_blocks
+    if type(block_hashes) is not list:
+        block_hashes = list(block_hashes)
+    hashes = _BlockHashView(block_hashes, scale)
+    cdef tuple computed = tuple([[] for _ in range(n_groups)])
+    cdef Py_ssize_t max_blocks = min(max_length // block_size, len(hashes))
+    for i in range(max_blocks):
+        cached = pool.get_cached_block(hashes[i], group_ids)
+        if cached is None:
+            break
+        for g in range(n_groups):
+            (<list>computed[g]).append(cached[g])
+    hit_length = len(<list>computed[0]) * block_size
+    first = len(<list>computed[0]) * scale
+    last = min(first + scale - 1, max_length // alignment_tokens, len(block_hashes))
+    for fine_idx in range(last - 1, first - 1, -1):
+        cached = pool.get_cached_block(block_hashes[fine_idx], group_ids)
+        if cached is None:
+            continue
+        for g in range(n_groups):
+            (<list>computed[g]).append(cached[g])
+        hit_length = (fine_idx + 1) * alignment_tokens
+        break
+    if drop_eagle_block and hit_length > 0:
+        hit_length -= alignment_tokens
+    hit_length -= hit_length % alignment_tokens
+    num_blocks = _cdiv(hit_length, block_size)
+    for g in range(n_groups):
+        del (<list>computed[g])[num_blocks:]
+    return computed, hit_length
+
+
 cdef class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every token's KV is kept until the request finishes."""
+
+    supports_fine_grained_hash_lookup = True
 
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,
                        object replay_boundaries=()):
@@ -563,6 +695,10 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens):
+        """Whole blocks left to right up to the first miss; with ``alignment_tokens``
+        below the block size (fine-grained partial hits), then the longest hash
+        boundary cached inside the next block.  EAGLE drops one block (one hash
+        unit when fine-grained); the length is rounded down to the alignment."""
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         cdef Py_ssize_t block_size = kv_cache_spec.block_size
         return FullAttentionManager._hits(block_pool, block_size, block_hashes, max_length, group_ids,
@@ -572,6 +708,9 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
     cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
                      list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
         # find_longest_cache_hit: hits left to right up to the first miss.
+        if alignment_tokens < block_size and block_size % alignment_tokens == 0:
+            return _fine_full_hits(pool, block_size, block_hashes, max_length, group_ids, drop_eagle_block,
+                                   alignment_tokens)
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t n_groups = len(group_ids)
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
@@ -640,106 +779,6 @@ cdef class SinkFullAttentionManager(FullAttentionManager):
             f"SinkFullAttentionSpec.sink_len must be a positive multiple of the block size "
             f"({self.block_size}), got {sink_len!r}"
         )
-
-
-_MAMBA_SPARSE = (
-    "sparse prefix-cache retention (prefix_cache_retention_interval) of a Mamba group needs "
-    "Mamba align mode, which kvcy does not implement"
-)
-
-
-_MAMBA_CACHING = "Mamba prefix caching requires mamba_cache_mode='align'"
-_MAMBA_ALIGN = "Mamba align mode (mamba_cache_mode='align') is not implemented in kvcy"
-
-
-cdef class MambaManager(SingleTypeKVCacheManager):
-    """Mamba: one recurrent state per request, without prefix caching.
-
-    As in vLLM 0.33.0, prefix caching of a Mamba group needs Mamba align mode
-    (``mamba_cache_mode='align'``), which kvcy does not implement yet: the
-    manager is made only with caching off and a mode other than "align".
-
-    Raises:
-        AssertionError: ``enable_caching`` with a mode other than "align"
-            (vLLM's assertion, raised even under ``python -O``).
-        NotImplementedError: ``mamba_cache_mode='align'``, with or without
-            caching (Mamba align mode).
-    """
-
-    def __init__(self, kv_cache_spec, *args, **kwargs):
-        super().__init__(kv_cache_spec, *args, **kwargs)
-        mode = getattr(kv_cache_spec, "mamba_cache_mode", "none")
-        if mode != "align" and self.enable_caching:
-            raise AssertionError(_MAMBA_CACHING)
-        if mode == "align":
-            raise NotImplementedError(_MAMBA_ALIGN)
-
-    cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,
-                         bint drop_eagle_block, Py_ssize_t alignment_tokens):
-        return MambaManager._hits(self.block_pool, self.block_size, block_hashes, max_length, group_ids,
-                                  drop_eagle_block, alignment_tokens)
-
-    @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
-        """The last cached block whose end is a multiple of ``alignment_tokens``, null blocks before it.
-
-        This is vLLM's whole-block Mamba lookup, which vLLM 0.33.0 reaches only in
-        Mamba align mode (the only mode with Mamba prefix caching); kvcy's managers
-        refuse that mode, so only direct calls of this classmethod use it.  vLLM's
-        sub-block lookup (``alignment_tokens`` below the block size) is align-mode
-        work kvcy does not implement: this looks up whole blocks only.
-        """
-        cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
-        cdef Py_ssize_t block_size = kv_cache_spec.block_size
-        return MambaManager._hits(block_pool, block_size, block_hashes, max_length, group_ids, drop_eagle_block,
-                                  alignment_tokens)
-
-    @staticmethod
-    cdef tuple _hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, Py_ssize_t max_length,
-                     list group_ids, bint drop_eagle_block, Py_ssize_t alignment_tokens):
-        # find_longest_cache_hit: the last aligned hit only (null blocks before it).
-        hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
-        cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
-        cdef Py_ssize_t n_groups = len(group_ids)
-        cdef KVCacheBlock null = pool.null_block
-        cdef tuple computed = tuple([[] for _ in range(n_groups)])
-        cdef Py_ssize_t i, g
-        cdef object cached
-        for i in range(max_blocks - 1, -1, -1):
-            if ((i + 1) * block_size) % alignment_tokens != 0:
-                continue
-            cached = pool.get_cached_block(hashes[i], group_ids)
-            if cached is not None:
-                for g in range(n_groups):
-                    (<list>computed[g]).extend([null] * i)
-                    (<list>computed[g]).append(cached[g])
-                break
-        return computed, len(<list>computed[0]) * block_size
-
-    cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):
-        return num_computed_tokens - 1 if num_computed_tokens > 1 else 0
-
-    @classmethod
-    def reachable_block_mask(cls, start_block, end_block, alignment_tokens, kv_cache_spec, use_eagle,
-                             retention_interval=None, reachable_boundaries=(), dcp_world_size=1,
-                             final_segment_end_block=None):
-        """None (every state block is cached) under dense retention.
-
-        Raises:
-            NotImplementedError: sparse retention (``retention_interval`` not
-                None): vLLM keeps sparse Mamba states only in Mamba align mode.
-        """
-        retention_interval, _, _ = _check_mask_args(
-            retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block
-        )
-        if retention_interval is not None and alignment_tokens is not None:
-            raise NotImplementedError(_MAMBA_SPARSE)
-        return None
-
-    cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
-                                  Py_ssize_t retention_interval, list boundaries):
-        raise NotImplementedError(_MAMBA_SPARSE)
 
 
 cdef class CrossAttentionManager(SingleTypeKVCacheManager):

@@ -10,8 +10,9 @@ which assembles them into the twin module the selector (``kvcy._fast``) loads.
 * ``free_queue``: ``FreeKVCacheBlockQueue``;
 * ``block_map``: ``BlockHashToBlockMap``, ``resolve_block_hashes``;
 * ``block_pool``: ``BlockPool``;
-* ``single_type_managers``: ``SingleTypeKVCacheManager``, the full (and sink),
-  Mamba and cross-attention managers;
+* ``single_type_managers``: ``SingleTypeKVCacheManager``, the full (and sink)
+  and cross-attention managers;
+* ``mamba_manager``: ``MambaManager`` (align mode, partial hits) and its helpers;
 * ``local_attention_managers``: ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``,
   ``RSWAManager``, ``CircularBufferManager``;
 * ``manager_factory``: ``spec_manager_map``, ``get_manager_for_kv_cache_spec``;

@@ -20,10 +20,10 @@ from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.local_attention_managers import SlidingWindowManager
 from kvcy._fast.kv_cache_py.manager_factory import get_manager_for_kv_cache_spec
+from kvcy._fast.kv_cache_py.mamba_manager import MambaManager, eagle_proof_margin, partial_hash_hits_enabled
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
-    _MAMBA_SPARSE,
     _shared_prefix_boundary,
 )
 
@@ -90,12 +90,12 @@ class KVCacheCoordinator(_Checked):
     multiple of the scheduler block makes sliding-window groups keep sparse
     replay checkpoints (see ``SlidingWindowManager.reachable_block_mask``).
 
+    With ``use_eagle``, Mamba groups put their prefill checkpoints where
+    EAGLE's hits land (``drop_eagle_checkpoint_block``).
+
     Raises:
         AssertionError: prefix caching with a Mamba group not in align mode
             (vLLM's, from ``MambaManager``).
-        NotImplementedError: a Mamba group in align mode (``MambaManager``),
-            or sparse retention with prefix caching and a Mamba group
-            (vLLM's sparse Mamba states need Mamba align mode).
     """
 
     # All fixed when made.
@@ -158,7 +158,7 @@ class KVCacheCoordinator(_Checked):
         # The groups whose hits drop the EAGLE block: flagged groups drop it only with use_eagle.
         self.drop_eagle_group_ids = eagle_ids if use_eagle else set()
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
-        # Fine-grained (sub-block) hits need Mamba "align" mode, which kvcy does not implement.
+        # Fine-grained (sub-block) hits: only the hybrid coordinator turns them on.
         self.enable_partial_hash_hits = False
         needs_zeroing = kv_cache_config.needs_kv_cache_zeroing
         self.single_type_managers = tuple(
@@ -175,19 +175,21 @@ class KVCacheCoordinator(_Checked):
             for i, g in enumerate(groups)
         )
         self._cross_attention = tuple(isinstance(m, CrossAttentionManager) for m in self.single_type_managers)
+        if use_eagle:
+            for manager in self.single_type_managers:
+                if isinstance(manager, MambaManager):
+                    manager.drop_eagle_checkpoint_block = True
         retention_interval = kv_cache_config.prefix_cache_retention_interval
         _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
-        if retention_interval is not None and enable_caching and any(
-            isinstance(g.kv_cache_spec, MambaSpec) for g in groups
-        ):
-            raise NotImplementedError(_MAMBA_SPARSE)
         # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
         self.retention_interval = retention_interval
-        # What cache_blocks acts on: only sliding-window masks are sparse (the other
-        # managers' masks are None whatever the interval), so without such a group the
-        # interval changes nothing and the request's shared_prefix_boundary is not read.
+        # What cache_blocks acts on: only sliding-window and Mamba align masks are
+        # sparse (the other managers' masks are None whatever the interval), so
+        # without such a group the interval changes nothing and the request's
+        # shared_prefix_boundary is not read.
         self._retention = retention_interval if any(
-            isinstance(m, SlidingWindowManager) for m in self.single_type_managers
+            isinstance(m, SlidingWindowManager) or (isinstance(m, MambaManager) and m._align)
+            for m in self.single_type_managers
         ) else None
 
     def get_num_blocks_to_allocate(
@@ -202,7 +204,11 @@ class KVCacheCoordinator(_Checked):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """Blocks all groups must take from the free pool (``prefill_end``: see the managers')."""
+        """Blocks all groups must take from the free pool.  ``prefill_end`` (where the
+        request's prefill ends) matters only when the retention interval is 0: Mamba
+        then reserves a prefill checkpoint only for the chunk reaching it."""
+        if self.retention_interval != 0:
+            prefill_end = 0
         total = 0
         for i, manager in enumerate(self.single_type_managers):
             if self._cross_attention[i]:
@@ -218,6 +224,7 @@ class KVCacheCoordinator(_Checked):
                     num_local_computed_tokens,
                     num_tokens_main_model,
                     apply_admission_cap,
+                    prefill_end,
                 )
         return total
 
@@ -424,6 +431,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     Groups with equal specs are looked up together; full attention goes first
     (its left-to-right scan bounds the others), and the candidate length is
     shrunk until every group accepts it.
+
+    With an align-mode Mamba group whose blocks are coarser than the hash block
+    (and every other cacheable group able to look up inside its blocks, or
+    with blocks of the hash block's size), hits land on hash-block boundaries
+    instead of scheduler-block ones (``enable_partial_hash_hits``; turned off by
+    ``allow_partial_hash_hits=False``).
     """
 
     _RULES = {**KVCacheCoordinator._RULES, "attention_groups": _READ_ONLY}
@@ -431,7 +444,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                  enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
                  use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
-                 num_hash_lookahead_tokens=0) -> None:
+                 num_hash_lookahead_tokens=0, allow_partial_hash_hits=True) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
                          enable_caching, enable_kv_cache_events, scheduler_block_size,
                          hash_block_size, use_int_block_hashes, metrics_collector,
@@ -443,7 +456,26 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     f"every group's block size must be a multiple of hash_block_size "
                     f"({hash_block_size}); got {manager.block_size}"
                 )
+        object.__setattr__(self, "enable_partial_hash_hits", bool(allow_partial_hash_hits) and partial_hash_hits_enabled(
+            kv_cache_config.kv_cache_groups, hash_block_size, 1, [type(m) for m in self.single_type_managers]
+        ))
+        alignment = self._cache_hit_alignment_tokens
+        for manager in self.single_type_managers:
+            manager.cache_hit_alignment_tokens = alignment
         self.verify_and_split_kv_cache_groups()
+
+    @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        # Where hits land: hash-block boundaries with partial hits, else scheduler-block ones.
+        return self.hash_block_size if self.enable_partial_hash_hits else self.scheduler_block_size
+
+    def _align_cacheable(self, num_tokens: int) -> int:
+        # The longest prefix of num_tokens a later hit can match (no rounding with
+        # partial hits: a privatized Mamba tail must not be cached again).
+        if self.enable_partial_hash_hits:
+            return num_tokens
+        sbs = self.scheduler_block_size
+        return num_tokens // sbs * sbs
 
     def verify_and_split_kv_cache_groups(self) -> None:
         """Batch groups with identical specs; full attention first.  Groups out of
@@ -477,13 +509,12 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # Hits are scheduler-block aligned; EAGLE groups keep one block past the
         # boundary (their hit looks one block further, then drops it), within the
         # finalized tokens (the re-prefillable ones are left out).
-        sbs = self.scheduler_block_size
-        aligned = num_computed_tokens // sbs * sbs
+        aligned = self._align_cacheable(num_computed_tokens)
         if manager.use_eagle and aligned > 0:
             finalized = num_computed_tokens - self.num_reprefillable_tokens
             if finalized < 0:
                 finalized = 0
-            return min(finalized, finalized // sbs * sbs + manager.block_size)
+            return min(finalized, self._align_cacheable(finalized) + manager.block_size)
         return aligned
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
@@ -492,7 +523,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         longest = 0
         blocks_by_group: list = [None] * num_groups
         length_by_group = [0] * num_groups
-        alignment = self.scheduler_block_size
+        alignment = self._cache_hit_alignment_tokens
+        partial = self.enable_partial_hash_hits
         eagle_verified: set[int] = set()
         managers = self.single_type_managers
         while True:
@@ -505,8 +537,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 drop = use_eagle and idx not in eagle_verified
                 max_len = curr
                 if drop and not isinstance(spec, MambaSpec):
-                    # (EAGLE looks one block past the candidate, up to the request's hashes)
-                    max_len = min(curr + managers[first].block_size, len(block_hashes) * self.hash_block_size)
+                    # (EAGLE looks one block -- one hash block when fine-grained -- past
+                    # the candidate, up to the request's hashes)
+                    margin = eagle_proof_margin(managers[first].block_size, self.hash_block_size,
+                                                partial and klass.supports_fine_grained_hash_lookup)
+                    max_len = min(curr + margin, len(block_hashes) * self.hash_block_size)
                 hit_blocks, new_len = klass.find_longest_cache_hit(
                     block_hashes, max_len, group_ids, self.block_pool, spec, drop, alignment
                 )
@@ -551,6 +586,7 @@ def get_kv_cache_coordinator(
     metrics_collector: Any = None,
     num_prefill_lookahead: int = 0,
     num_hash_lookahead_tokens: int = 0,
+    allow_partial_hash_hits: bool = True,
 ) -> KVCacheCoordinator:
     extra = (use_int_block_hashes, metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
     if not enable_caching:
@@ -565,5 +601,5 @@ def get_kv_cache_coordinator(
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
+        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra, allow_partial_hash_hits,
     )

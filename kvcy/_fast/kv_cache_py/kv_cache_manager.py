@@ -39,6 +39,7 @@ from kvcy._fast.kv_cache_py.coordinators import (
 )
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
+from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
 from kvcy._fast.kv_cache_py.request import Request
 from kvcy._fast.kv_cache_py.single_type_managers import _check_no_context_parallel
 
@@ -76,9 +77,10 @@ class KVCacheManager(_Checked):
         metrics_collector: a ``KVCacheMetricsCollector`` (or None), handed to the block pool.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
-        enable_mamba_shared_prefix_checkpoint: vLLM's opt-in; it takes effect
-            only with fine-grained partial hits, which kvcy does not make, so
-            ``mamba_shared_prefix_checkpoint`` stays False (as vLLM's does then).
+        enable_mamba_shared_prefix_checkpoint: vLLM's opt-in: Mamba align groups
+            also cache the state at a request's shared-prefix junction.  It takes
+            effect (``mamba_shared_prefix_checkpoint``) only with EAGLE groups,
+            fine-grained partial hits and no multi-module MTP re-prefill.
         use_int_block_hashes: publish event hashes as 64-bit ints (default:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
@@ -142,11 +144,14 @@ class KVCacheManager(_Checked):
             num_hash_lookahead_tokens,
         )
         coordinator = self.coordinator
-        # (vLLM's narrowing; False here, as partial hits are never enabled.)
         self.mamba_shared_prefix_checkpoint = bool(
             enable_mamba_shared_prefix_checkpoint and coordinator.eagle_group_ids
             and coordinator.enable_partial_hash_hits and coordinator.num_reprefillable_tokens == 0
         )
+        if self.mamba_shared_prefix_checkpoint:
+            for manager in coordinator.single_type_managers:
+                if isinstance(manager, MambaManager):
+                    manager.shared_prefix_checkpoint = True
         self.retained_hit_group_ids = tuple(
             m.kv_cache_group_id for m in coordinator.single_type_managers if m.retains_longer_hit
         )
@@ -342,11 +347,15 @@ class KVCacheManager(_Checked):
         if has_scheduled_reqs and status in _WATERMARK_STATUSES:
             watermark_blocks = self.watermark_blocks
         coordinator = self.coordinator
+        # (where the scheduler ends the prefill; a resumed request replays its output)
+        prefill_end = 0
+        if coordinator.retention_interval == 0:
+            prefill_end = max(_check_count("num_prompt_tokens", request.num_prompt_tokens), request.num_tokens - 1)
         if full_sequence_must_fit:
             full_num_tokens = min(request.num_tokens, self.max_model_len)
             needed = coordinator.get_num_blocks_to_allocate(
                 request_id, full_num_tokens, new_blocks_list, num_encoder_tokens,
-                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True,
+                total_computed_tokens, num_local_computed_tokens, full_num_tokens, True, prefill_end,
             )
             if needed + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
@@ -373,7 +382,7 @@ class KVCacheManager(_Checked):
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, new_blocks_list, num_encoder_tokens,
             num_local_computed_tokens + num_external_computed_tokens, num_local_computed_tokens,
-            num_tokens_main_model,
+            num_tokens_main_model, False, prefill_end,
         )
         if needed + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
@@ -583,7 +592,8 @@ class KVCacheManager(_Checked):
 
     def take_kv_cache_block_copies(self) -> tuple[list, list[KVCacheBlock]]:
         """The block copies (copy-on-write of partial hits) queued since the last call,
-        and the blocks they keep; always empty, as kvcy's hits are whole blocks."""
+        and the blocks they keep referenced (source and copy of each, in order): the
+        caller frees those once the worker has run the copies."""
         copies: list = []
         retained: list[KVCacheBlock] = []
         for manager in self.coordinator.single_type_managers:
@@ -593,13 +603,26 @@ class KVCacheManager(_Checked):
         return copies, retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba "align" boundary states for a KV connector; always empty (kvcy has no align mode)."""
-        return {}
+        """Mamba "align" boundary states queued for a KV connector since the last call:
+        ``{request id: [(group id, block id, boundary tokens), ...]}``."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for manager in self.coordinator.single_type_managers:
+            for request_id, group_id, block, boundary in manager.take_pending_boundary_state_offloads():
+                offloads.setdefault(request_id, []).append((group_id, block.block_id, boundary))
+        return offloads
 
     def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """Mamba "align" partial tails of a finishing request; always empty (kvcy has no align mode)."""
-        _request_id(request)
-        return []
+        """A finishing request's own Mamba "align" partial tails that no later token
+        overwrote: ``[(group id, block id, boundary tokens), ...]``."""
+        request_id = _request_id(request)
+        num_computed = _check_count("num_computed_tokens", request.num_computed_tokens)
+        num_in_flight = _check_count("num_in_flight_tokens", request.num_in_flight_tokens)
+        out: list[tuple[int, int, int]] = []
+        for manager in self.coordinator.single_type_managers:
+            done = manager.finalize_partial_tail_offload(request_id, num_computed, num_in_flight)
+            if done is not None:
+                out.append((done[0], done[1].block_id, done[2]))
+        return out
 
     def new_step_starts(self) -> None:
         """A new scheduler step begins: the coordinator tells every single-type manager."""

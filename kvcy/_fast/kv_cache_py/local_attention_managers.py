@@ -200,12 +200,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                                    boundaries, final_segment_end_block)
 
     def _reachable(self, start_block: int, end_block: int) -> list[bool] | None:
-        return _window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+        return _window_mask(start_block, end_block, self.cache_hit_alignment_tokens, self.block_size,
                             self.sliding_window, self.use_eagle)
 
     def _sparse_reachable(self, start_block: int, end_block: int, retention_interval: int,
                           boundaries: list[int]) -> list[bool] | None:
-        return _sparse_window_mask(start_block, end_block, self.scheduler_block_size, self.block_size,
+        return _sparse_window_mask(start_block, end_block, self.cache_hit_alignment_tokens, self.block_size,
                                    self.sliding_window, self.use_eagle, retention_interval, boundaries, None)
 
 

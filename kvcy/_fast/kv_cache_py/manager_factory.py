@@ -23,10 +23,10 @@ from kvcy._fast.kv_cache_py.local_attention_managers import (
     RSWAManager,
     SlidingWindowManager,
 )
+from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     FullAttentionManager,
-    MambaManager,
     SingleTypeKVCacheManager,
     SinkFullAttentionManager,
 )

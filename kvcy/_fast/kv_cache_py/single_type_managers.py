@@ -1,9 +1,9 @@
 """Per-attention-type block bookkeeping (pure-Python twin).
 
 From vLLM 0.33.0's ``vllm/v1/core/single_type_kv_cache_manager.py``:
-``SingleTypeKVCacheManager`` and the full-attention (and sink), Mamba and
-cross-attention managers; the windowed ones are in ``local_attention_managers``,
-the spec -> manager map in ``manager_factory``.
+``SingleTypeKVCacheManager`` and the full-attention (and sink) and
+cross-attention managers; Mamba's is in ``mamba_manager``, the windowed ones
+in ``local_attention_managers``, the spec -> manager map in ``manager_factory``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kvcy.kv_cache_interface import AttentionSpec, CircularBufferSpec, KVCacheSpec, MambaSpec, SinkFullAttentionSpec
 from kvcy._fast._request_tables import _BlockTable, _CountTable
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _hashed, cdiv
-from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
+from kvcy._fast.kv_cache_py.block_map import _BlockHashView, resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import BlockPool, _check_touchable
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
@@ -84,6 +84,19 @@ def _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, f
     return retention_interval, boundaries, final_segment_end_block
 
 
+def _positive_alignment(name: str, value) -> int:
+    # cache_hit_alignment_tokens: the coordinator sets it; a positive token count.
+    value = _check_count(name, value)
+    if value == 0:
+        raise ValueError(f"{name} must be positive, got 0")
+    return value
+
+
+def _as_flag(name: str, value) -> bool:
+    # A bool field (what the compiled twin's bint fields take).
+    return bool(value)
+
+
 def _check_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None:
     """A single-type manager's dcp / pcp world sizes: ints, and 1 (context
     parallelism is not implemented)."""
@@ -106,18 +119,25 @@ class SingleTypeKVCacheManager(_Checked):
     ring) caches nothing.
     """
 
-    # Fixed when made; use_eagle is set by the coordinators.  The two dicts
-    # cannot be replaced; their entries may still be changed (vLLM's tests do).
-    _RULES = dict.fromkeys(
-        ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
-         "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
-         "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids",
-         "_prefix_cacheable"),
-        _READ_ONLY,
-    )
+    # Fixed when made; use_eagle, cache_hit_alignment_tokens and
+    # shared_prefix_checkpoint are set by the coordinator / manager.  The two
+    # dicts cannot be replaced; their entries may still be changed (vLLM's tests do).
+    _RULES = {
+        **dict.fromkeys(
+            ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
+             "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
+             "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids",
+             "_prefix_cacheable", "_partial_hit_reqs", "_pending_cow_copies", "_pending_boundary_state_offloads"),
+            _READ_ONLY,
+        ),
+        "cache_hit_alignment_tokens": _positive_alignment,
+        "shared_prefix_checkpoint": _as_flag,
+    }
 
     #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
     retains_longer_hit = False
+    #: Whether a lookup can end inside one of this type's blocks (fine-grained partial hits).
+    supports_fine_grained_hash_lookup = False
 
     def __init__(
         self,
@@ -152,6 +172,27 @@ class SingleTypeKVCacheManager(_Checked):
         self.req_to_blocks = _BlockTable(self._req_to_blocks, None, block_pool.blocks, KVCacheBlock)
         self.num_cached_block = _CountTable(self._num_cached_block, None, _check_count)
         self._null_block = block_pool.null_block
+        # The token granularity hits land on: the scheduler block, or the hash
+        # block when the hybrid coordinator turns fine-grained partial hits on.
+        self.cache_hit_alignment_tokens = scheduler_block_size
+        self.shared_prefix_checkpoint = False  # (only an EAGLE Mamba align group gets it)
+        # Partial hits: request id -> (index, shared block) of a hit ending inside
+        # that block, redirected to a private copy when the request allocates;
+        # the (source, copy) pairs the worker must copy; Mamba align's
+        # (request id, group, block, boundary tokens) boundary states for a connector.
+        self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
+        self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+        self._pending_boundary_state_offloads: list[tuple[str, int, KVCacheBlock, int]] = []
+
+    @property
+    def has_positionally_stable_blocks(self) -> bool:
+        """Whether a block index keeps naming the same token range (False only for Mamba align)."""
+        return True
+
+    def _has_partial_local_hit(self, new_computed_blocks: Sequence[KVCacheBlock],
+                               num_local_computed_tokens: int) -> bool:
+        # The local hit ends inside a block of this group: its shared tail needs a copy.
+        return len(new_computed_blocks) > 0 and num_local_computed_tokens % self.block_size != 0
 
     # -------------------------------------------------------------- counting
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -172,8 +213,9 @@ class SingleTypeKVCacheManager(_Checked):
         """Blocks this group must take from the free pool to hold ``num_tokens``.
 
         Evictable cache hits (free, ref_cnt 0) count too: touching them takes
-        them out of the free pool.  ``prefill_end`` matters only to Mamba
-        prefill checkpoints under sparse retention, which kvcy does not keep.
+        them out of the free pool; so does the private copy of a partial hit's
+        tail block.  ``prefill_end`` matters only to Mamba align mode's prefill
+        checkpoints (``MambaManager``).
         """
         num_required_blocks = cdiv(num_tokens, self.block_size)
         cap = self._max_admission_blocks_per_request
@@ -200,6 +242,8 @@ class SingleTypeKVCacheManager(_Checked):
                     num_evictable += 1
         except AttributeError:
             raise TypeError(f"blocks must be KVCacheBlock, got {type(blk).__name__}") from None
+        if new_computed_blocks and num_local_computed_tokens % self.block_size:
+            num_new_blocks += 1  # (the private copy of a partial hit's shared tail)
         return num_new_blocks + num_evictable
 
     # -------------------------------------------------------------- allocation
@@ -242,6 +286,12 @@ class SingleTypeKVCacheManager(_Checked):
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(blocks)
         self._num_cached_block[request_id] = len(req_blocks)
+        if blocks and num_local_computed_tokens % self.block_size:
+            # A partial hit: its tail block is copied before the request writes
+            # it (allocate_new_blocks), and cached again once full.
+            block_idx = num_local_computed_tokens // self.block_size
+            self._partial_hit_reqs[request_id] = (block_idx, blocks[-1])
+            self._num_cached_block[request_id] = block_idx
 
     def allocate_external_computed_blocks(
         self,
@@ -270,16 +320,43 @@ class SingleTypeKVCacheManager(_Checked):
                 self.new_block_ids.extend([b._block_id for b in new_blocks])
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
-        """Give the request at least ``num_tokens`` slots; return the new blocks."""
+        """Give the request at least ``num_tokens`` slots; return the new blocks
+        (first the private copy of a partial hit's tail block, if there is one)."""
+        cow_blocks: list[KVCacheBlock] = []
+        partial = self._partial_hit_reqs.get(request_id)
+        if partial is not None:
+            self._check_cow(request_id, partial[0], partial[1])  # (before a block is taken)
+            del self._partial_hit_reqs[request_id]
+            cow_block = self.block_pool.get_new_blocks(1)[0]
+            self._apply_cow(request_id, partial[0], partial[1], cow_block)
+            self.new_block_ids.append(cow_block._block_id)  # (recorded whatever the group, as vLLM)
+            cow_blocks.append(cow_block)
         req_blocks = self._req_to_blocks.setdefault(request_id, [])
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new_blocks <= 0:
-            return []
+            return cow_blocks
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
         if self._record_new_block_ids:
             self.new_block_ids.extend([b._block_id for b in new_blocks])
-        return new_blocks
+        return cow_blocks + new_blocks if cow_blocks else new_blocks
+
+    def _check_cow(self, request_id: str, block_idx: int, source_block: KVCacheBlock) -> None:
+        # vLLM's assertions on a copy-on-write, raised even under python -O, alike in both twins.
+        req_blocks = self._req_to_blocks.get(request_id, ())
+        if not (0 <= block_idx < len(req_blocks) and req_blocks[block_idx] is source_block):
+            raise AssertionError(f"block {block_idx} of request {request_id!r} is not the partial hit's block")
+        if source_block._is_null or source_block._ref_cnt <= 0:
+            raise AssertionError("the partial hit's block is the null block or holds no reference")
+
+    def _apply_cow(self, request_id: str, block_idx: int, source_block: KVCacheBlock,
+                   cow_block: KVCacheBlock) -> None:
+        # The request's copy replaces the shared block at block_idx; both stay
+        # referenced (the copy once more) until the worker has run the copy.
+        self._check_cow(request_id, block_idx, source_block)
+        self._req_to_blocks[request_id][block_idx] = cow_block
+        self._pending_cow_copies.append((source_block, cow_block))
+        cow_block._ref_cnt += 1
 
     @property
     def records_new_block_ids(self) -> bool:
@@ -293,8 +370,25 @@ class SingleTypeKVCacheManager(_Checked):
         return ids
 
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
-        """Copy-on-write (source, copy) pairs of partial prefix hits; kvcy makes none (hits are whole blocks)."""
-        return []
+        """The copy-on-write (source, copy) pairs queued since the last call, and forget them.
+
+        Each pair holds one extra reference on both blocks until the caller
+        frees them (once the worker has run the copy)."""
+        pending = self._pending_cow_copies
+        object.__setattr__(self, "_pending_cow_copies", [])
+        return pending
+
+    def take_pending_boundary_state_offloads(self) -> list[tuple[str, int, KVCacheBlock, int]]:
+        """The (request id, group id, block, boundary tokens) boundary states queued
+        for a KV connector since the last call, and forget them (Mamba align only)."""
+        pending = self._pending_boundary_state_offloads
+        object.__setattr__(self, "_pending_boundary_state_offloads", [])
+        return pending
+
+    def finalize_partial_tail_offload(self, request_id: str, num_computed_tokens: int,
+                                      num_in_flight_tokens: int) -> tuple[int, KVCacheBlock, int] | None:
+        """A finishing request's own partial-tail state for a connector; None but for Mamba align."""
+        return None
 
     def cache_blocks(
         self,
@@ -408,6 +502,7 @@ class SingleTypeKVCacheManager(_Checked):
         freeing them; leading null blocks (a window's skipped prefix) are left out.
         The caller frees them, last block first."""
         self._num_cached_block.pop(request_id, None)
+        self._partial_hit_reqs.pop(request_id, None)
         blocks = self._req_to_blocks.pop(request_id, [])
         null = self._null_block
         lead = 0
@@ -473,14 +568,25 @@ class SingleTypeKVCacheManager(_Checked):
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every token's KV is kept until the request finishes."""
 
+    supports_fine_grained_hash_lookup = True
+
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens,
     ):
+        """Whole blocks left to right up to the first miss; with ``alignment_tokens``
+        below the block size (fine-grained partial hits), then the longest hash
+        boundary cached inside the next block.  EAGLE drops one block (one hash
+        unit when fine-grained); the length is rounded down to the alignment."""
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
-        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
+        fine = alignment_tokens < block_size and block_size % alignment_tokens == 0
+        if fine:  # (the request's own hashes, one per alignment unit)
+            raw = block_hashes
+            hashes = _BlockHashView(raw, block_size // alignment_tokens)
+        else:
+            hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         n_groups = len(kv_cache_group_ids)
         computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(n_groups))
         max_blocks = min(max_length // block_size, len(hashes))
@@ -490,13 +596,27 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                 break
             for g in range(n_groups):
                 computed[g].append(cached[g])
-        if drop_eagle_block and computed[0]:
-            for blocks in computed:
-                blocks.pop()
-        while block_size != alignment_tokens and (len(computed[0]) * block_size) % alignment_tokens != 0:
-            for blocks in computed:
-                blocks.pop()
-        return computed, len(computed[0]) * block_size
+        hit_length = len(computed[0]) * block_size
+        if fine:
+            # The longest cached hash boundary inside the first block not hit whole.
+            scale = block_size // alignment_tokens
+            first = len(computed[0]) * scale
+            last = min(first + scale - 1, max_length // alignment_tokens, len(raw))
+            for fine_idx in range(last - 1, first - 1, -1):
+                cached = block_pool.get_cached_block(raw[fine_idx], kv_cache_group_ids)
+                if cached is None:
+                    continue
+                for g in range(n_groups):
+                    computed[g].append(cached[g])
+                hit_length = (fine_idx + 1) * alignment_tokens
+                break
+        if drop_eagle_block and hit_length > 0:
+            hit_length -= alignment_tokens if alignment_tokens < block_size else block_size
+        hit_length -= hit_length % alignment_tokens
+        num_blocks = cdiv(hit_length, block_size)
+        for blocks in computed:
+            del blocks[num_blocks:]
+        return computed, hit_length
 
     def cache_blocks(
         self,
@@ -558,103 +678,6 @@ class SinkFullAttentionManager(FullAttentionManager):
             f"SinkFullAttentionSpec.sink_len must be a positive multiple of the block size "
             f"({self.block_size}), got {sink_len!r}"
         )
-
-
-_MAMBA_SPARSE = (
-    "sparse prefix-cache retention (prefix_cache_retention_interval) of a Mamba group needs "
-    "Mamba align mode, which kvcy does not implement"
-)
-
-
-_MAMBA_CACHING = "Mamba prefix caching requires mamba_cache_mode='align'"
-_MAMBA_ALIGN = "Mamba align mode (mamba_cache_mode='align') is not implemented in kvcy"
-
-
-class MambaManager(SingleTypeKVCacheManager):
-    """Mamba: one recurrent state per request, without prefix caching.
-
-    As in vLLM 0.33.0, prefix caching of a Mamba group needs Mamba align mode
-    (``mamba_cache_mode='align'``), which kvcy does not implement yet: the
-    manager is made only with caching off and a mode other than "align".
-
-    Raises:
-        AssertionError: ``enable_caching`` with a mode other than "align"
-            (vLLM's assertion, raised even under ``python -O``).
-        NotImplementedError: ``mamba_cache_mode='align'``, with or without
-            caching (Mamba align mode).
-    """
-
-    def __init__(self, kv_cache_spec: MambaSpec, *args, **kwargs) -> None:
-        super().__init__(kv_cache_spec, *args, **kwargs)
-        mode = getattr(kv_cache_spec, "mamba_cache_mode", "none")
-        if mode != "align" and self.enable_caching:
-            raise AssertionError(_MAMBA_CACHING)
-        if mode == "align":
-            raise NotImplementedError(_MAMBA_ALIGN)
-
-    @classmethod
-    def find_longest_cache_hit(
-        cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
-    ):
-        """The last cached block whose end is a multiple of ``alignment_tokens``, null blocks before it.
-
-        This is vLLM's whole-block Mamba lookup, which vLLM 0.33.0 reaches only in
-        Mamba align mode (the only mode with Mamba prefix caching); kvcy's managers
-        refuse that mode, so only direct calls of this classmethod use it.  vLLM's
-        sub-block lookup (``alignment_tokens`` below the block size) is align-mode
-        work kvcy does not implement: this looks up whole blocks only.
-        """
-        _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
-        block_size = kv_cache_spec.block_size
-        hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
-        max_blocks = min(max_length // block_size, len(hashes))
-        n_groups = len(kv_cache_group_ids)
-        null = block_pool.null_block
-        computed: tuple[list[KVCacheBlock], ...] = tuple([] for _ in range(n_groups))
-        for i in range(max_blocks - 1, -1, -1):
-            if ((i + 1) * block_size) % alignment_tokens != 0:
-                continue
-            cached = block_pool.get_cached_block(hashes[i], kv_cache_group_ids)
-            if cached is not None:
-                for g in range(n_groups):
-                    computed[g].extend([null] * i)
-                    computed[g].append(cached[g])
-                break
-        return computed, len(computed[0]) * block_size
-
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return max(0, num_computed_tokens - 1)
-
-    @classmethod
-    def reachable_block_mask(
-        cls,
-        start_block: int,
-        end_block: int,
-        alignment_tokens: int | None,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        retention_interval: int | None = None,
-        reachable_boundaries: Sequence[int] = (),
-        dcp_world_size: int = 1,
-        final_segment_end_block: int | None = None,
-    ) -> list[bool] | None:
-        """None (every state block is cached) under dense retention.
-
-        Raises:
-            NotImplementedError: sparse retention (``retention_interval`` not
-                None): vLLM keeps sparse Mamba states only in Mamba align mode.
-        """
-        retention_interval, _, _ = _check_mask_args(
-            retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block
-        )
-        if retention_interval is not None and alignment_tokens is not None:
-            raise NotImplementedError(_MAMBA_SPARSE)
-        return None
-
-    def _sparse_reachable(self, start_block: int, end_block: int, retention_interval: int,
-                          boundaries: list[int]) -> list[bool] | None:
-        raise NotImplementedError(_MAMBA_SPARSE)
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
