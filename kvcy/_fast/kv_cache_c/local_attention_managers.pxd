@@ -44,7 +44,7 @@ cdef class CircularBufferManager(FullAttentionManager):
         Py_ssize_t num_tokens_main_model, bint apply_admission_cap=*, Py_ssize_t prefill_end=*,
     ) except -1
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
-    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens)
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
                                             Py_ssize_t num_external_computed_tokens, bint record_for_zeroing=*)
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,

@@ -328,7 +328,7 @@ cdef class CircularBufferManager(FullAttentionManager):
         cdef list out = self._claim_ring_block(request_id, True)
         return [] if out is None else out
 
-    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens):
+    cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model):
         return self._claim_ring_block(request_id, True)
 
     cpdef allocate_external_computed_blocks(self, str request_id, Py_ssize_t num_local_computed_tokens,
