@@ -4,26 +4,8 @@
 
 #include <Python.h>
 #include <limits.h>
-/* 0: *out holds the int's value; -1: not an unsigned 64-bit value (no error left set).
- * An exact int on CPython 3.11 is read from its digits (a 64-bit hash has three); anything
- * else goes through the C API. */
+/* 0: *out holds the int's value; -1: not an unsigned 64-bit value (no error left set). */
 static inline int kvcy_kvi_u64(PyObject *o, unsigned long long *out) {
-#if !defined(Py_LIMITED_API) && !defined(PYPY_VERSION) && PY_VERSION_HEX >= 0x030B0000 \
-    && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-    if (PyLong_CheckExact(o)) {
-        const digit *d = ((PyLongObject *)o)->ob_digit;
-        switch (Py_SIZE(o)) {
-        case 0: *out = 0; return 0;
-        case 1: *out = d[0]; return 0;
-        case 2: *out = (unsigned long long)d[0] | ((unsigned long long)d[1] << 30); return 0;
-        case 3:
-            if (d[2] >> 4) return -1;  /* 2**64 or more */
-            *out = (unsigned long long)d[0] | ((unsigned long long)d[1] << 30) | ((unsigned long long)d[2] << 60);
-            return 0;
-        default: return -1;  /* negative, or 2**90 and more */
-        }
-    }
-#endif
 #if ULONG_MAX >= 0xFFFFFFFFFFFFFFFFULL
     unsigned long v = PyLong_AsUnsignedLong(o);
     if (v == (unsigned long)-1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
@@ -34,6 +16,30 @@ static inline int kvcy_kvi_u64(PyObject *o, unsigned long long *out) {
     *out = (unsigned long long)v;
     return 0;
 }
+/* A block hash as a key: 0 for an int in [0, 2**64) (*out holds it), 1 for an exact bytes
+ * object (to digest), 2 for an int out of range, 3 for anything else (bool included). */
+static inline int kvcy_kvi_read(PyObject *o, unsigned long long *out) {
+#if !defined(Py_LIMITED_API) && !defined(PYPY_VERSION) && PY_VERSION_HEX >= 0x030B0000 \
+    && PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (Py_IS_TYPE(o, &PyLong_Type)) {
+        const digit *d = ((PyLongObject *)o)->ob_digit;
+        switch (Py_SIZE(o)) {
+        case 3:
+            if (d[2] >> 4) return 2;
+            *out = (unsigned long long)d[0] | ((unsigned long long)d[1] << 30) | ((unsigned long long)d[2] << 60);
+            return 0;
+        case 2: *out = (unsigned long long)d[0] | ((unsigned long long)d[1] << 30); return 0;
+        case 1: *out = d[0]; return 0;
+        case 0: *out = 0; return 0;
+        default: return 2;
+        }
+    }
+#endif
+    if (PyBytes_CheckExact(o)) return 1;
+    if (!PyLong_Check(o) || PyBool_Check(o)) return 3;
+    return kvcy_kvi_u64(o, out) < 0 ? 2 : 0;
+}
+
 #if defined(_MSC_VER)
 #include <intrin.h>
 static inline int kvcy_kvi_ctz(unsigned long long x) { unsigned long i; _BitScanForward64(&i, x); return (int)i; }
@@ -47,9 +53,9 @@ static inline int kvcy_kvi_ctz(unsigned long long x) { return __builtin_ctzll(x)
 #endif
 #define KVI_NIL 0xFFFFFFFFu
 #define KVI_BYTES_SALT 0x9E3779B97F4A7C15ull
-#define KVI_MIN_SLOTS 16
 #define KVI_MIX1 0xFF51AFD7ED558CCDull
 #define KVI_MIX2 0xC4CEB9FE1A85EC53ull
 #define KVI_MIX3 0x2545F4914F6CDD1Dull
+#define KVI_GOLDEN 0x9E3779B97F4A7C15ull
 
 #endif /* KVCY_KV_INDEX_H */

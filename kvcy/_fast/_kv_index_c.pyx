@@ -49,20 +49,18 @@ MAX_MEDIUMS = 256
 cdef extern from "Python.h":
     PyObject **PySequence_Fast_ITEMS(object o)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
-    bint PyLong_Check(PyObject *o)
-    bint PyBool_Check(PyObject *o)
-    bint PyBytes_CheckExact_ptr "PyBytes_CheckExact"(PyObject *o)
 
 cdef extern from "_kv_index.h":
     int kvcy_kvi_u64(PyObject *o, unsigned long long *out) noexcept
+    int kvcy_kvi_read(PyObject *o, unsigned long long *out) noexcept
     int kvcy_kvi_ctz(unsigned long long x) noexcept nogil
     void kvcy_kvi_prefetch(const void *p) noexcept nogil
     uint32_t NIL "KVI_NIL"
     uint64_t BYTES_SALT "KVI_BYTES_SALT"
-    Py_ssize_t MIN_SLOTS "KVI_MIN_SLOTS"
     uint64_t MIX1 "KVI_MIX1"
     uint64_t MIX2 "KVI_MIX2"
     uint64_t MIX3 "KVI_MIX3"
+    uint64_t GOLDEN "KVI_GOLDEN"
 
 ctypedef struct Slot:
     uint64_t key
@@ -94,10 +92,11 @@ cdef inline uint64_t _digest(const char *p, Py_ssize_t n) noexcept nogil:
     return _mix(h)
 
 
-cdef inline Py_ssize_t _home(uint64_t key, uint32_t tag, Py_ssize_t mask) noexcept nogil:
+cdef inline Py_ssize_t _home(uint64_t key, uint32_t tag, int shift) noexcept nogil:
+    """The first slot to probe: Fibonacci hashing (the top bits of ``key`` times 2**64 / phi)."""
     if tag:
         key ^= BYTES_SALT
-    return <Py_ssize_t>(_mix(key) & <uint64_t>mask)
+    return <Py_ssize_t>((key * GOLDEN) >> shift)
 
 
 cdef inline uint64_t _pack(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil:
@@ -107,17 +106,16 @@ cdef inline uint64_t _pack(uint32_t hid, uint32_t mid, uint32_t iid) noexcept no
 cdef inline int _read_hash(PyObject *h, uint64_t *key, PyObject **obj) noexcept:
     """0: ``*key``/``*obj`` describe the hash; 1: not an int or bytes; 2: an int out of range."""
     cdef unsigned long long v
-    if PyLong_Check(h) and not PyBool_Check(h):
-        if kvcy_kvi_u64(h, &v) < 0:
-            return 2
+    cdef int kind = kvcy_kvi_read(h, &v)
+    if kind == 0:
         key[0] = v
         obj[0] = NULL
         return 0
-    if PyBytes_CheckExact_ptr(h):
+    if kind == 1:
         key[0] = _digest(PyBytes_AS_STRING(<object>h), PyBytes_GET_SIZE(<object>h))
         obj[0] = h
         return 0
-    return 1
+    return 2 if kind == 2 else 1
 
 
 cdef object _hash_error(int code, object h, str where):
@@ -222,6 +220,7 @@ cdef class KVIndex:
     # hash table: block hash -> hid
     cdef Slot *_hslots
     cdef Py_ssize_t _hmask               # number of slots - 1 (-1: no table yet)
+    cdef int _hshift                     # 64 - log2(number of slots)
     # per hid
     cdef uint64_t *_hkey                 # the int, or the digest of the bytes; free: the next free hid
     cdef PyObject **_hobj                # the bytes object (a reference held), NULL for an int
@@ -233,6 +232,7 @@ cdef class KVIndex:
     # entry table: (hid, mid, iid) -> entry
     cdef Slot *_eslots
     cdef Py_ssize_t _emask
+    cdef int _eshift
     cdef uint64_t *_ekey
     cdef uint32_t *_ecount               # 0: free
     cdef uint32_t *_eprev
@@ -335,7 +335,7 @@ cdef class KVIndex:
     cdef inline uint32_t _hfind(self, uint64_t key, PyObject *obj) noexcept:
         if self._hmask < 0:
             return NIL
-        return self._hprobe(key, obj, _home(key, obj != NULL, self._hmask))
+        return self._hprobe(key, obj, _home(key, obj != NULL, self._hshift))
 
     cdef inline uint32_t _hprobe(self, uint64_t key, PyObject *obj, Py_ssize_t i) noexcept:
         """The hid of ``key`` / ``obj`` (NULL for an int), probing from slot ``i``; NIL when absent."""
@@ -356,18 +356,19 @@ cdef class KVIndex:
                     return s.val - 1
             i = (i + 1) & self._hmask
 
-    cdef inline void _slot_put(self, Slot *slots, Py_ssize_t mask, uint64_t key, uint32_t tag,
+    cdef inline void _slot_put(self, Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
                                uint32_t val) noexcept:
-        cdef Py_ssize_t i = _home(key, tag, mask)
+        cdef Py_ssize_t i = _home(key, tag, shift)
         while slots[i].val:
             i = (i + 1) & mask
         slots[i].key = key
         slots[i].tag = tag
         slots[i].val = val
 
-    cdef void _slot_del(self, Slot *slots, Py_ssize_t mask, uint64_t key, uint32_t tag, uint32_t val) noexcept:
+    cdef void _slot_del(self, Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                        uint32_t val) noexcept:
         """Delete the slot holding ``val`` (found from ``key``'s home), shifting its followers back."""
-        cdef Py_ssize_t i = _home(key, tag, mask)
+        cdef Py_ssize_t i = _home(key, tag, shift)
         cdef Py_ssize_t j, k
         while slots[i].val != val:
             i = (i + 1) & mask
@@ -376,7 +377,7 @@ cdef class KVIndex:
             j = (j + 1) & mask
             if slots[j].val == 0:
                 break
-            k = _home(slots[j].key, slots[j].tag, mask)
+            k = _home(slots[j].key, slots[j].tag, shift)
             # Leave slot j where it is when its home lies cyclically in (i, j].
             if (i <= j and i < k <= j) or (i > j and (k > i or k <= j)):
                 continue
@@ -386,10 +387,12 @@ cdef class KVIndex:
 
     cdef int _rehash(self, bint hashes, Py_ssize_t want) except -1:
         """Rebuild a table with room for ``want`` items at a load of at most one half."""
-        cdef Py_ssize_t n = MIN_SLOTS, i
+        cdef Py_ssize_t n = 16, i
+        cdef int shift = 64 - 4  # 16 slots at least
         cdef Slot *slots
         while n < 2 * want:
             n *= 2
+            shift -= 1
         if (self._hmask if hashes else self._emask) + 1 >= n:
             return 0
         slots = <Slot *>PyMem_Malloc(<size_t>n * sizeof(Slot))
@@ -399,17 +402,19 @@ cdef class KVIndex:
         if hashes:
             for i in range(self._hcap):
                 if self._hrefs[i]:
-                    self._slot_put(slots, n - 1, self._hkey[i], self._hobj[i] != NULL, <uint32_t>i + 1)
+                    self._slot_put(slots, n - 1, shift, self._hkey[i], self._hobj[i] != NULL, <uint32_t>i + 1)
             PyMem_Free(self._hslots)
             self._hslots = slots
             self._hmask = n - 1
+            self._hshift = shift
         else:
             for i in range(self._ecap):
                 if self._ecount[i]:
-                    self._slot_put(slots, n - 1, self._ekey[i], 0, <uint32_t>i + 1)
+                    self._slot_put(slots, n - 1, shift, self._ekey[i], 0, <uint32_t>i + 1)
             PyMem_Free(self._eslots)
             self._eslots = slots
             self._emask = n - 1
+            self._eshift = shift
         return 0
 
     # ------------------------------------------------------------------ capacity
@@ -508,7 +513,7 @@ cdef class KVIndex:
         cdef Py_ssize_t i
         if self._emask < 0:
             return NIL
-        i = _home(ekey, 0, self._emask)
+        i = _home(ekey, 0, self._eshift)
         while self._eslots[i].val:
             if self._eslots[i].key == ekey:
                 return self._eslots[i].val - 1
@@ -530,7 +535,7 @@ cdef class KVIndex:
         cdef uint64_t bit = (<uint64_t>1) << (iid & 63), anywhere = 0
         cdef Py_ssize_t w = iid >> 6, m, nmed = len(self._mnames)
         cdef PyObject *obj
-        self._slot_del(self._eslots, self._emask, ekey, 0, e + 1)
+        self._slot_del(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
         # Out of the least-recently-stored list and the instance's list, onto the free list.
         if self._eprev[e] != NIL:
             self._enext[self._eprev[e]] = self._enext[e]
@@ -560,7 +565,7 @@ cdef class KVIndex:
         self._hrefs[hid] -= 1
         if self._hrefs[hid] == 0:
             obj = self._hobj[hid]
-            self._slot_del(self._hslots, self._hmask, self._hkey[hid], obj != NULL, hid + 1)
+            self._slot_del(self._hslots, self._hmask, self._hshift, self._hkey[hid], obj != NULL, hid + 1)
             if obj != NULL:
                 self._bytes_held -= PyBytes_GET_SIZE(<object>obj) + 33
                 self._hobj[hid] = NULL
@@ -602,14 +607,14 @@ cdef class KVIndex:
                 self._bytes_held += PyBytes_GET_SIZE(<object>obj) + 33
             self._hrefs[hid] = 0
             memset(&self._bits[<Py_ssize_t>hid * self._stride], 0, <size_t>self._stride * sizeof(uint64_t))
-            self._slot_put(self._hslots, self._hmask, key, obj != NULL, hid + 1)
+            self._slot_put(self._hslots, self._hmask, self._hshift, key, obj != NULL, hid + 1)
             self._hlive += 1
         e = self._efree
         self._efree = self._enext[e]
         ekey = _pack(hid, mid, iid)
         self._ekey[e] = ekey
         self._ecount[e] = 1
-        self._slot_put(self._eslots, self._emask, ekey, 0, e + 1)
+        self._slot_put(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
         self._eprev[e] = self._lru_tail
         self._enext[e] = NIL
         if self._lru_tail != NIL:
@@ -902,9 +907,8 @@ cdef class KVIndex:
         self._mnames = []
 
     # ------------------------------------------------------------------ queries
-    cdef inline bint _narrow(self, uint32_t hid, Py_ssize_t off, Py_ssize_t depth) noexcept:
-        """Keep the instances of the running that hold ``hid``; the others stop at ``depth``."""
-        cdef uint64_t *row = &self._bits[<Py_ssize_t>hid * self._stride + off]
+    cdef inline bint _narrow(self, const uint64_t *row, Py_ssize_t depth) noexcept:
+        """Keep the instances of the running that are in ``row``; the others stop at ``depth``."""
         cdef uint64_t *cur = self._qcur
         cdef uint64_t c, nw, d, left = 0
         cdef Py_ssize_t w
@@ -998,7 +1002,9 @@ cdef class KVIndex:
         cdef uint64_t keys[32]
         cdef PyObject *objs[32]
         cdef Py_ssize_t homes[32]
-        cdef uint32_t hids[32]
+        cdef uint64_t *rows[32]
+        cdef uint64_t cur, nw, d
+        cdef uint32_t hid
         cdef bint walking = norder > 0
         cdef int code
         cdef dict result = self._result
@@ -1024,20 +1030,36 @@ cdef class KVIndex:
             if not walking:
                 continue
             for t in range(m):
-                homes[t] = _home(keys[t], objs[t] != NULL, self._hmask)
+                homes[t] = _home(keys[t], objs[t] != NULL, self._hshift)
                 kvcy_kvi_prefetch(&self._hslots[homes[t]])
             for t in range(m):
-                hids[t] = self._hprobe(keys[t], objs[t], homes[t])
-                if hids[t] != NIL:
-                    kvcy_kvi_prefetch(&self._bits[<Py_ssize_t>hids[t] * self._stride + off])
-            for t in range(m):
-                if hids[t] == NIL:
-                    self._settle(base + t)
-                    walking = False
+                hid = self._hprobe(keys[t], objs[t], homes[t])
+                if hid == NIL:
+                    m = t  # the walk stops at this hash: no need to look further
                     break
-                if not self._narrow(hids[t], off, base + t):
-                    walking = False
-                    break
+                rows[t] = &self._bits[<Py_ssize_t>hid * self._stride + off]
+                kvcy_kvi_prefetch(rows[t])
+            if self._W == 1:  # up to 64 instances: the running set in a register
+                cur = self._qcur[0]
+                for t in range(m):
+                    nw = cur & rows[t][0]
+                    d = cur ^ nw
+                    while d:
+                        self._qpos[kvcy_kvi_ctz(d)] = base + t
+                        d &= d - 1
+                    cur = nw
+                    if not cur:
+                        break
+                self._qcur[0] = cur
+                walking = cur != 0
+            else:
+                for t in range(m):
+                    if not self._narrow(rows[t], base + t):
+                        walking = False
+                        break
+            if walking and m < min(32, n - base):  # stopped at a hash no instance holds
+                self._settle(base + m)
+                walking = False
         if walking:
             self._settle(n)
         for k in range(norder):
