@@ -93,6 +93,8 @@ def test_mediums_are_kept_apart(KVIndex):
     index.apply_events("a", [stored([1, 2, 3], "GPU"), stored([1, 2, 3, 4], "CPU")])
     index.apply_events("b", [stored([1, 2], None)])
     assert index.mediums == ("GPU", "CPU", None)
+    index.apply_events("b", [removed([1], "disk")])  # a medium seen in a removal is known too
+    assert index.mediums == ("GPU", "CPU", None, "disk") and index.stats["removals_unknown"] == 1
     assert index.num_blocks("a") == 7
     assert index.longest_prefix([1, 2, 3, 4]) == {"a": 4, "b": 2}
     assert index.longest_prefix([1, 2, 3, 4], medium="GPU") == {"a": 3, "b": 0}
@@ -429,6 +431,7 @@ def test_twins_match_the_reference_model(ops, max_blocks):
         for ix in twins:
             assert ix.instances == tuple(model.held)
             assert ix.num_blocks() == len(model.order)
+            assert ix.mediums == twins[0].mediums
     for ix in twins:
         for name in model.held:
             assert ix.num_blocks(name) == model.num_blocks(name)
@@ -531,7 +534,7 @@ def test_twins_agree_under_churn():
     assert twins[0].stats == twins[1].stats
     assert twins[0].stats["entries_dropped"] > 0 and twins[0].stats["instances"] > 64
     assert [ix.num_blocks(n) for n in names for ix in twins[:1]] == [twins[1].num_blocks(n) for n in names]
-    assert twins[0].instances == twins[1].instances
+    assert twins[0].instances == twins[1].instances and twins[0].mediums == twins[1].mediums
 
 
 def test_bytes_hashes_are_released(KVIndex):

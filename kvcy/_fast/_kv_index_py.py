@@ -141,10 +141,14 @@ class KVIndex:
         self._entries: OrderedDict[tuple[str, Medium, Hash], int] = OrderedDict()
         # instance -> its (medium, hash) entries; the keys are the known instances, first seen first.
         self._by_instance: dict[str, dict[tuple[Medium, Hash], None]] = {}
-        # medium -> hash -> instances holding it there.
-        self._by_medium: dict[Medium, dict[Hash, set[str]]] = {}
-        # hash -> instance -> number of mediums it holds the hash in.
-        self._any: dict[Hash, dict[str, int]] = {}
+        # Each known instance has a bit (a small id, reused once free); sets of instances are
+        # ints with their bits set, so a query narrows them with one ``&`` per hash.
+        self._bit: dict[str, int] = {}
+        self._names: dict[int, str] = {}  # bit number -> instance
+        self._alive = 0  # the known instances' bits
+        # medium -> hash -> the instances holding it there; hash -> those holding it anywhere.
+        self._by_medium: dict[Medium, dict[Hash, int]] = {}
+        self._any: dict[Hash, int] = {}
         self._stats = {
             "events_applied": 0,
             "batches_applied": 0,
@@ -192,6 +196,7 @@ class KVIndex:
             size += sys.getsizeof(per_hash) + sum(sys.getsizeof(s) for s in per_hash.values())
         for h, holders in self._any.items():
             size += sys.getsizeof(h) + sys.getsizeof(holders)
+        size += sys.getsizeof(self._bit) + sys.getsizeof(self._names)
         return size
 
     @property
@@ -276,6 +281,12 @@ class KVIndex:
             if len(self._by_instance) >= MAX_INSTANCES:
                 raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
             self._by_instance[instance] = {}
+            bit = next(b for b in range(len(self._names) + 1) if b not in self._names)
+            self._bit[instance] = bit
+            self._names[bit] = instance
+            self._alive |= 1 << bit
+        for medium in new_mediums:
+            self._by_medium[medium] = {}
         for ev in events:
             if isinstance(ev, BlockStored):
                 for h in ev.block_hashes:
@@ -303,9 +314,10 @@ class KVIndex:
             self._stats["entries_dropped"] += 1
         self._entries[key] = 1
         self._by_instance[instance][(medium, h)] = None
-        self._by_medium.setdefault(medium, {}).setdefault(h, set()).add(instance)
-        holders = self._any.setdefault(h, {})
-        holders[instance] = holders.get(instance, 0) + 1
+        bit = 1 << self._bit[instance]
+        per_hash = self._by_medium[medium]
+        per_hash[h] = per_hash.get(h, 0) | bit
+        self._any[h] = self._any.get(h, 0) | bit
 
     def _remove(self, instance: str, medium: Medium, h: Hash) -> None:
         key = (instance, medium, h)
@@ -323,17 +335,18 @@ class KVIndex:
         """Forget one entry, whatever its count."""
         del self._entries[(instance, medium, h)]
         del self._by_instance[instance][(medium, h)]
+        bit = 1 << self._bit[instance]
         per_hash = self._by_medium[medium]
-        holders = per_hash[h]
-        holders.discard(instance)
-        if not holders:
-            del per_hash[h]
-        in_mediums = self._any[h]
-        if in_mediums[instance] > 1:
-            in_mediums[instance] -= 1
+        holders = per_hash[h] & ~bit
+        if holders:
+            per_hash[h] = holders
         else:
-            del in_mediums[instance]
-            if not in_mediums:
+            del per_hash[h]
+        if not any(m.get(h, 0) & bit for m in self._by_medium.values()):
+            anywhere = self._any[h] & ~bit
+            if anywhere:
+                self._any[h] = anywhere
+            else:
                 del self._any[h]
 
     def _forget(self, instance: str) -> None:
@@ -351,6 +364,9 @@ class KVIndex:
             return
         self._forget(instance)
         del self._by_instance[instance]
+        bit = self._bit.pop(instance)
+        del self._names[bit]
+        self._alive &= ~(1 << bit)
         self._stats["instances_removed"] += 1
 
     def clear(self) -> None:
@@ -359,6 +375,9 @@ class KVIndex:
         self._by_instance.clear()
         self._by_medium.clear()
         self._any.clear()
+        self._bit.clear()
+        self._names.clear()
+        self._alive = 0
 
     # ------------------------------------------------------------------ queries
     def longest_prefix(self, block_hashes: Sequence[int | bytes], medium: str | None = None) -> dict[str, int]:
@@ -386,20 +405,24 @@ class KVIndex:
         for j, h in enumerate(hashes):
             _check_hash(h, f"block_hashes[{j}]")
         result = dict.fromkeys(self._by_instance, 0)
-        alive = set(self._by_instance)
-        if medium is None:
-            table: dict[Hash, Any] = self._any
-        else:
-            table = self._by_medium.get(medium, {})
+        table = self._any if medium is None else self._by_medium.get(medium, {})
+        alive = self._alive  # the instances still in the running
         depth = 0
         for h in hashes:
-            holders = table.get(h)
-            if not alive or holders is None:
+            if not alive:
                 break
-            alive = {name for name in alive if name in holders}
-            for name in alive:
-                result[name] = depth + 1
+            kept = alive & table.get(h, 0)
+            gone = alive ^ kept
+            while gone:  # those that do not hold this block stop here
+                low = gone & -gone
+                result[self._names[low.bit_length() - 1]] = depth
+                gone ^= low
+            alive = kept
             depth += 1
+        while alive:  # the others hold every block
+            low = alive & -alive
+            result[self._names[low.bit_length() - 1]] = depth
+            alive ^= low
         return result
 
     def best_instance(
