@@ -4,6 +4,9 @@
 
 #include <Python.h>
 #include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
 /* 0: *out holds the int's value; -1: not an unsigned 64-bit value (no error left set). */
 static inline int kvcy_kvi_u64(PyObject *o, unsigned long long *out) {
 #if ULONG_MAX >= 0xFFFFFFFFFFFFFFFFULL
@@ -52,10 +55,42 @@ static inline int kvcy_kvi_ctz(unsigned long long x) { return __builtin_ctzll(x)
 #define kvcy_kvi_prefetch(p) ((void)(p))
 #endif
 #define KVI_NIL 0xFFFFFFFFu
-#define KVI_BYTES_SALT 0x9E3779B97F4A7C15ull
-#define KVI_MIX1 0xFF51AFD7ED558CCDull
-#define KVI_MIX2 0xC4CEB9FE1A85EC53ull
-#define KVI_MIX3 0x2545F4914F6CDD1Dull
-#define KVI_GOLDEN 0x9E3779B97F4A7C15ull
+#define KVI_GOLDEN 0x9E3779B97F4A7C15ull  /* 2**64 / phi */
+
+static inline uint64_t kvcy_kvi_mix(uint64_t x) {  /* MurmurHash3's 64-bit finaliser */
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* A 64-bit digest of n bytes: the key of a bytes hash (equal keys are then compared in full). */
+static inline uint64_t kvcy_kvi_digest(const char *p, Py_ssize_t n) {
+    uint64_t h = KVI_GOLDEN ^ (uint64_t)n, w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = kvcy_kvi_mix(h ^ w) + 0x2545F4914F6CDD1Dull;
+    }
+    if (n > 0) {
+        w = 0;
+        memcpy(&w, p, (size_t)n);
+        h = kvcy_kvi_mix(h ^ w ^ ((uint64_t)n << 56));
+    }
+    return kvcy_kvi_mix(h);
+}
+
+/* The first slot to probe in a table of 2**(64 - shift) slots: Fibonacci hashing (the top bits
+ * of the key times 2**64 / phi); a bytes hash's digest is salted apart from the ints first. */
+static inline Py_ssize_t kvcy_kvi_home(uint64_t key, uint32_t tag, int shift) {
+    if (tag) key ^= 0x5851F42D4C957F2Dull;
+    return (Py_ssize_t)((key * KVI_GOLDEN) >> shift);
+}
+
+/* An entry's key: (hash id, medium id, instance id). */
+static inline uint64_t kvcy_kvi_pack(uint32_t hid, uint32_t mid, uint32_t iid) {
+    return ((uint64_t)hid << 24) | ((uint64_t)mid << 16) | (uint64_t)iid;
+}
 
 #endif /* KVCY_KV_INDEX_H */

@@ -56,52 +56,14 @@ cdef extern from "_kv_index.h":
     int kvcy_kvi_ctz(unsigned long long x) noexcept nogil
     void kvcy_kvi_prefetch(const void *p) noexcept nogil
     uint32_t NIL "KVI_NIL"
-    uint64_t BYTES_SALT "KVI_BYTES_SALT"
-    uint64_t MIX1 "KVI_MIX1"
-    uint64_t MIX2 "KVI_MIX2"
-    uint64_t MIX3 "KVI_MIX3"
-    uint64_t GOLDEN "KVI_GOLDEN"
+    uint64_t _digest "kvcy_kvi_digest"(const char *p, Py_ssize_t n) noexcept nogil
+    Py_ssize_t _home "kvcy_kvi_home"(uint64_t key, uint32_t tag, int shift) noexcept nogil
+    uint64_t _pack "kvcy_kvi_pack"(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil
 
 ctypedef struct Slot:
     uint64_t key
     uint32_t val    # the index (hid or entry) + 1; 0: empty
     uint32_t tag    # hash table: 1 for a bytes hash; entry table: 0
-
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    x ^= x >> 33
-    x *= MIX1
-    x ^= x >> 33
-    x *= MIX2
-    x ^= x >> 33
-    return x
-
-
-cdef inline uint64_t _digest(const char *p, Py_ssize_t n) noexcept nogil:
-    """A 64-bit digest of ``n`` bytes (the key of a bytes hash; equal keys are compared in full)."""
-    cdef uint64_t h = BYTES_SALT ^ <uint64_t>n
-    cdef uint64_t w
-    while n >= 8:
-        memcpy(&w, p, 8)
-        h = _mix(h ^ w) + MIX3
-        p += 8
-        n -= 8
-    if n > 0:
-        w = 0
-        memcpy(&w, p, n)
-        h = _mix(h ^ w ^ (<uint64_t>n << 56))
-    return _mix(h)
-
-
-cdef inline Py_ssize_t _home(uint64_t key, uint32_t tag, int shift) noexcept nogil:
-    """The first slot to probe: Fibonacci hashing (the top bits of ``key`` times 2**64 / phi)."""
-    if tag:
-        key ^= BYTES_SALT
-    return <Py_ssize_t>((key * GOLDEN) >> shift)
-
-
-cdef inline uint64_t _pack(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil:
-    return (<uint64_t>hid << 24) | (<uint64_t>mid << 16) | <uint64_t>iid
-
 
 cdef inline int _read_hash(PyObject *h, uint64_t *key, PyObject **obj) noexcept:
     """0: ``*key``/``*obj`` describe the hash; 1: not an int or bytes; 2: an int out of range."""
@@ -149,6 +111,14 @@ cdef void *_grow(void *p, Py_ssize_t old_n, Py_ssize_t new_n, Py_ssize_t size) e
     return q
 
 
+cdef inline Py_ssize_t _capacity(Py_ssize_t cap, Py_ssize_t want, Py_ssize_t least) noexcept:
+    """A new capacity for ``want`` items: doubled (at least ``least``), below ``NIL``."""
+    cap = max(least, 2 * cap)
+    while cap < want:
+        cap *= 2
+    return min(cap, <Py_ssize_t>NIL - 1)
+
+
 cdef object _buffer_error(Py_buffer *view):
     fmt = "B" if view.format == NULL else (<bytes>view.format).decode("ascii", "replace")
     return TypeError("block_hashes as a buffer must be a 1-D C-contiguous array of unsigned 64-bit ints "
@@ -169,50 +139,40 @@ cdef bint _u64_buffer(Py_buffer *view) noexcept:
 cdef class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
 
-    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
-    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
-    them into entries, one per ``(instance, medium, block hash)``, and
-    :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
-    stands for the whole prefix up to block ``i``), how many leading blocks each
-    instance holds.  :meth:`best_instance` picks the instance with the longest.
+    Each instance (any ``str``, kept as a plain ``str``: ``"host:port"``, ``"host:port/dp0"``)
+    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold them into
+    entries, one per ``(instance, medium, block hash)``; :meth:`longest_prefix` tells, for a
+    request's chained block hashes (hash ``i`` stands for the prefix up to block ``i``), how
+    many leading blocks each instance holds, and :meth:`best_instance` picks the longest.
 
     Semantics, the same in both twins:
 
-    * An entry is reference-counted.  ``BlockStored`` adds one per hash (a new
-      entry starts at one), ``BlockRemoved`` takes one away; the entry is gone at
-      zero.  So a hash stored twice in one medium (two KV-cache groups of a hybrid
-      model, or two blocks of one group with the same hash, as vLLM's prefix cache
-      allows) and removed once is still held, as in vLLM, where each cached copy
-      is evicted, and reported, separately.  (vLLM's ``kv_cache_report_mode="full"``
-      re-reports prefix hits as ``BlockStored`` with no removal to match; under it
-      an entry can outlive its blocks until ``AllBlocksCleared`` or
-      :meth:`remove_instance`.)  ``group_idx`` is otherwise not kept.
-    * Mediums are kept apart: a hash stored in ``"GPU"`` and ``"CPU"`` is two
-      entries, and removing it from one leaves the other.  ``None`` is a medium of
-      its own.  Queries with ``medium=None`` count a block held in any medium.
-    * A ``BlockRemoved`` hash the instance does not hold in that medium is a
-      no-op, counted as ``stats["removals_unknown"]``.
-    * ``AllBlocksCleared`` forgets every entry of the instance, in every medium
-      (vLLM sends it when its prefix cache is reset).
-    * Block hashes are kept exactly as received: an ``int`` (vLLM's default, the
-      low 64 bits, ``0 <= h < 2**64``) or ``bytes`` (``use_int_block_hashes=False``).
-      ``5`` and ``b"\\x05"`` are different hashes; do not mix the two forms in one
-      fleet.  ``bool`` is no block hash, nor is a subclass of ``bytes``.
-    * LoRA fields are ignored: vLLM's block hashes already cover the adapter
-      (its name is one of the hash's extra keys).
-    * ``data_parallel_rank`` is ignored: name the instances per rank if the
-      ranks should be told apart.
-    * With ``max_blocks``, a store that would make more entries than that first
-      drops the least recently stored entry (storing an entry again makes it the
-      most recent), whatever its count; ``stats["entries_dropped"]`` counts them.
-      A later removal of a dropped entry counts as unknown.
+    * An entry is reference-counted: each ``BlockStored`` hash adds one, each ``BlockRemoved``
+      hash takes one away, and the entry is gone at zero.  A hash stored twice in one medium
+      (by two KV-cache groups of a hybrid model, or by two blocks of one group, as vLLM's
+      prefix cache allows) and removed once is still held: vLLM evicts, and reports, each
+      copy apart.  (With vLLM's ``kv_cache_report_mode="full"``, prefix hits are re-reported
+      as ``BlockStored`` with no removal to match, so an entry can outlive its blocks until
+      ``AllBlocksCleared`` or :meth:`remove_instance`.)  ``group_idx`` is not kept otherwise.
+    * Mediums are apart: a hash in ``"GPU"`` and ``"CPU"`` is two entries; removing one leaves
+      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.
+    * A ``BlockRemoved`` hash not held in that medium is a no-op, counted
+      (``stats["removals_unknown"]``).  ``AllBlocksCleared`` forgets all the instance holds,
+      in every medium (vLLM sends it when its prefix cache is reset).
+    * Hashes are kept as received: ``int`` (vLLM's default, the low 64 bits) or ``bytes``
+      (``use_int_block_hashes=False``); ``5`` and ``b"\\x05"`` differ, so do not mix the forms
+      in one fleet.  ``bool`` and ``bytes`` subclasses are no hashes.  LoRA fields are ignored
+      (vLLM's hashes cover the adapter's name), and so is ``data_parallel_rank`` (name the
+      instances per rank to tell the ranks apart).
+    * With ``max_blocks``, a store that would make one entry too many first drops the least
+      recently stored entry (storing one again makes it the most recent), whatever its count,
+      counted in ``stats["entries_dropped"]``; a later removal of it counts as unknown.
 
-    Bad input raises before the call changes anything: ``TypeError`` for an
-    instance name that is not a ``str``, an event that is not one of the three
-    classes, ``block_hashes`` that is not a list or tuple, a hash that is neither
-    ``int`` nor ``bytes``, a medium that is neither ``str`` nor ``None``;
-    ``ValueError`` for an ``int`` hash outside ``[0, 2**64)``, more than
-    ``MAX_INSTANCES`` instances or ``MAX_MEDIUMS`` mediums.
+    Bad input raises before the call changes anything: ``TypeError`` for a name that is not a
+    ``str``, an event not of the three classes, ``block_hashes`` not a list or tuple, a hash
+    neither ``int`` nor ``bytes``, a medium neither ``str`` nor ``None``; ``ValueError`` for an
+    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances or
+    ``MAX_MEDIUMS`` mediums.
     """
 
     cdef object _max_blocks_obj
@@ -264,22 +224,7 @@ cdef class KVIndex:
     cdef Py_ssize_t _bytes_held
 
     def __cinit__(self):
-        self._hmask = -1
-        self._emask = -1
-        self._W = 1
-        self._mcap = 1
-        self._stride = 2
-        self._hfree = NIL
-        self._efree = NIL
-        self._lru_head = NIL
-        self._lru_tail = NIL
-        self._iids = {}
-        self._order = []
-        self._template = None
-        self._ints = []
-        self._free_iids = []
-        self._mids = {}
-        self._mnames = []
+        self._reset()
 
     def __init__(self, max_blocks: int | None = None) -> None:
         """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
@@ -293,22 +238,23 @@ cdef class KVIndex:
                 raise TypeError(f"max_blocks must be an int or None, got {type(max_blocks).__name__}")
             if max_blocks < 1:
                 raise ValueError(f"max_blocks must be at least 1 (or None), got {max_blocks}")
-        # Called again, __init__ starts afresh, as the pure twin's does.
-        self._free_all()
+        self._reset()  # called again, __init__ starts afresh, as the pure twin's does
         self._max_blocks_obj = max_blocks
         self._max_blocks = -1 if max_blocks is None else min(max_blocks, <Py_ssize_t>NIL - 1)
         self._events_applied = self._batches_applied = self._blocks_stored = self._blocks_removed = 0
         self._removals_unknown = self._all_blocks_cleared = self._entries_cleared = 0
         self._entries_dropped = self._instances_removed = 0
-        self._iids = {}
-        self._order = []
-        self._template = None
-        self._free_iids = []
-        self._mids = {}
-        self._mnames = []
 
     def __dealloc__(self):
         self._free_all()
+
+    cdef int _reset(self) except -1:
+        """Forget everything but the counters: the C arrays first, then the Python containers."""
+        self._free_all()
+        self._iids, self._order, self._free_iids, self._mids, self._mnames = {}, [], [], {}, []
+        self._template = None
+        self._ints = []
+        return 0
 
     cdef void _free_all(self) noexcept:
         cdef Py_ssize_t h
@@ -321,15 +267,17 @@ cdef class KVIndex:
         PyMem_Free(self._eprev); PyMem_Free(self._enext); PyMem_Free(self._iprev); PyMem_Free(self._inext)
         PyMem_Free(self._ihead); PyMem_Free(self._icount); PyMem_Free(self._oiid); PyMem_Free(self._alive)
         PyMem_Free(self._qpos); PyMem_Free(self._qcur)
-        self._hslots = NULL; self._hkey = NULL; self._hobj = NULL; self._hrefs = NULL; self._bits = NULL
-        self._eslots = NULL; self._ekey = NULL; self._ecount = NULL; self._eprev = NULL; self._enext = NULL
-        self._iprev = NULL; self._inext = NULL; self._ihead = NULL; self._icount = NULL; self._oiid = NULL
-        self._alive = NULL; self._qpos = NULL; self._qcur = NULL
-        self._hmask = -1; self._emask = -1; self._hcap = 0; self._hlive = 0; self._ecap = 0; self._elive = 0
-        self._icap = 0; self._inext_new = 0
-        self._W = 1; self._mcap = 1; self._stride = 2
-        self._hfree = NIL; self._efree = NIL; self._lru_head = NIL; self._lru_tail = NIL
-        self._bytes_held = 0
+        self._hslots = self._eslots = NULL
+        self._hkey = self._bits = self._ekey = self._alive = self._qcur = NULL
+        self._hobj = NULL
+        self._hrefs = self._ecount = self._eprev = self._enext = self._iprev = self._inext = NULL
+        self._ihead = self._oiid = NULL
+        self._icount = self._qpos = NULL
+        self._hmask = self._emask = -1
+        self._hcap = self._hlive = self._ecap = self._elive = self._icap = self._inext_new = self._bytes_held = 0
+        self._W = self._mcap = 1
+        self._stride = 2
+        self._hfree = self._efree = self._lru_head = self._lru_tail = NIL
 
     # ------------------------------------------------------------------ hash table
     cdef inline uint32_t _hfind(self, uint64_t key, PyObject *obj) noexcept:
@@ -459,9 +407,7 @@ cdef class KVIndex:
         if W != self._W or mcap != self._mcap or self._alive == NULL:
             self._relayout(W, mcap)
         if iid >= self._icap:
-            cap = max(8, 2 * self._icap)
-            while cap <= iid:
-                cap *= 2
+            cap = _capacity(self._icap, iid + 1, 8)
             self._ihead = <uint32_t *>_grow(self._ihead, self._icap, cap, sizeof(uint32_t))
             self._icount = <Py_ssize_t *>_grow(self._icount, self._icap, cap, sizeof(Py_ssize_t))
             self._oiid = <uint32_t *>_grow(self._oiid, self._icap, cap, sizeof(uint32_t))
@@ -475,10 +421,7 @@ cdef class KVIndex:
         if want > <Py_ssize_t>NIL - 1:
             raise MemoryError("too many entries for one index")
         if want > self._ecap:
-            cap = max(64, 2 * self._ecap)
-            while cap < want:
-                cap *= 2
-            cap = min(cap, <Py_ssize_t>NIL - 1)
+            cap = _capacity(self._ecap, want, 64)
             self._ekey = <uint64_t *>_grow(self._ekey, self._ecap, cap, sizeof(uint64_t))
             self._ecount = <uint32_t *>_grow(self._ecount, self._ecap, cap, sizeof(uint32_t))
             self._eprev = <uint32_t *>_grow(self._eprev, self._ecap, cap, sizeof(uint32_t))
@@ -492,10 +435,7 @@ cdef class KVIndex:
         self._rehash(False, want)
         want = self._hlive + new_entries
         if want > self._hcap:
-            cap = max(64, 2 * self._hcap)
-            while cap < want:
-                cap *= 2
-            cap = min(cap, <Py_ssize_t>NIL - 1)
+            cap = _capacity(self._hcap, want, 64)
             self._hkey = <uint64_t *>_grow(self._hkey, self._hcap, cap, sizeof(uint64_t))
             self._hobj = <PyObject **>_grow(self._hobj, self._hcap, cap, sizeof(PyObject *))
             self._hrefs = <uint32_t *>_grow(self._hrefs, self._hcap, cap, sizeof(uint32_t))
@@ -772,7 +712,7 @@ cdef class KVIndex:
         n = len(events)
         staged = []          # the events' hashes, as tuples: they keep the bytes alive
         ev_mediums = []
-        new_mediums = []
+        new_mediums = []     # made here: filled below with appends only (no garbage collection)
         try:
             info = <Py_ssize_t *>PyMem_Malloc(<size_t>(3 * n + 1) * sizeof(Py_ssize_t))
             if info == NULL:
@@ -816,11 +756,15 @@ cdef class KVIndex:
                 medium = ev.medium
                 _check_medium(medium, f"events[{i}].medium")
                 ev_mediums.append(medium)
-                if medium not in self._mids and medium not in new_mediums:
+            # 2. From here on no Python code runs (a finalizer run by the garbage collector while
+            # the hashes were copied may have changed the index): count the new mediums, find the
+            # instance a place and reserve all the memory the events may take.
+            for i in range(n):
+                medium = ev_mediums[i]
+                if info[3 * i] != 2 and medium not in self._mids and medium not in new_mediums:
                     new_mediums.append(medium)
             if len(self._mnames) + len(new_mediums) > MAX_MEDIUMS:
                 raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
-            # 2. Find the instance a place, and reserve all the memory the events may take.
             iid_obj = self._iids.get(instance)
             new_instance = iid_obj is None
             if new_instance:
@@ -830,7 +774,7 @@ cdef class KVIndex:
             else:
                 iid = iid_obj
             self._reserve(nstore, iid, len(self._mnames) + len(new_mediums))
-            # 3. Commit: the names first (Python code may run), then the C work, which cannot fail.
+            # 3. Commit: the names first, then the C work, which cannot fail.
             for medium in new_mediums:
                 self._mids[medium] = len(self._mnames)
                 self._mnames.append(medium)
@@ -898,13 +842,7 @@ cdef class KVIndex:
 
     def clear(self) -> None:
         """Forget every instance, entry and medium (the counters of ``stats`` are kept)."""
-        self._free_all()
-        self._iids = {}
-        self._order = []
-        self._template = None
-        self._free_iids = []
-        self._mids = {}
-        self._mnames = []
+        self._reset()
 
     # ------------------------------------------------------------------ queries
     cdef inline bint _narrow(self, const uint64_t *row, Py_ssize_t depth) noexcept:

@@ -78,50 +78,40 @@ def _query_hashes(block_hashes: object) -> Sequence[Any]:
 class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
 
-    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
-    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
-    them into entries, one per ``(instance, medium, block hash)``, and
-    :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
-    stands for the whole prefix up to block ``i``), how many leading blocks each
-    instance holds.  :meth:`best_instance` picks the instance with the longest.
+    Each instance (any ``str``, kept as a plain ``str``: ``"host:port"``, ``"host:port/dp0"``)
+    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold them into
+    entries, one per ``(instance, medium, block hash)``; :meth:`longest_prefix` tells, for a
+    request's chained block hashes (hash ``i`` stands for the prefix up to block ``i``), how
+    many leading blocks each instance holds, and :meth:`best_instance` picks the longest.
 
     Semantics, the same in both twins:
 
-    * An entry is reference-counted.  ``BlockStored`` adds one per hash (a new
-      entry starts at one), ``BlockRemoved`` takes one away; the entry is gone at
-      zero.  So a hash stored twice in one medium (two KV-cache groups of a hybrid
-      model, or two blocks of one group with the same hash, as vLLM's prefix cache
-      allows) and removed once is still held, as in vLLM, where each cached copy
-      is evicted, and reported, separately.  (vLLM's ``kv_cache_report_mode="full"``
-      re-reports prefix hits as ``BlockStored`` with no removal to match; under it
-      an entry can outlive its blocks until ``AllBlocksCleared`` or
-      :meth:`remove_instance`.)  ``group_idx`` is otherwise not kept.
-    * Mediums are kept apart: a hash stored in ``"GPU"`` and ``"CPU"`` is two
-      entries, and removing it from one leaves the other.  ``None`` is a medium of
-      its own.  Queries with ``medium=None`` count a block held in any medium.
-    * A ``BlockRemoved`` hash the instance does not hold in that medium is a
-      no-op, counted as ``stats["removals_unknown"]``.
-    * ``AllBlocksCleared`` forgets every entry of the instance, in every medium
-      (vLLM sends it when its prefix cache is reset).
-    * Block hashes are kept exactly as received: an ``int`` (vLLM's default, the
-      low 64 bits, ``0 <= h < 2**64``) or ``bytes`` (``use_int_block_hashes=False``).
-      ``5`` and ``b"\\x05"`` are different hashes; do not mix the two forms in one
-      fleet.  ``bool`` is no block hash, nor is a subclass of ``bytes``.
-    * LoRA fields are ignored: vLLM's block hashes already cover the adapter
-      (its name is one of the hash's extra keys).
-    * ``data_parallel_rank`` is ignored: name the instances per rank if the
-      ranks should be told apart.
-    * With ``max_blocks``, a store that would make more entries than that first
-      drops the least recently stored entry (storing an entry again makes it the
-      most recent), whatever its count; ``stats["entries_dropped"]`` counts them.
-      A later removal of a dropped entry counts as unknown.
+    * An entry is reference-counted: each ``BlockStored`` hash adds one, each ``BlockRemoved``
+      hash takes one away, and the entry is gone at zero.  A hash stored twice in one medium
+      (by two KV-cache groups of a hybrid model, or by two blocks of one group, as vLLM's
+      prefix cache allows) and removed once is still held: vLLM evicts, and reports, each
+      copy apart.  (With vLLM's ``kv_cache_report_mode="full"``, prefix hits are re-reported
+      as ``BlockStored`` with no removal to match, so an entry can outlive its blocks until
+      ``AllBlocksCleared`` or :meth:`remove_instance`.)  ``group_idx`` is not kept otherwise.
+    * Mediums are apart: a hash in ``"GPU"`` and ``"CPU"`` is two entries; removing one leaves
+      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.
+    * A ``BlockRemoved`` hash not held in that medium is a no-op, counted
+      (``stats["removals_unknown"]``).  ``AllBlocksCleared`` forgets all the instance holds,
+      in every medium (vLLM sends it when its prefix cache is reset).
+    * Hashes are kept as received: ``int`` (vLLM's default, the low 64 bits) or ``bytes``
+      (``use_int_block_hashes=False``); ``5`` and ``b"\\x05"`` differ, so do not mix the forms
+      in one fleet.  ``bool`` and ``bytes`` subclasses are no hashes.  LoRA fields are ignored
+      (vLLM's hashes cover the adapter's name), and so is ``data_parallel_rank`` (name the
+      instances per rank to tell the ranks apart).
+    * With ``max_blocks``, a store that would make one entry too many first drops the least
+      recently stored entry (storing one again makes it the most recent), whatever its count,
+      counted in ``stats["entries_dropped"]``; a later removal of it counts as unknown.
 
-    Bad input raises before the call changes anything: ``TypeError`` for an
-    instance name that is not a ``str``, an event that is not one of the three
-    classes, ``block_hashes`` that is not a list or tuple, a hash that is neither
-    ``int`` nor ``bytes``, a medium that is neither ``str`` nor ``None``;
-    ``ValueError`` for an ``int`` hash outside ``[0, 2**64)``, more than
-    ``MAX_INSTANCES`` instances or ``MAX_MEDIUMS`` mediums.
+    Bad input raises before the call changes anything: ``TypeError`` for a name that is not a
+    ``str``, an event not of the three classes, ``block_hashes`` not a list or tuple, a hash
+    neither ``int`` nor ``bytes``, a medium neither ``str`` nor ``None``; ``ValueError`` for an
+    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances or
+    ``MAX_MEDIUMS`` mediums.
     """
 
     def __init__(self, max_blocks: int | None = None) -> None:
