@@ -88,6 +88,40 @@ static inline Py_ssize_t kvcy_kvi_home(uint64_t key, uint32_t tag, int shift) {
     return (Py_ssize_t)((key * KVI_GOLDEN) >> shift);
 }
 
+/* A slot of the open-addressing tables (linear probing): the hash table (hash -> hid) and the
+ * entry table ((hid, medium, instance) -> entry). */
+typedef struct {
+    uint64_t key;
+    uint32_t val;  /* the index (hid or entry) + 1; 0: empty */
+    uint32_t tag;  /* hash table: 1 for a bytes hash; entry table: 0 */
+} kvi_slot;
+
+/* Put val under key (not in the table) in the first free slot from key's home. */
+static inline void kvcy_kvi_slot_put(kvi_slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                                     uint32_t val) {
+    Py_ssize_t i = kvcy_kvi_home(key, tag, shift);
+    while (slots[i].val) i = (i + 1) & mask;
+    slots[i].key = key;
+    slots[i].tag = tag;
+    slots[i].val = val;
+}
+
+/* Delete the slot holding val (found from key's home), shifting its followers back so that no
+ * probe sequence has a hole (no tombstones). */
+static inline void kvcy_kvi_slot_del(kvi_slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                                     uint32_t val) {
+    Py_ssize_t i = kvcy_kvi_home(key, tag, shift), j, k;
+    while (slots[i].val != val) i = (i + 1) & mask;
+    for (j = (i + 1) & mask; slots[j].val; j = (j + 1) & mask) {
+        k = kvcy_kvi_home(slots[j].key, slots[j].tag, shift);
+        /* Slot j stays where it is when its home lies cyclically in (i, j]. */
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j)) continue;
+        slots[i] = slots[j];
+        i = j;
+    }
+    slots[i].val = 0;
+}
+
 /* An entry's key: (hash id, medium id, instance id). */
 static inline uint64_t kvcy_kvi_pack(uint32_t hid, uint32_t mid, uint32_t iid) {
     return ((uint64_t)hid << 24) | ((uint64_t)mid << 16) | (uint64_t)iid;

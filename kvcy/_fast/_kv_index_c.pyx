@@ -16,12 +16,11 @@ arrays:
   instance (so ``AllBlocksCleared`` and ``remove_instance`` cost what the
   instance holds).
 
-A query walks the hashes once, narrowing a bitset of the instances still in
-the running and recording the position where each one drops out.  An
-``apply_events`` call checks and copies every hash first, then reserves all
-the memory the events may need, then applies them with no Python code and no
-allocation in between: a bad input or a ``MemoryError`` leaves the index as
-it was.
+A query walks the hashes once, narrowing the running set of instances and
+recording where each one drops out.  ``apply_events`` checks and copies every
+hash, reserves all the memory the events may take, then applies them with no
+Python code or allocation in between: bad input or a ``MemoryError`` leaves
+the index as it was.  C helpers (tables, hashing) are in ``_kv_index.h``.
 """
 
 cimport cython
@@ -60,10 +59,14 @@ cdef extern from "_kv_index.h":
     Py_ssize_t _home "kvcy_kvi_home"(uint64_t key, uint32_t tag, int shift) noexcept nogil
     uint64_t _pack "kvcy_kvi_pack"(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil
 
-ctypedef struct Slot:
-    uint64_t key
-    uint32_t val    # the index (hid or entry) + 1; 0: empty
-    uint32_t tag    # hash table: 1 for a bytes hash; entry table: 0
+    ctypedef struct Slot "kvi_slot":
+        uint64_t key
+        uint32_t val    # the index (hid or entry) + 1; 0: empty
+        uint32_t tag    # hash table: 1 for a bytes hash; entry table: 0
+    void _slot_put "kvcy_kvi_slot_put"(Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                                       uint32_t val) noexcept nogil
+    void _slot_del "kvcy_kvi_slot_del"(Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                                       uint32_t val) noexcept nogil
 
 cdef inline int _read_hash(PyObject *h, uint64_t *key, PyObject **obj) noexcept:
     """0: ``*key``/``*obj`` describe the hash; 1: not an int or bytes; 2: an int out of range."""
@@ -120,19 +123,13 @@ cdef inline Py_ssize_t _capacity(Py_ssize_t cap, Py_ssize_t want, Py_ssize_t lea
 
 
 cdef object _buffer_error(Py_buffer *view):
+    """None for a 1-D C-contiguous buffer of unsigned 64-bit ints, else the TypeError to raise."""
     fmt = "B" if view.format == NULL else (<bytes>view.format).decode("ascii", "replace")
+    if view.ndim == 1 and view.itemsize == 8 and fmt in ("Q", "L", "@Q", "@L", "=Q", "<Q") \
+            and PyBuffer_IsContiguous(view, b"C"):
+        return None
     return TypeError("block_hashes as a buffer must be a 1-D C-contiguous array of unsigned 64-bit ints "
                      f"(format 'Q' or 'L'), got format {fmt!r} with {view.ndim} dimension(s)")
-
-
-cdef bint _u64_buffer(Py_buffer *view) noexcept:
-    cdef bytes fmt
-    if view.ndim != 1 or view.itemsize != 8 or not PyBuffer_IsContiguous(view, b"C"):
-        return False
-    if view.format == NULL:
-        return False
-    fmt = <bytes>view.format
-    return fmt in (b"Q", b"L", b"@Q", b"@L", b"=Q", b"<Q")
 
 
 @cython.final
@@ -198,7 +195,7 @@ cdef class KVIndex:
     cdef uint32_t *_eprev
     cdef uint32_t *_enext                # least recently stored first; free: the next free entry
     cdef uint32_t *_iprev
-    cdef uint32_t *_inext                # per instance
+    cdef uint32_t *_inext                # the instance's entries
     cdef Py_ssize_t _ecap, _elive
     cdef uint32_t _efree, _lru_head, _lru_tail
     # instances
@@ -206,8 +203,7 @@ cdef class KVIndex:
     cdef dict _template                  # {name: 0} in _order's order (None: to rebuild)
     cdef list _ints                      # 0, 1, 2, ...: the counts a query returns
     cdef dict _result                    # the next query's result, made by _prepare
-    cdef list _order                     # names, first seen first
-    cdef list _free_iids
+    cdef list _order, _free_iids         # names, first seen first; iids to reuse
     cdef Py_ssize_t _icap, _inext_new
     cdef uint32_t *_ihead
     cdef Py_ssize_t *_icount
@@ -304,35 +300,6 @@ cdef class KVIndex:
                     return s.val - 1
             i = (i + 1) & self._hmask
 
-    cdef inline void _slot_put(self, Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
-                               uint32_t val) noexcept:
-        cdef Py_ssize_t i = _home(key, tag, shift)
-        while slots[i].val:
-            i = (i + 1) & mask
-        slots[i].key = key
-        slots[i].tag = tag
-        slots[i].val = val
-
-    cdef void _slot_del(self, Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
-                        uint32_t val) noexcept:
-        """Delete the slot holding ``val`` (found from ``key``'s home), shifting its followers back."""
-        cdef Py_ssize_t i = _home(key, tag, shift)
-        cdef Py_ssize_t j, k
-        while slots[i].val != val:
-            i = (i + 1) & mask
-        j = i
-        while True:
-            j = (j + 1) & mask
-            if slots[j].val == 0:
-                break
-            k = _home(slots[j].key, slots[j].tag, shift)
-            # Leave slot j where it is when its home lies cyclically in (i, j].
-            if (i <= j and i < k <= j) or (i > j and (k > i or k <= j)):
-                continue
-            slots[i] = slots[j]
-            i = j
-        slots[i].val = 0
-
     cdef int _rehash(self, bint hashes, Py_ssize_t want) except -1:
         """Rebuild a table with room for ``want`` items at a load of at most one half."""
         cdef Py_ssize_t n = 16, i
@@ -350,7 +317,7 @@ cdef class KVIndex:
         if hashes:
             for i in range(self._hcap):
                 if self._hrefs[i]:
-                    self._slot_put(slots, n - 1, shift, self._hkey[i], self._hobj[i] != NULL, <uint32_t>i + 1)
+                    _slot_put(slots, n - 1, shift, self._hkey[i], self._hobj[i] != NULL, <uint32_t>i + 1)
             PyMem_Free(self._hslots)
             self._hslots = slots
             self._hmask = n - 1
@@ -358,7 +325,7 @@ cdef class KVIndex:
         else:
             for i in range(self._ecap):
                 if self._ecount[i]:
-                    self._slot_put(slots, n - 1, shift, self._ekey[i], 0, <uint32_t>i + 1)
+                    _slot_put(slots, n - 1, shift, self._ekey[i], 0, <uint32_t>i + 1)
             PyMem_Free(self._eslots)
             self._eslots = slots
             self._emask = n - 1
@@ -460,13 +427,6 @@ cdef class KVIndex:
             i = (i + 1) & self._emask
         return NIL
 
-    cdef inline void _set_bit(self, uint32_t hid, uint32_t mid, uint32_t iid) noexcept:
-        cdef uint64_t *row = &self._bits[<Py_ssize_t>hid * self._stride]
-        cdef uint64_t bit = (<uint64_t>1) << (iid & 63)
-        cdef Py_ssize_t w = iid >> 6
-        row[w] |= bit
-        row[(mid + 1) * self._W + w] |= bit
-
     cdef void _drop(self, uint32_t e) noexcept:
         """Forget entry ``e``, whatever its count."""
         cdef uint64_t ekey = self._ekey[e]
@@ -475,7 +435,7 @@ cdef class KVIndex:
         cdef uint64_t bit = (<uint64_t>1) << (iid & 63), anywhere = 0
         cdef Py_ssize_t w = iid >> 6, m, nmed = len(self._mnames)
         cdef PyObject *obj
-        self._slot_del(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
+        _slot_del(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
         # Out of the least-recently-stored list and the instance's list, onto the free list.
         if self._eprev[e] != NIL:
             self._enext[self._eprev[e]] = self._enext[e]
@@ -505,7 +465,7 @@ cdef class KVIndex:
         self._hrefs[hid] -= 1
         if self._hrefs[hid] == 0:
             obj = self._hobj[hid]
-            self._slot_del(self._hslots, self._hmask, self._hshift, self._hkey[hid], obj != NULL, hid + 1)
+            _slot_del(self._hslots, self._hmask, self._hshift, self._hkey[hid], obj != NULL, hid + 1)
             if obj != NULL:
                 self._bytes_held -= PyBytes_GET_SIZE(<object>obj) + 33
                 self._hobj[hid] = NULL
@@ -517,6 +477,7 @@ cdef class KVIndex:
     cdef void _store(self, uint32_t iid, uint32_t mid, uint64_t key, PyObject *obj) noexcept:
         cdef uint32_t hid = self._hfind(key, obj), e = NIL
         cdef uint64_t ekey
+        cdef uint64_t *row
         if hid != NIL:
             e = self._efind(_pack(hid, mid, iid))
             if e != NIL:
@@ -547,14 +508,14 @@ cdef class KVIndex:
                 self._bytes_held += PyBytes_GET_SIZE(<object>obj) + 33
             self._hrefs[hid] = 0
             memset(&self._bits[<Py_ssize_t>hid * self._stride], 0, <size_t>self._stride * sizeof(uint64_t))
-            self._slot_put(self._hslots, self._hmask, self._hshift, key, obj != NULL, hid + 1)
+            _slot_put(self._hslots, self._hmask, self._hshift, key, obj != NULL, hid + 1)
             self._hlive += 1
         e = self._efree
         self._efree = self._enext[e]
         ekey = _pack(hid, mid, iid)
         self._ekey[e] = ekey
         self._ecount[e] = 1
-        self._slot_put(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
+        _slot_put(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
         self._eprev[e] = self._lru_tail
         self._enext[e] = NIL
         if self._lru_tail != NIL:
@@ -570,7 +531,9 @@ cdef class KVIndex:
         self._icount[iid] += 1
         self._elive += 1
         self._hrefs[hid] += 1
-        self._set_bit(hid, mid, iid)
+        row = &self._bits[<Py_ssize_t>hid * self._stride]
+        row[iid >> 6] |= (<uint64_t>1) << (iid & 63)  # held anywhere
+        row[(mid + 1) * self._W + (iid >> 6)] |= (<uint64_t>1) << (iid & 63)  # held in this medium
 
     cdef void _remove(self, uint32_t iid, uint32_t mid, uint64_t key, PyObject *obj) noexcept:
         cdef uint32_t hid = self._hfind(key, obj), e = NIL
@@ -705,7 +668,6 @@ cdef class KVIndex:
         cdef Py_ssize_t *info = NULL     # per event: kind (0 stored, 1 removed, 2 cleared), mid, count
         cdef PyObject **items
         cdef int code
-        cdef bint new_instance
         instance = _instance_name(instance, "instance")
         if not isinstance(events, (list, tuple)):
             events = list(events)
@@ -766,8 +728,7 @@ cdef class KVIndex:
             if len(self._mnames) + len(new_mediums) > MAX_MEDIUMS:
                 raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
             iid_obj = self._iids.get(instance)
-            new_instance = iid_obj is None
-            if new_instance:
+            if iid_obj is None:
                 if len(self._order) >= MAX_INSTANCES:
                     raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
                 iid = self._free_iids[len(self._free_iids) - 1] if self._free_iids else self._inext_new
@@ -778,7 +739,7 @@ cdef class KVIndex:
             for medium in new_mediums:
                 self._mids[medium] = len(self._mnames)
                 self._mnames.append(medium)
-            if new_instance:
+            if iid_obj is None:
                 if self._free_iids:
                     self._free_iids.pop()
                 else:
@@ -905,8 +866,9 @@ cdef class KVIndex:
             if PyObject_CheckBuffer(seq):
                 PyObject_GetBuffer(seq, &view, PyBUF_FORMAT | PyBUF_STRIDES)
                 try:
-                    if not _u64_buffer(&view):
-                        raise _buffer_error(&view)
+                    error = _buffer_error(&view)
+                    if error is not None:
+                        raise error
                     self._prepare(view.shape[0])
                     return self._walk(NULL, <const uint64_t *>view.buf, view.shape[0], off)
                 finally:
