@@ -629,3 +629,40 @@ def test_finalizers_that_change_the_index_mid_call_do_not_crash(KVIndex):
         gc.set_threshold(*old)
         gc.collect()
     assert index.num_blocks() == sum(index.num_blocks(name) for name in index.instances) <= 500
+
+
+def test_hybrid_manager_events_count_each_group(impl):
+    """A full-attention + sliding-window manager caches a hash once per group and evicts each
+    copy apart: the index holds a hash exactly while some group's prefix cache does."""
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    bs = 4
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+    specs = [FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16"),
+             SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)]
+    config = KVCacheConfig(num_blocks=40, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    mgr = impl.kv_cache.KVCacheManager(config, max_model_len=256, scheduler_block_size=bs, hash_block_size=bs,
+                                       enable_kv_cache_events=True)
+    index = impl.kv_index.KVIndex()
+    rng = random.Random(3)
+    prefixes = [[rng.randrange(1000) for _ in range(48)] for _ in range(3)]
+    one_group_only = 0
+    for step in range(50):
+        tokens = rng.choice(prefixes)[: rng.randrange(8, 48)] + [rng.randrange(1000) for _ in range(rng.randrange(4))]
+        req = impl.kv_cache.Request(f"r{step}", tokens, block_hasher=hasher)
+        blocks, num_computed, _ = mgr.get_computed_blocks(req)
+        if mgr.allocate_slots(req, req.num_tokens - num_computed, num_new_computed_tokens=num_computed,
+                              new_computed_blocks=blocks) is not None:
+            mgr.free(req)
+        index.apply_events("m", mgr.take_events())
+        probe = impl.kv_cache.Request("probe", rng.choice(prefixes), block_hasher=hasher)
+        held = [[mgr.block_pool.get_cached_block(h, [g]) is not None for g in (0, 1)] for h in probe.block_hashes]
+        one_group_only += sum(1 for groups in held if groups[0] != groups[1])
+        want = next((i for i, groups in enumerate(held) if not any(groups)), len(held))
+        query = [external_block_hash(h, True) for h in probe.block_hashes]
+        assert index.longest_prefix(query) == {"m": want}
+    assert one_group_only > 0  # some hashes were held by one group only: the counts mattered
+    assert index.stats["blocks_removed"] > 0
