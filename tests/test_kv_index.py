@@ -563,6 +563,17 @@ def test_memory_bytes_grows_with_the_index(KVIndex):
     assert index.memory_bytes > empty + 20_000 * 16
 
 
+def test_no_pickling_or_copying(KVIndex):
+    import copy
+    import pickle
+
+    index = KVIndex()
+    index.apply_events("a", [stored([1])])
+    for fn in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="a KVIndex cannot be pickled or copied"):
+            fn(index)
+
+
 def test_init_again_starts_afresh(KVIndex):
     index = KVIndex()
     index.apply_events("a", [stored([1, 2])])

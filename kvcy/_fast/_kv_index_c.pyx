@@ -39,7 +39,6 @@ from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventB
 __all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
 
 IMPLEMENTATION = "cython"
-
 #: At most this many instances are known at once (``remove_instance`` frees a place).
 MAX_INSTANCES = 65536
 #: At most this many distinct mediums (``None`` is one) until ``clear()``.
@@ -58,7 +57,6 @@ cdef extern from "_kv_index.h":
     uint64_t _digest "kvcy_kvi_digest"(const char *p, Py_ssize_t n) noexcept nogil
     Py_ssize_t _home "kvcy_kvi_home"(uint64_t key, uint32_t tag, int shift) noexcept nogil
     uint64_t _pack "kvcy_kvi_pack"(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil
-
     ctypedef struct Slot "kvi_slot":
         uint64_t key
         uint32_t val    # the index (hid or entry) + 1; 0: empty
@@ -247,9 +245,8 @@ cdef class KVIndex:
     cdef int _reset(self) except -1:
         """Forget everything but the counters: the C arrays first, then the Python containers."""
         self._free_all()
-        self._iids, self._order, self._free_iids, self._mids, self._mnames = {}, [], [], {}, []
+        self._iids, self._order, self._free_iids, self._mids, self._mnames, self._ints = {}, [], [], {}, [], []
         self._template = None
-        self._ints = []
         return 0
 
     cdef void _free_all(self) noexcept:
@@ -554,6 +551,9 @@ cdef class KVIndex:
             self._drop(self._ihead[iid])
             n += 1
         return n
+
+    def __reduce__(self):  # an index is rebuilt from KV events, never copied
+        raise TypeError("a KVIndex cannot be pickled or copied: build a new one from the instances' KV events")
 
     # ------------------------------------------------------------------ properties
     @property

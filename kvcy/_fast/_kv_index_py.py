@@ -151,6 +151,9 @@ class KVIndex:
             "instances_removed": 0,
         }
 
+    def __reduce__(self) -> str | tuple[Any, ...]:  # an index is rebuilt from KV events, never copied
+        raise TypeError("a KVIndex cannot be pickled or copied: build a new one from the instances' KV events")
+
     # ------------------------------------------------------------------ properties
     @property
     def max_blocks(self) -> int | None:
