@@ -272,7 +272,6 @@ cdef class KVIndex:
         self._stride = 2
         self._hfree = self._efree = self._lru_head = self._lru_tail = NIL
 
-    # ------------------------------------------------------------------ hash table
     cdef inline uint32_t _hfind(self, uint64_t key, PyObject *obj) noexcept:
         if self._hmask < 0:
             return NIL
@@ -329,7 +328,6 @@ cdef class KVIndex:
             self._eshift = shift
         return 0
 
-    # ------------------------------------------------------------------ capacity
     cdef int _relayout(self, Py_ssize_t W, Py_ssize_t mcap) except -1:
         """Widen the bitsets to ``W`` words and room for ``mcap`` mediums."""
         cdef Py_ssize_t stride = (mcap + 1) * W, h, m
@@ -892,12 +890,9 @@ cdef class KVIndex:
         return 0
 
     cdef dict _walk(self, PyObject **items, const uint64_t *data, Py_ssize_t n, Py_ssize_t off):
-        """The walk of ``longest_prefix`` over ``items`` (checked) or ``data`` (unsigned ints),
-        right after ``_prepare(n)``.
-
-        Chunks of 32 hashes: read (and check) them, prefetch their table slots,
-        find their ids and prefetch their bitsets, then narrow the running set.
-        """
+        """``longest_prefix``'s walk, right after ``_prepare(n)``, over ``items`` (to check) or ``data``:
+        in chunks of 32 hashes, read them, prefetch their slots, find their ids and prefetch their
+        bitsets, then narrow the running set."""
         cdef Py_ssize_t k, t, m, base, norder = len(self._order)
         cdef uint64_t keys[32]
         cdef PyObject *objs[32]
@@ -984,15 +979,19 @@ cdef class KVIndex:
         Raises:
             TypeError, ValueError: as :meth:`longest_prefix`, or a candidate is not a str.
         """
-        cdef Py_ssize_t best_len = -1, n
+        cdef Py_ssize_t best_len = -1, n, k, best_k = -1
         if candidates is not None:
             if isinstance(candidates, (str, bytes)):
                 raise TypeError(f"candidates must be a sequence of instance names, got {type(candidates).__name__}")
             candidates = [_instance_name(c, "a candidate") for c in candidates]
         prefix = self.longest_prefix(block_hashes, medium)
-        names = prefix if candidates is None else candidates
+        if candidates is None:  # every known instance: read the walk's positions, first seen first
+            for k in range(len(self._order)):
+                if self._qpos[self._oiid[k]] > best_len:
+                    best_k, best_len = k, self._qpos[self._oiid[k]]
+            return (None, 0) if best_k < 0 else (self._order[best_k], best_len)
         best = None
-        for name in names:
+        for name in candidates:
             n = prefix.get(name, 0)
             if n > best_len:
                 best, best_len = name, n
