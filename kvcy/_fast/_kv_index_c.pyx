@@ -223,6 +223,9 @@ cdef class KVIndex:
     def __init__(self, max_blocks: int | None = None) -> None:
         """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
 
+        Over the bound the least recently stored entry goes first: it is the likeliest to have
+        left its instance's cache already, as vLLM evicts its least recently used blocks first.
+
         Raises:
             TypeError: ``max_blocks`` is not an int or None.
             ValueError: ``max_blocks`` is below 1.
