@@ -276,9 +276,7 @@ cdef class KVIndex:
         self._hfree = self._efree = self._lru_head = self._lru_tail = NIL
 
     cdef inline uint32_t _hfind(self, uint64_t key, PyObject *obj) noexcept:
-        if self._hmask < 0:
-            return NIL
-        return self._hprobe(key, obj, _home(key, obj != NULL, self._hshift))
+        return NIL if self._hmask < 0 else self._hprobe(key, obj, _home(key, obj != NULL, self._hshift))
 
     cdef inline uint32_t _hprobe(self, uint64_t key, PyObject *obj, Py_ssize_t i) noexcept:
         """The hid of ``key`` / ``obj`` (NULL for an int), probing from slot ``i``; NIL when absent."""
