@@ -5,8 +5,9 @@ A fleet of vLLM / kvcy instances each publish KV-cache events
 them into "which instance holds which block hash, in which medium" and answers
 a router's question: for a request's chained block hashes, how many leading
 blocks does each instance hold?  ``_kv_index_c.pyx`` is the compiled twin, with
-the same names, signatures, docstrings, messages and decisions; this one is the
-reference, written for clarity (dicts and sets).
+the same names, signatures, docstrings, messages and decisions; this one keeps
+the entries in dicts and each set of instances as an int bitmask (one bit per
+instance), so that a query narrows the running set with one ``&`` per hash.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ _HASH_LIMIT = 1 << 64
 
 Hash = int | bytes
 Medium = str | None
-_Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 def _instance_name(instance: object, what: str = "instance") -> str:
@@ -66,13 +66,15 @@ def _query_hashes(block_hashes: object) -> Sequence[Any]:
     try:
         view = memoryview(block_hashes)  # type: ignore[arg-type]
     except TypeError:
-        return list(block_hashes)  # type: ignore[call-overload]
+        items: list[Any] = list(block_hashes)  # type: ignore[call-overload]
+        return items
     with view:
         if view.ndim != 1 or view.itemsize != 8 or view.format not in ("Q", "L", "@Q", "@L", "=Q", "<Q") \
                 or not view.c_contiguous:
             raise TypeError("block_hashes as a buffer must be a 1-D C-contiguous array of unsigned 64-bit ints "
                             f"(format 'Q' or 'L'), got format {view.format!r} with {view.ndim} dimension(s)")
-        return view.tolist()
+        ints: list[Any] = view.tolist()
+        return ints
 
 
 class KVIndex:
