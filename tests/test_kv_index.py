@@ -677,3 +677,17 @@ def test_hybrid_manager_events_count_each_group(impl):
         assert index.longest_prefix(query) == {"m": want}
     assert one_group_only > 0  # some hashes were held by one group only: the counts mattered
     assert index.stats["blocks_removed"] > 0
+
+
+def test_readme_example_prints_what_it_says(capsys):
+    """README's "KV-aware routing index" example runs, and prints what its comments say."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## KV-aware routing index"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[: code.index("```")]
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    promised = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
+    assert printed == promised and len(printed) == 4
