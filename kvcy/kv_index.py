@@ -13,6 +13,11 @@ or the pure-Python ``kvcy/_fast/_kv_index_py.py``, as :mod:`kvcy._fast` chose
 for all of kvcy (``kvcy.IMPLEMENTATION``): ``KVCY_NO_EXTENSIONS=1`` forces the
 pure one, ``KVCY_REQUIRE_EXTENSIONS=1`` makes a missing compiled one an error.
 ``IMPLEMENTATION`` here names the twin in use.
+
+Calls are not synchronised: an index shared by threads (a subscriber applying
+events, a router querying) wants a lock around its calls.  (Under the GIL each
+call of the compiled twin happens to run whole, as it runs no Python code in
+between; the pure twin's calls do not.)
 """
 
 from __future__ import annotations

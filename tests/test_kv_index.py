@@ -93,6 +93,8 @@ def test_mediums_are_kept_apart(KVIndex):
     index.apply_events("a", [stored([1, 2, 3], "GPU"), stored([1, 2, 3, 4], "CPU")])
     index.apply_events("b", [stored([1, 2], None)])
     assert index.mediums == ("GPU", "CPU", None)
+    index.apply_events("b", [removed([1], "disk")])  # a medium seen in a removal is known too
+    assert index.mediums == ("GPU", "CPU", None, "disk") and index.stats["removals_unknown"] == 1
     assert index.num_blocks("a") == 7
     assert index.longest_prefix([1, 2, 3, 4]) == {"a": 4, "b": 2}
     assert index.longest_prefix([1, 2, 3, 4], medium="GPU") == {"a": 3, "b": 0}
@@ -429,6 +431,7 @@ def test_twins_match_the_reference_model(ops, max_blocks):
         for ix in twins:
             assert ix.instances == tuple(model.held)
             assert ix.num_blocks() == len(model.order)
+            assert ix.mediums == twins[0].mediums
     for ix in twins:
         for name in model.held:
             assert ix.num_blocks(name) == model.num_blocks(name)
@@ -531,7 +534,7 @@ def test_twins_agree_under_churn():
     assert twins[0].stats == twins[1].stats
     assert twins[0].stats["entries_dropped"] > 0 and twins[0].stats["instances"] > 64
     assert [ix.num_blocks(n) for n in names for ix in twins[:1]] == [twins[1].num_blocks(n) for n in names]
-    assert twins[0].instances == twins[1].instances
+    assert twins[0].instances == twins[1].instances and twins[0].mediums == twins[1].mediums
 
 
 def test_bytes_hashes_are_released(KVIndex):
@@ -558,6 +561,17 @@ def test_memory_bytes_grows_with_the_index(KVIndex):
     assert empty > 0
     index.apply_events("a", [stored(range(20_000))])
     assert index.memory_bytes > empty + 20_000 * 16
+
+
+def test_no_pickling_or_copying(KVIndex):
+    import copy
+    import pickle
+
+    index = KVIndex()
+    index.apply_events("a", [stored([1])])
+    for fn in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="a KVIndex cannot be pickled or copied"):
+            fn(index)
 
 
 def test_init_again_starts_afresh(KVIndex):
@@ -626,3 +640,54 @@ def test_finalizers_that_change_the_index_mid_call_do_not_crash(KVIndex):
         gc.set_threshold(*old)
         gc.collect()
     assert index.num_blocks() == sum(index.num_blocks(name) for name in index.instances) <= 500
+
+
+def test_hybrid_manager_events_count_each_group(impl):
+    """A full-attention + sliding-window manager caches a hash once per group and evicts each
+    copy apart: the index holds a hash exactly while some group's prefix cache does."""
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    bs = 4
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+    specs = [FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16"),
+             SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)]
+    config = KVCacheConfig(num_blocks=40, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    mgr = impl.kv_cache.KVCacheManager(config, max_model_len=256, scheduler_block_size=bs, hash_block_size=bs,
+                                       enable_kv_cache_events=True)
+    index = impl.kv_index.KVIndex()
+    rng = random.Random(3)
+    prefixes = [[rng.randrange(1000) for _ in range(48)] for _ in range(3)]
+    one_group_only = 0
+    for step in range(50):
+        tokens = rng.choice(prefixes)[: rng.randrange(8, 48)] + [rng.randrange(1000) for _ in range(rng.randrange(4))]
+        req = impl.kv_cache.Request(f"r{step}", tokens, block_hasher=hasher)
+        blocks, num_computed, _ = mgr.get_computed_blocks(req)
+        if mgr.allocate_slots(req, req.num_tokens - num_computed, num_new_computed_tokens=num_computed,
+                              new_computed_blocks=blocks) is not None:
+            mgr.free(req)
+        index.apply_events("m", mgr.take_events())
+        probe = impl.kv_cache.Request("probe", rng.choice(prefixes), block_hasher=hasher)
+        held = [[mgr.block_pool.get_cached_block(h, [g]) is not None for g in (0, 1)] for h in probe.block_hashes]
+        one_group_only += sum(1 for groups in held if groups[0] != groups[1])
+        want = next((i for i, groups in enumerate(held) if not any(groups)), len(held))
+        query = [external_block_hash(h, True) for h in probe.block_hashes]
+        assert index.longest_prefix(query) == {"m": want}
+    assert one_group_only > 0  # some hashes were held by one group only: the counts mattered
+    assert index.stats["blocks_removed"] > 0
+
+
+def test_readme_example_prints_what_it_says(capsys):
+    """README's "KV-aware routing index" example runs, and prints what its comments say."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## KV-aware routing index"):]
+    code = section[section.index("```python") + len("```python"):]
+    code = code[: code.index("```")]
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    promised = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
+    assert printed == promised and len(printed) == 4

@@ -277,7 +277,8 @@ def test_wheel_has_stubs_license_and_no_generated_c(dists):
         metadata = next(whl.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
         sos = {n: whl.read(n) for n in names if n.endswith(".so")}
     assert [n for n in names if n.endswith((".c", ".cpp", ".html"))] == []
-    for rel in ("kvcy/py.typed", "kvcy/_fast/_kv_cache_c.pyi", "kvcy/_fast/_hashing_c.pyi"):
+    for rel in ("kvcy/py.typed", "kvcy/_fast/_kv_cache_c.pyi", "kvcy/_fast/_hashing_c.pyi", "kvcy/_fast/_kv_index_c.pyi",
+                "kvcy/_fast/_kv_index.h"):
         assert rel in names, rel
     for twin in ASSEMBLED:
         # _<twin>_c.pxd (shipped for cimport) includes these.

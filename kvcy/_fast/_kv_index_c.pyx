@@ -16,12 +16,11 @@ arrays:
   instance (so ``AllBlocksCleared`` and ``remove_instance`` cost what the
   instance holds).
 
-A query walks the hashes once, narrowing a bitset of the instances still in
-the running and recording the position where each one drops out.  An
-``apply_events`` call checks and copies every hash first, then reserves all
-the memory the events may need, then applies them with no Python code and no
-allocation in between: a bad input or a ``MemoryError`` leaves the index as
-it was.
+A query walks the hashes once, narrowing the running set of instances and
+recording where each one drops out.  ``apply_events`` checks and copies every
+hash, reserves all the memory the events may take, then applies them with no
+Python code or allocation in between: bad input or a ``MemoryError`` leaves
+the index as it was.  C helpers (tables, hashing) are in ``_kv_index.h``.
 """
 
 cimport cython
@@ -40,7 +39,6 @@ from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventB
 __all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
 
 IMPLEMENTATION = "cython"
-
 #: At most this many instances are known at once (``remove_instance`` frees a place).
 MAX_INSTANCES = 65536
 #: At most this many distinct mediums (``None`` is one) until ``clear()``.
@@ -49,75 +47,38 @@ MAX_MEDIUMS = 256
 cdef extern from "Python.h":
     PyObject **PySequence_Fast_ITEMS(object o)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
-    bint PyLong_Check(PyObject *o)
-    bint PyBool_Check(PyObject *o)
-    bint PyBytes_CheckExact_ptr "PyBytes_CheckExact"(PyObject *o)
 
 cdef extern from "_kv_index.h":
     int kvcy_kvi_u64(PyObject *o, unsigned long long *out) noexcept
+    int kvcy_kvi_read(PyObject *o, unsigned long long *out) noexcept
     int kvcy_kvi_ctz(unsigned long long x) noexcept nogil
     void kvcy_kvi_prefetch(const void *p) noexcept nogil
     uint32_t NIL "KVI_NIL"
-    uint64_t BYTES_SALT "KVI_BYTES_SALT"
-    Py_ssize_t MIN_SLOTS "KVI_MIN_SLOTS"
-    uint64_t MIX1 "KVI_MIX1"
-    uint64_t MIX2 "KVI_MIX2"
-    uint64_t MIX3 "KVI_MIX3"
-
-ctypedef struct Slot:
-    uint64_t key
-    uint32_t val    # the index (hid or entry) + 1; 0: empty
-    uint32_t tag    # hash table: 1 for a bytes hash; entry table: 0
-
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    x ^= x >> 33
-    x *= MIX1
-    x ^= x >> 33
-    x *= MIX2
-    x ^= x >> 33
-    return x
-
-
-cdef inline uint64_t _digest(const char *p, Py_ssize_t n) noexcept nogil:
-    """A 64-bit digest of ``n`` bytes (the key of a bytes hash; equal keys are compared in full)."""
-    cdef uint64_t h = BYTES_SALT ^ <uint64_t>n
-    cdef uint64_t w
-    while n >= 8:
-        memcpy(&w, p, 8)
-        h = _mix(h ^ w) + MIX3
-        p += 8
-        n -= 8
-    if n > 0:
-        w = 0
-        memcpy(&w, p, n)
-        h = _mix(h ^ w ^ (<uint64_t>n << 56))
-    return _mix(h)
-
-
-cdef inline Py_ssize_t _home(uint64_t key, uint32_t tag, Py_ssize_t mask) noexcept nogil:
-    if tag:
-        key ^= BYTES_SALT
-    return <Py_ssize_t>(_mix(key) & <uint64_t>mask)
-
-
-cdef inline uint64_t _pack(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil:
-    return (<uint64_t>hid << 24) | (<uint64_t>mid << 16) | <uint64_t>iid
-
+    uint64_t _digest "kvcy_kvi_digest"(const char *p, Py_ssize_t n) noexcept nogil
+    Py_ssize_t _home "kvcy_kvi_home"(uint64_t key, uint32_t tag, int shift) noexcept nogil
+    uint64_t _pack "kvcy_kvi_pack"(uint32_t hid, uint32_t mid, uint32_t iid) noexcept nogil
+    ctypedef struct Slot "kvi_slot":
+        uint64_t key
+        uint32_t val    # the index (hid or entry) + 1; 0: empty
+        uint32_t tag    # hash table: 1 for a bytes hash; entry table: 0
+    void _slot_put "kvcy_kvi_slot_put"(Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                                       uint32_t val) noexcept nogil
+    void _slot_del "kvcy_kvi_slot_del"(Slot *slots, Py_ssize_t mask, int shift, uint64_t key, uint32_t tag,
+                                       uint32_t val) noexcept nogil
 
 cdef inline int _read_hash(PyObject *h, uint64_t *key, PyObject **obj) noexcept:
     """0: ``*key``/``*obj`` describe the hash; 1: not an int or bytes; 2: an int out of range."""
     cdef unsigned long long v
-    if PyLong_Check(h) and not PyBool_Check(h):
-        if kvcy_kvi_u64(h, &v) < 0:
-            return 2
+    cdef int kind = kvcy_kvi_read(h, &v)
+    if kind == 0:
         key[0] = v
         obj[0] = NULL
         return 0
-    if PyBytes_CheckExact_ptr(h):
+    if kind == 1:
         key[0] = _digest(PyBytes_AS_STRING(<object>h), PyBytes_GET_SIZE(<object>h))
         obj[0] = h
         return 0
-    return 1
+    return 2 if kind == 2 else 1
 
 
 cdef object _hash_error(int code, object h, str where):
@@ -151,70 +112,62 @@ cdef void *_grow(void *p, Py_ssize_t old_n, Py_ssize_t new_n, Py_ssize_t size) e
     return q
 
 
+cdef inline Py_ssize_t _capacity(Py_ssize_t cap, Py_ssize_t want, Py_ssize_t least) noexcept:
+    """A new capacity for ``want`` items: doubled (at least ``least``), below ``NIL``."""
+    cap = max(least, 2 * cap)
+    while cap < want:
+        cap *= 2
+    return min(cap, <Py_ssize_t>NIL - 1)
+
+
 cdef object _buffer_error(Py_buffer *view):
+    """None for a 1-D C-contiguous buffer of unsigned 64-bit ints, else the TypeError to raise."""
     fmt = "B" if view.format == NULL else (<bytes>view.format).decode("ascii", "replace")
+    if view.ndim == 1 and view.itemsize == 8 and fmt in ("Q", "L", "@Q", "@L", "=Q", "<Q") \
+            and PyBuffer_IsContiguous(view, b"C"):
+        return None
     return TypeError("block_hashes as a buffer must be a 1-D C-contiguous array of unsigned 64-bit ints "
                      f"(format 'Q' or 'L'), got format {fmt!r} with {view.ndim} dimension(s)")
-
-
-cdef bint _u64_buffer(Py_buffer *view) noexcept:
-    cdef bytes fmt
-    if view.ndim != 1 or view.itemsize != 8 or not PyBuffer_IsContiguous(view, b"C"):
-        return False
-    if view.format == NULL:
-        return False
-    fmt = <bytes>view.format
-    return fmt in (b"Q", b"L", b"@Q", b"@L", b"=Q", b"<Q")
 
 
 @cython.final
 cdef class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
 
-    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
-    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
-    them into entries, one per ``(instance, medium, block hash)``, and
-    :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
-    stands for the whole prefix up to block ``i``), how many leading blocks each
-    instance holds.  :meth:`best_instance` picks the instance with the longest.
+    Each instance (any ``str``, kept as a plain ``str``: ``"host:port"``, ``"host:port/dp0"``)
+    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold them into
+    entries, one per ``(instance, medium, block hash)``; :meth:`longest_prefix` tells, for a
+    request's chained block hashes (hash ``i`` stands for the prefix up to block ``i``), how
+    many leading blocks each instance holds, and :meth:`best_instance` picks the longest.
 
     Semantics, the same in both twins:
 
-    * An entry is reference-counted.  ``BlockStored`` adds one per hash (a new
-      entry starts at one), ``BlockRemoved`` takes one away; the entry is gone at
-      zero.  So a hash stored twice in one medium (two KV-cache groups of a hybrid
-      model, or two blocks of one group with the same hash, as vLLM's prefix cache
-      allows) and removed once is still held, as in vLLM, where each cached copy
-      is evicted, and reported, separately.  (vLLM's ``kv_cache_report_mode="full"``
-      re-reports prefix hits as ``BlockStored`` with no removal to match; under it
-      an entry can outlive its blocks until ``AllBlocksCleared`` or
-      :meth:`remove_instance`.)  ``group_idx`` is otherwise not kept.
-    * Mediums are kept apart: a hash stored in ``"GPU"`` and ``"CPU"`` is two
-      entries, and removing it from one leaves the other.  ``None`` is a medium of
-      its own.  Queries with ``medium=None`` count a block held in any medium.
-    * A ``BlockRemoved`` hash the instance does not hold in that medium is a
-      no-op, counted as ``stats["removals_unknown"]``.
-    * ``AllBlocksCleared`` forgets every entry of the instance, in every medium
-      (vLLM sends it when its prefix cache is reset).
-    * Block hashes are kept exactly as received: an ``int`` (vLLM's default, the
-      low 64 bits, ``0 <= h < 2**64``) or ``bytes`` (``use_int_block_hashes=False``).
-      ``5`` and ``b"\\x05"`` are different hashes; do not mix the two forms in one
-      fleet.  ``bool`` is no block hash, nor is a subclass of ``bytes``.
-    * LoRA fields are ignored: vLLM's block hashes already cover the adapter
-      (its name is one of the hash's extra keys).
-    * ``data_parallel_rank`` is ignored: name the instances per rank if the
-      ranks should be told apart.
-    * With ``max_blocks``, a store that would make more entries than that first
-      drops the least recently stored entry (storing an entry again makes it the
-      most recent), whatever its count; ``stats["entries_dropped"]`` counts them.
-      A later removal of a dropped entry counts as unknown.
+    * An entry is reference-counted: each ``BlockStored`` hash adds one, each ``BlockRemoved``
+      hash takes one away, and the entry is gone at zero.  A hash stored twice in one medium
+      (by two KV-cache groups of a hybrid model, or by two blocks of one group, as vLLM's
+      prefix cache allows) and removed once is still held: vLLM evicts, and reports, each
+      copy apart.  (With vLLM's ``kv_cache_report_mode="full"``, prefix hits are re-reported
+      as ``BlockStored`` with no removal to match, so an entry can outlive its blocks until
+      ``AllBlocksCleared`` or :meth:`remove_instance`.)  ``group_idx`` is not kept otherwise.
+    * Mediums are apart: a hash in ``"GPU"`` and ``"CPU"`` is two entries; removing one leaves
+      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.
+    * A ``BlockRemoved`` hash not held in that medium is a no-op, counted
+      (``stats["removals_unknown"]``).  ``AllBlocksCleared`` forgets all the instance holds,
+      in every medium (vLLM sends it when its prefix cache is reset).
+    * Hashes are kept as received: ``int`` (vLLM's default, the low 64 bits) or ``bytes``
+      (``use_int_block_hashes=False``); ``5`` and ``b"\\x05"`` differ, so do not mix the forms
+      in one fleet.  ``bool`` and ``bytes`` subclasses are no hashes.  LoRA fields are ignored
+      (vLLM's hashes cover the adapter's name), and so is ``data_parallel_rank`` (name the
+      instances per rank to tell the ranks apart).
+    * With ``max_blocks``, a store that would make one entry too many first drops the least
+      recently stored entry (storing one again makes it the most recent), whatever its count,
+      counted in ``stats["entries_dropped"]``; a later removal of it counts as unknown.
 
-    Bad input raises before the call changes anything: ``TypeError`` for an
-    instance name that is not a ``str``, an event that is not one of the three
-    classes, ``block_hashes`` that is not a list or tuple, a hash that is neither
-    ``int`` nor ``bytes``, a medium that is neither ``str`` nor ``None``;
-    ``ValueError`` for an ``int`` hash outside ``[0, 2**64)``, more than
-    ``MAX_INSTANCES`` instances or ``MAX_MEDIUMS`` mediums.
+    Bad input raises before the call changes anything: ``TypeError`` for a name that is not a
+    ``str``, an event not of the three classes, ``block_hashes`` not a list or tuple, a hash
+    neither ``int`` nor ``bytes``, a medium neither ``str`` nor ``None``; ``ValueError`` for an
+    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances or
+    ``MAX_MEDIUMS`` mediums.
     """
 
     cdef object _max_blocks_obj
@@ -222,6 +175,7 @@ cdef class KVIndex:
     # hash table: block hash -> hid
     cdef Slot *_hslots
     cdef Py_ssize_t _hmask               # number of slots - 1 (-1: no table yet)
+    cdef int _hshift                     # 64 - log2(number of slots)
     # per hid
     cdef uint64_t *_hkey                 # the int, or the digest of the bytes; free: the next free hid
     cdef PyObject **_hobj                # the bytes object (a reference held), NULL for an int
@@ -233,12 +187,13 @@ cdef class KVIndex:
     # entry table: (hid, mid, iid) -> entry
     cdef Slot *_eslots
     cdef Py_ssize_t _emask
+    cdef int _eshift
     cdef uint64_t *_ekey
     cdef uint32_t *_ecount               # 0: free
     cdef uint32_t *_eprev
     cdef uint32_t *_enext                # least recently stored first; free: the next free entry
     cdef uint32_t *_iprev
-    cdef uint32_t *_inext                # per instance
+    cdef uint32_t *_inext                # the instance's entries
     cdef Py_ssize_t _ecap, _elive
     cdef uint32_t _efree, _lru_head, _lru_tail
     # instances
@@ -246,8 +201,7 @@ cdef class KVIndex:
     cdef dict _template                  # {name: 0} in _order's order (None: to rebuild)
     cdef list _ints                      # 0, 1, 2, ...: the counts a query returns
     cdef dict _result                    # the next query's result, made by _prepare
-    cdef list _order                     # names, first seen first
-    cdef list _free_iids
+    cdef list _order, _free_iids         # names, first seen first; iids to reuse
     cdef Py_ssize_t _icap, _inext_new
     cdef uint32_t *_ihead
     cdef Py_ssize_t *_icount
@@ -264,25 +218,13 @@ cdef class KVIndex:
     cdef Py_ssize_t _bytes_held
 
     def __cinit__(self):
-        self._hmask = -1
-        self._emask = -1
-        self._W = 1
-        self._mcap = 1
-        self._stride = 2
-        self._hfree = NIL
-        self._efree = NIL
-        self._lru_head = NIL
-        self._lru_tail = NIL
-        self._iids = {}
-        self._order = []
-        self._template = None
-        self._ints = []
-        self._free_iids = []
-        self._mids = {}
-        self._mnames = []
+        self._reset()
 
     def __init__(self, max_blocks: int | None = None) -> None:
         """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
+
+        Over the bound the least recently stored entry goes first: it is the likeliest to have
+        left its instance's cache already, as vLLM evicts its least recently used blocks first.
 
         Raises:
             TypeError: ``max_blocks`` is not an int or None.
@@ -293,22 +235,22 @@ cdef class KVIndex:
                 raise TypeError(f"max_blocks must be an int or None, got {type(max_blocks).__name__}")
             if max_blocks < 1:
                 raise ValueError(f"max_blocks must be at least 1 (or None), got {max_blocks}")
-        # Called again, __init__ starts afresh, as the pure twin's does.
-        self._free_all()
+        self._reset()  # called again, __init__ starts afresh, as the pure twin's does
         self._max_blocks_obj = max_blocks
         self._max_blocks = -1 if max_blocks is None else min(max_blocks, <Py_ssize_t>NIL - 1)
         self._events_applied = self._batches_applied = self._blocks_stored = self._blocks_removed = 0
         self._removals_unknown = self._all_blocks_cleared = self._entries_cleared = 0
         self._entries_dropped = self._instances_removed = 0
-        self._iids = {}
-        self._order = []
-        self._template = None
-        self._free_iids = []
-        self._mids = {}
-        self._mnames = []
 
     def __dealloc__(self):
         self._free_all()
+
+    cdef int _reset(self) except -1:
+        """Forget everything but the counters: the C arrays first, then the Python containers."""
+        self._free_all()
+        self._iids, self._order, self._free_iids, self._mids, self._mnames, self._ints = {}, [], [], {}, [], []
+        self._template = None
+        return 0
 
     cdef void _free_all(self) noexcept:
         cdef Py_ssize_t h
@@ -321,21 +263,20 @@ cdef class KVIndex:
         PyMem_Free(self._eprev); PyMem_Free(self._enext); PyMem_Free(self._iprev); PyMem_Free(self._inext)
         PyMem_Free(self._ihead); PyMem_Free(self._icount); PyMem_Free(self._oiid); PyMem_Free(self._alive)
         PyMem_Free(self._qpos); PyMem_Free(self._qcur)
-        self._hslots = NULL; self._hkey = NULL; self._hobj = NULL; self._hrefs = NULL; self._bits = NULL
-        self._eslots = NULL; self._ekey = NULL; self._ecount = NULL; self._eprev = NULL; self._enext = NULL
-        self._iprev = NULL; self._inext = NULL; self._ihead = NULL; self._icount = NULL; self._oiid = NULL
-        self._alive = NULL; self._qpos = NULL; self._qcur = NULL
-        self._hmask = -1; self._emask = -1; self._hcap = 0; self._hlive = 0; self._ecap = 0; self._elive = 0
-        self._icap = 0; self._inext_new = 0
-        self._W = 1; self._mcap = 1; self._stride = 2
-        self._hfree = NIL; self._efree = NIL; self._lru_head = NIL; self._lru_tail = NIL
-        self._bytes_held = 0
+        self._hslots = self._eslots = NULL
+        self._hkey = self._bits = self._ekey = self._alive = self._qcur = NULL
+        self._hobj = NULL
+        self._hrefs = self._ecount = self._eprev = self._enext = self._iprev = self._inext = NULL
+        self._ihead = self._oiid = NULL
+        self._icount = self._qpos = NULL
+        self._hmask = self._emask = -1
+        self._hcap = self._hlive = self._ecap = self._elive = self._icap = self._inext_new = self._bytes_held = 0
+        self._W = self._mcap = 1
+        self._stride = 2
+        self._hfree = self._efree = self._lru_head = self._lru_tail = NIL
 
-    # ------------------------------------------------------------------ hash table
     cdef inline uint32_t _hfind(self, uint64_t key, PyObject *obj) noexcept:
-        if self._hmask < 0:
-            return NIL
-        return self._hprobe(key, obj, _home(key, obj != NULL, self._hmask))
+        return NIL if self._hmask < 0 else self._hprobe(key, obj, _home(key, obj != NULL, self._hshift))
 
     cdef inline uint32_t _hprobe(self, uint64_t key, PyObject *obj, Py_ssize_t i) noexcept:
         """The hid of ``key`` / ``obj`` (NULL for an int), probing from slot ``i``; NIL when absent."""
@@ -356,40 +297,14 @@ cdef class KVIndex:
                     return s.val - 1
             i = (i + 1) & self._hmask
 
-    cdef inline void _slot_put(self, Slot *slots, Py_ssize_t mask, uint64_t key, uint32_t tag,
-                               uint32_t val) noexcept:
-        cdef Py_ssize_t i = _home(key, tag, mask)
-        while slots[i].val:
-            i = (i + 1) & mask
-        slots[i].key = key
-        slots[i].tag = tag
-        slots[i].val = val
-
-    cdef void _slot_del(self, Slot *slots, Py_ssize_t mask, uint64_t key, uint32_t tag, uint32_t val) noexcept:
-        """Delete the slot holding ``val`` (found from ``key``'s home), shifting its followers back."""
-        cdef Py_ssize_t i = _home(key, tag, mask)
-        cdef Py_ssize_t j, k
-        while slots[i].val != val:
-            i = (i + 1) & mask
-        j = i
-        while True:
-            j = (j + 1) & mask
-            if slots[j].val == 0:
-                break
-            k = _home(slots[j].key, slots[j].tag, mask)
-            # Leave slot j where it is when its home lies cyclically in (i, j].
-            if (i <= j and i < k <= j) or (i > j and (k > i or k <= j)):
-                continue
-            slots[i] = slots[j]
-            i = j
-        slots[i].val = 0
-
     cdef int _rehash(self, bint hashes, Py_ssize_t want) except -1:
         """Rebuild a table with room for ``want`` items at a load of at most one half."""
-        cdef Py_ssize_t n = MIN_SLOTS, i
+        cdef Py_ssize_t n = 16, i
+        cdef int shift = 64 - 4  # 16 slots at least
         cdef Slot *slots
         while n < 2 * want:
             n *= 2
+            shift -= 1
         if (self._hmask if hashes else self._emask) + 1 >= n:
             return 0
         slots = <Slot *>PyMem_Malloc(<size_t>n * sizeof(Slot))
@@ -399,20 +314,21 @@ cdef class KVIndex:
         if hashes:
             for i in range(self._hcap):
                 if self._hrefs[i]:
-                    self._slot_put(slots, n - 1, self._hkey[i], self._hobj[i] != NULL, <uint32_t>i + 1)
+                    _slot_put(slots, n - 1, shift, self._hkey[i], self._hobj[i] != NULL, <uint32_t>i + 1)
             PyMem_Free(self._hslots)
             self._hslots = slots
             self._hmask = n - 1
+            self._hshift = shift
         else:
             for i in range(self._ecap):
                 if self._ecount[i]:
-                    self._slot_put(slots, n - 1, self._ekey[i], 0, <uint32_t>i + 1)
+                    _slot_put(slots, n - 1, shift, self._ekey[i], 0, <uint32_t>i + 1)
             PyMem_Free(self._eslots)
             self._eslots = slots
             self._emask = n - 1
+            self._eshift = shift
         return 0
 
-    # ------------------------------------------------------------------ capacity
     cdef int _relayout(self, Py_ssize_t W, Py_ssize_t mcap) except -1:
         """Widen the bitsets to ``W`` words and room for ``mcap`` mediums."""
         cdef Py_ssize_t stride = (mcap + 1) * W, h, m
@@ -454,9 +370,7 @@ cdef class KVIndex:
         if W != self._W or mcap != self._mcap or self._alive == NULL:
             self._relayout(W, mcap)
         if iid >= self._icap:
-            cap = max(8, 2 * self._icap)
-            while cap <= iid:
-                cap *= 2
+            cap = _capacity(self._icap, iid + 1, 8)
             self._ihead = <uint32_t *>_grow(self._ihead, self._icap, cap, sizeof(uint32_t))
             self._icount = <Py_ssize_t *>_grow(self._icount, self._icap, cap, sizeof(Py_ssize_t))
             self._oiid = <uint32_t *>_grow(self._oiid, self._icap, cap, sizeof(uint32_t))
@@ -470,10 +384,7 @@ cdef class KVIndex:
         if want > <Py_ssize_t>NIL - 1:
             raise MemoryError("too many entries for one index")
         if want > self._ecap:
-            cap = max(64, 2 * self._ecap)
-            while cap < want:
-                cap *= 2
-            cap = min(cap, <Py_ssize_t>NIL - 1)
+            cap = _capacity(self._ecap, want, 64)
             self._ekey = <uint64_t *>_grow(self._ekey, self._ecap, cap, sizeof(uint64_t))
             self._ecount = <uint32_t *>_grow(self._ecount, self._ecap, cap, sizeof(uint32_t))
             self._eprev = <uint32_t *>_grow(self._eprev, self._ecap, cap, sizeof(uint32_t))
@@ -487,10 +398,7 @@ cdef class KVIndex:
         self._rehash(False, want)
         want = self._hlive + new_entries
         if want > self._hcap:
-            cap = max(64, 2 * self._hcap)
-            while cap < want:
-                cap *= 2
-            cap = min(cap, <Py_ssize_t>NIL - 1)
+            cap = _capacity(self._hcap, want, 64)
             self._hkey = <uint64_t *>_grow(self._hkey, self._hcap, cap, sizeof(uint64_t))
             self._hobj = <PyObject **>_grow(self._hobj, self._hcap, cap, sizeof(PyObject *))
             self._hrefs = <uint32_t *>_grow(self._hrefs, self._hcap, cap, sizeof(uint32_t))
@@ -508,19 +416,12 @@ cdef class KVIndex:
         cdef Py_ssize_t i
         if self._emask < 0:
             return NIL
-        i = _home(ekey, 0, self._emask)
+        i = _home(ekey, 0, self._eshift)
         while self._eslots[i].val:
             if self._eslots[i].key == ekey:
                 return self._eslots[i].val - 1
             i = (i + 1) & self._emask
         return NIL
-
-    cdef inline void _set_bit(self, uint32_t hid, uint32_t mid, uint32_t iid) noexcept:
-        cdef uint64_t *row = &self._bits[<Py_ssize_t>hid * self._stride]
-        cdef uint64_t bit = (<uint64_t>1) << (iid & 63)
-        cdef Py_ssize_t w = iid >> 6
-        row[w] |= bit
-        row[(mid + 1) * self._W + w] |= bit
 
     cdef void _drop(self, uint32_t e) noexcept:
         """Forget entry ``e``, whatever its count."""
@@ -530,7 +431,7 @@ cdef class KVIndex:
         cdef uint64_t bit = (<uint64_t>1) << (iid & 63), anywhere = 0
         cdef Py_ssize_t w = iid >> 6, m, nmed = len(self._mnames)
         cdef PyObject *obj
-        self._slot_del(self._eslots, self._emask, ekey, 0, e + 1)
+        _slot_del(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
         # Out of the least-recently-stored list and the instance's list, onto the free list.
         if self._eprev[e] != NIL:
             self._enext[self._eprev[e]] = self._enext[e]
@@ -560,7 +461,7 @@ cdef class KVIndex:
         self._hrefs[hid] -= 1
         if self._hrefs[hid] == 0:
             obj = self._hobj[hid]
-            self._slot_del(self._hslots, self._hmask, self._hkey[hid], obj != NULL, hid + 1)
+            _slot_del(self._hslots, self._hmask, self._hshift, self._hkey[hid], obj != NULL, hid + 1)
             if obj != NULL:
                 self._bytes_held -= PyBytes_GET_SIZE(<object>obj) + 33
                 self._hobj[hid] = NULL
@@ -572,6 +473,7 @@ cdef class KVIndex:
     cdef void _store(self, uint32_t iid, uint32_t mid, uint64_t key, PyObject *obj) noexcept:
         cdef uint32_t hid = self._hfind(key, obj), e = NIL
         cdef uint64_t ekey
+        cdef uint64_t *row
         if hid != NIL:
             e = self._efind(_pack(hid, mid, iid))
             if e != NIL:
@@ -602,14 +504,14 @@ cdef class KVIndex:
                 self._bytes_held += PyBytes_GET_SIZE(<object>obj) + 33
             self._hrefs[hid] = 0
             memset(&self._bits[<Py_ssize_t>hid * self._stride], 0, <size_t>self._stride * sizeof(uint64_t))
-            self._slot_put(self._hslots, self._hmask, key, obj != NULL, hid + 1)
+            _slot_put(self._hslots, self._hmask, self._hshift, key, obj != NULL, hid + 1)
             self._hlive += 1
         e = self._efree
         self._efree = self._enext[e]
         ekey = _pack(hid, mid, iid)
         self._ekey[e] = ekey
         self._ecount[e] = 1
-        self._slot_put(self._eslots, self._emask, ekey, 0, e + 1)
+        _slot_put(self._eslots, self._emask, self._eshift, ekey, 0, e + 1)
         self._eprev[e] = self._lru_tail
         self._enext[e] = NIL
         if self._lru_tail != NIL:
@@ -625,7 +527,9 @@ cdef class KVIndex:
         self._icount[iid] += 1
         self._elive += 1
         self._hrefs[hid] += 1
-        self._set_bit(hid, mid, iid)
+        row = &self._bits[<Py_ssize_t>hid * self._stride]
+        row[iid >> 6] |= (<uint64_t>1) << (iid & 63)  # held anywhere
+        row[(mid + 1) * self._W + (iid >> 6)] |= (<uint64_t>1) << (iid & 63)  # held in this medium
 
     cdef void _remove(self, uint32_t iid, uint32_t mid, uint64_t key, PyObject *obj) noexcept:
         cdef uint32_t hid = self._hfind(key, obj), e = NIL
@@ -646,6 +550,9 @@ cdef class KVIndex:
             self._drop(self._ihead[iid])
             n += 1
         return n
+
+    def __reduce__(self):  # an index is rebuilt from KV events, never copied
+        raise TypeError("a KVIndex cannot be pickled or copied: build a new one from the instances' KV events")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -760,14 +667,13 @@ cdef class KVIndex:
         cdef Py_ssize_t *info = NULL     # per event: kind (0 stored, 1 removed, 2 cleared), mid, count
         cdef PyObject **items
         cdef int code
-        cdef bint new_instance
         instance = _instance_name(instance, "instance")
         if not isinstance(events, (list, tuple)):
             events = list(events)
         n = len(events)
         staged = []          # the events' hashes, as tuples: they keep the bytes alive
         ev_mediums = []
-        new_mediums = []
+        new_mediums = []     # made here: filled below with appends only (no garbage collection)
         try:
             info = <Py_ssize_t *>PyMem_Malloc(<size_t>(3 * n + 1) * sizeof(Py_ssize_t))
             if info == NULL:
@@ -811,25 +717,28 @@ cdef class KVIndex:
                 medium = ev.medium
                 _check_medium(medium, f"events[{i}].medium")
                 ev_mediums.append(medium)
-                if medium not in self._mids and medium not in new_mediums:
+            # 2. From here on no Python code runs (a finalizer run by the garbage collector while
+            # the hashes were copied may have changed the index): count the new mediums, find the
+            # instance a place and reserve all the memory the events may take.
+            for i in range(n):
+                medium = ev_mediums[i]
+                if info[3 * i] != 2 and medium not in self._mids and medium not in new_mediums:
                     new_mediums.append(medium)
             if len(self._mnames) + len(new_mediums) > MAX_MEDIUMS:
                 raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
-            # 2. Find the instance a place, and reserve all the memory the events may take.
             iid_obj = self._iids.get(instance)
-            new_instance = iid_obj is None
-            if new_instance:
+            if iid_obj is None:
                 if len(self._order) >= MAX_INSTANCES:
                     raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
                 iid = self._free_iids[len(self._free_iids) - 1] if self._free_iids else self._inext_new
             else:
                 iid = iid_obj
             self._reserve(nstore, iid, len(self._mnames) + len(new_mediums))
-            # 3. Commit: the names first (Python code may run), then the C work, which cannot fail.
+            # 3. Commit: the names first, then the C work, which cannot fail.
             for medium in new_mediums:
                 self._mids[medium] = len(self._mnames)
                 self._mnames.append(medium)
-            if new_instance:
+            if iid_obj is None:
                 if self._free_iids:
                     self._free_iids.pop()
                 else:
@@ -893,18 +802,11 @@ cdef class KVIndex:
 
     def clear(self) -> None:
         """Forget every instance, entry and medium (the counters of ``stats`` are kept)."""
-        self._free_all()
-        self._iids = {}
-        self._order = []
-        self._template = None
-        self._free_iids = []
-        self._mids = {}
-        self._mnames = []
+        self._reset()
 
     # ------------------------------------------------------------------ queries
-    cdef inline bint _narrow(self, uint32_t hid, Py_ssize_t off, Py_ssize_t depth) noexcept:
-        """Keep the instances of the running that hold ``hid``; the others stop at ``depth``."""
-        cdef uint64_t *row = &self._bits[<Py_ssize_t>hid * self._stride + off]
+    cdef inline bint _narrow(self, const uint64_t *row, Py_ssize_t depth) noexcept:
+        """Keep the instances of the running that are in ``row``; the others stop at ``depth``."""
         cdef uint64_t *cur = self._qcur
         cdef uint64_t c, nw, d, left = 0
         cdef Py_ssize_t w
@@ -963,8 +865,9 @@ cdef class KVIndex:
             if PyObject_CheckBuffer(seq):
                 PyObject_GetBuffer(seq, &view, PyBUF_FORMAT | PyBUF_STRIDES)
                 try:
-                    if not _u64_buffer(&view):
-                        raise _buffer_error(&view)
+                    error = _buffer_error(&view)
+                    if error is not None:
+                        raise error
                     self._prepare(view.shape[0])
                     return self._walk(NULL, <const uint64_t *>view.buf, view.shape[0], off)
                 finally:
@@ -988,17 +891,16 @@ cdef class KVIndex:
         return 0
 
     cdef dict _walk(self, PyObject **items, const uint64_t *data, Py_ssize_t n, Py_ssize_t off):
-        """The walk of ``longest_prefix`` over ``items`` (checked) or ``data`` (unsigned ints),
-        right after ``_prepare(n)``.
-
-        Chunks of 32 hashes: read (and check) them, prefetch their table slots,
-        find their ids and prefetch their bitsets, then narrow the running set.
-        """
+        """``longest_prefix``'s walk, right after ``_prepare(n)``, over ``items`` (to check) or ``data``:
+        in chunks of 32 hashes, read them, prefetch their slots, find their ids and prefetch their
+        bitsets, then narrow the running set."""
         cdef Py_ssize_t k, t, m, base, norder = len(self._order)
         cdef uint64_t keys[32]
         cdef PyObject *objs[32]
         cdef Py_ssize_t homes[32]
-        cdef uint32_t hids[32]
+        cdef uint64_t *rows[32]
+        cdef uint64_t cur, nw, d
+        cdef uint32_t hid
         cdef bint walking = norder > 0
         cdef int code
         cdef dict result = self._result
@@ -1024,20 +926,36 @@ cdef class KVIndex:
             if not walking:
                 continue
             for t in range(m):
-                homes[t] = _home(keys[t], objs[t] != NULL, self._hmask)
+                homes[t] = _home(keys[t], objs[t] != NULL, self._hshift)
                 kvcy_kvi_prefetch(&self._hslots[homes[t]])
             for t in range(m):
-                hids[t] = self._hprobe(keys[t], objs[t], homes[t])
-                if hids[t] != NIL:
-                    kvcy_kvi_prefetch(&self._bits[<Py_ssize_t>hids[t] * self._stride + off])
-            for t in range(m):
-                if hids[t] == NIL:
-                    self._settle(base + t)
-                    walking = False
+                hid = self._hprobe(keys[t], objs[t], homes[t])
+                if hid == NIL:
+                    m = t  # the walk stops at this hash: no need to look further
                     break
-                if not self._narrow(hids[t], off, base + t):
-                    walking = False
-                    break
+                rows[t] = &self._bits[<Py_ssize_t>hid * self._stride + off]
+                kvcy_kvi_prefetch(rows[t])
+            if self._W == 1:  # up to 64 instances: the running set in a register
+                cur = self._qcur[0]
+                for t in range(m):
+                    nw = cur & rows[t][0]
+                    d = cur ^ nw
+                    while d:
+                        self._qpos[kvcy_kvi_ctz(d)] = base + t
+                        d &= d - 1
+                    cur = nw
+                    if not cur:
+                        break
+                self._qcur[0] = cur
+                walking = cur != 0
+            else:
+                for t in range(m):
+                    if not self._narrow(rows[t], base + t):
+                        walking = False
+                        break
+            if walking and m < min(32, n - base):  # stopped at a hash no instance holds
+                self._settle(base + m)
+                walking = False
         if walking:
             self._settle(n)
         for k in range(norder):
@@ -1062,15 +980,19 @@ cdef class KVIndex:
         Raises:
             TypeError, ValueError: as :meth:`longest_prefix`, or a candidate is not a str.
         """
-        cdef Py_ssize_t best_len = -1, n
+        cdef Py_ssize_t best_len = -1, n, k, best_k = -1
         if candidates is not None:
             if isinstance(candidates, (str, bytes)):
                 raise TypeError(f"candidates must be a sequence of instance names, got {type(candidates).__name__}")
             candidates = [_instance_name(c, "a candidate") for c in candidates]
         prefix = self.longest_prefix(block_hashes, medium)
-        names = prefix if candidates is None else candidates
+        if candidates is None:  # every known instance: read the walk's positions, first seen first
+            for k in range(len(self._order)):
+                if self._qpos[self._oiid[k]] > best_len:
+                    best_k, best_len = k, self._qpos[self._oiid[k]]
+            return (None, 0) if best_k < 0 else (self._order[best_k], best_len)
         best = None
-        for name in names:
+        for name in candidates:
             n = prefix.get(name, 0)
             if n > best_len:
                 best, best_len = name, n

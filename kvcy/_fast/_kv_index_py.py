@@ -5,8 +5,9 @@ A fleet of vLLM / kvcy instances each publish KV-cache events
 them into "which instance holds which block hash, in which medium" and answers
 a router's question: for a request's chained block hashes, how many leading
 blocks does each instance hold?  ``_kv_index_c.pyx`` is the compiled twin, with
-the same names, signatures, docstrings, messages and decisions; this one is the
-reference, written for clarity (dicts and sets).
+the same names, signatures, docstrings, messages and decisions; this one keeps
+the entries in dicts and each set of instances as an int bitmask (one bit per
+instance), so that a query narrows the running set with one ``&`` per hash.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ _HASH_LIMIT = 1 << 64
 
 Hash = int | bytes
 Medium = str | None
-_Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 def _instance_name(instance: object, what: str = "instance") -> str:
@@ -66,66 +66,61 @@ def _query_hashes(block_hashes: object) -> Sequence[Any]:
     try:
         view = memoryview(block_hashes)  # type: ignore[arg-type]
     except TypeError:
-        return list(block_hashes)  # type: ignore[call-overload]
+        items: list[Any] = list(block_hashes)  # type: ignore[call-overload]
+        return items
     with view:
         if view.ndim != 1 or view.itemsize != 8 or view.format not in ("Q", "L", "@Q", "@L", "=Q", "<Q") \
                 or not view.c_contiguous:
             raise TypeError("block_hashes as a buffer must be a 1-D C-contiguous array of unsigned 64-bit ints "
                             f"(format 'Q' or 'L'), got format {view.format!r} with {view.ndim} dimension(s)")
-        return view.tolist()
+        ints: list[Any] = view.tolist()
+        return ints
 
 
 class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
 
-    Each instance (a name: any ``str``, kept as a plain ``str``, e.g. ``"host:port"`` or ``"host:port/dp0"``)
-    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold
-    them into entries, one per ``(instance, medium, block hash)``, and
-    :meth:`longest_prefix` tells, for a request's chained block hashes (hash ``i``
-    stands for the whole prefix up to block ``i``), how many leading blocks each
-    instance holds.  :meth:`best_instance` picks the instance with the longest.
+    Each instance (any ``str``, kept as a plain ``str``: ``"host:port"``, ``"host:port/dp0"``)
+    publishes ``KVEventBatch``es; :meth:`apply_batch` / :meth:`apply_events` fold them into
+    entries, one per ``(instance, medium, block hash)``; :meth:`longest_prefix` tells, for a
+    request's chained block hashes (hash ``i`` stands for the prefix up to block ``i``), how
+    many leading blocks each instance holds, and :meth:`best_instance` picks the longest.
 
     Semantics, the same in both twins:
 
-    * An entry is reference-counted.  ``BlockStored`` adds one per hash (a new
-      entry starts at one), ``BlockRemoved`` takes one away; the entry is gone at
-      zero.  So a hash stored twice in one medium (two KV-cache groups of a hybrid
-      model, or two blocks of one group with the same hash, as vLLM's prefix cache
-      allows) and removed once is still held, as in vLLM, where each cached copy
-      is evicted, and reported, separately.  (vLLM's ``kv_cache_report_mode="full"``
-      re-reports prefix hits as ``BlockStored`` with no removal to match; under it
-      an entry can outlive its blocks until ``AllBlocksCleared`` or
-      :meth:`remove_instance`.)  ``group_idx`` is otherwise not kept.
-    * Mediums are kept apart: a hash stored in ``"GPU"`` and ``"CPU"`` is two
-      entries, and removing it from one leaves the other.  ``None`` is a medium of
-      its own.  Queries with ``medium=None`` count a block held in any medium.
-    * A ``BlockRemoved`` hash the instance does not hold in that medium is a
-      no-op, counted as ``stats["removals_unknown"]``.
-    * ``AllBlocksCleared`` forgets every entry of the instance, in every medium
-      (vLLM sends it when its prefix cache is reset).
-    * Block hashes are kept exactly as received: an ``int`` (vLLM's default, the
-      low 64 bits, ``0 <= h < 2**64``) or ``bytes`` (``use_int_block_hashes=False``).
-      ``5`` and ``b"\\x05"`` are different hashes; do not mix the two forms in one
-      fleet.  ``bool`` is no block hash, nor is a subclass of ``bytes``.
-    * LoRA fields are ignored: vLLM's block hashes already cover the adapter
-      (its name is one of the hash's extra keys).
-    * ``data_parallel_rank`` is ignored: name the instances per rank if the
-      ranks should be told apart.
-    * With ``max_blocks``, a store that would make more entries than that first
-      drops the least recently stored entry (storing an entry again makes it the
-      most recent), whatever its count; ``stats["entries_dropped"]`` counts them.
-      A later removal of a dropped entry counts as unknown.
+    * An entry is reference-counted: each ``BlockStored`` hash adds one, each ``BlockRemoved``
+      hash takes one away, and the entry is gone at zero.  A hash stored twice in one medium
+      (by two KV-cache groups of a hybrid model, or by two blocks of one group, as vLLM's
+      prefix cache allows) and removed once is still held: vLLM evicts, and reports, each
+      copy apart.  (With vLLM's ``kv_cache_report_mode="full"``, prefix hits are re-reported
+      as ``BlockStored`` with no removal to match, so an entry can outlive its blocks until
+      ``AllBlocksCleared`` or :meth:`remove_instance`.)  ``group_idx`` is not kept otherwise.
+    * Mediums are apart: a hash in ``"GPU"`` and ``"CPU"`` is two entries; removing one leaves
+      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.
+    * A ``BlockRemoved`` hash not held in that medium is a no-op, counted
+      (``stats["removals_unknown"]``).  ``AllBlocksCleared`` forgets all the instance holds,
+      in every medium (vLLM sends it when its prefix cache is reset).
+    * Hashes are kept as received: ``int`` (vLLM's default, the low 64 bits) or ``bytes``
+      (``use_int_block_hashes=False``); ``5`` and ``b"\\x05"`` differ, so do not mix the forms
+      in one fleet.  ``bool`` and ``bytes`` subclasses are no hashes.  LoRA fields are ignored
+      (vLLM's hashes cover the adapter's name), and so is ``data_parallel_rank`` (name the
+      instances per rank to tell the ranks apart).
+    * With ``max_blocks``, a store that would make one entry too many first drops the least
+      recently stored entry (storing one again makes it the most recent), whatever its count,
+      counted in ``stats["entries_dropped"]``; a later removal of it counts as unknown.
 
-    Bad input raises before the call changes anything: ``TypeError`` for an
-    instance name that is not a ``str``, an event that is not one of the three
-    classes, ``block_hashes`` that is not a list or tuple, a hash that is neither
-    ``int`` nor ``bytes``, a medium that is neither ``str`` nor ``None``;
-    ``ValueError`` for an ``int`` hash outside ``[0, 2**64)``, more than
-    ``MAX_INSTANCES`` instances or ``MAX_MEDIUMS`` mediums.
+    Bad input raises before the call changes anything: ``TypeError`` for a name that is not a
+    ``str``, an event not of the three classes, ``block_hashes`` not a list or tuple, a hash
+    neither ``int`` nor ``bytes``, a medium neither ``str`` nor ``None``; ``ValueError`` for an
+    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances or
+    ``MAX_MEDIUMS`` mediums.
     """
 
     def __init__(self, max_blocks: int | None = None) -> None:
         """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
+
+        Over the bound the least recently stored entry goes first: it is the likeliest to have
+        left its instance's cache already, as vLLM evicts its least recently used blocks first.
 
         Raises:
             TypeError: ``max_blocks`` is not an int or None.
@@ -141,10 +136,14 @@ class KVIndex:
         self._entries: OrderedDict[tuple[str, Medium, Hash], int] = OrderedDict()
         # instance -> its (medium, hash) entries; the keys are the known instances, first seen first.
         self._by_instance: dict[str, dict[tuple[Medium, Hash], None]] = {}
-        # medium -> hash -> instances holding it there.
-        self._by_medium: dict[Medium, dict[Hash, set[str]]] = {}
-        # hash -> instance -> number of mediums it holds the hash in.
-        self._any: dict[Hash, dict[str, int]] = {}
+        # Each known instance has a bit (a small id, reused once free); sets of instances are
+        # ints with their bits set, so a query narrows them with one ``&`` per hash.
+        self._bit: dict[str, int] = {}
+        self._names: dict[int, str] = {}  # bit number -> instance
+        self._alive = 0  # the known instances' bits
+        # medium -> hash -> the instances holding it there; hash -> those holding it anywhere.
+        self._by_medium: dict[Medium, dict[Hash, int]] = {}
+        self._any: dict[Hash, int] = {}
         self._stats = {
             "events_applied": 0,
             "batches_applied": 0,
@@ -156,6 +155,9 @@ class KVIndex:
             "entries_dropped": 0,
             "instances_removed": 0,
         }
+
+    def __reduce__(self) -> str | tuple[Any, ...]:  # an index is rebuilt from KV events, never copied
+        raise TypeError("a KVIndex cannot be pickled or copied: build a new one from the instances' KV events")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -192,6 +194,7 @@ class KVIndex:
             size += sys.getsizeof(per_hash) + sum(sys.getsizeof(s) for s in per_hash.values())
         for h, holders in self._any.items():
             size += sys.getsizeof(h) + sys.getsizeof(holders)
+        size += sys.getsizeof(self._bit) + sys.getsizeof(self._names)
         return size
 
     @property
@@ -276,6 +279,12 @@ class KVIndex:
             if len(self._by_instance) >= MAX_INSTANCES:
                 raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
             self._by_instance[instance] = {}
+            bit = next(b for b in range(len(self._names) + 1) if b not in self._names)
+            self._bit[instance] = bit
+            self._names[bit] = instance
+            self._alive |= 1 << bit
+        for medium in new_mediums:
+            self._by_medium[medium] = {}
         for ev in events:
             if isinstance(ev, BlockStored):
                 for h in ev.block_hashes:
@@ -303,9 +312,10 @@ class KVIndex:
             self._stats["entries_dropped"] += 1
         self._entries[key] = 1
         self._by_instance[instance][(medium, h)] = None
-        self._by_medium.setdefault(medium, {}).setdefault(h, set()).add(instance)
-        holders = self._any.setdefault(h, {})
-        holders[instance] = holders.get(instance, 0) + 1
+        bit = 1 << self._bit[instance]
+        per_hash = self._by_medium[medium]
+        per_hash[h] = per_hash.get(h, 0) | bit
+        self._any[h] = self._any.get(h, 0) | bit
 
     def _remove(self, instance: str, medium: Medium, h: Hash) -> None:
         key = (instance, medium, h)
@@ -323,17 +333,18 @@ class KVIndex:
         """Forget one entry, whatever its count."""
         del self._entries[(instance, medium, h)]
         del self._by_instance[instance][(medium, h)]
+        bit = 1 << self._bit[instance]
         per_hash = self._by_medium[medium]
-        holders = per_hash[h]
-        holders.discard(instance)
-        if not holders:
-            del per_hash[h]
-        in_mediums = self._any[h]
-        if in_mediums[instance] > 1:
-            in_mediums[instance] -= 1
+        holders = per_hash[h] & ~bit
+        if holders:
+            per_hash[h] = holders
         else:
-            del in_mediums[instance]
-            if not in_mediums:
+            del per_hash[h]
+        if not any(m.get(h, 0) & bit for m in self._by_medium.values()):
+            anywhere = self._any[h] & ~bit
+            if anywhere:
+                self._any[h] = anywhere
+            else:
                 del self._any[h]
 
     def _forget(self, instance: str) -> None:
@@ -351,6 +362,9 @@ class KVIndex:
             return
         self._forget(instance)
         del self._by_instance[instance]
+        bit = self._bit.pop(instance)
+        del self._names[bit]
+        self._alive &= ~(1 << bit)
         self._stats["instances_removed"] += 1
 
     def clear(self) -> None:
@@ -359,6 +373,9 @@ class KVIndex:
         self._by_instance.clear()
         self._by_medium.clear()
         self._any.clear()
+        self._bit.clear()
+        self._names.clear()
+        self._alive = 0
 
     # ------------------------------------------------------------------ queries
     def longest_prefix(self, block_hashes: Sequence[int | bytes], medium: str | None = None) -> dict[str, int]:
@@ -386,20 +403,24 @@ class KVIndex:
         for j, h in enumerate(hashes):
             _check_hash(h, f"block_hashes[{j}]")
         result = dict.fromkeys(self._by_instance, 0)
-        alive = set(self._by_instance)
-        if medium is None:
-            table: dict[Hash, Any] = self._any
-        else:
-            table = self._by_medium.get(medium, {})
+        table = self._any if medium is None else self._by_medium.get(medium, {})
+        alive = self._alive  # the instances still in the running
         depth = 0
         for h in hashes:
-            holders = table.get(h)
-            if not alive or holders is None:
+            if not alive:
                 break
-            alive = {name for name in alive if name in holders}
-            for name in alive:
-                result[name] = depth + 1
+            kept = alive & table.get(h, 0)
+            gone = alive ^ kept
+            while gone:  # those that do not hold this block stop here
+                low = gone & -gone
+                result[self._names[low.bit_length() - 1]] = depth
+                gone ^= low
+            alive = kept
             depth += 1
+        while alive:  # the others hold every block
+            low = alive & -alive
+            result[self._names[low.bit_length() - 1]] = depth
+            alive ^= low
         return result
 
     def best_instance(
