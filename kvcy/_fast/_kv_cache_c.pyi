@@ -318,6 +318,7 @@ class RSWAManager(FullAttentionManager):
 
 class CircularBufferManager(FullAttentionManager): ...
 
+@disjoint_base
 class MambaManager(SingleTypeKVCacheManager):
     mamba_cache_mode: str
     _align: bool
