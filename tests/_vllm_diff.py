@@ -7,7 +7,8 @@ and the active twin's ``KVCacheManager``.  :class:`Pair` then applies the same s
 operations (:class:`Op`) to both, with requests built from the same token ids and the same
 block hasher, and returns what each side returned and held after it, as plain data
 (:func:`snapshot`): every call's result (block ids per group, None, or the exception's type),
-every live request's block ids per group, the free-queue order, every keyed block (key,
+every live request's block ids per group (all, and those covering its computed tokens) and
+estimated cached tokens, the free-queue order, every keyed block (key,
 token count, reference count), the extra partial keys, the cache map, the KV events taken,
 ``take_new_block_ids``, ``usage`` and the prefix-cache stats.
 
@@ -41,6 +42,10 @@ class Config:
     ``num_encoder_tokens`` (cross attention).  ``spec_tokens``: decode steps schedule up to that
     many draft tokens (and ``lookahead`` slots) and reject some.  ``external``: admissions may
     pass connector tokens (``num_external_computed_tokens``, ``delay_cache_blocks``).
+    ``in_flight``: steps may run with up to that many of the request's computed tokens still in
+    flight (``num_in_flight_tokens``, async scheduling).  ``aligned_chunks``: a prefill chunk
+    that ends before the prefill does ends on a scheduler-block boundary (Mamba align mode's
+    rule in vLLM's scheduler, ``_mamba_block_aligned_split``, without its checkpoint stops).
     ``pending``: a feature kvcy may not have yet; while kvcy's manager raises
     ``NotImplementedError`` for the config, its test skips naming it (once kvcy builds it, it
     runs like any other).
@@ -66,6 +71,8 @@ class Config:
     lookahead: int = 0
     external: bool = False
     full_sequence_must_fit: bool = False
+    in_flight: int = 0
+    aligned_chunks: bool = False
     pending: str | None = None
 
     @property
@@ -146,6 +153,7 @@ class Side:
             self.mgr = kv.KVCacheManager(config, **cfg.manager_kwargs())
             self._request = lambda rid, toks: kv.Request(rid, toks, block_hasher=hasher)
         self.reqs: dict[str, Any] = {}
+        self.deferred: list[list] = []  # blocks popped by pop_blocks_for_free, not yet freed
 
     def new_request(self, rid: str, tokens: list[int]) -> None:
         self.reqs[rid] = self._request(rid, list(tokens))
@@ -214,7 +222,10 @@ def snapshot(side: Side) -> dict:
         "ref_cnt": [b.ref_cnt for b in pool.blocks],
         "extra": {bid: [k.hex() for k in ks] for bid, ks in extra.items()},
         "map": cache_map,
-        "requests": {rid: [list(g) for g in mgr.get_block_ids(rid)] for rid in sorted(side.reqs)},
+        "requests": {rid: [[list(g) for g in mgr.get_block_ids(rid)],
+                           [list(g) for g in mgr.get_block_ids_for_computed_tokens(rid, r.num_computed_tokens)],
+                           mgr.estimate_cached_tokens(r)]
+                     for rid, r in sorted(side.reqs.items())},
         "events": [_event(e) for e in mgr.take_events()],
         "new_block_ids": list(mgr.take_new_block_ids()),
         "copies": [[c.src_block_id, c.dst_block_id] for c in copies] + [[b.block_id for b in retained]],
@@ -242,10 +253,14 @@ class Op:
       outputs are computed, a decode step: one new token (the last sampled one appended) plus
       ``drafts`` draft tokens and ``lookahead`` slots; ``accepted`` of the drafts are kept
       (the rest rolled back, then ``cache_blocks`` as the scheduler does with drafts).  No
-      room: the request is preempted (``free``), as the scheduler does.
+      room: the request is preempted (``free``), as the scheduler does.  ``in_flight`` of its
+      computed tokens are in flight during the step (async scheduling).
     * ``loaded`` (``rid``): an async load finished: ``cache_blocks`` up to the computed tokens,
       the request running again.
     * ``preempt`` / ``finish`` (``rid``): ``free``; a preempted request may be admitted again.
+    * ``finish_deferred`` (``rid``): ``pop_blocks_for_free`` (the scheduler's deferred free
+      while a step may still write the blocks); ``drain``: the block pool frees them, in
+      reverse, oldest first.
     * ``skip`` (``rid``): ``remove_skipped_blocks`` at the processed tokens, with the prompt
       length.
     * ``reset``, ``evict`` (``ids``), ``new_step``.
@@ -265,6 +280,7 @@ class Op:
     ids: tuple = ()
     has_scheduled: bool = True
     skip_zeroing: tuple = ()
+    in_flight: int = 0
 
 
 def apply(side: Side, op: Op) -> Any:
@@ -274,6 +290,19 @@ def apply(side: Side, op: Op) -> Any:
         return _apply(side, op)
     except Exception as exc:  # (compared: both sides must refuse alike)
         return ["raised", type(exc).__name__]
+
+
+def _clip(cfg: Config, req: Any, start: int, n_new: int) -> int:
+    """``n_new`` prefill tokens from ``start``, ending on a block boundary when the config
+    asks for aligned chunks and the chunk stops before the prefill does."""
+    prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
+    end = start + n_new
+    if not cfg.aligned_chunks or start >= prefill_end or end >= prefill_end:
+        return n_new
+    aligned = end // cfg.sbs * cfg.sbs
+    if aligned <= start:
+        aligned = min((start // cfg.sbs + 1) * cfg.sbs, prefill_end)
+    return aligned - start
 
 
 def _apply(side: Side, op: Op) -> Any:
@@ -293,6 +322,8 @@ def _apply(side: Side, op: Op) -> Any:
         n_new = 0 if (op.delay and n_ext) else min(op.chunk, req.num_tokens - n_hit - n_ext)
         if n_new == 0 and n_ext == 0 and n_hit == 0:
             n_new = min(max(op.chunk, 1), req.num_tokens)
+        if n_new:
+            n_new = _clip(cfg, req, req.num_computed_tokens + n_hit + n_ext, n_new)
         got = mgr.allocate_slots(
             req, n_new, n_hit, blocks, num_lookahead_tokens=op.lookahead,
             num_external_computed_tokens=n_ext, delay_cache_blocks=op.delay and n_ext > 0,
@@ -307,13 +338,16 @@ def _apply(side: Side, op: Op) -> Any:
         prefill_end = req.num_tokens
         if req.num_computed_tokens < prefill_end:
             n_new, drafts = min(op.chunk, prefill_end - req.num_computed_tokens), 0
+            n_new = _clip(cfg, req, req.num_computed_tokens, n_new)
         else:
             req.append_output_token_ids(list(op.out_tokens[:1]))
             n_new, drafts = 1, op.drafts
         n_new = min(n_new + drafts, max(1, cfg.max_model_len - 1 - req.num_computed_tokens))
         drafts = min(drafts, n_new - 1)
+        req.num_in_flight_tokens = min(op.in_flight, req.num_computed_tokens)
         got = mgr.allocate_slots(req, n_new, num_lookahead_tokens=op.lookahead)
         if got is None:
+            req.num_in_flight_tokens = 0
             mgr.free(req)
             req.num_computed_tokens = 0
             req.num_preemptions += 1
@@ -326,10 +360,19 @@ def _apply(side: Side, op: Op) -> Any:
             if accepted:
                 req.append_output_token_ids(list(op.out_tokens[1:1 + accepted]))
             mgr.cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+        req.num_in_flight_tokens = 0
         return _ids(got)
     if kind == "loaded":
         mgr.cache_blocks(req, req.num_computed_tokens)
         side.set_status(op.rid, "RUNNING")
+        return None
+    if kind == "finish_deferred":
+        side.deferred.append(mgr.pop_blocks_for_free(req))
+        del side.reqs[op.rid]
+        return None
+    if kind == "drain":
+        while side.deferred:
+            mgr.block_pool.free_blocks(reversed(side.deferred.pop(0)))
         return None
     if kind in ("preempt", "finish"):
         mgr.free(req)

@@ -92,11 +92,13 @@ CONFIGS = [
     Config("mla", (("MLAAttentionSpec", dict(block_size=8)),), num_blocks=24),
     Config("swa", (swa(4, 10),), num_blocks=32),
     Config("swa-extra-retained", (swa(4, 10, extra_retained_tokens=3),), num_blocks=32),
+    Config("swa-async", (swa(4, 10),), in_flight=5, num_blocks=32),
     Config("swa-mla", (("SlidingWindowMLASpec", dict(block_size=4, sliding_window=9)),), num_blocks=32),
     Config("chunked-local", (chunked(4, 16),), num_blocks=32),
     # hybrids
     Config("full8+swa4", (full(8), swa(4, 12)), num_blocks=48),
     Config("full8+swa4-eagle", (full(8), swa(4, 12)), use_eagle=True, spec_tokens=2, lookahead=2, num_blocks=48),
+    Config("full8+swa4-async-spec", (full(8), swa(4, 12)), in_flight=3, spec_tokens=2, lookahead=2, num_blocks=48),
     Config("full16+swa8-hash4", (full(16), swa(8, 20)), hash_block_size=4, num_blocks=40),
     Config("full8+swa4-retention16", (full(8), swa(4, 10)), retention=16, num_blocks=48),
     Config("full8+swa4-retention0-eagle", (full(8), swa(4, 10, extra_retained_tokens=2)), retention=0,
@@ -118,9 +120,9 @@ CONFIGS = [
     Config("full+circular-buffer", (full(8), ("CircularBufferSpec", dict(block_size=8))), num_blocks=48,
            pending="circular buffer (CircularBufferSpec)"),
     Config("full+mamba-align", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
-           num_blocks=48, pending="Mamba align mode"),
+           aligned_chunks=True, num_blocks=48, pending="Mamba align mode"),
     Config("full+mamba-align-eagle", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
-           use_eagle=True, num_blocks=48, pending="Mamba align mode"),
+           aligned_chunks=True, use_eagle=True, num_blocks=48, pending="Mamba align mode"),
 ]
 
 EXAMPLES = int(os.environ.get("KVCY_SM_EXAMPLES", "6"))
@@ -219,11 +221,12 @@ class ManagerMachine(RuleBasedStateMachine):
         drafts = data.draw(st.integers(0, cfg.spec_tokens), label="drafts")
         accepted = data.draw(st.integers(0, drafts), label="accepted")
         lookahead = data.draw(st.sampled_from([cfg.lookahead, 0]), label="lookahead")
+        in_flight = data.draw(st.sampled_from([0, cfg.in_flight]), label="in_flight") if cfg.in_flight else 0
         out = tuple(self._fresh(1 + drafts))
         if data.draw(st.integers(0, 4), label="repeat") == 0:  # a token seen before
             out = (self.seen[rid][0],) + out[1:]
         self._check(Op("step", rid, chunk=chunk, drafts=drafts, accepted=accepted, lookahead=lookahead,
-                       out_tokens=out))
+                       out_tokens=out, in_flight=in_flight))
         req = self.pair.vllm.reqs.get(rid)
         if req is not None:
             self.seen[rid] = tuple(req.all_token_ids)
@@ -251,17 +254,19 @@ class ManagerMachine(RuleBasedStateMachine):
         self._check(Op("loaded", rid))
 
     @precondition(lambda self: self.pair.vllm.reqs)
-    @rule(data=st.data(), what=st.sampled_from(["finish", "finish", "preempt", "skip"]))
+    @rule(data=st.data(), what=st.sampled_from(["finish", "finish", "preempt", "skip", "finish_deferred"]))
     def release(self, data, what) -> None:
-        """A request finishes or is aborted (a waiting one holds nothing: free is a no-op), a
-        running one is preempted (to be admitted again), or its skipped blocks are dropped."""
-        rids = sorted(self.pair.vllm.reqs) if what == "finish" else self._with("RUNNING")
+        """A request finishes or is aborted (a waiting one holds nothing: free is a no-op), maybe
+        with its blocks' return deferred; a running one is preempted (to be admitted again), or
+        its skipped blocks are dropped."""
+        rids = sorted(self.pair.vllm.reqs) if what.startswith("finish") else self._with("RUNNING")
         if rids:
             self._check(Op(what, data.draw(st.sampled_from(rids), label="rid")))
 
-    @rule(what=st.sampled_from(["evict", "reset", "new_step"]), ids=st.lists(st.integers(1, 63), max_size=4))
+    @rule(what=st.sampled_from(["evict", "reset", "new_step", "drain"]), ids=st.lists(st.integers(1, 63), max_size=4))
     def housekeeping(self, what, ids) -> None:
-        """Evict blocks (a connector's invalid blocks), reset the prefix cache, start a step."""
+        """Evict blocks (a connector's invalid blocks), reset the prefix cache, start a step,
+        free the deferred blocks."""
         self._check(Op(what, ids=tuple(i for i in ids if i < self.cfg.num_blocks) if what == "evict" else ()))
 
     @invariant()
@@ -286,6 +291,7 @@ def test_configs_cover_the_features():
     assert any(c.retention is not None for c in CONFIGS) and any(c.watermark for c in CONFIGS)
     assert any(c.num_hash_lookahead_tokens for c in CONFIGS) and any(c.num_prefill_lookahead for c in CONFIGS)
     assert any(c.external for c in CONFIGS) and any(c.encoder_tokens for c in CONFIGS)
+    assert any(c.in_flight for c in CONFIGS) and any(c.spec_tokens for c in CONFIGS)
     assert sum(len(c.groups) > 2 for c in CONFIGS) >= 2
     assert len({c.name for c in CONFIGS}) == len(CONFIGS)
 
