@@ -138,8 +138,12 @@ class Side:
             hasher = get_request_block_hasher(cfg.hbs, sha, cfg.num_hash_lookahead_tokens)
             self.status = RequestStatus
             self.mgr = KVCacheManager(vllm_config(cfg), **cfg.manager_kwargs())
-            self._request = lambda rid, toks: Request(rid, toks, SamplingParams(max_tokens=4096), None,
-                                                      block_hasher=hasher)
+
+            def request(rid, toks, salt=None, session=None, report="incremental"):
+                params = SamplingParams(max_tokens=4096, extra_args={"kv_cache_report_mode": report})
+                return Request(rid, toks, params, None, cache_salt=salt, session_id=session, block_hasher=hasher)
+
+            self._request = request
         else:
             import kvcy.vllm
             from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
@@ -151,12 +155,18 @@ class Side:
             self.status = RequestStatus
             config = kvcy.vllm.convert_kv_cache_config(vllm_config(cfg))
             self.mgr = kv.KVCacheManager(config, **cfg.manager_kwargs())
-            self._request = lambda rid, toks: kv.Request(rid, toks, block_hasher=hasher)
+
+            def request(rid, toks, salt=None, session=None, report="incremental"):
+                return kv.Request(rid, toks, cache_salt=salt, session_id=session, kv_cache_report_mode=report,
+                                  block_hasher=hasher)
+
+            self._request = request
         self.reqs: dict[str, Any] = {}
         self.deferred: list[list] = []  # blocks popped by pop_blocks_for_free, not yet freed
 
-    def new_request(self, rid: str, tokens: list[int]) -> None:
-        self.reqs[rid] = self._request(rid, list(tokens))
+    def new_request(self, rid: str, tokens: list[int], salt: str | None = None, session: str | None = None,
+                    report: str = "incremental") -> None:
+        self.reqs[rid] = self._request(rid, list(tokens), salt, session, report)
 
     def set_status(self, rid: str, name: str) -> None:
         self.reqs[rid].status = getattr(self.status, name)
@@ -242,7 +252,9 @@ class Op:
 
     ``kind`` and its fields:
 
-    * ``admit`` (``rid``; a new request: ``tokens``): ``get_computed_blocks`` (capped by
+    * ``admit`` (``rid``; a new request: ``tokens``, with ``salt`` (``cache_salt``),
+      ``session`` (``session_id``) and ``report_full`` (``kv_cache_report_mode="full"``,
+      whose hits re-emit ``BlockStored``)): ``get_computed_blocks`` (capped by
       ``max_hit`` when set), the request's ``shared_prefix_boundary`` set from it,
       ``record_prefix_cache_stats``, then ``allocate_slots`` with the hit, ``chunk`` new tokens
       at most, ``lookahead`` slots, ``external`` connector tokens (``delay``: loaded
@@ -281,6 +293,9 @@ class Op:
     has_scheduled: bool = True
     skip_zeroing: tuple = ()
     in_flight: int = 0
+    salt: str | None = None
+    session: str | None = None
+    report_full: bool = False
 
 
 def apply(side: Side, op: Op) -> Any:
@@ -310,7 +325,7 @@ def _apply(side: Side, op: Op) -> Any:
     kind = op.kind
     if kind == "admit":
         if op.tokens:
-            side.new_request(op.rid, op.tokens)
+            side.new_request(op.rid, op.tokens, op.salt, op.session, "full" if op.report_full else "incremental")
         req = side.reqs[op.rid]
         if op.max_hit is None:
             blocks, n_hit, boundary = mgr.get_computed_blocks(req)

@@ -200,7 +200,11 @@ class ManagerMachine(RuleBasedStateMachine):
         rid = f"r{self.next_rid}"
         self.next_rid += 1
         self.seen[rid] = tuple(tokens)
-        self._check(self._admission(data, rid, tuple(tokens)))
+        op = self._admission(data, rid, tuple(tokens))
+        op.salt = data.draw(st.sampled_from([None, None, None, "salt"]), label="salt")
+        op.session = data.draw(st.sampled_from([None, None, "session"]), label="session")
+        op.report_full = data.draw(st.integers(0, 3), label="report") == 0
+        self._check(op)
 
     @precondition(lambda self: self._with("WAITING", "PREEMPTED"))
     @rule(data=st.data())
