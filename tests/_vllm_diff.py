@@ -254,7 +254,8 @@ class Op:
 
     * ``admit`` (``rid``; a new request: ``tokens``, with ``salt`` (``cache_salt``),
       ``session`` (``session_id``) and ``report_full`` (``kv_cache_report_mode="full"``,
-      whose hits re-emit ``BlockStored``)): ``get_computed_blocks`` (capped by
+      whose hits re-emit ``BlockStored``)): ``get_computed_blocks`` (or, with
+      ``connector_lookup``, ``get_computed_blocks_for_connector``; capped by
       ``max_hit`` when set), the request's ``shared_prefix_boundary`` set from it,
       ``record_prefix_cache_stats``, then ``allocate_slots`` with the hit, ``chunk`` new tokens
       at most, ``lookahead`` slots, ``external`` connector tokens (``delay``: loaded
@@ -268,7 +269,8 @@ class Op:
       room: the request is preempted (``free``), as the scheduler does.  ``in_flight`` of its
       computed tokens are in flight during the step (async scheduling).
     * ``loaded`` (``rid``): an async load finished: ``cache_blocks`` up to the computed tokens,
-      the request running again.
+      the request running again; ``failed``: only the scheduler-block-aligned prefix is valid
+      (``cache_blocks`` and ``record_blocks_for_zeroing`` from there, or ``free`` if none).
     * ``preempt`` / ``finish`` (``rid``): ``free``; a preempted request may be admitted again.
     * ``finish_deferred`` (``rid``): ``pop_blocks_for_free`` (the scheduler's deferred free
       while a step may still write the blocks); ``drain``: the block pool frees them, in
@@ -296,6 +298,8 @@ class Op:
     salt: str | None = None
     session: str | None = None
     report_full: bool = False
+    connector_lookup: bool = False
+    failed: bool = False
 
 
 def apply(side: Side, op: Op) -> Any:
@@ -327,7 +331,10 @@ def _apply(side: Side, op: Op) -> Any:
         if op.tokens:
             side.new_request(op.rid, op.tokens, op.salt, op.session, "full" if op.report_full else "incremental")
         req = side.reqs[op.rid]
-        if op.max_hit is None:
+        diverged = None
+        if op.connector_lookup:
+            blocks, n_hit, boundary, diverged = mgr.get_computed_blocks_for_connector(req, op.max_hit)
+        elif op.max_hit is None:
             blocks, n_hit, boundary = mgr.get_computed_blocks(req)
         else:
             blocks, n_hit, boundary = mgr.get_computed_blocks(req, op.max_hit)
@@ -347,7 +354,7 @@ def _apply(side: Side, op: Op) -> Any:
         if got is not None:
             req.num_computed_tokens = req.num_computed_tokens + n_hit + n_ext + n_new
             side.set_status(op.rid, "WAITING_FOR_REMOTE_KVS" if (op.delay and n_ext) else "RUNNING")
-        return [n_hit, boundary, _ids(blocks), n_ext, n_new, _ids(got)]
+        return [n_hit, boundary, diverged, _ids(blocks), n_ext, n_new, _ids(got)]
     req = side.reqs.get(op.rid) if op.rid is not None else None
     if kind == "step":
         prefill_end = req.num_tokens
@@ -378,7 +385,16 @@ def _apply(side: Side, op: Op) -> Any:
         req.num_in_flight_tokens = 0
         return _ids(got)
     if kind == "loaded":
-        mgr.cache_blocks(req, req.num_computed_tokens)
+        if op.failed:  # the valid prefix ends at the first bad block (a scheduler-block boundary here)
+            req.num_computed_tokens = req.num_computed_tokens // cfg.sbs * cfg.sbs
+            if not req.num_computed_tokens:
+                mgr.free(req)
+                side.set_status(op.rid, "WAITING")
+                return None
+            mgr.cache_blocks(req, req.num_computed_tokens)
+            mgr.record_blocks_for_zeroing(op.rid, req.num_computed_tokens)
+        else:
+            mgr.cache_blocks(req, req.num_computed_tokens)
         side.set_status(op.rid, "RUNNING")
         return None
     if kind == "finish_deferred":

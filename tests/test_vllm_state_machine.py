@@ -177,8 +177,9 @@ class ManagerMachine(RuleBasedStateMachine):
         groups = len(cfg.groups)
         skip = data.draw(st.sampled_from([(), (groups - 1,)]), label="skip_zeroing") if delay else ()
         lookahead = data.draw(st.sampled_from([0, cfg.lookahead]), label="lookahead")
+        connector_lookup = cfg.external and data.draw(st.booleans(), label="connector_lookup")
         return Op("admit", rid, tokens=tuple(tokens), chunk=chunk, lookahead=lookahead, external=external,
-                  delay=delay, max_hit=max_hit, skip_zeroing=skip,
+                  delay=delay, max_hit=max_hit, skip_zeroing=skip, connector_lookup=connector_lookup,
                   has_scheduled=bool(self._with("RUNNING")))
 
     # -- rules
@@ -252,10 +253,11 @@ class ManagerMachine(RuleBasedStateMachine):
         self._step(data, data.draw(st.sampled_from(self._with("RUNNING")), label="rid"))
 
     @precondition(lambda self: self._with("WAITING_FOR_REMOTE_KVS"))
-    @rule(data=st.data())
-    def loaded(self, data) -> None:
+    @rule(data=st.data(), failed=st.booleans())
+    def loaded(self, data, failed) -> None:
+        """An async KV load finished, or failed past a block boundary."""
         rid = data.draw(st.sampled_from(self._with("WAITING_FOR_REMOTE_KVS")), label="rid")
-        self._check(Op("loaded", rid))
+        self._check(Op("loaded", rid, failed=failed))
 
     @precondition(lambda self: self.pair.vllm.reqs)
     @rule(data=st.data(), what=st.sampled_from(["finish", "finish", "preempt", "skip", "finish_deferred"]))
