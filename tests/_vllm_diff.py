@@ -7,10 +7,11 @@ and the active twin's ``KVCacheManager``.  :class:`Pair` then applies the same s
 operations (:class:`Op`) to both, with requests built from the same token ids and the same
 block hasher, and returns what each side returned and held after it, as plain data
 (:func:`snapshot`): every call's result (block ids per group, None, or the exception's type),
-every live request's block ids per group (all, and those covering its computed tokens) and
-estimated cached tokens, the free-queue order, every keyed block (key,
-token count, reference count), the extra partial keys, the cache map, the KV events taken,
-``take_new_block_ids``, ``usage`` and the prefix-cache stats.
+every live request's block ids per group (all, and those covering its computed tokens), its
+estimated cached tokens and remaining blocks (as the scheduler asks the coordinator), the
+free-queue order, every keyed block (key, token count, reference count), the extra partial
+keys, the cache map, the KV events taken, ``take_new_block_ids``, the copy-on-write copies,
+the boundary-state offloads, ``usage`` and the prefix-cache stats.
 
 Only importable where vLLM is (the live test modules import it after their skip check).
 tests/test_vllm_state_machine.py drives it with hypothesis; it holds the table of configs.
@@ -203,6 +204,22 @@ def _stats(s: Any) -> Any:
     return [s.reset, s.requests, s.queries, s.hits, s.preempted_requests, s.preempted_queries, s.preempted_hits]
 
 
+def _remaining_blocks(side: Side, req: Any) -> Any:
+    """What the scheduler asks the coordinator for a request's remaining blocks
+    (``Scheduler._request_remaining_blocks``, with the config's draft and lookahead slots)."""
+    mgr, cfg = side.mgr, side.cfg
+    full = min(req.num_tokens, cfg.max_model_len)
+    num_tokens = full + (1 + cfg.spec_tokens + cfg.lookahead if cfg.spec_tokens else 0)
+    try:
+        return mgr.coordinator.get_num_blocks_to_allocate(
+            request_id=req.request_id, num_tokens=num_tokens, new_computed_blocks=mgr.empty_kv_cache_blocks.blocks,
+            num_encoder_tokens=0, total_computed_tokens=req.num_computed_tokens,
+            num_local_computed_tokens=req.num_computed_tokens, num_tokens_main_model=full, apply_admission_cap=True,
+            prefill_end=max(req.num_prompt_tokens, req.num_tokens - 1))
+    except Exception as exc:  # (compared: both sides must refuse alike)
+        return ["raised", type(exc).__name__]
+
+
 def snapshot(side: Side) -> dict:
     """Everything observable of one side's manager, as plain data (takes the events, the new
     block ids, the copies, the boundary-state offloads and the prefix-cache stats)."""
@@ -234,7 +251,7 @@ def snapshot(side: Side) -> dict:
         "map": cache_map,
         "requests": {rid: [[list(g) for g in mgr.get_block_ids(rid)],
                            [list(g) for g in mgr.get_block_ids_for_computed_tokens(rid, r.num_computed_tokens)],
-                           mgr.estimate_cached_tokens(r)]
+                           mgr.estimate_cached_tokens(r), _remaining_blocks(side, r)]
                      for rid, r in sorted(side.reqs.items())},
         "events": [_event(e) for e in mgr.take_events()],
         "new_block_ids": list(mgr.take_new_block_ids()),
