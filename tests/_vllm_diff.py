@@ -81,6 +81,11 @@ class Config:
         return [kw["block_size"] for _, kw in self.groups]
 
     @property
+    def replay_tokens(self) -> int:
+        """vLLM's ``prefix_replay_tokens``: the window of a bounded-replay sliding-window group."""
+        return max([kw["sliding_window"] for _, kw in self.groups if kw.get("bounded_replay")], default=0)
+
+    @property
     def hbs(self) -> int:
         return self.hash_block_size or min(self.block_sizes)
 
@@ -275,7 +280,8 @@ class Op:
       ``connector_lookup``, ``get_computed_blocks_for_connector``; capped by
       ``max_hit`` when set), the request's ``shared_prefix_boundary`` set from it,
       ``record_prefix_cache_stats``, then ``allocate_slots`` with the hit, ``chunk`` new tokens
-      at most, ``lookahead`` slots, ``external`` connector tokens (``delay``: loaded
+      at most (less the replayed window of a bounded-replay group's hit, as vLLM's scheduler
+      recomputes it), ``lookahead`` slots, ``external`` connector tokens (``delay``: loaded
       asynchronously, no new tokens), the config's encoder tokens, ``full_sequence_must_fit``,
       ``has_scheduled_reqs`` and ``skip_zeroing`` (``skip_zeroing_group_ids``).  Success makes
       the request running (or loading).
@@ -358,19 +364,25 @@ def _apply(side: Side, op: Op) -> Any:
         req.shared_prefix_boundary = boundary
         mgr.record_prefix_cache_stats(req, n_hit)
         n_ext = min(op.external, max(0, req.num_tokens - 1 - n_hit))
-        n_new = 0 if (op.delay and n_ext) else min(op.chunk, req.num_tokens - n_hit - n_ext)
+        if cfg.replay_tokens:  # (a load without the window ends on a block boundary)
+            n_ext -= n_ext % cfg.sbs
+        delay = op.delay and n_ext > 0
+        # bounded replay: the hit's last window is recomputed, its KV not rewritten
+        replay = 0 if delay else min(cfg.replay_tokens, n_hit + n_ext)
+        start = req.num_computed_tokens + n_hit + n_ext - replay
+        n_new = 0 if delay else min(op.chunk, req.num_tokens - start)
         if n_new == 0 and n_ext == 0 and n_hit == 0:
             n_new = min(max(op.chunk, 1), req.num_tokens)
         if n_new:
-            n_new = _clip(cfg, req, req.num_computed_tokens + n_hit + n_ext, n_new)
+            n_new = _clip(cfg, req, start, n_new)
         got = mgr.allocate_slots(
-            req, n_new, n_hit, blocks, num_lookahead_tokens=op.lookahead,
-            num_external_computed_tokens=n_ext, delay_cache_blocks=op.delay and n_ext > 0,
+            req, max(n_new - replay, 0), n_hit, blocks, num_lookahead_tokens=op.lookahead,
+            num_external_computed_tokens=n_ext, delay_cache_blocks=delay,
             num_encoder_tokens=cfg.encoder_tokens, full_sequence_must_fit=cfg.full_sequence_must_fit,
             has_scheduled_reqs=op.has_scheduled, skip_zeroing_group_ids=op.skip_zeroing)
         if got is not None:
-            req.num_computed_tokens = req.num_computed_tokens + n_hit + n_ext + n_new
-            side.set_status(op.rid, "WAITING_FOR_REMOTE_KVS" if (op.delay and n_ext) else "RUNNING")
+            req.num_computed_tokens = start + n_new
+            side.set_status(op.rid, "WAITING_FOR_REMOTE_KVS" if delay else "RUNNING")
         return [n_hit, boundary, diverged, _ids(blocks), n_ext, n_new, _ids(got)]
     req = side.reqs.get(op.rid) if op.rid is not None else None
     if kind == "step":
@@ -412,6 +424,7 @@ def _apply(side: Side, op: Op) -> Any:
             mgr.record_blocks_for_zeroing(op.rid, req.num_computed_tokens)
         else:
             mgr.cache_blocks(req, req.num_computed_tokens)
+        req.num_computed_tokens -= min(cfg.replay_tokens, req.num_computed_tokens)  # (replayed after a load)
         side.set_status(op.rid, "RUNNING")
         return None
     if kind == "finish_deferred":

@@ -115,10 +115,15 @@ CONFIGS = [
     Config("full+swa+mamba-nocache", (full(8), swa(4, 12), mamba(8)), enable_caching=False, spec_tokens=2,
            num_blocks=48),
     # features other branches add: skipped while kvcy raises NotImplementedError for them
+    # (the harness models the scheduler's side of them: R-SWA's num_prompt_tokens, Mamba align
+    # mode's block-aligned chunks, bounded replay's recomputed window)
     Config("full+rswa", (full(8), ("RSWASpec", dict(block_size=8, rswa_window=16))), num_blocks=48,
            pending="R-SWA (RSWASpec)"),
     Config("full+circular-buffer", (full(8), ("CircularBufferSpec", dict(block_size=8))), num_blocks=48,
            pending="circular buffer (CircularBufferSpec)"),
+    Config("full+swa-bounded-replay", (full(8), ("SlidingWindowMLASpec", dict(block_size=4, sliding_window=12,
+                                                                             bounded_replay=True))),
+           external=True, num_blocks=48, pending="bounded sliding-window replay"),
     Config("full+mamba-align", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
            aligned_chunks=True, num_blocks=48, pending="Mamba align mode"),
     Config("full+mamba-align-eagle", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
