@@ -20,8 +20,8 @@ error.  Examples are derandomized with no database, so CI replays the same seque
 Adding a config: one ``Config`` in ``CONFIGS`` (tests/_vllm_diff.py documents the fields).
 A feature kvcy may not have yet gets ``pending="<feature>"``: while kvcy's manager raises
 ``NotImplementedError`` for it the test skips with that name, and runs as soon as kvcy builds
-it.  A config on which kvcy and vLLM are known to differ goes in as
-``pytest.param(cfg, marks=pytest.mark.xfail(strict=True, reason=<minimal sequence>))``.
+it.  A config on which kvcy and vLLM are known to differ gets ``xfail="<the minimal failing
+sequence>"`` (a strict xfail).
 Not here: ``SinkFullAttentionSpec`` (vLLM 0.33.0's coordinator cannot build its manager,
 tests/test_dropin_retention.py ``test_live_sink``), Mamba prefix caching outside align mode
 (vLLM asserts) and the HiSparse specs (out of scope).
@@ -311,7 +311,12 @@ def test_configs_cover_the_features():
     assert len({c.name for c in CONFIGS}) == len(CONFIGS)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name)
+def _param(cfg: Config):
+    marks = [pytest.mark.xfail(strict=True, reason=cfg.xfail)] if cfg.xfail else []
+    return pytest.param(cfg, id=cfg.name, marks=marks)
+
+
+@pytest.mark.parametrize("cfg", [_param(c) for c in CONFIGS])
 def test_kvcy_manager_follows_vllm(cfg):
     kv = _active_twin()
     Side("vllm", cfg)  # (every config is one vLLM 0.33.0 builds)
