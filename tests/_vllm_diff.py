@@ -38,6 +38,7 @@ class Config:
 
     ``groups``: ``(spec class name, keyword arguments)`` per KV-cache group; attention specs
     get :data:`ATTN` for what they leave out, dtypes are torch names (``"float16"``).
+    ``eagle_groups``: the groups flagged ``is_eagle_group`` (the EAGLE drop's groups).
     ``hash_block_size`` / ``scheduler_block_size`` default to the smallest / the least common
     multiple of the groups' block sizes.  ``encoder_tokens``: admissions pass that many
     ``num_encoder_tokens`` (cross attention).  ``spec_tokens``: decode steps schedule up to that
@@ -77,6 +78,7 @@ class Config:
     aligned_chunks: bool = False
     pending: str | None = None
     xfail: str | None = None
+    eagle_groups: tuple = ()
 
     @property
     def block_sizes(self) -> list[int]:
@@ -122,7 +124,8 @@ def vllm_spec(cls_name: str, kwargs: dict) -> Any:
 def vllm_config(cfg: Config) -> Any:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-    groups = [KVCacheGroupSpec([f"layer{i}"], vllm_spec(name, kw)) for i, (name, kw) in enumerate(cfg.groups)]
+    groups = [KVCacheGroupSpec([f"layer{i}"], vllm_spec(name, kw), is_eagle_group=i in cfg.eagle_groups)
+              for i, (name, kw) in enumerate(cfg.groups)]
     return KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
                          prefix_cache_retention_interval=cfg.retention)
 

@@ -108,6 +108,9 @@ CONFIGS = [
     Config("full8+swa4-retention0-eagle", (full(8), swa(4, 10, extra_retained_tokens=2)), retention=0,
            use_eagle=True, num_blocks=48),
     Config("full8+full4-coarse-eagle", (full(8), full(4)), use_eagle=True, num_blocks=40),
+    Config("full8+swa4-eagle-group1", (full(8), swa(4, 12)), use_eagle=True, eagle_groups=(1,), spec_tokens=1,
+           num_blocks=48),
+    Config("full-eagle-flag-no-eagle", (full(8), full(8, dtype="bfloat16")), eagle_groups=(0,), num_blocks=40),
     # (chunked local beside another block size: vLLM asserts at every lookup; tests/test_kv_cache_core.py)
     Config("full4+chunked4", (full(4), chunked(4, 16)), num_blocks=48),
     Config("full+mla", (full(8), ("MLAAttentionSpec", dict(block_size=8))), num_blocks=40),
