@@ -3,19 +3,22 @@
 
 Each rule is an operation vLLM's scheduler makes (tests/_vllm_diff.py ``Op``): admit a new
 request whose prompt shares a random prefix with earlier prompts (chunked, with lookahead
-slots, connector tokens, a capped hit), schedule a running request's next prefill chunk or a
-decode step with draft tokens (some rejected), preempt and re-admit, finish or abort, drop
-skipped blocks, finish an async load, reset the prefix cache, evict blocks, start a step.
-After every rule the two managers' results and everything observable (block ids per group of
-every request, the free-queue order, keys, extra keys and the cache map, events, new block ids
-to zero, usage, prefix-cache stats) must be equal.  This generalises ../shared/golden (the
+slots, connector tokens and lookups, a capped hit, a cache salt), schedule a running
+request's next prefill chunk or a decode step with draft tokens (some rejected) and tokens in
+flight, preempt and re-admit, finish or abort (the blocks' return maybe deferred), drop skipped
+blocks, finish (or fail) an async load, reset the prefix cache, evict blocks, start a step.
+After every operation the two managers' results and everything observable (block ids per
+group of every request, the free-queue order, keys, extra keys and the cache map, events, new
+block ids to zero, usage, prefix-cache stats) must be equal.  This generalises ../shared/golden (the
 offline floor, replayed without vLLM by tests/test_golden.py): it looks for what those
 vectors do not cover.
 
 It runs where vLLM 0.33.0 imports (``.ci/run``'s vLLM step, once per twin: the active twin,
 ``kvcy.IMPLEMENTATION``) and skips elsewhere; ``KVCY_REQUIRE_VLLM=1`` makes a missing vLLM an
-error.  Examples are derandomized with no database, so CI replays the same sequences; set
-``KVCY_SM_EXAMPLES=200`` (and ``KVCY_SM_RANDOM=1`` for fresh seeds) to explore more locally.
+error.  Examples are derandomized with no database and not shrunk, so CI replays the same
+sequences and reports a failing one as found.  To explore locally: ``KVCY_SM_EXAMPLES=60
+KVCY_SM_STEPS=50 KVCY_SM_RANDOM=1`` (fresh seeds, failures shrunk to a minimal sequence;
+``KVCY_SM_SHRINK=1`` shrinks the derandomized ones).
 
 Adding a config: one ``Config`` in ``CONFIGS`` (tests/_vllm_diff.py documents the fields).
 A feature kvcy may not have yet gets ``pending="<feature>"``: while kvcy's manager raises
