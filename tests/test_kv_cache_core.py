@@ -192,6 +192,28 @@ def test_chunked_local_hit_is_null_before_the_chunk(impl):
     assert blocks.get_block_ids() == ([0, 0, 3],) and n == 12
 
 
+def test_chunked_local_beside_another_block_size_asserts_at_lookup(impl):
+    """vLLM 0.33.0's chunked-local lookup asserts that the group's block size is the hit
+    alignment (the scheduler block): beside full attention of 8-token blocks, 4-token chunked
+    blocks build but every lookup raises its AssertionError (found by
+    tests/test_vllm_state_machine.py; kvcy used to trim the hit to the alignment instead)."""
+    chunked = ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                        attention_chunk_size=16)
+    full = FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=8, dtype="float16")
+    cfg = KVCacheConfig(num_blocks=20, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["c"], chunked)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=8, hash_block_size=4)
+    req = Request("a", list(range(20)), block_hasher=hasher())
+    msg = "KV cache groups with different block sizes are not compatible with chunked local attention now"
+    with pytest.raises(AssertionError, match=msg):
+        mgr.get_computed_blocks(req)
+    manager_cls = type(mgr.coordinator.single_type_managers[1])
+    with pytest.raises(AssertionError, match=msg):
+        manager_cls.find_longest_cache_hit([], 16, [1], mgr.block_pool, chunked, False, 8)
+    (hit,), n = manager_cls.find_longest_cache_hit([], 16, [1], mgr.block_pool, chunked, False, 4)
+    assert [b.block_id for b in hit] == [0, 0, 0, 0] and n == 16  # (aligned: the chunk's null blocks)
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "kwargs, exc",

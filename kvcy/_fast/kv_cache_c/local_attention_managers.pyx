@@ -226,6 +226,9 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         # find_longest_cache_hit: null blocks before the current chunk, then hits left to right.
         if drop_eagle_block:
             raise AssertionError("Hybrid KV cache is not supported for eagle + chunked local attention.")  # (vLLM asserts, at lookup)
+        if block_size != alignment_tokens:  # (vLLM asserts, at lookup)
+            raise AssertionError("KV cache groups with different block sizes are not compatible with chunked local "
+                                 "attention now")
         hashes = _resolve(block_hashes, pool.hash_block_size, block_size)
         cdef Py_ssize_t start_block = (max_length // chunk * chunk) // block_size
         cdef Py_ssize_t max_blocks = _num_searchable_blocks(hashes, max_length, block_size)
@@ -241,10 +244,6 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
             for g in range(n_groups):
                 (<list>computed[g]).append(cached[g])
         n = len(<list>computed[0])
-        while block_size != alignment_tokens and (n * block_size) % alignment_tokens != 0:
-            for g in range(n_groups):
-                (<list>computed[g]).pop()
-            n -= 1
         return computed, n * block_size
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens):

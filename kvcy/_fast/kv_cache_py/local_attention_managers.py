@@ -209,6 +209,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                                    self.sliding_window, self.use_eagle, retention_interval, boundaries, None)
 
 
+_CHUNKED_ALIGNMENT = "KV cache groups with different block sizes are not compatible with chunked local attention now"
+
+
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Chunked local attention: tokens attend only within their chunk."""
 
@@ -227,6 +230,8 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         if drop_eagle_block:
             raise AssertionError("Hybrid KV cache is not supported for eagle + chunked local attention.")  # (vLLM asserts, at lookup)
         block_size = kv_cache_spec.block_size
+        if block_size != alignment_tokens:  # (vLLM asserts, at lookup)
+            raise AssertionError(_CHUNKED_ALIGNMENT)
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
         chunk = kv_cache_spec.attention_chunk_size
         start_block = (max_length // chunk * chunk) // block_size
@@ -240,9 +245,6 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
                 break
             for g in range(n_groups):
                 computed[g].append(cached[g])
-        while block_size != alignment_tokens and (len(computed[0]) * block_size) % alignment_tokens != 0:
-            for blocks in computed:
-                blocks.pop()
         return computed, len(computed[0]) * block_size
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
