@@ -124,20 +124,21 @@ CONFIGS = [
     Config("full+mamba-nocache", (full(8), mamba(8)), enable_caching=False, num_blocks=40),
     Config("full+swa+mamba-nocache", (full(8), swa(4, 12), mamba(8)), enable_caching=False, spec_tokens=2,
            num_blocks=48),
-    # features other branches add: skipped while kvcy raises NotImplementedError for them
-    # (the harness models the scheduler's side of them: R-SWA's num_prompt_tokens, Mamba align
-    # mode's block-aligned chunks, bounded replay's recomputed window)
-    Config("full+rswa", (full(8), ("RSWASpec", dict(block_size=8, rswa_window=16))), num_blocks=48,
-           pending="R-SWA (RSWASpec)"),
-    Config("full+circular-buffer", (full(8), ("CircularBufferSpec", dict(block_size=8))), num_blocks=48,
-           pending="circular buffer (CircularBufferSpec)"),
+    # issue 19's features (the harness models the scheduler's side of them: R-SWA's
+    # num_prompt_tokens, Mamba align mode's block-aligned chunks, bounded replay's recomputed window)
+    Config("full+rswa", (full(8), ("RSWASpec", dict(block_size=8, rswa_window=16))), num_blocks=48),
+    Config("full+circular-buffer", (full(8), ("CircularBufferSpec", dict(block_size=8))), num_blocks=48),
     Config("full+swa-bounded-replay", (full(8), ("SlidingWindowMLASpec", dict(block_size=4, sliding_window=12,
                                                                              bounded_replay=True))),
-           external=True, num_blocks=48, pending="bounded sliding-window replay"),
+           external=True, num_blocks=48),
     Config("full+mamba-align", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
-           aligned_chunks=True, num_blocks=48, pending="Mamba align mode"),
+           aligned_chunks=True, num_blocks=48),
     Config("full+mamba-align-eagle", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
-           aligned_chunks=True, use_eagle=True, num_blocks=48, pending="Mamba align mode"),
+           aligned_chunks=True, use_eagle=True, num_blocks=48),
+    Config("full+swa+mamba-align", (full(8), swa(8, 24), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
+           aligned_chunks=True, num_blocks=64),
+    Config("full+rswa+ring+swa", (full(8), ("RSWASpec", dict(block_size=8, rswa_window=16)),
+                                  ("CircularBufferSpec", dict(block_size=8)), swa(8, 24)), num_blocks=64),
 ]
 
 EXAMPLES = int(os.environ.get("KVCY_SM_EXAMPLES", "6"))
