@@ -102,6 +102,19 @@ def test_request_hasher(benchmark, impl, algo, block_size):
 
 
 @pytest.mark.parametrize("algo", ["sha256", "xxh3_raw"])
+def test_request_hasher_lookahead(benchmark, impl, algo):
+    """Hash lookahead (num_hash_lookahead_tokens=4): each block's hash also covers the 4 tokens after it."""
+    none_hash = PARENT[_digest_size(algo)]
+    hasher = impl.hashing.RequestBlockHasher(16, algo, lambda: none_hash, num_hash_lookahead_tokens=4)
+    plain = impl.hashing.RequestBlockHasher(16, algo, lambda: none_hash)
+    req = _request(extra=False)
+    blocks = (PROMPT_TOKENS - 4) // 16
+    hashes = hasher(req)
+    assert len(hashes) == blocks and hashes[0] != plain(req)[0]  # the lookahead tokens are in the hash
+    _run(benchmark, impl, f"request hasher {algo}, bs16, lookahead 4", lambda: hasher(req), blocks, blocks * 16)
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxh3_raw"])
 def test_request_hasher_block_by_block(benchmark, impl, algo):
     none_hash = PARENT[_digest_size(algo)]
     hasher = impl.hashing.RequestBlockHasher(16, algo, lambda: none_hash)

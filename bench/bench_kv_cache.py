@@ -256,3 +256,41 @@ def test_hybrid_request_lifecycle(benchmark, impl, freeze_startup_heap):
 
     hit = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
     assert hit == 512
+
+
+def test_zeroing_request_lifecycle(benchmark, impl, freeze_startup_heap):
+    """get_computed_blocks + allocate_slots + free + take_new_block_ids on a mixed-precision cache
+    (two full-attention groups, bfloat16 and float16: needs_kv_cache_zeroing), 1024-token request
+    sharing 512 tokens with a cached one: every new block of each group is reported for zeroing."""
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
+    Request = impl.kv_cache.Request
+    a = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    b = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="float16")
+    cfg = KVCacheConfig(num_blocks=10_000, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["a.0"], a), KVCacheGroupSpec(["b.0"], b)])
+    assert cfg.needs_kv_cache_zeroing
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=16, hash_block_size=16)
+    rng = random.Random(3)
+    prefix = [rng.randrange(32000) for _ in range(512)]
+    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    mgr.take_new_block_ids()
+    freeze_startup_heap()
+    counter = itertools.count()
+    benchmark.group = "zeroing request: get_computed_blocks+allocate_slots+free+take_new_block_ids, 2 groups"
+
+    def setup():
+        i = next(counter)
+        req = Request(f"z{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
+        return (req,), {}
+
+    def run(req):
+        blocks, hit, _ = mgr.get_computed_blocks(req)
+        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        mgr.free(req)
+        return hit, mgr.take_new_block_ids()
+
+    hit, ids = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
+    assert hit == 512 and len(ids) == 2 * 32  # 32 new blocks in each group to zero
