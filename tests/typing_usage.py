@@ -17,7 +17,7 @@ from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_non
 from kvcy.kv_cache_coordinator import KVCacheCoordinator
 from kvcy.kv_cache_manager import KVCacheBlocks
 from kvcy.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock, get_kv_cache_config
-from kvcy.kv_events import BlockStored, KVEventBatch
+from kvcy.kv_events import BlockStored, EventSubscriber, KVEventBatch, ZmqEventPublisher
 from kvcy.kv_index import KVIndex
 from kvcy.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
@@ -99,5 +99,26 @@ def run_kv_index() -> int:
     return prefix["a"]
 
 
+def run_kv_events_zmq() -> int:
+    """A publisher and a subscriber on an in-process endpoint, feeding an index."""
+    import zmq
+
+    ctx = zmq.Context()
+    index = KVIndex()
+    with ZmqEventPublisher(endpoint="inproc://typing-usage", replay_endpoint="inproc://typing-usage-replay",
+                           context=ctx) as pub:
+        endpoint: str = pub.endpoint
+        replay: str | None = pub.replay_endpoint
+        with EventSubscriber(index, {"a": (endpoint, replay)}, context=ctx) as sub:
+            event = BlockStored(block_hashes=[7], parent_block_hash=None, token_ids=[], block_size=16,
+                                lora_id=None, medium="GPU", lora_name=None)
+            pub.publish(KVEventBatch(ts=0.0, events=[event]))
+            applied: int = sub.run_for(0.2) + sub.sync()
+            stats: dict[str, float | int] = sub.stats
+            assert applied >= 1 and stats["instances"] == 1
+    ctx.term()
+    return index.longest_prefix([7])["a"]
+
+
 if __name__ == "__main__":
-    print(run_manager(), run_block_pool(), run_sizing(), run_kv_index())
+    print(run_manager(), run_block_pool(), run_sizing(), run_kv_index(), run_kv_events_zmq())
