@@ -70,74 +70,67 @@ def _fill_cache(pool, rng: random.Random) -> None:
     assert all(b.block_hash is not None for b in pool.free_block_queue.get_all_free_blocks())
 
 
-@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
-def test_request_lifecycle_half_cached(benchmark, impl, pool_size, freeze_startup_heap):
-    """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached,
-    in a full cache: the request's 32 new blocks evict 32 cached ones (at every pool size)."""
+def _bench_lifecycle(benchmark, impl, mgr, group: str, freeze, *, seed: int, warm_tail: int = 16,
+                     fill: bool = False, after=None, rounds: int = 1000, warmup: int = 20):
+    """Time get_computed_blocks + allocate_slots + free (+ ``after(mgr)``) of fresh 1024-token
+    requests whose first 512 tokens a warm-up request cached (``fill``: then every free block gets
+    a key, so each allocation evicts).  Each request is built outside the timing.
+
+    Returns ``(hit, what after returned, requests run)`` of the last round.
+    """
     init_none_hash(get_hash_fn_by_name("sha256"))
     hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
     Request = impl.kv_cache.Request
-    mgr = impl.kv_cache.KVCacheManager(_config(pool_size), max_model_len=4096,
-                                       scheduler_block_size=16, hash_block_size=16)
-    rng = random.Random(0)
+    rng = random.Random(seed)
     prefix = [rng.randrange(32000) for _ in range(512)]
-    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
+    warm = Request("warm", prefix + [1] * warm_tail, block_hasher=hasher)
     mgr.allocate_slots(warm, warm.num_tokens)
     mgr.free(warm)
-    _fill_cache(mgr.block_pool, rng)
-    freeze_startup_heap()
-    evictions0 = mgr.block_pool.num_evictions
+    if fill:
+        _fill_cache(mgr.block_pool, rng)
+    if after is not None:
+        after(mgr)  # (what the warm-up left behind)
+    freeze()
     counter = itertools.count()
-    benchmark.group = "request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 cached, full cache"
+    benchmark.group = group
 
     def setup():
-        i = next(counter)
-        req = Request(f"r{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
+        req = Request(f"r{next(counter)}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
         return (req,), {}
 
     def run(req):
         blocks, hit, _ = mgr.get_computed_blocks(req)
         mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
         mgr.free(req)
-        return hit
+        return hit, (None if after is None else after(mgr))
 
-    hit = benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=20)
+    hit, extra = benchmark.pedantic(run, setup=setup, rounds=rounds, warmup_rounds=warmup)
+    return hit, extra, next(counter)
+
+
+@pytest.mark.parametrize("pool_size", [1_000, 10_000, 100_000, 1_000_000])
+def test_request_lifecycle_half_cached(benchmark, impl, pool_size, freeze_startup_heap):
+    """get_computed_blocks + allocate_slots + free, 1024-token request, first 512 tokens cached,
+    in a full cache: the request's 32 new blocks evict 32 cached ones (at every pool size)."""
+    mgr = impl.kv_cache.KVCacheManager(_config(pool_size), max_model_len=4096,
+                                       scheduler_block_size=16, hash_block_size=16)
+    evictions0 = []
+    hit, _, requests = _bench_lifecycle(
+        benchmark, impl, mgr, "request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 cached, full cache",
+        lambda: (freeze_startup_heap(), evictions0.append(mgr.block_pool.num_evictions)), seed=0, fill=True)
     assert hit == 512
-    requests = next(counter)  # (1020 when timed; 1 with --benchmark-disable)
-    assert mgr.block_pool.num_evictions - evictions0 == 32 * requests  # every request evicted 32 blocks
+    # (1020 requests when timed; 1 with --benchmark-disable): every request evicted 32 blocks
+    assert mgr.block_pool.num_evictions - evictions0[0] == 32 * requests
 
 
 def test_request_lifecycle_kv_events(benchmark, impl, freeze_startup_heap):
     """The half-cached lifecycle above (pool 10,000) with KV events on: each round queues one
     BlockStored of 32 blocks and 32 BlockRemoved (int hashes), drained by take_events."""
-    init_none_hash(get_hash_fn_by_name("sha256"))
-    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
-    Request = impl.kv_cache.Request
     mgr = impl.kv_cache.KVCacheManager(_config(10_000), max_model_len=4096, scheduler_block_size=16,
                                        hash_block_size=16, enable_kv_cache_events=True)
-    rng = random.Random(0)
-    prefix = [rng.randrange(32000) for _ in range(512)]
-    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
-    mgr.allocate_slots(warm, warm.num_tokens)
-    mgr.free(warm)
-    _fill_cache(mgr.block_pool, rng)
-    mgr.take_events()
-    freeze_startup_heap()
-    counter = itertools.count()
-    benchmark.group = "request lifecycle with KV events: 1024 tokens, 512 cached, full cache (pool 10,000)"
-
-    def setup():
-        i = next(counter)
-        req = Request(f"r{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
-        return (req,), {}
-
-    def run(req):
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
-        mgr.free(req)
-        return mgr.take_events()
-
-    events = benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=20)
+    _, events, _ = _bench_lifecycle(
+        benchmark, impl, mgr, "request lifecycle with KV events: 1024 tokens, 512 cached, full cache (pool 10,000)",
+        freeze_startup_heap, seed=0, fill=True, after=lambda m: m.take_events())
     stored = [e for e in events if type(e).__name__ == "BlockStored"]
     removed = [e for e in events if type(e).__name__ == "BlockRemoved"]
     assert len(stored) == 1 and len(stored[0].block_hashes) == 32 and len(removed) == 32
@@ -150,37 +143,13 @@ def test_request_lifecycle_metrics_collector(benchmark, impl, sample_rate, freez
     ``sample_rate`` of the allocations (None: no collector), drained every round."""
     from kvcy.kv_cache_metrics import KVCacheMetricsCollector
 
-    init_none_hash(get_hash_fn_by_name("sha256"))
-    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
-    Request = impl.kv_cache.Request
     collector = None if sample_rate is None else KVCacheMetricsCollector(sample_rate)
     mgr = impl.kv_cache.KVCacheManager(_config(10_000), max_model_len=4096, scheduler_block_size=16,
                                        hash_block_size=16, metrics_collector=collector)
-    rng = random.Random(0)
-    prefix = [rng.randrange(32000) for _ in range(512)]
-    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
-    mgr.allocate_slots(warm, warm.num_tokens)
-    mgr.free(warm)
-    _fill_cache(mgr.block_pool, rng)
-    freeze_startup_heap()
-    counter = itertools.count()
-    benchmark.group = (f"request lifecycle (1024 tokens, 512 cached, pool 10000) with metrics collector, "
-                       f"sample_rate {sample_rate}")
-
-    def setup():
-        i = next(counter)
-        req = Request(f"r{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
-        return (req,), {}
-
-    def run(req):
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
-        mgr.free(req)
-        if collector is not None:
-            collector.drain_events()
-        return hit
-
-    hit = benchmark.pedantic(run, setup=setup, rounds=1000, warmup_rounds=20)
+    hit, _, _ = _bench_lifecycle(
+        benchmark, impl, mgr, f"request lifecycle (1024 tokens, 512 cached, pool 10000) with metrics collector, "
+        f"sample_rate {sample_rate}", freeze_startup_heap, seed=0, fill=True,
+        after=None if collector is None else (lambda m: collector.drain_events()))
     assert hit == 512
     if sample_rate == 1.0:
         assert len(collector.block_metrics) >= 64  # every block the last request held is followed
@@ -226,35 +195,14 @@ def test_hybrid_request_lifecycle(benchmark, impl, freeze_startup_heap):
     cached one: coarse keys, the sliding window's reachable tails, the hybrid hit search."""
     from kvcy.kv_cache_interface import SlidingWindowSpec
 
-    init_none_hash(get_hash_fn_by_name("sha256"))
-    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
-    Request = impl.kv_cache.Request
     full = FullAttentionSpec(block_size=32, num_kv_heads=8, head_size=128, dtype="bfloat16")
     swa = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=64)
     cfg = KVCacheConfig(num_blocks=10_000, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["full.0"], full), KVCacheGroupSpec(["swa.0"], swa)])
     mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=32, hash_block_size=16)
-    rng = random.Random(2)
-    prefix = [rng.randrange(32000) for _ in range(512)]
-    warm = Request("warm", prefix + [1] * 32, block_hasher=hasher)
-    mgr.allocate_slots(warm, warm.num_tokens)
-    mgr.free(warm)
-    freeze_startup_heap()
-    counter = itertools.count()
-    benchmark.group = "hybrid request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 shared"
-
-    def setup():
-        i = next(counter)
-        req = Request(f"h{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
-        return (req,), {}
-
-    def run(req):
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
-        mgr.free(req)
-        return hit
-
-    hit = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
+    hit, _, _ = _bench_lifecycle(
+        benchmark, impl, mgr, "hybrid request: get_computed_blocks+allocate_slots+free, 1024 tokens, 512 shared",
+        freeze_startup_heap, seed=2, warm_tail=32, rounds=300, warmup=10)
     assert hit == 512
 
 
@@ -262,35 +210,13 @@ def test_zeroing_request_lifecycle(benchmark, impl, freeze_startup_heap):
     """get_computed_blocks + allocate_slots + free + take_new_block_ids on a mixed-precision cache
     (two full-attention groups, bfloat16 and float16: needs_kv_cache_zeroing), 1024-token request
     sharing 512 tokens with a cached one: every new block of each group is reported for zeroing."""
-    init_none_hash(get_hash_fn_by_name("sha256"))
-    hasher = get_request_block_hasher(16, get_hash_fn_by_name("sha256"))
-    Request = impl.kv_cache.Request
     a = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
     b = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="float16")
     cfg = KVCacheConfig(num_blocks=10_000, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["a.0"], a), KVCacheGroupSpec(["b.0"], b)])
     assert cfg.needs_kv_cache_zeroing
     mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=16, hash_block_size=16)
-    rng = random.Random(3)
-    prefix = [rng.randrange(32000) for _ in range(512)]
-    warm = Request("warm", prefix + [1] * 16, block_hasher=hasher)
-    mgr.allocate_slots(warm, warm.num_tokens)
-    mgr.free(warm)
-    mgr.take_new_block_ids()
-    freeze_startup_heap()
-    counter = itertools.count()
-    benchmark.group = "zeroing request: get_computed_blocks+allocate_slots+free+take_new_block_ids, 2 groups"
-
-    def setup():
-        i = next(counter)
-        req = Request(f"z{i}", prefix + [rng.randrange(32000) for _ in range(512)], block_hasher=hasher)
-        return (req,), {}
-
-    def run(req):
-        blocks, hit, _ = mgr.get_computed_blocks(req)
-        mgr.allocate_slots(req, req.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
-        mgr.free(req)
-        return hit, mgr.take_new_block_ids()
-
-    hit, ids = benchmark.pedantic(run, setup=setup, rounds=300, warmup_rounds=10)
+    hit, ids, _ = _bench_lifecycle(
+        benchmark, impl, mgr, "zeroing request: get_computed_blocks+allocate_slots+free+take_new_block_ids, 2 groups",
+        freeze_startup_heap, seed=3, after=lambda m: m.take_new_block_ids(), rounds=300, warmup=10)
     assert hit == 512 and len(ids) == 2 * 32  # 32 new blocks in each group to zero
