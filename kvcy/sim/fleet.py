@@ -37,13 +37,12 @@ events, drops, replays, lag) and the index's size.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcy.sim.scheduler import ReplayConfig, ReplayResult, _check_arrivals, _ReplayLoop, build_manager, timer_overhead_ns
+from kvcy.sim.scheduler import ReplayConfig, ReplayResult, _ReplayLoop, build_manager, request_class
 from kvcy.sim.traces import Trace, TraceRequest
 
 __all__ = ["MAX_INSTANCES", "ROUTERS", "TRANSPORTS", "FleetConfig", "FleetResult", "replay_fleet"]
@@ -202,22 +201,15 @@ def replay_fleet(
             :func:`~kvcy.sim.scheduler.replay`.
         RuntimeError: an instance's loop stopped making progress.
     """
-    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
     from kvcy.kv_events import KVEventBatch, external_block_hash
     from kvcy.kv_index import KVIndex
-    from kvcy.sim.scheduler import _progress_bar
+    from kvcy.sim.scheduler import _prepare, _progress_bar
 
     if config.cpu_offload_blocks:
         raise ValueError("the fleet replay has no CPU tier: drop --cpu-offload or --instances")
     if not config.enable_caching:
         raise ValueError("the fleet replay routes by cached prefixes: it needs prefix caching")
-    _check_arrivals(trace)
-    if timer_overhead is None:
-        timer_overhead = timer_overhead_ns()
-    hash_fn = get_hash_fn_by_name(config.hash_algo)
-    init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(config.block_size, hash_fn)
-    max_model_len = config.resolve_max_model_len(trace)
+    timer_overhead, hasher, max_model_len, accepted_list = _prepare(trace, config, timer_overhead)
     n = fleet.instances
     names = [f"instance-{i}" for i in range(n)]
     bar, own_bar = _progress_bar(progress, impl, len(trace))
@@ -225,10 +217,9 @@ def replay_fleet(
     loops: list[_ReplayLoop] = []
     for i in range(n):
         mgr = build_manager(impl, config, max_model_len, kv_events=True)
-        request_cls = getattr(sys.modules.get(type(mgr).__module__), "Request", None)
         res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
         res.timer_overhead_ns = timer_overhead
-        loops.append(_ReplayLoop(res, mgr, [], hasher, request_cls, None, bar=bar, names=None,
+        loops.append(_ReplayLoop(res, mgr, [], hasher, request_class(mgr), None, bar=bar, names=None,
                                  capture_step=None, expected_digests=None))
     use_int = bool(loops[0].mgr.block_pool.use_int_block_hashes)
 
@@ -243,13 +234,8 @@ def replay_fleet(
 
     out = FleetResult(impl=impl, trace=trace.name, config=config, fleet=fleet,
                       instances=[lp.res for lp in loops], routed=[0] * n, routed_tokens=[0] * n)
-    accepted: deque[TraceRequest] = deque()
-    rejected = 0
-    for tr in trace:
-        if tr.num_prompt_tokens + tr.num_output_tokens <= max_model_len:
-            accepted.append(tr)
-        else:
-            rejected += 1
+    accepted: deque[TraceRequest] = deque(accepted_list)
+    rejected = len(trace) - len(accepted)
     if bar is not None and rejected:
         bar.update(rejected)
     router = fleet.router
@@ -283,15 +269,16 @@ def replay_fleet(
                 out.apply_ns += t1 - t0
                 hashes = [external_block_hash(h, use_int) for h in req.block_hashes]
                 held = index.longest_prefix(hashes)
-                loads = [_outstanding(lp) for lp in loops]
                 if router == "round-robin":
                     choice = k % n
-                elif router == "least-loaded":
-                    choice = min(range(n), key=lambda j: (loads[j][0], loads[j][1], j))
-                else:
-                    prompt = tr.num_prompt_tokens
-                    choice = min(range(n), key=lambda j: (
-                        prompt - min(prompt, held.get(names[j], 0) * block_size) + loads[j][1], j))
+                else:  # (loads only where the router reads them)
+                    loads = [_outstanding(lp) for lp in loops]
+                    if router == "least-loaded":
+                        choice = min(range(n), key=lambda j: (loads[j][0], loads[j][1], j))
+                    else:
+                        prompt = tr.num_prompt_tokens
+                        choice = min(range(n), key=lambda j: (
+                            prompt - min(prompt, held.get(names[j], 0) * block_size) + loads[j][1], j))
                 out.route_ns += perf() - t1
                 out.predicted_hit_tokens += min(tr.num_prompt_tokens, held.get(names[choice], 0) * block_size)
                 k += 1

@@ -448,24 +448,10 @@ def replay(
             least one token a step and is never the one preempted unless it
             runs alone, so it finishes within ``max_model_len`` steps).
     """
-    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-
-    if timer_overhead is None:
-        timer_overhead = timer_overhead_ns()
-    if timer_overhead < 0:
-        raise ValueError(f"timer_overhead must be >= 0 ns, got {timer_overhead}")
-    hash_fn = get_hash_fn_by_name(config.hash_algo)
-    init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(config.block_size, hash_fn)
-    max_model_len = config.resolve_max_model_len(trace)
+    timer_overhead, hasher, max_model_len, accepted = _prepare(trace, config, timer_overhead)
     mgr = manager if manager is not None else build_manager(impl, config, max_model_len)
-    # Each twin's manager gets that twin's Request (the compiled manager reads
-    # the compiled Request's C fields directly).
-    request_cls = getattr(sys.modules.get(type(mgr).__module__), "Request", Request)
+    request_cls = request_class(mgr)
     res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
-
-    _check_arrivals(trace)
-    accepted = [tr for tr in trace if tr.num_prompt_tokens + tr.num_output_tokens <= max_model_len]
     res.rejected = len(trace) - len(accepted)
     res.requests = len(accepted)
     names = None
@@ -498,6 +484,33 @@ def replay(
         raise Divergence(loop.step, res)
     loop.report()
     return res
+
+
+def _prepare(trace: Trace, config: ReplayConfig, timer_overhead: int | None) -> tuple[int, Any, int, list[TraceRequest]]:
+    """What every replay (single or fleet) starts from: the timer's cost (measured when ``None``),
+    the request block hasher, ``max_model_len`` and the requests it accepts, after checking arrivals.
+
+    Raises:
+        ValueError: a negative ``timer_overhead``, or arrival times the clock cannot follow.
+    """
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+
+    if timer_overhead is None:
+        timer_overhead = timer_overhead_ns()
+    if timer_overhead < 0:
+        raise ValueError(f"timer_overhead must be >= 0 ns, got {timer_overhead}")
+    _check_arrivals(trace)
+    hash_fn = get_hash_fn_by_name(config.hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(config.block_size, hash_fn)
+    max_model_len = config.resolve_max_model_len(trace)
+    accepted = [tr for tr in trace if tr.num_prompt_tokens + tr.num_output_tokens <= max_model_len]
+    return timer_overhead, hasher, max_model_len, accepted
+
+
+def request_class(mgr: Any) -> type:
+    """The ``Request`` class of ``mgr``'s twin (the compiled manager reads the compiled Request's C fields)."""
+    return getattr(sys.modules.get(type(mgr).__module__), "Request", Request)
 
 
 def _check_arrivals(trace: Trace) -> None:
