@@ -206,10 +206,11 @@ def test_data_parallel_rank_offsets_the_endpoints(cleanup):
     assert pub.get_publisher_config().endpoint == name + "_dp3"
 
 
-def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup):
-    pub = publisher(cleanup, 0, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
-    for endpoint in (pub.endpoint, pub.replay_endpoint):
-        assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
+@pytest.mark.parametrize("port", ["0", "*"])  # "*": ZeroMQ's own wildcard port, resolved as port 0 is
+def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup, port):
+    pub = publisher(cleanup, 0, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}")
+    for endpoint in (pub.endpoint, pub.replay_endpoint, pub.get_publisher_config().endpoint):
+        assert endpoint.startswith("tcp://127.0.0.1:") and endpoint.rpartition(":")[2].isdigit()
     sock = raw_sub(pub.endpoint)
     try:
         frames = first_message(pub, sock, lambda i: stored(i))
