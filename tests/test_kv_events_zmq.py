@@ -340,6 +340,19 @@ def test_late_joiner_replays_what_it_missed(index, ipc, cleanup):
     assert index.blocks["a"] == set(range(last + 1))
 
 
+def test_progress_is_each_states_last_seq_and_lag(index, ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    assert sub.progress() == {"a": (None, None)}
+    more = iter(range(100))
+    wait_until(lambda: sub.progress()["a"][0] is not None, "a batch",
+               step=lambda: (pub.publish(stored(next(more))), sub.poll(0.05)))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.progress()["a"][0] == last, "the last batch", step=lambda: sub.poll(0.02))
+    state = sub.states["a"]
+    assert sub.progress() == {"a": (state.last_seq, state.lag)} and state.lag is not None
+
+
 def test_late_joiner_syncs_at_once(index, ipc, cleanup):
     pub = publisher(cleanup, 0, ipc(), ipc(), buffer_steps=4)
     for i in range(6):

@@ -229,6 +229,12 @@ class EventSubscriber:
         with self.lock:
             return {name: dataclasses.replace(link.state) for name, link in self._links.items()}
 
+    def progress(self) -> dict[str, tuple[int | None, float | None]]:
+        """Each publisher's ``(last_seq, lag)``, by instance name: what :attr:`states` tells of
+        them without copying every state (for a router that samples them at every decision)."""
+        with self.lock:
+            return {name: (link.state.last_seq, link.state.lag) for name, link in self._links.items()}
+
     @property
     def stats(self) -> dict[str, float | int]:
         """The counters of ``InstanceState`` summed over the publishers, ``max_lag`` (seconds)
