@@ -491,6 +491,14 @@ def test_clear_is_applied_in_order(index, ipc, cleanup):
     last = pub._next_seq - 1
     wait_until(lambda: sub.states["a"].last_seq == last, "the clear", step=lambda: sub.poll(0.02))
     assert index.blocks["a"] == {500} and sub.states["a"].clears == 1
+    # Each AllBlocksCleared of a batch counts, however many there are among its other events.
+    events = [stored(600).events[0], AllBlocksCleared(), AllBlocksCleared(), stored(601).events[0],
+              AllBlocksCleared(), stored(602).events[0]]
+    pub.publish(KVEventBatch(ts=time.time(), events=events))
+    pub.publish(stored(603))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the clears", step=lambda: sub.poll(0.02))
+    assert index.blocks["a"] == {602, 603} and sub.states["a"].clears == 4
 
 
 # --------------------------------------------------------------------------- driving and shutdown

@@ -431,7 +431,9 @@ class EventSubscriber:
             else:
                 state.batches_applied += 1
                 state.events_applied += len(batch.events)
-                state.clears += sum(isinstance(e, AllBlocksCleared) for e in batch.events)
+                # The decoder makes events of the three exact classes: counting their types in C is
+                # exact and a few times cheaper than a generator of isinstance calls per event.
+                state.clears += [*map(type, batch.events)].count(AllBlocksCleared)
                 state.last_ts = batch.ts
                 state.lag = self._clock() - batch.ts
                 state.max_lag = max(state.max_lag, state.lag)
