@@ -122,3 +122,18 @@ def test_zmq_transport_ends_with_the_index_consistent(impl, trace):
     assert ev["batches_applied"] == ev["batches_published"]
     assert res.index["per_instance_blocks"] == res.index["per_instance_cached"]
     assert res.finished == len(trace)
+
+
+def test_zmq_transport_reads_progress_without_copying_states(impl, trace, monkeypatch):
+    """A routing decision samples each instance's last sequence number and lag: it must not copy
+    every InstanceState (``EventSubscriber.states``) to do so."""
+    pytest.importorskip("zmq")
+    from kvcy.kv_events import EventSubscriber
+
+    def no_copies(self):
+        raise AssertionError("the fleet copied every InstanceState")
+
+    monkeypatch.setattr(EventSubscriber, "states", property(no_copies))
+    res = _fleet(trace, impl.name, "kv", n=2, num_blocks=96, transport="zmq")
+    assert res.events["batches_applied"] == res.events["batches_published"]
+    assert res.finished == len(trace)

@@ -206,10 +206,11 @@ def test_data_parallel_rank_offsets_the_endpoints(cleanup):
     assert pub.get_publisher_config().endpoint == name + "_dp3"
 
 
-def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup):
-    pub = publisher(cleanup, 0, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
-    for endpoint in (pub.endpoint, pub.replay_endpoint):
-        assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
+@pytest.mark.parametrize("port", ["0", "*"])  # "*": ZeroMQ's own wildcard port, resolved as port 0 is
+def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup, port):
+    pub = publisher(cleanup, 0, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}")
+    for endpoint in (pub.endpoint, pub.replay_endpoint, pub.get_publisher_config().endpoint):
+        assert endpoint.startswith("tcp://127.0.0.1:") and endpoint.rpartition(":")[2].isdigit()
     sock = raw_sub(pub.endpoint)
     try:
         frames = first_message(pub, sock, lambda i: stored(i))
@@ -337,6 +338,19 @@ def test_late_joiner_replays_what_it_missed(index, ipc, cleanup):
     state = sub.states["a"]
     assert state.gaps >= 1 and state.replayed >= 5 and state.lost == 0
     assert index.blocks["a"] == set(range(last + 1))
+
+
+def test_progress_is_each_states_last_seq_and_lag(index, ipc, cleanup):
+    pub = publisher(cleanup, 0, ipc(), ipc())
+    sub = subscriber(cleanup, index, {"a": (pub.endpoint, pub.replay_endpoint)})
+    assert sub.progress() == {"a": (None, None)}
+    more = iter(range(100))
+    wait_until(lambda: sub.progress()["a"][0] is not None, "a batch",
+               step=lambda: (pub.publish(stored(next(more))), sub.poll(0.05)))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.progress()["a"][0] == last, "the last batch", step=lambda: sub.poll(0.02))
+    state = sub.states["a"]
+    assert sub.progress() == {"a": (state.last_seq, state.lag)} and state.lag is not None
 
 
 def test_late_joiner_syncs_at_once(index, ipc, cleanup):
@@ -477,6 +491,14 @@ def test_clear_is_applied_in_order(index, ipc, cleanup):
     last = pub._next_seq - 1
     wait_until(lambda: sub.states["a"].last_seq == last, "the clear", step=lambda: sub.poll(0.02))
     assert index.blocks["a"] == {500} and sub.states["a"].clears == 1
+    # Each AllBlocksCleared of a batch counts, however many there are among its other events.
+    events = [stored(600).events[0], AllBlocksCleared(), AllBlocksCleared(), stored(601).events[0],
+              AllBlocksCleared(), stored(602).events[0]]
+    pub.publish(KVEventBatch(ts=time.time(), events=events))
+    pub.publish(stored(603))
+    last = pub._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the clears", step=lambda: sub.poll(0.02))
+    assert index.blocks["a"] == {602, 603} and sub.states["a"].clears == 4
 
 
 # --------------------------------------------------------------------------- driving and shutdown

@@ -691,3 +691,42 @@ def test_readme_example_prints_what_it_says(capsys):
     printed = capsys.readouterr().out.splitlines()
     promised = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
     assert printed == promised and len(printed) == 4
+
+
+def test_int_subclass_hashes_are_kept_by_value(KVIndex):
+    # The compiled twin keys an int hash by its value; the pure one used the object itself, so
+    # an int subclass's own __hash__/__eq__ decided its lookups there and the twins disagreed.
+    class Hash(int):
+        def __hash__(self):
+            return 7
+
+        def __eq__(self, other):
+            return True
+
+    index = KVIndex()
+    index.apply_events("a", [stored([Hash(5), 6])])
+    assert index.longest_prefix([9]) == {"a": 0}
+    assert index.longest_prefix([5, 6]) == {"a": 2}
+    assert index.longest_prefix([Hash(5), Hash(6), Hash(8)]) == {"a": 2}
+    index.apply_events("a", [BlockRemoved(block_hashes=[Hash(5)], medium="GPU")])
+    assert index.num_blocks("a") == 1 and index.stats["removals_unknown"] == 0
+    assert index.longest_prefix([5]) == {"a": 0} and index.longest_prefix([6]) == {"a": 1}
+
+
+def test_each_event_is_read_once(KVIndex):
+    # The pure twin read block_hashes and medium again to apply them after checking them: an
+    # event whose fields change between reads (a subclass's properties) got applied unchecked.
+    class Shifty(BlockStored):
+        reads = 0
+
+        @property
+        def block_hashes(self):
+            Shifty.reads += 1
+            return [1, 2] if Shifty.reads == 1 else [-1]
+
+    event = Shifty(block_hashes=[], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
+                   medium="GPU", lora_name=None)
+    index = KVIndex()
+    index.apply_events("a", [event])
+    assert Shifty.reads == 1
+    assert index.longest_prefix([1, 2]) == {"a": 2}

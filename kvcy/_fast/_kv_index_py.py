@@ -43,12 +43,27 @@ def _instance_name(instance: object, what: str = "instance") -> str:
     return str.__str__(instance)
 
 
-def _check_hash(h: object, where: str) -> None:
+def _check_hash(h: object, where: str) -> Hash:
+    """``h`` as the index keeps it: an ``int`` subclass's value as a plain ``int`` (its own
+    ``__hash__``/``__eq__`` must not decide a lookup: the compiled twin keys by the value)."""
     if isinstance(h, int) and not isinstance(h, bool):
         if h < 0 or h >= _HASH_LIMIT:
             raise ValueError(f"{where}: block hash {h} is not an unsigned 64-bit int")
-    elif type(h) is not bytes:
+        return h if type(h) is int else int.__int__(h)
+    if type(h) is not bytes:
         raise TypeError(f"{where}: a block hash is an int or bytes, got {type(h).__name__}")
+    return h  # type: ignore[return-value]
+
+
+def _checked_hashes(hashes: Sequence[Any], where: str) -> Sequence[Hash]:
+    """``hashes`` checked, as the index keeps them (a new list only if an ``int`` subclass is in)."""
+    plain = True
+    for j, h in enumerate(hashes):
+        if _check_hash(h, f"{where}[{j}]") is not h:
+            plain = False
+    if plain:
+        return hashes
+    return [_check_hash(h, where) for h in hashes]
 
 
 def _check_medium(medium: object, where: str) -> None:
@@ -257,8 +272,11 @@ class KVIndex:
         if not isinstance(events, (list, tuple)):
             events = list(events)
         new_mediums: list[Medium] = []
+        # Each event's hashes and medium, read once (as the compiled twin does): applied as checked.
+        staged: list[tuple[int, Medium, Sequence[Hash]]] = []
         for i, ev in enumerate(events):
             if isinstance(ev, AllBlocksCleared):
+                staged.append((2, None, ()))
                 continue
             if not isinstance(ev, (BlockStored, BlockRemoved)):
                 raise TypeError(f"events[{i}] is not a BlockStored, BlockRemoved or AllBlocksCleared: "
@@ -267,10 +285,10 @@ class KVIndex:
             if not isinstance(hashes, (list, tuple)):
                 raise TypeError(f"events[{i}].block_hashes must be a list of block hashes, "
                                 f"got {type(hashes).__name__}")
-            for j, h in enumerate(hashes):
-                _check_hash(h, f"events[{i}].block_hashes[{j}]")
+            hashes = _checked_hashes(tuple(hashes), f"events[{i}].block_hashes")
             medium = ev.medium
             _check_medium(medium, f"events[{i}].medium")
+            staged.append((0 if isinstance(ev, BlockStored) else 1, medium, hashes))
             if medium not in self._by_medium and medium not in new_mediums:
                 new_mediums.append(medium)
         if len(self._by_medium) + len(new_mediums) > MAX_MEDIUMS:
@@ -285,14 +303,14 @@ class KVIndex:
             self._alive |= 1 << bit
         for medium in new_mediums:
             self._by_medium[medium] = {}
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                for h in ev.block_hashes:
-                    self._store(instance, ev.medium, h)
-                self._stats["blocks_stored"] += len(ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
-                for h in ev.block_hashes:
-                    self._remove(instance, ev.medium, h)
+        for kind, medium, hashes in staged:
+            if kind == 0:
+                for h in hashes:
+                    self._store(instance, medium, h)
+                self._stats["blocks_stored"] += len(hashes)
+            elif kind == 1:
+                for h in hashes:
+                    self._remove(instance, medium, h)
             else:
                 self._stats["all_blocks_cleared"] += 1
                 self._stats["entries_cleared"] += len(self._by_instance[instance])
@@ -399,9 +417,7 @@ class KVIndex:
             TypeError, ValueError: a hash (every one is checked) or ``medium`` is bad.
         """
         _check_medium(medium, "medium")
-        hashes = _query_hashes(block_hashes)
-        for j, h in enumerate(hashes):
-            _check_hash(h, f"block_hashes[{j}]")
+        hashes = _checked_hashes(_query_hashes(block_hashes), "block_hashes")
         result = dict.fromkeys(self._by_instance, 0)
         table = self._any if medium is None else self._by_medium.get(medium, {})
         alive = self._alive  # the instances still in the running

@@ -384,8 +384,8 @@ class ZmqEventPublisher(EventPublisher):
 
     # ------------------------------------------------------------------ sockets
     def _bound(self, sock: Any, endpoint: str) -> str:
-        """The address actually bound (the system's port for ``:0``), else ``endpoint``."""
-        if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        """The address actually bound (the system's port for ``:0`` or ZeroMQ's ``:*``), else ``endpoint``."""
+        if endpoint.startswith("tcp://") and endpoint.endswith((":0", ":*")):
             return str(sock.getsockopt(self._zmq.LAST_ENDPOINT).decode())
         return endpoint
 

@@ -229,6 +229,12 @@ class EventSubscriber:
         with self.lock:
             return {name: dataclasses.replace(link.state) for name, link in self._links.items()}
 
+    def progress(self) -> dict[str, tuple[int | None, float | None]]:
+        """Each publisher's ``(last_seq, lag)``, by instance name: what :attr:`states` tells of
+        them without copying every state (for a router that samples them at every decision)."""
+        with self.lock:
+            return {name: (link.state.last_seq, link.state.lag) for name, link in self._links.items()}
+
     @property
     def stats(self) -> dict[str, float | int]:
         """The counters of ``InstanceState`` summed over the publishers, ``max_lag`` (seconds)
@@ -425,7 +431,9 @@ class EventSubscriber:
             else:
                 state.batches_applied += 1
                 state.events_applied += len(batch.events)
-                state.clears += sum(isinstance(e, AllBlocksCleared) for e in batch.events)
+                # The decoder makes events of the three exact classes: counting their types in C is
+                # exact and a few times cheaper than a generator of isinstance calls per event.
+                state.clears += [*map(type, batch.events)].count(AllBlocksCleared)
                 state.last_ts = batch.ts
                 state.lag = self._clock() - batch.ts
                 state.max_lag = max(state.max_lag, state.lag)

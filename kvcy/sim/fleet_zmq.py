@@ -79,7 +79,7 @@ class ZmqTransport:
                 pub.publish(KVEventBatch(ts=time.time(), events=[]))
                 self.published[i] += 1
             self.subscriber.poll(0.05)
-            if all(s.last_seq is not None for s in self.subscriber.states.values()):
+            if all(last_seq is not None for last_seq, _ in self.subscriber.progress().values()):
                 return
         raise RuntimeError("the fleet's event subscriber did not connect to every publisher within "
                            f"{timeout:g} s")
@@ -93,22 +93,22 @@ class ZmqTransport:
         """Apply what has arrived; sample the lag and the batches still in flight."""
         sub = self.subscriber
         sub.poll(0.0)
-        states = sub.states
+        progress = sub.progress()  # not sub.states: that copies every state, at every decision
         self.drains += 1
         for name, n in zip(self.names, self.published):
-            st = states[name]
-            applied = -1 if st.last_seq is None else st.last_seq
+            last_seq, lag = progress[name]
+            applied = -1 if last_seq is None else last_seq
             self.in_flight_sum += max(0, n - 1 - applied)
-            if st.lag is not None:
-                self.lags.append(st.lag)
+            if lag is not None:
+                self.lags.append(lag)
 
     def finish(self) -> None:
         """Wait until every published batch has been applied (at most ``finish_timeout`` seconds)."""
         deadline = time.monotonic() + self.finish_timeout
         while time.monotonic() < deadline:
             self.subscriber.poll(0.02)
-            states = self.subscriber.states
-            if all(states[name].last_seq == n - 1 for name, n in zip(self.names, self.published)):
+            progress = self.subscriber.progress()
+            if all(progress[name][0] == n - 1 for name, n in zip(self.names, self.published)):
                 return
 
     def close(self) -> None:
