@@ -477,7 +477,8 @@ cdef class KVIndex:
         if hid != NIL:
             e = self._efind(_pack(hid, mid, iid))
             if e != NIL:
-                self._ecount[e] += 1
+                if self._ecount[e] != 0xFFFFFFFF:  # (saturates: a wrap to 0 would read as a free slot)
+                    self._ecount[e] += 1
                 if self._lru_tail != e:  # make it the most recently stored
                     if self._eprev[e] != NIL:
                         self._enext[self._eprev[e]] = self._enext[e]
