@@ -71,6 +71,9 @@ cdef class ConnectorRequest:
     connector's and read-only.
     """
 
+    def __cinit__(self):
+        self._keys = []     # (one made by __new__ alone has no keys, never None)
+
     def __init__(self, *args, **kwargs):
         raise TypeError("a ConnectorRequest is made by ReplayConnector.new_request")
 
@@ -112,6 +115,20 @@ cdef class ReplayConnector:
         TypeError: ``block_size`` or ``group_idx`` is not an int.
         ValueError: ``block_size`` < 1 or ``group_idx`` outside ``[0, 2**32)``.
     """
+
+    def __cinit__(self):
+        # made by __new__ alone (no __init__, no manager), a connector must
+        # still be safe to call: its C code divides by _block_size and reads
+        # _suffix's bytes without a check
+        self._block_size = 1
+        self._suffix = bytes(4)
+        self._ends = []
+        self._load_reqs = []
+        self._load_keys = []
+        self._store_reqs = []
+        self._store_keys = []
+        self._finishing = []
+        self._finished = []
 
     def __init__(self, manager, block_size, group_idx=0):
         cdef Py_ssize_t bs = _conn_count("block_size", block_size)
