@@ -131,9 +131,11 @@ cdef class ReplayConnector:
         self._finished = []
 
     def __init__(self, manager, block_size, group_idx=0):
-        cdef Py_ssize_t bs = _conn_count("block_size", block_size)
-        if bs < 1:
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+        if not 1 <= block_size <= _CONN_MAX:
             raise ValueError(f"block_size must be from 1 to 2**62 - 1, got {block_size}")
+        cdef Py_ssize_t bs = <Py_ssize_t>block_size
         if isinstance(group_idx, bool) or not isinstance(group_idx, int):
             raise TypeError(f"group_idx must be an int, got {type(group_idx).__name__}")
         if not 0 <= group_idx < (1 << 32):
