@@ -270,6 +270,9 @@ BAD_CALLS = {
     "meta n": lambda m, c, s: c.build_connector_meta([(_Entry(s), -1)], []),
     "meta never looked up": lambda m, c, s: c.build_connector_meta([(_Entry(s), 4)], []),
     "finished": lambda m, c, s: c.finished(object()),
+    "connector block_size 0": lambda m, c, s: m.ReplayConnector(c.manager, 0),
+    "connector block_size 2**62": lambda m, c, s: m.ReplayConnector(c.manager, 1 << 62),
+    "connector block_size bool": lambda m, c, s: m.ReplayConnector(c.manager, True),
     "end_previous dec": lambda m, c, s: c.end_previous({}),
 }
 
@@ -288,6 +291,14 @@ def test_both_twins_refuse_the_same_calls_alike(name):
         assert (st_.num_keys, st_.next_stored, conn.manager._num_allocated_chunks) == (0, 0, 0)
         seen.append((type(err.value), str(err.value)))
     assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("block_size", [0, 1 << 62])
+def test_a_block_size_out_of_range_is_refused_with_its_range(offload_impl, block_size):
+    # one message for both ends: 2**62 used to say "from 0 to 2**62 - 1",
+    # contradicting the message for 0 (0 is refused)
+    with pytest.raises(ValueError, match=r"^block_size must be from 1 to 2\*\*62 - 1, got "):
+        offload_impl.ReplayConnector(offload_impl.CPUOffloadingManager(4), block_size)
 
 
 def test_a_bad_scheduled_item_is_refused_before_anything_is_offered(offload_impl):

@@ -12,6 +12,14 @@ cdef class ARCCachePolicy(CachePolicy):
     list that would have kept the key.
     """
 
+    def __cinit__(self):
+        # (valid without __init__: the C paths trust the four lists)
+        self._native = True
+        self._t1 = _DList()
+        self._t2 = _DList()
+        self._b1 = _DList()
+        self._b2 = _DList()
+
     def __init__(self, cache_capacity):
         CachePolicy.__init__(self, cache_capacity)
         self._native = True

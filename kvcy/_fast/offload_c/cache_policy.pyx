@@ -14,6 +14,11 @@ cdef class CachePolicy:
         cache_capacity: the cache size in chunks.
     """
 
+    def __cinit__(self):
+        # (a policy made by __new__ alone, without __init__, is a valid empty
+        # one: the C paths read the map without a None check)
+        self._chunks = {}
+
     def __init__(self, cache_capacity):
         self.cache_capacity = _check_int("cache_capacity", cache_capacity)
         self._chunks = {}

@@ -71,6 +71,9 @@ cdef class ConnectorRequest:
     connector's and read-only.
     """
 
+    def __cinit__(self):
+        self._keys = []     # (one made by __new__ alone has no keys, never None)
+
     def __init__(self, *args, **kwargs):
         raise TypeError("a ConnectorRequest is made by ReplayConnector.new_request")
 
@@ -113,10 +116,26 @@ cdef class ReplayConnector:
         ValueError: ``block_size`` < 1 or ``group_idx`` outside ``[0, 2**32)``.
     """
 
+    def __cinit__(self):
+        # made by __new__ alone (no __init__, no manager), a connector must
+        # still be safe to call: its C code divides by _block_size and reads
+        # _suffix's bytes without a check
+        self._block_size = 1
+        self._suffix = bytes(4)
+        self._ends = []
+        self._load_reqs = []
+        self._load_keys = []
+        self._store_reqs = []
+        self._store_keys = []
+        self._finishing = []
+        self._finished = []
+
     def __init__(self, manager, block_size, group_idx=0):
-        cdef Py_ssize_t bs = _conn_count("block_size", block_size)
-        if bs < 1:
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+        if not 1 <= block_size <= _CONN_MAX:
             raise ValueError(f"block_size must be from 1 to 2**62 - 1, got {block_size}")
+        cdef Py_ssize_t bs = <Py_ssize_t>block_size
         if isinstance(group_idx, bool) or not isinstance(group_idx, int):
             raise TypeError(f"group_idx must be an int, got {type(group_idx).__name__}")
         if not 0 <= group_idx < (1 << 32):

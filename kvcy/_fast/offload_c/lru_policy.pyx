@@ -20,6 +20,12 @@ cdef class LRUCachePolicy(CachePolicy):
     before the head.  ``touch`` and a request's end give keys fresh ranks.
     """
 
+    def __cinit__(self):
+        # (valid without __init__: the C paths trust _fresh)
+        self._native = True
+        self._fresh = _DList()
+        self._owner = _next_owner()
+
     def __init__(self, cache_capacity):
         CachePolicy.__init__(self, cache_capacity)
         self._native = True

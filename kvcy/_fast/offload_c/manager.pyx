@@ -136,6 +136,13 @@ cdef class CPUOffloadingManager:
         ValueError: a negative size or threshold, or an unknown policy name.
     """
 
+    def __cinit__(self):
+        # a manager made by __new__ alone, without __init__, is a valid one of
+        # 0 chunks (its C paths trust the policy and the lists)
+        self._pol = LRUCachePolicy.__new__(LRUCachePolicy)
+        self._alloc_sizes = []
+        self._owner_c = _next_owner()
+
     def __init__(self, num_chunks, cache_policy="lru", cache_policy_module_path=None,
                  enable_events=False, store_threshold=1, max_tracker_size=64_000, info=None):
         cdef Py_ssize_t n = _check_int("num_chunks", num_chunks)

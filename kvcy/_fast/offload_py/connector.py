@@ -119,8 +119,9 @@ class ReplayConnector:
                  "_hit_blocks", "_blocks_loaded", "_blocks_stored", "_evictions", "_stores_refused")
 
     def __init__(self, manager: Any, block_size: int, group_idx: int = 0) -> None:
-        _check_count("block_size", block_size)
-        if block_size < 1:
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+        if not 1 <= block_size < 1 << 62:
             raise ValueError(f"block_size must be from 1 to 2**62 - 1, got {block_size}")
         if isinstance(group_idx, bool) or not isinstance(group_idx, int):
             raise TypeError(f"group_idx must be an int, got {type(group_idx).__name__}")
