@@ -478,6 +478,18 @@ def test_checked_assignments_still_work(impl):
     assert req.extra_field == "free"
 
 
+@pytest.mark.parametrize("value, flag", [("x", True), (None, False), (0, False), (3, True), ([], False)])
+def test_manager_flags_read_back_as_bools(impl, value, flag):
+    """``use_eagle`` (like the other flags) is a C ``bint`` in the compiled twin: whatever is
+    assigned reads back as a bool, the same in both twins."""
+    objs = _objects(impl)
+    for kind in ("full_manager", "sliding_manager", "mamba_manager"):
+        for name in ("use_eagle", "shared_prefix_checkpoint"):
+            setattr(objs[kind], name, value)
+            got = getattr(objs[kind], name)
+            assert got is flag, f"{kind}.{name} = {value!r} read back {got!r}"
+
+
 # --------------------------------------------------------------------------- item 2
 def test_request_tables_changed_by_hand_are_followed(impl):
     """A decode step after a request's entry was popped and its blocks freed by hand must see

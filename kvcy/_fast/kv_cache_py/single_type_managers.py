@@ -132,6 +132,7 @@ class SingleTypeKVCacheManager(_Checked):
         ),
         "cache_hit_alignment_tokens": _positive_alignment,
         "shared_prefix_checkpoint": _as_flag,
+        "use_eagle": _as_flag,
     }
 
     #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
