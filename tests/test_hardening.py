@@ -478,6 +478,22 @@ def test_checked_assignments_still_work(impl):
     assert req.extra_field == "free"
 
 
+@pytest.mark.parametrize("name", ["retains_longer_hit", "supports_fine_grained_hash_lookup"])
+def test_manager_class_constants_cannot_be_shadowed(impl, name):
+    """A manager type's constants (read from the instance by the manager and the hybrid
+    lookup) cannot be overridden on one instance: the compiled twin's instances have no
+    ``__dict__``; the pure twin refuses the same way (AttributeError, value unchanged)."""
+    objs = _objects(impl)
+    for kind in ("full_manager", "sliding_manager", "mamba_manager"):
+        obj = objs[kind]
+        before = getattr(obj, name)
+        with pytest.raises(AttributeError):
+            setattr(obj, name, not before)
+        with pytest.raises(AttributeError):
+            delattr(obj, name)
+        assert getattr(obj, name) is before
+
+
 @pytest.mark.parametrize("value, flag", [("x", True), (None, False), (0, False), (3, True), ([], False)])
 def test_manager_flags_read_back_as_bools(impl, value, flag):
     """``use_eagle`` (like the other flags) is a C ``bint`` in the compiled twin: whatever is
