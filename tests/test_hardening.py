@@ -327,6 +327,15 @@ def _objects(impl):
         KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
                                           mamba_cache_mode="align"))])
     mamba = mod.KVCacheManager(mamba_cfg, 256, 16, 4).coordinator.single_type_managers[1]
+    from kvcy.kv_cache_interface import CircularBufferSpec, RSWASpec
+
+    attn = {"block_size": 4, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    local_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(**attn)), KVCacheGroupSpec(["r"], RSWASpec(**attn, rswa_window=8))])
+    rswa = mod.KVCacheManager(local_cfg, 256, 4, 4).coordinator.single_type_managers[1]
+    ring_cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["c"], CircularBufferSpec(**attn))])
+    ring = mod.KVCacheManager(ring_cfg, 256, 4, 4).coordinator.single_type_managers[0]
     return {
         "request": req,
         "block": mgr.block_pool.blocks[1],
@@ -335,6 +344,8 @@ def _objects(impl):
         "full_manager": mgr.coordinator.single_type_managers[0],
         "sliding_manager": stms[1],
         "mamba_manager": mamba,
+        "rswa_manager": rswa,
+        "ring_manager": ring,
         "unitary": mgr.coordinator,
         "hybrid": hybrid.coordinator,
         "no_cache": no_cache.coordinator,
@@ -356,6 +367,8 @@ ASSIGNABLE = {
     "sliding_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
     "mamba_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint",
                       "drop_eagle_checkpoint_block"},
+    "rswa_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
+    "ring_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
     "unitary": set(),
     "hybrid": set(),
     "no_cache": set(),
@@ -484,7 +497,7 @@ def test_manager_class_constants_cannot_be_shadowed(impl, name):
     lookup) cannot be overridden on one instance: the compiled twin's instances have no
     ``__dict__``; the pure twin refuses the same way (AttributeError, value unchanged)."""
     objs = _objects(impl)
-    for kind in ("full_manager", "sliding_manager", "mamba_manager"):
+    for kind in ("full_manager", "sliding_manager", "mamba_manager", "rswa_manager", "ring_manager"):
         obj = objs[kind]
         before = getattr(obj, name)
         with pytest.raises(AttributeError):
@@ -499,7 +512,7 @@ def test_manager_flags_read_back_as_bools(impl, value, flag):
     """``use_eagle`` (like the other flags) is a C ``bint`` in the compiled twin: whatever is
     assigned reads back as a bool, the same in both twins."""
     objs = _objects(impl)
-    for kind in ("full_manager", "sliding_manager", "mamba_manager"):
+    for kind in ("full_manager", "sliding_manager", "mamba_manager", "rswa_manager", "ring_manager"):
         for name in ("use_eagle", "shared_prefix_checkpoint"):
             setattr(objs[kind], name, value)
             got = getattr(objs[kind], name)
