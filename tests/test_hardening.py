@@ -720,3 +720,25 @@ def test_bad_group_ids_in_a_hit_search_are_refused_alike(impl, kind, ids, error,
     with pytest.raises(error, match=message):
         cls.find_longest_cache_hit(req.block_hashes, 20, ids, pool, spec, False, BS)
     assert cls.find_longest_cache_hit(req.block_hashes, 20, [0], pool, spec, False, BS)[1] == 8
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_num_speculative_blocks_too_large_to_compute_with_is_refused(impl, mode):
+    """A Mamba spec asking 2**59 speculative blocks a request: the compiled twin's
+    ``block_size * num_speculative_blocks`` wrapped in C and it handed out blocks the pure
+    twin (and vLLM) refuse; both twins now refuse the manager (ValueError) when it is made."""
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
+                                          mamba_cache_mode=mode, num_speculative_blocks=2**59))])
+    with pytest.raises(ValueError, match=r"num_speculative_blocks must be below 2\*\*31, got 576460752303423488"):
+        impl.kv_cache.KVCacheManager(cfg, 4096, 16, 16, enable_caching=mode == "align")
+    ok = MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",), mamba_cache_mode=mode,
+                   num_speculative_blocks=2**31 - 1)
+    mgr = impl.kv_cache.KVCacheManager(KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        cfg.kv_cache_groups[0], KVCacheGroupSpec(["m"], ok)]), 4096, 16, 16, enable_caching=mode == "align")
+    req = impl.kv_cache.Request("r", list(range(40)), block_hasher=hasher(16))
+    assert mgr.allocate_slots(req, 40) is None  # (more blocks than the pool has: refused, as in vLLM)
+
