@@ -327,6 +327,15 @@ def _objects(impl):
         KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
                                           mamba_cache_mode="align"))])
     mamba = mod.KVCacheManager(mamba_cfg, 256, 16, 4).coordinator.single_type_managers[1]
+    from kvcy.kv_cache_interface import CircularBufferSpec, RSWASpec
+
+    attn = {"block_size": 4, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    local_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(**attn)), KVCacheGroupSpec(["r"], RSWASpec(**attn, rswa_window=8))])
+    rswa = mod.KVCacheManager(local_cfg, 256, 4, 4).coordinator.single_type_managers[1]
+    ring_cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["c"], CircularBufferSpec(**attn))])
+    ring = mod.KVCacheManager(ring_cfg, 256, 4, 4).coordinator.single_type_managers[0]
     return {
         "request": req,
         "block": mgr.block_pool.blocks[1],
@@ -335,6 +344,8 @@ def _objects(impl):
         "full_manager": mgr.coordinator.single_type_managers[0],
         "sliding_manager": stms[1],
         "mamba_manager": mamba,
+        "rswa_manager": rswa,
+        "ring_manager": ring,
         "unitary": mgr.coordinator,
         "hybrid": hybrid.coordinator,
         "no_cache": no_cache.coordinator,
@@ -356,6 +367,8 @@ ASSIGNABLE = {
     "sliding_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
     "mamba_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint",
                       "drop_eagle_checkpoint_block"},
+    "rswa_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
+    "ring_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
     "unitary": set(),
     "hybrid": set(),
     "no_cache": set(),
@@ -476,6 +489,34 @@ def test_checked_assignments_still_work(impl):
     block.ref_cnt -= 1
     req.extra_field = "free"  # other attributes stay free, as on vLLM's Request
     assert req.extra_field == "free"
+
+
+@pytest.mark.parametrize("name", ["retains_longer_hit", "supports_fine_grained_hash_lookup"])
+def test_manager_class_constants_cannot_be_shadowed(impl, name):
+    """A manager type's constants (read from the instance by the manager and the hybrid
+    lookup) cannot be overridden on one instance: the compiled twin's instances have no
+    ``__dict__``; the pure twin refuses the same way (AttributeError, value unchanged)."""
+    objs = _objects(impl)
+    for kind in ("full_manager", "sliding_manager", "mamba_manager", "rswa_manager", "ring_manager"):
+        obj = objs[kind]
+        before = getattr(obj, name)
+        with pytest.raises(AttributeError):
+            setattr(obj, name, not before)
+        with pytest.raises(AttributeError):
+            delattr(obj, name)
+        assert getattr(obj, name) is before
+
+
+@pytest.mark.parametrize("value, flag", [("x", True), (None, False), (0, False), (3, True), ([], False)])
+def test_manager_flags_read_back_as_bools(impl, value, flag):
+    """``use_eagle`` (like the other flags) is a C ``bint`` in the compiled twin: whatever is
+    assigned reads back as a bool, the same in both twins."""
+    objs = _objects(impl)
+    for kind in ("full_manager", "sliding_manager", "mamba_manager", "rswa_manager", "ring_manager"):
+        for name in ("use_eagle", "shared_prefix_checkpoint"):
+            setattr(objs[kind], name, value)
+            got = getattr(objs[kind], name)
+            assert got is flag, f"{kind}.{name} = {value!r} read back {got!r}"
 
 
 # --------------------------------------------------------------------------- item 2
@@ -679,3 +720,25 @@ def test_bad_group_ids_in_a_hit_search_are_refused_alike(impl, kind, ids, error,
     with pytest.raises(error, match=message):
         cls.find_longest_cache_hit(req.block_hashes, 20, ids, pool, spec, False, BS)
     assert cls.find_longest_cache_hit(req.block_hashes, 20, [0], pool, spec, False, BS)[1] == 8
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_num_speculative_blocks_too_large_to_compute_with_is_refused(impl, mode):
+    """A Mamba spec asking 2**59 speculative blocks a request: the compiled twin's
+    ``block_size * num_speculative_blocks`` wrapped in C and it handed out blocks the pure
+    twin (and vLLM) refuse; both twins now refuse the manager (ValueError) when it is made."""
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
+                                          mamba_cache_mode=mode, num_speculative_blocks=2**59))])
+    with pytest.raises(ValueError, match=r"num_speculative_blocks must be below 2\*\*31, got 576460752303423488"):
+        impl.kv_cache.KVCacheManager(cfg, 4096, 16, 16, enable_caching=mode == "align")
+    ok = MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",), mamba_cache_mode=mode,
+                   num_speculative_blocks=2**31 - 1)
+    mgr = impl.kv_cache.KVCacheManager(KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        cfg.kv_cache_groups[0], KVCacheGroupSpec(["m"], ok)]), 4096, 16, 16, enable_caching=mode == "align")
+    req = impl.kv_cache.Request("r", list(range(40)), block_hasher=hasher(16))
+    assert mgr.allocate_slots(req, 40) is None  # (more blocks than the pool has: refused, as in vLLM)
+

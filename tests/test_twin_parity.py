@@ -719,6 +719,8 @@ BAD_CALLS = {
     "manager.get_blocks(5)": lambda o: o["manager"].get_blocks(5),
     "manager.get_computed_blocks(None)": lambda o: o["manager"].get_computed_blocks(None),
     "manager.remove_skipped_blocks(-1)": lambda o: o["manager"].remove_skipped_blocks("r", -1),
+    "manager.remove_skipped_blocks(request_id=5)": lambda o: o["manager"].remove_skipped_blocks(5, 4),
+    "manager.remove_skipped_blocks(request_id=None)": lambda o: o["manager"].remove_skipped_blocks(None, 4),
     "manager.remove_skipped_blocks(num_prompt_tokens='4')": lambda o: o["manager"].remove_skipped_blocks(
         "r", 4, num_prompt_tokens="4"),
     "manager.remove_skipped_blocks(num_prompt_tokens=-1)": lambda o: o["manager"].remove_skipped_blocks(

@@ -607,6 +607,7 @@ cdef class KVCacheManager:
         groups, which also free the blocks between the prompt and the decode
         window; the other groups ignore it.
         """
+        _check_rid(request_id)
         cdef Py_ssize_t n = _check_count("processed_computed_tokens", processed_computed_tokens)
         self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)
 

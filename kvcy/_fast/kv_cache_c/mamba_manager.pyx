@@ -11,6 +11,10 @@ from kvcy.kv_cache_interface import iter_layer_specs
 
 _MAMBA_CACHING = "Mamba prefix caching requires mamba_cache_mode='align'"
 _RELOCATE = "Speculative Mamba blocks must be exclusively owned and unhashed before relocation"
+# A count of speculative blocks per request; block ids are 32-bit, so more than 2**31 can
+# never be held, and block_size * num_speculative_blocks must not wrap in C.
+_MAX_SPECULATIVE_BLOCKS = 2**31
+_TOO_MANY_SPECULATIVE = "num_speculative_blocks must be below 2**31, got {}"
 
 
 def get_mamba_prefill_checkpoint_position(num_tokens, hash_block_size, drop_eagle_block,
@@ -133,7 +137,10 @@ cdef class MambaManager(SingleTypeKVCacheManager):
             raise AssertionError(_MAMBA_CACHING)
         self.mamba_cache_mode = mode
         self._align = mode == "align"
-        self.num_speculative_blocks = int(getattr(kv_cache_spec, "num_speculative_blocks", 0))
+        num_speculative_blocks = int(getattr(kv_cache_spec, "num_speculative_blocks", 0))
+        if num_speculative_blocks >= _MAX_SPECULATIVE_BLOCKS:  # (before C arithmetic wraps on it)
+            raise ValueError(_TOO_MANY_SPECULATIVE.format(num_speculative_blocks))
+        self.num_speculative_blocks = num_speculative_blocks
         self.has_prefill_checkpoint_blocks = self._align and kv_cache_spec.num_prefill_checkpoint_blocks > 0
         self.drop_eagle_checkpoint_block = False
         self.cached_blocks_this_step = set()

@@ -420,6 +420,7 @@ class KVCacheManager(_Checked):
         groups, which also free the blocks between the prompt and the decode
         window; the other groups ignore it.
         """
+        _check_rid(request_id)
         processed_computed_tokens = _check_count("processed_computed_tokens", processed_computed_tokens)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 _MAMBA_CACHING = "Mamba prefix caching requires mamba_cache_mode='align'"
 _RELOCATE = "Speculative Mamba blocks must be exclusively owned and unhashed before relocation"
+# A count of speculative blocks per request; block ids are 32-bit, so more than 2**31 can
+# never be held, and the compiled twin multiplies it by the block size in C.
+_MAX_SPECULATIVE_BLOCKS = 2**31
+_TOO_MANY_SPECULATIVE = "num_speculative_blocks must be below 2**31, got {}"
 
 
 def get_mamba_prefill_checkpoint_position(
@@ -167,7 +171,10 @@ class MambaManager(SingleTypeKVCacheManager):
             raise AssertionError(_MAMBA_CACHING)
         self.mamba_cache_mode = mode
         self._align = mode == "align"
-        self.num_speculative_blocks = int(getattr(kv_cache_spec, "num_speculative_blocks", 0))
+        num_speculative_blocks = int(getattr(kv_cache_spec, "num_speculative_blocks", 0))
+        if num_speculative_blocks >= _MAX_SPECULATIVE_BLOCKS:
+            raise ValueError(_TOO_MANY_SPECULATIVE.format(num_speculative_blocks))
+        self.num_speculative_blocks = num_speculative_blocks
         self.has_prefill_checkpoint_blocks = self._align and kv_cache_spec.num_prefill_checkpoint_blocks > 0
         self.drop_eagle_checkpoint_block = False
         self.cached_blocks_this_step: set[bytes] = set()

@@ -127,11 +127,14 @@ class SingleTypeKVCacheManager(_Checked):
             ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
              "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
              "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids",
-             "_prefix_cacheable", "_partial_hit_reqs", "_pending_cow_copies", "_pending_boundary_state_offloads"),
+             "_prefix_cacheable", "_partial_hit_reqs", "_pending_cow_copies", "_pending_boundary_state_offloads",
+             # (class constants: the compiled twin's instances cannot shadow them either)
+             "retains_longer_hit", "supports_fine_grained_hash_lookup"),
             _READ_ONLY,
         ),
         "cache_hit_alignment_tokens": _positive_alignment,
         "shared_prefix_checkpoint": _as_flag,
+        "use_eagle": _as_flag,
     }
 
     #: Whether the group keeps a longer prefix hit until an external lookup ends (HiSparse: never here).
