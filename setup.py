@@ -137,6 +137,11 @@ CYTHON_DIRECTIVES = {
     "initializedcheck": CYTHON_DEBUG,
     "cdivision": not CYTHON_DEBUG,
     "embedsignature": True,
+    # No generated pickling: Cython's __setstate_cython__ reads its state tuple
+    # unchecked (bounds checks are off), so obj.__setstate__(()) crashed the
+    # interpreter, and a crafted state could set fields out of step with each
+    # other.  A class that pickles says how in its own __reduce__.
+    "auto_pickle": False,
 }
 
 

@@ -32,6 +32,14 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+cdef str _no_arguments(object cls):
+    # The refusal of an object made without its arguments (cls.__new__(cls)
+    # alone): it would hold no pool, coordinator or sizes, and the C code
+    # reads those unchecked.
+    return (f"{cls.__name__} cannot be made without its arguments (by __new__ alone); "
+            f"construct it as {cls.__name__}(...)")
+
+
 cdef Py_ssize_t _check_count_slow(str name, object value) except -1:
     if type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, int):

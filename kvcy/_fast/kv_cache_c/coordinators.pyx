@@ -55,6 +55,7 @@ def replay_boundaries(num_prompt_tokens, scheduler_block_size, use_eagle):
     return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
 
 
+@cython.nonecheck(True)
 cdef class KVCacheCoordinator:
     """Drives the single-type managers of all KV-cache groups over one block pool.
 
@@ -75,6 +76,15 @@ cdef class KVCacheCoordinator:
         AssertionError: prefix caching with a Mamba group not in align mode
             (vLLM's, from ``MambaManager``).
     """
+
+    def __cinit__(self, *args, **kwargs):
+        # (refused by __new__ alone: see _no_arguments)
+        if not args and not kwargs:
+            raise TypeError(_no_arguments(type(self)))
+        # divisors of an object whose __init__ never ran (a subclass may skip it) are 1,
+        # never 0: the C code divides unchecked (cdivision); its None fields raise (nonecheck)
+        self.scheduler_block_size = 1
+        self.hash_block_size = 1
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
@@ -330,6 +340,7 @@ cdef class KVCacheCoordinator:
         raise NotImplementedError
 
 
+@cython.nonecheck(True)
 cdef class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Coordinator for prefix caching off: any number of groups, never a hit."""
 
@@ -348,8 +359,12 @@ cdef class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         return tuple([[] for _ in range(self.num_single_type_manager)]), 0, 0
 
 
+@cython.nonecheck(True)
 cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Coordinator for exactly one KV-cache group with prefix caching on."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.block_size = 1   # (see KVCacheCoordinator.__cinit__)
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,
@@ -377,6 +392,7 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         return res[0], res[1], 0
 
 
+@cython.nonecheck(True)
 cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Coordinator for several KV-cache groups (e.g. full + sliding window).
 
@@ -384,6 +400,9 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
     (its left-to-right scan bounds the others), and the candidate length is
     shrunk until every group accepts it.
     """
+
+    def __cinit__(self, *args, **kwargs):
+        self._alignment = 1   # (see KVCacheCoordinator.__cinit__)
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
                  enable_kv_cache_events, scheduler_block_size, hash_block_size, use_int_block_hashes=None,

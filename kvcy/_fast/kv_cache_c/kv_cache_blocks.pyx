@@ -13,8 +13,10 @@ cdef class KVCacheBlocks:
     def __init__(self, tuple blocks):
         self.blocks = blocks
 
-    def __add__(self, KVCacheBlocks other):
-        return KVCacheBlocks(tuple([list(a) + list(b) for a, b in zip(self.blocks, other.blocks)]))
+    def __add__(self, other):
+        if not isinstance(other, KVCacheBlocks):
+            return NotImplemented       # (then Python's TypeError: unsupported operand)
+        return KVCacheBlocks(tuple([list(a) + list(b) for a, b in zip(self.blocks, (<KVCacheBlocks>other).blocks)]))
 
     def __eq__(self, other):
         if not isinstance(other, KVCacheBlocks):

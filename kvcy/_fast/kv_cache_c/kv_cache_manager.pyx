@@ -82,6 +82,7 @@ cdef bint _skips_reading(object request) except -1:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
+@cython.nonecheck(True)
 cdef class KVCacheManager:
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
 
@@ -114,6 +115,11 @@ cdef class KVCacheManager:
         use_int_block_hashes: publish event hashes as 64-bit ints (default:
             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
     """
+
+    def __cinit__(self, *args, **kwargs):
+        # (refused by __new__ alone: see _no_arguments)
+        if not args and not kwargs:
+            raise TypeError(_no_arguments(type(self)))
 
     def __init__(self, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                  max_in_flight_tokens=None, enable_caching=True, use_eagle=False, num_hash_lookahead_tokens=0,

@@ -85,8 +85,12 @@ cdef inline int _align_hit(tuple computed, Py_ssize_t n_groups, Py_ssize_t block
     return 0
 
 
+@cython.nonecheck(True)
 cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: only the last ``sliding_window`` tokens are attended."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.sliding_window = 1   # (see SingleTypeKVCacheManager.__cinit__)
 
     def __init__(self, kv_cache_spec, *args, **kwargs):
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -198,8 +202,12 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
                                    boundaries, -1 if final_segment_end_block is None else final_segment_end_block)
 
 
+@cython.nonecheck(True)
 cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Chunked local attention: tokens attend only within their chunk."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.attention_chunk_size = 1   # (see SingleTypeKVCacheManager.__cinit__)
 
     def __init__(self, kv_cache_spec, *args, **kwargs):
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -257,6 +265,7 @@ cdef object _check_prompt_tokens(object num_prompt_tokens):
     return _check_count("num_prompt_tokens", num_prompt_tokens)
 
 
+@cython.nonecheck(True)
 cdef class RSWAManager(FullAttentionManager):
     """Reference sliding-window attention: full attention over the prompt, the last
     ``rswa_window`` tokens of what follows.
@@ -266,6 +275,9 @@ cdef class RSWAManager(FullAttentionManager):
     (replacing them with the null block); otherwise it is full attention's.
     Hits, allocation and caching are full attention's.
     """
+
+    def __cinit__(self, *args, **kwargs):
+        self.rswa_window = 1   # (see SingleTypeKVCacheManager.__cinit__)
 
     def __init__(self, kv_cache_spec, *args, **kwargs):
         super().__init__(kv_cache_spec, *args, **kwargs)
@@ -292,6 +304,7 @@ cdef class RSWAManager(FullAttentionManager):
         self._remove_blocks_in_range(request_id, _cdiv(n_prompt, self.block_size), window_start // self.block_size)
 
 
+@cython.nonecheck(True)
 cdef class CircularBufferManager(FullAttentionManager):
     """A ring: one block per request for its whole life, never cached, never hit.
 

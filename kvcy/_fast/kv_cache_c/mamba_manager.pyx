@@ -116,6 +116,7 @@ cdef object _mamba_mask(Py_ssize_t start_block, Py_ssize_t end_block, Py_ssize_t
     return mask
 
 
+@cython.nonecheck(True)
 cdef class MambaManager(SingleTypeKVCacheManager):
     """Mamba: one recurrent state per request; in align mode, prefix caching of
     its states at block and hash-block boundaries.

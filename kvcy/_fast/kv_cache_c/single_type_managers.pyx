@@ -102,6 +102,7 @@ def _check_no_context_parallel(dcp_world_size, pcp_world_size):
         )
 
 
+@cython.nonecheck(True)
 cdef class SingleTypeKVCacheManager:
     """Block bookkeeping for one KV-cache group of one attention type.
 
@@ -116,6 +117,16 @@ cdef class SingleTypeKVCacheManager:
     retains_longer_hit = False
     #: Whether a lookup can end inside one of this type's blocks (fine-grained partial hits).
     supports_fine_grained_hash_lookup = False
+
+    def __cinit__(self, *args, **kwargs):
+        # (refused by __new__ alone: see _no_arguments)
+        if not args and not kwargs:
+            raise TypeError(_no_arguments(type(self)))
+        # divisors of an object whose __init__ never ran (a subclass may skip it) are 1,
+        # never 0: the C code divides unchecked (cdivision); its None fields raise (nonecheck)
+        self.block_size = 1
+        self.scheduler_block_size = 1
+        self._alignment = 1
 
     def __init__(self, kv_cache_spec, BlockPool block_pool, enable_caching, Py_ssize_t kv_cache_group_id,
                  Py_ssize_t scheduler_block_size, dcp_world_size=1, pcp_world_size=1,
@@ -640,6 +651,7 @@ def _fine_full_hits(BlockPool pool, Py_ssize_t block_size, object block_hashes, 
     return computed, hit_length
 
 
+@cython.nonecheck(True)
 cdef class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every token's KV is kept until the request finishes."""
 
@@ -764,6 +776,7 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
         return n
 
 
+@cython.nonecheck(True)
 cdef class SinkFullAttentionManager(FullAttentionManager):
     """Full attention with learned sink tokens (``SinkFullAttentionSpec``).
 
@@ -781,6 +794,7 @@ cdef class SinkFullAttentionManager(FullAttentionManager):
         )
 
 
+@cython.nonecheck(True)
 cdef class CrossAttentionManager(SingleTypeKVCacheManager):
     """Cross attention: a static allocation for the encoder tokens; never cached."""
 

@@ -55,6 +55,23 @@ def _tuple_or_none(name: str, value: Any) -> Any:
 _READ_ONLY = None  # a rule: set once (by the constructor), never again
 
 
+def _no_arguments(cls: type) -> str:
+    """The refusal of an object made without its arguments (``cls.__new__(cls)`` alone), as the compiled twin's."""
+    return (f"{cls.__name__} cannot be made without its arguments (by __new__ alone); "
+            f"construct it as {cls.__name__}(...)")
+
+
+class _NeedsArguments:
+    """Refuses ``cls.__new__(cls)`` without arguments: the compiled twin's object would hold no pool or coordinator."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs:
+            raise TypeError(_no_arguments(cls))
+        return super().__new__(cls)
+
+
 class _Checked:
     """Attribute assignment as the compiled twin's typed fields allow it.
 

@@ -16,7 +16,7 @@ from kvcy.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _lookahead_count, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _NeedsArguments, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.local_attention_managers import SlidingWindowManager
 from kvcy._fast.kv_cache_py.manager_factory import get_manager_for_kv_cache_spec
@@ -77,7 +77,7 @@ def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, use_eag
     return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
 
 
-class KVCacheCoordinator(_Checked):
+class KVCacheCoordinator(_NeedsArguments, _Checked):
     """Drives the single-type managers of all KV-cache groups over one block pool.
 
     ``num_prefill_lookahead`` (multi-module MTP: the drafter re-prefills that

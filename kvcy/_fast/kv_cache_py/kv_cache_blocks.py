@@ -26,6 +26,8 @@ class KVCacheBlocks(_Checked):
         object.__setattr__(self, "blocks", blocks)
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        if not isinstance(other, KVCacheBlocks):
+            return NotImplemented  # (then Python's TypeError: unsupported operand)
         return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
 
     def __eq__(self, other: object) -> bool:

@@ -24,6 +24,7 @@ from kvcy._request_types import KVCacheBlockCopy, RequestStatus
 from kvcy._fast.kv_cache_py._common import (
     _READ_ONLY,
     _Checked,
+    _NeedsArguments,
     _as_index,
     _check_count,
     _check_rid,
@@ -52,7 +53,7 @@ _WATERMARK_STATUSES = (_WAITING, _PREEMPTED)
 logger = logging.getLogger("kvcy")
 
 
-class KVCacheManager(_Checked):
+class KVCacheManager(_NeedsArguments, _Checked):
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
 
     Args:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import AttentionSpec, CircularBufferSpec, KVCacheSpec, MambaSpec, SinkFullAttentionSpec
 from kvcy._fast._request_tables import _BlockTable, _CountTable
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _check_count, _hashed, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _NeedsArguments, _check_count, _hashed, cdiv
 from kvcy._fast.kv_cache_py.block_map import _BlockHashView, resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import BlockPool, _check_touchable
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
@@ -109,7 +109,7 @@ def _check_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None
         )
 
 
-class SingleTypeKVCacheManager(_Checked):
+class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
     """Block bookkeeping for one KV-cache group of one attention type.
 
     With ``needs_kv_cache_zeroing`` (the config's: Mamba layers or mixed
