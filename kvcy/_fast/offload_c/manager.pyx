@@ -12,6 +12,7 @@ cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
 
 cdef enum:
     _AHEAD = 8      # count_hits looks this many keys ahead (a power of 2)
+    _SMALL_MAP = 1 << 15    # below this many keys a map's lookups mostly hit the cache
 
 
 cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
@@ -31,6 +32,18 @@ cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_
     cdef Py_ssize_t j = i, end = len(ks)
     if last < end:
         end = last
+    if PyDict_Size(chunks) < _SMALL_MAP:
+        # a map that stays in cache: the plain loop (the pipeline's
+        # bookkeeping would only cost here)
+        while i < end:
+            k = _list_item(ks, i)
+            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
+                return i        # decided by the caller's checks
+            p = kvcy_offload_bytes_get(chunks, k)
+            if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+                return i
+            i += 1
+        return i
     while i < end:
         while j < end and j < i + _AHEAD:
             k = _list_item(ks, j)
