@@ -149,6 +149,12 @@ cdef class BlockPool:
             raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
         if blocks is None:
             raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        # More full blocks than the request holds (its tokens run past max_model_len, where
+        # allocation stops): vLLM caches the blocks there are (its slice of ``blocks``), and
+        # with events on its event loop then indexes past them (IndexError, no event).
+        cdef bint past_blocks = num_full_blocks > PyList_GET_SIZE(blocks)
+        if past_blocks:
+            num_full_blocks = max(PyList_GET_SIZE(blocks), num_cached_blocks)
         cdef list mask = None  # (block i is left out when mask[i - num_cached_blocks] is false)
         if block_mask is not None:
             mask = _checked_mask(block_mask, num_full_blocks - num_cached_blocks)
@@ -158,8 +164,6 @@ cdef class BlockPool:
                 f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
                 f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
             )
-        if num_full_blocks > PyList_GET_SIZE(blocks):
-            raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
         cdef Py_ssize_t i
         cdef KVCacheBlock blk
         cdef object block_hash
@@ -226,6 +230,8 @@ cdef class BlockPool:
                 if events:
                     new_hashes.append(self._ext(block_hash))
             start = end
+        if events and past_blocks:
+            raise IndexError("list index out of range")
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             lookahead_ids = [] if self.num_hash_lookahead_tokens else None
