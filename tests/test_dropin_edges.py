@@ -85,3 +85,28 @@ def test_cache_full_blocks_caches_the_blocks_there_are(impl):
             pool.cache_full_blocks(request(impl, "b", list(range(50, 62))), other, 0, 3, BS, 0, [True] * 3)
         assert other[0].block_hash is None
 
+
+# ------------------------------------------------------------- vLLM's own errors
+def test_allocate_slots_with_nothing_to_do_says_what_vllm_says(impl):
+    mgr = manager(impl)
+    with pytest.raises(ValueError) as err:
+        mgr.allocate_slots(request(impl, "a", list(range(8))), 0)
+    assert str(err.value) == "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+
+
+def test_evict_blocks_past_the_pool_asserts_as_vllm(impl):
+    """A block id past the pool is vLLM's ``AssertionError`` (a connector bug), raised
+    before any key is dropped."""
+    mgr = manager(impl)
+    a = request(impl, "a", list(range(9)))
+    mgr.allocate_slots(a, 9)
+    mgr.free(a)
+    assert hashed_ids(mgr) == [1, 2]
+    for bad in ({20}, {1, 25}):
+        with pytest.raises(AssertionError) as err:
+            mgr.evict_blocks(bad)
+        assert str(err.value).startswith(f"Invalid block_id {max(bad)} >= 20. This indicates a bug in the KV connector")
+        assert hashed_ids(mgr) == [1, 2]
+    mgr.evict_blocks({19, 2})
+    assert hashed_ids(mgr) == [1]
+

@@ -457,7 +457,12 @@ cdef class BlockPool:
         for block_id in block_ids:
             if isinstance(block_id, bool) or not isinstance(block_id, int):
                 raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
-            if not 0 <= block_id < self.num_gpu_blocks:
+            if block_id >= self.num_gpu_blocks:  # (vLLM asserts this, naming the connector)
+                raise AssertionError(
+                    f"Invalid block_id {block_id} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
+                    "connector - workers should only report block IDs that were allocated by the scheduler."
+                )
+            if block_id < 0:
                 raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
         cdef object block
         for block_id in block_ids:

@@ -354,7 +354,7 @@ cdef class KVCacheManager:
             skip_zeroing_group_ids = tuple(skip_zeroing_group_ids)
         if n_new == 0 and n_new_comp == 0 and n_ext == 0:
             raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         cdef tuple hit_groups
         if self._full is not None and n_ext == 0 and type(request) is Request:

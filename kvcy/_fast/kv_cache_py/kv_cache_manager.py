@@ -317,7 +317,7 @@ class KVCacheManager(_Checked):
             skip_zeroing_group_ids = tuple(skip_zeroing_group_ids)
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         request_id = _request_id(request)
         num_computed = request.num_computed_tokens
