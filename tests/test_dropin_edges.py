@@ -124,3 +124,51 @@ def test_caching_metrics_with_an_empty_window_keeps_the_latest_interval():
         seen.append((metrics.hit_rate, metrics.aggregated_requests, len(metrics.query_queue)))
     assert seen == [(0.5, 1, 1), (0.0, 2, 1), (1.0, 1, 1)]  # (recorded from vLLM 0.33.0)
 
+
+# ------------------------------------------- names vLLM's modules export
+def test_lookahead_extra_keys_as_vllm(impl):
+    """``kv_cache_utils.generate_lookahead_block_hash_extra_keys``: keys over the block and
+    its lookahead tokens, the multimodal index stepped back to the items still open at the
+    block's end (values recorded from vLLM 0.33.0)."""
+    from kvcy.kv_cache_utils import generate_lookahead_block_hash_extra_keys
+    from kvcy.request import MultiModalFeatureSpec, PlaceholderRange
+
+    items = [MultiModalFeatureSpec(identifier=i, mm_position=PlaceholderRange(o, n), modality="image")
+             for i, o, n in (("A", 2, 5), ("B", 7, 2), ("C", 10, 6))]
+    req = impl.kv_cache.Request("r", list(range(20)), mm_features=items, cache_salt="s")
+    expected = {
+        (0, 4, 6, 0): ((("mm", "A", 2), ("cache_salt", "s")), 0),
+        (4, 8, 10, 0): ((("mm", "A", -2), ("mm", "B", 3)), 1),
+        (8, 12, 14, 1): ((("mm", "B", -1), ("mm", "C", 2)), 2),
+        (12, 16, 18, 2): ((("mm", "C", -2),), 3),
+        (4, 8, 8, 0): ((("mm", "A", -2), ("mm", "B", 3)), 1),
+    }
+    for args, keys in expected.items():
+        assert generate_lookahead_block_hash_extra_keys(req, *args) == keys, args
+
+
+def test_null_head_helpers():
+    """``kv_cache_utils.null_head_len`` / ``trim_null_head``: the leading null blocks."""
+    from kvcy.kv_cache_utils import KVCacheBlock, null_head_len, trim_null_head
+
+    null = KVCacheBlock(0, is_null=True)
+    blocks = [null, null, KVCacheBlock(3), null]
+    assert null_head_len(blocks) == 2 and null_head_len([]) == 0 and null_head_len(blocks[2:]) == 0
+    assert [b.block_id for b in trim_null_head(blocks)] == [3, 0]
+    assert trim_null_head(blocks[2:]) == blocks[2:] and type(trim_null_head(tuple(blocks))) is tuple
+
+
+def test_mamba_checkpoint_helpers_from_kv_cache_interface():
+    """vLLM defines them in ``kv_cache_interface``; kvcy serves the selected twin's there
+    (values recorded from vLLM 0.33.0)."""
+    from kvcy import kv_cache_interface as ki
+
+    position = ki.get_mamba_prefill_checkpoint_position
+    assert [position(n, 4, drop, la) for n, drop, la in
+            ((17, False, 0), (17, False, 2), (17, True, 0), (16, False, 0), (3, False, 0), (16, True, 5))] == \
+        [16, 12, 12, 12, 0, 12]
+    valid = ki.is_mamba_prefill_checkpoint_valid
+    assert [valid(*a) for a in ((0, 16, 8, 4, 8, None), (0, 16, 8, 4, 8, 4), (4, 16, 8, 4, 8, 4), (8, 24, 20, 4, 8, 4),
+                                (8, 24, 20, 4, 8, 8), (0, 17, 12, 4, 4, 2))] == [False, True, False, True, False, True]
+    with pytest.raises(AttributeError):
+        ki.no_such_name  # noqa: B018
