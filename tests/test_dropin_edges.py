@@ -172,3 +172,25 @@ def test_mamba_checkpoint_helpers_from_kv_cache_interface():
                                 (8, 24, 20, 4, 8, 8), (0, 17, 12, 4, 4, 2))] == [False, True, False, True, False, True]
     with pytest.raises(AttributeError):
         ki.no_such_name  # noqa: B018
+
+
+# ------------------------------------------------ the hybrid coordinator's assertion
+@pytest.mark.parametrize("hash_block_size", [8, 16])
+def test_hybrid_block_sizes_not_divisible_by_the_hash_block_assert_as_vllm(impl, hash_block_size):
+    """Full attention (8) beside a sliding window (4) hashed every 8 or 16 tokens:
+    vLLM's ``HybridKVCacheCoordinator`` asserts, listing the prefix-cacheable groups'
+    block sizes.  kvcy raised ValueError."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    groups = [KVCacheGroupSpec(["full"], full_spec(8)),
+              KVCacheGroupSpec(["swa"], SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                                          sliding_window=12))]
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups)
+    with pytest.raises(AssertionError) as err:
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=max(8, hash_block_size),
+                                     hash_block_size=hash_block_size)
+    assert str(err.value) == ("Each KV cache group's real block_size must be divisible by hash_block_size. "
+                              f"block_sizes=[8, 4], hash_block_size={hash_block_size}")
+    # without prefix caching there is no hybrid coordinator to assert
+    impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=max(8, hash_block_size),
+                                 hash_block_size=hash_block_size, enable_caching=False)

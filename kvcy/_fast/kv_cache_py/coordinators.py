@@ -449,13 +449,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                          enable_caching, enable_kv_cache_events, scheduler_block_size,
                          hash_block_size, use_int_block_hashes, metrics_collector,
                          num_prefill_lookahead, num_hash_lookahead_tokens)
-        for manager in self.single_type_managers:
-            # (groups out of prefix caching -- a ring, bounded replay -- hash nothing)
-            if manager._prefix_cacheable and manager.block_size % hash_block_size != 0:
-                raise ValueError(
-                    f"every group's block size must be a multiple of hash_block_size "
-                    f"({hash_block_size}); got {manager.block_size}"
-                )
+        # (groups out of prefix caching -- a ring, bounded replay -- hash nothing); vLLM asserts
+        cacheable_block_sizes = [m.block_size for m in self.single_type_managers if m._prefix_cacheable]
+        if any(block_size % hash_block_size for block_size in cacheable_block_sizes):
+            raise AssertionError(
+                "Each KV cache group's real block_size must be divisible by hash_block_size. "
+                f"block_sizes={cacheable_block_sizes}, hash_block_size={hash_block_size}"
+            )
         object.__setattr__(self, "enable_partial_hash_hits", bool(allow_partial_hash_hits) and partial_hash_hits_enabled(
             kv_cache_config.kv_cache_groups, hash_block_size, 1, [type(m) for m in self.single_type_managers]
         ))
