@@ -194,3 +194,46 @@ def test_hybrid_block_sizes_not_divisible_by_the_hash_block_assert_as_vllm(impl,
     # without prefix caching there is no hybrid coordinator to assert
     impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=max(8, hash_block_size),
                                  hash_block_size=hash_block_size, enable_caching=False)
+
+
+# ------------------------------------- vLLM's factory signatures (dcp / pcp positional)
+def test_coordinator_and_manager_factories_take_vllms_arguments(impl):
+    """``get_kv_cache_coordinator`` and the coordinators take vLLM 0.33.0's parameters in
+    its order (``dcp_world_size``, ``pcp_world_size`` before the block sizes; kvcy's
+    ``use_int_block_hashes`` last); ``get_manager_for_kv_cache_spec`` is vLLM's
+    ``(kv_cache_spec, max_in_flight_tokens, max_model_len, role=None, **kwargs)``."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    one = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    two = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec()), KVCacheGroupSpec(["l1"], swa)])
+    # positionally, as vLLM's KVCacheManager would: (..., events, dcp, pcp, scheduler block, hash block, ...)
+    for cfg, caching, expected in ((one, True, kv.UnitaryKVCacheCoordinator), (two, True, kv.HybridKVCacheCoordinator),
+                                   (two, False, kv.KVCacheCoordinatorNoPrefixCache)):
+        coordinator = kv.get_kv_cache_coordinator(cfg, 64, 64, False, caching, False, 1, 1, BS, BS, None, 0, 3)
+        assert type(coordinator) is expected
+        assert coordinator.scheduler_block_size == coordinator.hash_block_size == BS
+        assert coordinator.num_reprefillable_tokens == 2  # num_prefill_lookahead=3 (after the hash lookahead)
+    coordinator = kv.get_kv_cache_coordinator(
+        kv_cache_config=two, max_model_len=64, max_in_flight_tokens=64, use_eagle=False, enable_caching=True,
+        enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1, scheduler_block_size=BS,
+        hash_block_size=BS, metrics_collector=None, num_hash_lookahead_tokens=0, num_prefill_lookahead=0,
+        allow_partial_hash_hits=True)
+    assert [type(m).__name__ for m in coordinator.single_type_managers] == ["FullAttentionManager",
+                                                                           "SlidingWindowManager"]
+    for dcp, pcp in ((2, 1), (1, 2)):
+        with pytest.raises(NotImplementedError, match="context parallelism"):
+            kv.get_kv_cache_coordinator(one, 64, 64, False, True, False, dcp, pcp, BS, BS)
+        with pytest.raises(NotImplementedError, match="context parallelism"):
+            kv.HybridKVCacheCoordinator(two, 64, 64, False, True, False, dcp, pcp, BS, BS)
+
+    manager = kv.get_manager_for_kv_cache_spec(
+        kv_cache_spec=swa, max_in_flight_tokens=64, max_model_len=64, role=None, block_pool=coordinator.block_pool,
+        enable_caching=True, kv_cache_group_id=1, dcp_world_size=1, pcp_world_size=1, scheduler_block_size=BS,
+        needs_kv_cache_zeroing=False)
+    assert type(manager) is kv.SlidingWindowManager and manager.kv_cache_group_id == 1
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        kv.get_manager_for_kv_cache_spec(swa, 64, 64, "hisparse_source", block_pool=coordinator.block_pool,
+                                         enable_caching=True, kv_cache_group_id=1, scheduler_block_size=BS)
