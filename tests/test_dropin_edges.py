@@ -237,3 +237,23 @@ def test_coordinator_and_manager_factories_take_vllms_arguments(impl):
     with pytest.raises(NotImplementedError, match="HiSparse"):
         kv.get_manager_for_kv_cache_spec(swa, 64, 64, "hisparse_source", block_pool=coordinator.block_pool,
                                          enable_caching=True, kv_cache_group_id=1, scheduler_block_size=BS)
+
+
+# ------------------------------------------------------- a spec no manager serves
+def test_group_whose_spec_has_no_manager_asserts_as_vllm(impl):
+    """A group of encoder-only layers, or of a ``UniformTypeKVCacheSpecs`` (the workers'
+    spec, not the scheduler's), has no single-type manager: vLLM's factory asserts
+    ("No manager registered for KVCacheSpec <class ...>"), with or without caching.
+    kvcy raised ValueError."""
+    from kvcy.kv_cache_interface import EncoderOnlyAttentionSpec, UniformTypeKVCacheSpecs
+
+    attn = dict(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    for spec in (EncoderOnlyAttentionSpec(**attn),
+                 UniformTypeKVCacheSpecs(block_size=BS, kv_cache_specs={"a": full_spec(), "b": full_spec()})):
+        cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec()), KVCacheGroupSpec(["l1"], spec)])
+        for caching in (True, False):
+            with pytest.raises(AssertionError) as err:
+                impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                             enable_caching=caching)
+            assert str(err.value) == f"No manager registered for KVCacheSpec {type(spec)}"

@@ -19,7 +19,7 @@ def _manager_class(spec):
     for klass in type(spec).__mro__:
         if klass in spec_manager_map:
             return spec_manager_map[klass]
-    raise ValueError(f"no KV-cache manager for spec type {type(spec).__name__}")
+    raise AssertionError(f"No manager registered for KVCacheSpec {type(spec)}")  # (vLLM's assertion)
 
 
 def _admission_cap(spec, max_in_flight_tokens, max_model_len):
