@@ -257,3 +257,15 @@ def test_group_whose_spec_has_no_manager_asserts_as_vllm(impl):
                 impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
                                              enable_caching=caching)
             assert str(err.value) == f"No manager registered for KVCacheSpec {type(spec)}"
+
+
+def test_empty_pool_asserts_as_vllm(impl):
+    """A KV-cache config of 0 blocks (or a non-int count): vLLM's ``BlockPool`` asserts
+    ``isinstance(num_gpu_blocks, int) and num_gpu_blocks > 0``, so building the manager
+    raises AssertionError.  kvcy raised ValueError / TypeError."""
+    cfg = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    with pytest.raises(AssertionError, match="at least 1"):
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    for bad in (0, -3, 4.0, "4"):
+        with pytest.raises(AssertionError):
+            impl.kv_cache.BlockPool(bad, True, BS)

@@ -89,12 +89,14 @@ def test_pool_null_block_and_usage(impl):
 
 def test_pool_size_is_checked(impl):
     BlockPool = impl.kv_cache.BlockPool
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(AssertionError, match="at least 1"):  # (vLLM asserts an int above 0)
         BlockPool(0, enable_caching=True, hash_block_size=BS)
     with pytest.raises(ValueError, match="at most 2\\*\\*31.*int32"):
         BlockPool(2**31 + 1, enable_caching=True, hash_block_size=BS)  # refused before any block is made
-    with pytest.raises(TypeError):
+    with pytest.raises(AssertionError):
         BlockPool(8.0, enable_caching=True, hash_block_size=BS)
+    with pytest.raises(TypeError):
+        BlockPool(True, enable_caching=True, hash_block_size=BS)
 
 
 def test_lru_eviction_and_events(impl):

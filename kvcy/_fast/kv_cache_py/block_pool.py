@@ -143,10 +143,13 @@ class BlockPool(_Checked):
         medium: str | None = "GPU",
         use_int_block_hashes: bool | None = None,
     ) -> None:
-        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+        if isinstance(num_gpu_blocks, bool):
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        # (vLLM asserts an int above 0)
+        if not isinstance(num_gpu_blocks, int):
+            raise AssertionError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if num_gpu_blocks < 1:
-            raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+            raise AssertionError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
         if num_gpu_blocks > 2**31:
             raise ValueError(
                 f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
