@@ -269,3 +269,13 @@ def test_empty_pool_asserts_as_vllm(impl):
     for bad in (0, -3, 4.0, "4"):
         with pytest.raises(AssertionError):
             impl.kv_cache.BlockPool(bad, True, BS)
+
+
+def test_popleft_n_past_the_free_blocks_asserts_as_vllm(impl):
+    """``FreeKVCacheBlockQueue.popleft_n(n)`` with fewer than ``n`` free blocks: vLLM
+    asserts (kvcy raised ValueError); nothing is popped."""
+    blocks = [impl.kv_cache.KVCacheBlock(i) for i in range(3)]
+    queue = impl.kv_cache.FreeKVCacheBlockQueue(blocks)
+    with pytest.raises(AssertionError):
+        queue.popleft_n(4)
+    assert queue.num_free_blocks == 3 and [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
