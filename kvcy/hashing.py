@@ -63,6 +63,7 @@ __all__ = [
     "resolve_none_hash_seed",
     "to_event_extra_keys",
     "generate_block_hash_extra_keys",
+    "generate_lookahead_block_hash_extra_keys",
     "get_block_hash",
     "get_group_id",
     "get_hash_fn_by_name",
@@ -329,6 +330,33 @@ def generate_block_hash_extra_keys(
     return _fast.hashing.generate_block_hash_extra_keys(
         request, start_token_idx, end_token_idx, start_mm_idx
     )
+
+
+def generate_lookahead_block_hash_extra_keys(
+    request: Request,
+    start_token_idx: int,
+    end_token_idx: int,
+    hash_end_token_idx: int,
+    start_mm_idx: int,
+) -> tuple[tuple[Any, ...] | None, int]:
+    """The extra keys of a block hashed with lookahead, as vLLM 0.33.0 makes them.
+
+    The keys cover ``[start_token_idx, hash_end_token_idx)`` (the block and its
+    lookahead tokens); the returned multimodal index steps back over the items
+    that still reach past ``end_token_idx``, so the next block (which starts there)
+    finds them again.
+
+    Returns:
+        ``(extra_keys or None, next_mm_idx)``.
+    """
+    extra_keys, mm_idx = generate_block_hash_extra_keys(request, start_token_idx, hash_end_token_idx, start_mm_idx)
+    features = request.mm_features
+    while mm_idx > 0:
+        position = features[mm_idx - 1].mm_position
+        if position.offset + position.length <= end_token_idx:
+            break
+        mm_idx -= 1
+    return extra_keys, mm_idx
 
 
 def to_event_extra_keys(

@@ -27,7 +27,8 @@ or when the extension is missing or broken (``KVCY_REQUIRE_EXTENSIONS=1`` makes
 that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``).
 """
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from kvcy._fast import kv_cache as _impl
 from kvcy.hashing import (
@@ -38,6 +39,7 @@ from kvcy.hashing import (
     BlockHashWithGroupId,
     ExternalBlockHash,
     generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
     get_hash_fn_by_name,
@@ -90,6 +92,25 @@ else:
     partial_hash_hits_enabled = _impl.partial_hash_hits_enabled
 
 
+_BlockSeq = TypeVar("_BlockSeq", bound=Sequence["KVCacheBlock"])
+
+
+def null_head_len(blocks: Sequence[KVCacheBlock]) -> int:
+    """How many null blocks ``blocks`` starts with (a sliding window's skipped prefix)."""
+    n = 0
+    for block in blocks:
+        if not block.is_null:
+            break
+        n += 1
+    return n
+
+
+def trim_null_head(blocks: _BlockSeq) -> _BlockSeq:
+    """``blocks`` without its leading null blocks (``blocks`` itself when it has none)."""
+    n = null_head_len(blocks)
+    return blocks[n:] if n else blocks
+
+
 def __getattr__(name: str):
     # NONE_HASH is read live from kvcy.hashing: init_none_hash rebinds it there.
     if name == "NONE_HASH":
@@ -117,6 +138,7 @@ __all__ = [
     "eagle_proof_margin",
     "estimate_max_model_len",
     "generate_block_hash_extra_keys",
+    "generate_lookahead_block_hash_extra_keys",
     "generate_scheduler_kv_cache_config",
     "get_block_hash",
     "get_group_id",
@@ -138,6 +160,7 @@ __all__ = [
     "is_kv_cache_type_attention_free",
     "is_kv_cache_type_uniform",
     "make_block_hash_with_group_id",
+    "null_head_len",
     "max_memory_usage_bytes",
     "max_memory_usage_bytes_from_groups",
     "may_override_num_blocks",
@@ -147,6 +170,7 @@ __all__ = [
     "resolve_block_hashes",
     "resolve_none_hash_seed",
     "to_event_extra_keys",
+    "trim_null_head",
     "unify_hybrid_kv_cache_specs",
     "unify_kv_cache_configs",
     "unify_kv_cache_spec_page_size",

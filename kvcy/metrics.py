@@ -97,8 +97,7 @@ class CachingMetrics:
     """
 
     def __init__(self, max_recent_requests: int = 1000) -> None:
-        if max_recent_requests <= 0:
-            raise ValueError(f"max_recent_requests must be positive, got {max_recent_requests}")
+        # (0 or less is vLLM's too: the window then keeps only the latest interval)
         self.max_recent_requests = max_recent_requests
         self.aggregated_requests = 0
         self.aggregated_query_total = 0

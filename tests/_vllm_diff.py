@@ -48,7 +48,9 @@ class Config:
     flight (``num_in_flight_tokens``, async scheduling).  ``aligned_chunks``: a prefill chunk
     that ends before the prefill does ends on a scheduler-block boundary (Mamba align mode's
     rule in vLLM's scheduler, ``_mamba_block_aligned_split``, without its checkpoint stops).
-    ``pending``: a feature kvcy may not have yet; while kvcy's manager raises
+    ``shared_prefix_checkpoint``: the manager's ``enable_mamba_shared_prefix_checkpoint``
+    (it acts with EAGLE over an align-mode Mamba group with partial hits).  ``pending``: a
+    feature kvcy may not have yet; while kvcy's manager raises
     ``NotImplementedError`` for the config, its test skips naming it (once kvcy builds it, it
     runs like any other).  ``xfail``: a known difference from vLLM (the minimal failing
     sequence); the test is a strict xfail.
@@ -79,6 +81,7 @@ class Config:
     pending: str | None = None
     xfail: str | None = None
     eagle_groups: tuple = ()
+    shared_prefix_checkpoint: bool = False
 
     @property
     def block_sizes(self) -> list[int]:
@@ -103,7 +106,8 @@ class Config:
             max_in_flight_tokens=self.max_in_flight_tokens, enable_caching=self.enable_caching,
             use_eagle=self.use_eagle, num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
             num_prefill_lookahead=self.num_prefill_lookahead, log_stats=self.log_stats,
-            enable_kv_cache_events=self.events, watermark=self.watermark)
+            enable_kv_cache_events=self.events, watermark=self.watermark,
+            enable_mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint)
 
 
 def vllm_spec(cls_name: str, kwargs: dict) -> Any:

@@ -64,7 +64,7 @@ def test_free_queue_order_and_errors(impl):
         q.popleft()
     with pytest.raises(RuntimeError):
         q.remove(blocks[0])
-    with pytest.raises(ValueError):
+    with pytest.raises(AssertionError):  # (vLLM asserts num_free_blocks >= n)
         q.popleft_n(1)
 
 
@@ -89,12 +89,14 @@ def test_pool_null_block_and_usage(impl):
 
 def test_pool_size_is_checked(impl):
     BlockPool = impl.kv_cache.BlockPool
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(AssertionError, match="at least 1"):  # (vLLM asserts an int above 0)
         BlockPool(0, enable_caching=True, hash_block_size=BS)
     with pytest.raises(ValueError, match="at most 2\\*\\*31.*int32"):
         BlockPool(2**31 + 1, enable_caching=True, hash_block_size=BS)  # refused before any block is made
-    with pytest.raises(TypeError):
+    with pytest.raises(AssertionError):
         BlockPool(8.0, enable_caching=True, hash_block_size=BS)
+    with pytest.raises(TypeError):
+        BlockPool(True, enable_caching=True, hash_block_size=BS)
 
 
 def test_lru_eviction_and_events(impl):
@@ -783,7 +785,8 @@ def test_cache_full_blocks_rejects_bad_input_unchanged(impl):
         (([[]], -1, 0), ValueError, "num_cached_blocks must be non-negative"),
         ((blocks, -1, 2), ValueError, "num_cached_blocks must be non-negative"),
         ((None, 0, 2), TypeError, "got None"),
-        ((blocks[:1], 0, 2), RuntimeError, "full blocks to cache"),
+        # (more full blocks than given: the given ones are cached, as in vLLM;
+        # tests/test_dropin_edges.py)
         ((blocks[:2] + ["x"] + blocks[3:], 0, 4), TypeError, "KVCacheBlock"),
     ):
         with pytest.raises(exc, match=msg):

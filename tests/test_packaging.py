@@ -103,7 +103,9 @@ def test_ops_warning_silenced(env):
 # --------------------------------------------------------------------------- the compiled twin's stub
 def _params(fn: ast.FunctionDef) -> list[str]:
     a = fn.args
-    return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    star = [a.vararg] if a.vararg else []
+    starstar = [a.kwarg] if a.kwarg else []
+    return [p.arg for p in a.posonlyargs + a.args + star + a.kwonlyargs + starstar]
 
 
 def _stub_api() -> dict[str, dict[str, list[str] | None]]:

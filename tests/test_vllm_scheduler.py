@@ -51,9 +51,11 @@ import kvcy.vllm  # noqa: E402
 BLOCK_SIZE = 16
 # KV-cache layouts the scenario runs on: one full-attention group, or a hybrid of a full-attention
 # and a sliding-window group (vLLM's hybrid coordinator), or of a full-attention and a Mamba group
-# in align mode hashed every 4 tokens (fine-grained partial hits, copy-on-write), each with a pool
-# small enough to preempt.
-LAYOUTS = {"full-attention": 64, "full+sliding-window": 96, "full+mamba-align": 80}  # layout -> blocks
+# in align mode hashed every 4 tokens (fine-grained partial hits, copy-on-write), or full attention
+# beside a bounded-replay sliding window (the scheduler recomputes a hit's last window), or beside
+# an R-SWA group and a circular buffer (issue 19), each with a pool small enough to preempt.
+LAYOUTS = {"full-attention": 64, "full+sliding-window": 96, "full+mamba-align": 80, "full+bounded-replay": 72,
+           "full+rswa+ring": 120}  # layout -> blocks
 HASH_BLOCK_SIZES = {"full+mamba-align": 4}  # layout -> hash block size (default: BLOCK_SIZE)
 SLIDING_WINDOW = 48
 MAX_MODEL_LEN = 1024
@@ -112,13 +114,21 @@ def make_vllm_config(model_dir: str, num_blocks: int, watermark: float, mamba_al
 
 def make_kv_cache_config(layout: str) -> Any:
     import torch
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
-                                            SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import (CircularBufferSpec, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                            MambaSpec, RSWASpec, SlidingWindowMLASpec, SlidingWindowSpec)
 
     layers = [f"model.decoder.layers.{i}.self_attn.attn" for i in range(2)]
     full = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)
     if layout == "full-attention":
         groups = [KVCacheGroupSpec(layers, full)]
+    elif layout == "full+bounded-replay":
+        replay = SlidingWindowMLASpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=16, dtype=torch.float16,
+                                      sliding_window=32, bounded_replay=True)
+        groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], replay)]
+    elif layout == "full+rswa+ring":
+        attn = dict(block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)
+        groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], RSWASpec(**attn, rswa_window=32)),
+                  KVCacheGroupSpec(["model.decoder.ring"], CircularBufferSpec(**attn))]
     elif layout == "full+mamba-align":
         mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
         groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], mamba)]

@@ -137,6 +137,15 @@ CONFIGS = [
            aligned_chunks=True, use_eagle=True, num_blocks=48),
     Config("full+swa+mamba-align", (full(8), swa(8, 24), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
            aligned_chunks=True, num_blocks=64),
+    # Mamba align mode's options: 16-token blocks hashed every 4 (three partial positions per
+    # block) with EAGLE and the shared-prefix checkpoint, speculative blocks, prefill checkpoints
+    Config("full16+mamba16-hash4-eagle-shared", (full(16), mamba(16, mamba_cache_mode="align")), hash_block_size=4,
+           aligned_chunks=True, use_eagle=True, shared_prefix_checkpoint=True, num_blocks=48),
+    Config("full+mamba-align-spec-blocks", (full(8), mamba(8, mamba_cache_mode="align", num_speculative_blocks=2)),
+           hash_block_size=4, aligned_chunks=True, spec_tokens=2, lookahead=2, num_blocks=64),
+    Config("full16+mamba-align-checkpoints", (full(16), mamba(16, mamba_cache_mode="align", num_prefill_checkpoint_blocks=2,
+                                                              prefill_checkpoint_alignment=4)),
+           hash_block_size=4, aligned_chunks=True, num_blocks=64),
     Config("full+rswa+ring+swa", (full(8), ("RSWASpec", dict(block_size=8, rswa_window=16)),
                                   ("CircularBufferSpec", dict(block_size=8)), swa(8, 24)), num_blocks=64),
 ]
@@ -315,6 +324,9 @@ def test_configs_cover_the_features():
     assert any(c.external for c in CONFIGS) and any(c.encoder_tokens for c in CONFIGS)
     assert any(c.in_flight for c in CONFIGS) and any(c.spec_tokens for c in CONFIGS)
     assert sum(len(c.groups) > 2 for c in CONFIGS) >= 2
+    assert any(c.shared_prefix_checkpoint for c in CONFIGS)
+    mamba_options = {k for c in CONFIGS for name, kw in c.groups if name == "MambaSpec" for k in kw}
+    assert {"num_speculative_blocks", "num_prefill_checkpoint_blocks"} <= mamba_options
     assert len({c.name for c in CONFIGS}) == len(CONFIGS)
 
 

@@ -346,13 +346,10 @@ spec_manager_map: dict[type, type[SingleTypeKVCacheManager]]
 
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpec,
-    block_pool: BlockPool,
-    enable_caching: bool,
-    kv_cache_group_id: int,
-    scheduler_block_size: int,
     max_in_flight_tokens: int,
     max_model_len: int,
-    needs_kv_cache_zeroing: bool = False,
+    role: str | None = None,
+    **kwargs: Any,
 ) -> SingleTypeKVCacheManager: ...
 
 @disjoint_base
@@ -377,12 +374,14 @@ class KVCacheCoordinator:
         use_eagle: bool,
         enable_caching: bool,
         enable_kv_cache_events: bool,
+        dcp_world_size: int,
+        pcp_world_size: int,
         scheduler_block_size: int,
         hash_block_size: int,
-        use_int_block_hashes: bool | None = None,
         metrics_collector: Any = None,
         num_prefill_lookahead: int = 0,
         num_hash_lookahead_tokens: int = 0,
+        use_int_block_hashes: bool | None = None,
     ) -> None: ...
     def get_num_blocks_to_allocate(
         self,
@@ -432,12 +431,14 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         max_in_flight_tokens: int,
         use_eagle: bool,
         enable_kv_cache_events: bool,
+        dcp_world_size: int,
+        pcp_world_size: int,
         scheduler_block_size: int,
         hash_block_size: int,
-        use_int_block_hashes: bool | None = None,
         metrics_collector: Any = None,
-        num_prefill_lookahead: int = 0,
         num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        use_int_block_hashes: bool | None = None,
     ) -> None: ...
 
 @disjoint_base
@@ -445,6 +446,23 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     kv_cache_spec: KVCacheSpec
     block_size: int
     use_eagle: bool
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        use_eagle: bool,
+        enable_caching: bool,
+        enable_kv_cache_events: bool,
+        dcp_world_size: int,
+        pcp_world_size: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        metrics_collector: Any = None,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        use_int_block_hashes: bool | None = None,
+    ) -> None: ...
 
 @disjoint_base
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -457,13 +475,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         use_eagle: bool,
         enable_caching: bool,
         enable_kv_cache_events: bool,
+        dcp_world_size: int,
+        pcp_world_size: int,
         scheduler_block_size: int,
         hash_block_size: int,
-        use_int_block_hashes: bool | None = None,
         metrics_collector: Any = None,
-        num_prefill_lookahead: int = 0,
         num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
         allow_partial_hash_hits: bool = True,
+        use_int_block_hashes: bool | None = None,
     ) -> None: ...
     @property
     def _cache_hit_alignment_tokens(self) -> int: ...
@@ -478,13 +498,15 @@ def get_kv_cache_coordinator(
     use_eagle: bool,
     enable_caching: bool,
     enable_kv_cache_events: bool,
+    dcp_world_size: int,
+    pcp_world_size: int,
     scheduler_block_size: int,
     hash_block_size: int,
-    use_int_block_hashes: bool | None = None,
     metrics_collector: Any = None,
-    num_prefill_lookahead: int = 0,
     num_hash_lookahead_tokens: int = 0,
+    num_prefill_lookahead: int = 0,
     allow_partial_hash_hits: bool = True,
+    use_int_block_hashes: bool | None = None,
 ) -> KVCacheCoordinator: ...
 
 def get_mamba_prefill_checkpoint_position(

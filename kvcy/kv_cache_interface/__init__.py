@@ -111,3 +111,14 @@ __all__ = [
     "replace_as",
     "reshape_kv_cache",
 ]
+
+
+def __getattr__(name: str):
+    # vLLM defines its Mamba prefill-checkpoint helpers in kv_cache_interface; kvcy's
+    # live with the Mamba manager in the selected twin (read lazily: the twins import
+    # this package).
+    if name in ("get_mamba_prefill_checkpoint_position", "is_mamba_prefill_checkpoint_valid"):
+        from kvcy._fast import kv_cache
+
+        return getattr(kv_cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,10 +61,13 @@ cdef class BlockPool:
     def __init__(self, num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events=False,
                  metrics_collector=None, num_hash_lookahead_tokens=0, medium="GPU",
                  use_int_block_hashes=None):
-        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+        if isinstance(num_gpu_blocks, bool):
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        # (vLLM asserts an int above 0)
+        if not isinstance(num_gpu_blocks, int):
+            raise AssertionError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if num_gpu_blocks < 1:
-            raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+            raise AssertionError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
         if num_gpu_blocks > 2**31:
             raise ValueError(
                 f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
@@ -149,6 +152,12 @@ cdef class BlockPool:
             raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
         if blocks is None:
             raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        # More full blocks than the request holds (its tokens run past max_model_len, where
+        # allocation stops): vLLM caches the blocks there are (its slice of ``blocks``), and
+        # with events on its event loop then indexes past them (IndexError, no event).
+        cdef bint past_blocks = num_full_blocks > PyList_GET_SIZE(blocks)
+        if past_blocks:
+            num_full_blocks = max(PyList_GET_SIZE(blocks), num_cached_blocks)
         cdef list mask = None  # (block i is left out when mask[i - num_cached_blocks] is false)
         if block_mask is not None:
             mask = _checked_mask(block_mask, num_full_blocks - num_cached_blocks)
@@ -158,8 +167,6 @@ cdef class BlockPool:
                 f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
                 f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
             )
-        if num_full_blocks > PyList_GET_SIZE(blocks):
-            raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
         cdef Py_ssize_t i
         cdef KVCacheBlock blk
         cdef object block_hash
@@ -226,6 +233,8 @@ cdef class BlockPool:
                 if events:
                     new_hashes.append(self._ext(block_hash))
             start = end
+        if events and past_blocks:
+            raise IndexError("list index out of range")
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             lookahead_ids = [] if self.num_hash_lookahead_tokens else None
@@ -451,7 +460,12 @@ cdef class BlockPool:
         for block_id in block_ids:
             if isinstance(block_id, bool) or not isinstance(block_id, int):
                 raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
-            if not 0 <= block_id < self.num_gpu_blocks:
+            if block_id >= self.num_gpu_blocks:  # (vLLM asserts this, naming the connector)
+                raise AssertionError(
+                    f"Invalid block_id {block_id} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
+                    "connector - workers should only report block IDs that were allocated by the scheduler."
+                )
+            if block_id < 0:
                 raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
         cdef object block
         for block_id in block_ids:

@@ -249,12 +249,13 @@ cdef class FreeKVCacheBlockQueue:
         """Pop ``n`` blocks from the head, in order.
 
         Raises:
-            ValueError: fewer than ``n`` blocks are free, or ``n`` is negative.
+            AssertionError: fewer than ``n`` blocks are free (vLLM's assertion).
+            ValueError: ``n`` is negative.
         """
         if n < 0:
             raise ValueError(f"n must be non-negative, got {n}")
         if n > self.num_free_blocks:
-            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
+            raise AssertionError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")  # (vLLM asserts)
         return self._popleft_n(n)
 
     cdef list _popleft_n(self, Py_ssize_t n):

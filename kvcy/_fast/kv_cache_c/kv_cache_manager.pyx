@@ -148,9 +148,9 @@ cdef class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
-            self.enable_caching, self.enable_kv_cache_events, scheduler_block_size,
-            hash_block_size, use_int_block_hashes, metrics_collector, num_prefill_lookahead,
-            num_hash_lookahead_tokens,
+            self.enable_caching, self.enable_kv_cache_events, 1, 1, scheduler_block_size,
+            hash_block_size, metrics_collector, num_hash_lookahead_tokens, num_prefill_lookahead,
+            use_int_block_hashes=use_int_block_hashes,
         )
         coordinator = self.coordinator
         self.mamba_shared_prefix_checkpoint = bool(
@@ -360,7 +360,7 @@ cdef class KVCacheManager:
             skip_zeroing_group_ids = tuple(skip_zeroing_group_ids)
         if n_new == 0 and n_new_comp == 0 and n_ext == 0:
             raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         cdef tuple hit_groups
         if self._full is not None and n_ext == 0 and type(request) is Request:

@@ -19,7 +19,7 @@ def _manager_class(spec):
     for klass in type(spec).__mro__:
         if klass in spec_manager_map:
             return spec_manager_map[klass]
-    raise ValueError(f"no KV-cache manager for spec type {type(spec).__name__}")
+    raise AssertionError(f"No manager registered for KVCacheSpec {type(spec)}")  # (vLLM's assertion)
 
 
 def _admission_cap(spec, max_in_flight_tokens, max_model_len):
@@ -28,16 +28,20 @@ def _admission_cap(spec, max_in_flight_tokens, max_model_len):
     return None
 
 
-def get_manager_for_kv_cache_spec(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
-                                  scheduler_block_size, max_in_flight_tokens, max_model_len,
-                                  needs_kv_cache_zeroing=False):
+def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model_len, role=None, **kwargs):
+    """The single-type manager for ``kv_cache_spec`` (vLLM's parameters).
+
+    ``kwargs`` go to the manager's class (``block_pool``, ``enable_caching``,
+    ``kv_cache_group_id``, ``scheduler_block_size``, ``dcp_world_size``,
+    ``pcp_world_size``, ``needs_kv_cache_zeroing``); sliding-window and chunked-local
+    managers also get their admission cap from ``max_in_flight_tokens`` and
+    ``max_model_len``.  ``role``: a group role other than the default one is
+    HiSparse's (``NotImplementedError``).
+    """
+    if role is not None and role != "default":
+        raise NotImplementedError(f"KV-cache group role {role!r} (HiSparse) is not implemented in kvcy")
     klass = _manager_class(kv_cache_spec)
-    return klass(
-        kv_cache_spec,
-        block_pool,
-        enable_caching,
-        kv_cache_group_id,
-        scheduler_block_size,
-        needs_kv_cache_zeroing=needs_kv_cache_zeroing,
-        max_admission_blocks_per_request=_admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len),
-    )
+    cap = _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len)
+    if cap is not None:
+        kwargs["max_admission_blocks_per_request"] = cap
+    return klass(kv_cache_spec, **kwargs)

@@ -143,10 +143,13 @@ class BlockPool(_Checked):
         medium: str | None = "GPU",
         use_int_block_hashes: bool | None = None,
     ) -> None:
-        if isinstance(num_gpu_blocks, bool) or not isinstance(num_gpu_blocks, int):
+        if isinstance(num_gpu_blocks, bool):
             raise TypeError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
+        # (vLLM asserts an int above 0)
+        if not isinstance(num_gpu_blocks, int):
+            raise AssertionError(f"num_gpu_blocks must be an int, got {type(num_gpu_blocks).__name__}")
         if num_gpu_blocks < 1:
-            raise ValueError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
+            raise AssertionError(f"num_gpu_blocks must be at least 1 (the null block), got {num_gpu_blocks}")
         if num_gpu_blocks > 2**31:
             raise ValueError(
                 f"num_gpu_blocks must be at most 2**31 (block ids are int32, as in vLLM's block tables), "
@@ -216,6 +219,12 @@ class BlockPool(_Checked):
             raise ValueError(f"num_cached_blocks must be non-negative, got {num_cached_blocks}")
         if blocks is None:
             raise TypeError("blocks must be a list of KVCacheBlock, got None")
+        # More full blocks than the request holds (its tokens run past max_model_len, where
+        # allocation stops): vLLM caches the blocks there are (its slice of ``blocks``), and
+        # with events on its event loop then indexes past them (IndexError, no event).
+        past_blocks = num_full_blocks > len(blocks)
+        if past_blocks:
+            num_full_blocks = max(len(blocks), num_cached_blocks)
         if block_mask is not None:
             block_mask = _checked_mask(block_mask, num_full_blocks - num_cached_blocks)
         block_hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
@@ -224,8 +233,6 @@ class BlockPool(_Checked):
                 f"request {request.request_id!r} has {len(block_hashes)} block hashes at block size "
                 f"{block_size}, fewer than the {num_full_blocks} full blocks to cache"
             )
-        if num_full_blocks > len(blocks):
-            raise RuntimeError(f"{num_full_blocks} full blocks to cache but the request holds {len(blocks)}")
         if not 0 <= kv_cache_group_id <= 0xFFFFFFFF:
             raise ValueError(f"KV-cache group id {kv_cache_group_id} does not fit in 4 bytes")
         events = self.enable_kv_cache_events
@@ -278,6 +285,8 @@ class BlockPool(_Checked):
                 self._insert_block_hash(_group_key(block_hash, kv_cache_group_id), blk, (i + 1) * block_size)
                 if events:
                     new_hashes.append(self._ext(block_hash))
+        if events and past_blocks:
+            raise IndexError("list index out of range")
         if events:
             parent = None if num_cached_blocks == 0 else self._ext(block_hashes[num_cached_blocks - 1])
             extra_keys_list = []
@@ -523,7 +532,12 @@ class BlockPool(_Checked):
         for block_id in block_ids:
             if isinstance(block_id, bool) or not isinstance(block_id, int):
                 raise TypeError(f"block ids must be ints, got {type(block_id).__name__}")
-            if not 0 <= block_id < self.num_gpu_blocks:
+            if block_id >= self.num_gpu_blocks:  # (vLLM asserts this, naming the connector)
+                raise AssertionError(
+                    f"Invalid block_id {block_id} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
+                    "connector - workers should only report block IDs that were allocated by the scheduler."
+                )
+            if block_id < 0:
                 raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
         for block_id in block_ids:
             self._maybe_evict_cached_block(self.blocks[block_id])

@@ -24,6 +24,7 @@ from kvcy._fast.kv_cache_py.mamba_manager import MambaManager, eagle_proof_margi
 from kvcy._fast.kv_cache_py.single_type_managers import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
+    _check_no_context_parallel,
     _shared_prefix_boundary,
 )
 
@@ -114,13 +115,16 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
         use_eagle: bool,
         enable_caching: bool,
         enable_kv_cache_events: bool,
+        dcp_world_size: int,
+        pcp_world_size: int,
         scheduler_block_size: int,
         hash_block_size: int,
-        use_int_block_hashes: bool | None = None,
         metrics_collector: Any = None,
         num_prefill_lookahead: int = 0,
         num_hash_lookahead_tokens: int = 0,
+        use_int_block_hashes: bool | None = None,
     ) -> None:
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
         if scheduler_block_size % hash_block_size != 0 or any(
@@ -164,13 +168,13 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
         self.single_type_managers = tuple(
             get_manager_for_kv_cache_spec(
                 g.kv_cache_spec,
-                self.block_pool,
-                enable_caching,
-                i,
-                scheduler_block_size,
                 max_in_flight_tokens,
                 max_model_len,
-                needs_zeroing,
+                block_pool=self.block_pool,
+                enable_caching=enable_caching,
+                kv_cache_group_id=i,
+                scheduler_block_size=scheduler_block_size,
+                needs_kv_cache_zeroing=needs_zeroing,
             )
             for i, g in enumerate(groups)
         )
@@ -375,13 +379,13 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     _RULES = {**KVCacheCoordinator._RULES, "num_single_type_manager": _READ_ONLY}
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-                 enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                 use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
-                 num_hash_lookahead_tokens=0) -> None:
+                 enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size,
+                 hash_block_size, metrics_collector=None, num_hash_lookahead_tokens=0,
+                 num_prefill_lookahead=0, use_int_block_hashes=None) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, False,
-                         enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                         use_int_block_hashes, metrics_collector, num_prefill_lookahead,
-                         num_hash_lookahead_tokens)
+                         enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size,
+                         hash_block_size, metrics_collector, num_prefill_lookahead,
+                         num_hash_lookahead_tokens, use_int_block_hashes)
         self.num_single_type_manager = len(self.single_type_managers)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -397,13 +401,13 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     _RULES = {**KVCacheCoordinator._RULES, **dict.fromkeys(("kv_cache_spec", "block_size", "use_eagle"), _READ_ONLY)}
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-                 enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                 use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
-                 num_hash_lookahead_tokens=0) -> None:
+                 enable_caching, enable_kv_cache_events, dcp_world_size, pcp_world_size,
+                 scheduler_block_size, hash_block_size, metrics_collector=None,
+                 num_hash_lookahead_tokens=0, num_prefill_lookahead=0, use_int_block_hashes=None) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-                         enable_caching, enable_kv_cache_events, scheduler_block_size,
-                         hash_block_size, use_int_block_hashes, metrics_collector,
-                         num_prefill_lookahead, num_hash_lookahead_tokens)
+                         enable_caching, enable_kv_cache_events, dcp_world_size, pcp_world_size,
+                         scheduler_block_size, hash_block_size, metrics_collector,
+                         num_prefill_lookahead, num_hash_lookahead_tokens, use_int_block_hashes)
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise AssertionError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
@@ -442,20 +446,21 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     _RULES = {**KVCacheCoordinator._RULES, "attention_groups": _READ_ONLY}
 
     def __init__(self, kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-                 enable_caching, enable_kv_cache_events, scheduler_block_size, hash_block_size,
-                 use_int_block_hashes=None, metrics_collector=None, num_prefill_lookahead=0,
-                 num_hash_lookahead_tokens=0, allow_partial_hash_hits=True) -> None:
+                 enable_caching, enable_kv_cache_events, dcp_world_size, pcp_world_size,
+                 scheduler_block_size, hash_block_size, metrics_collector=None,
+                 num_hash_lookahead_tokens=0, num_prefill_lookahead=0, allow_partial_hash_hits=True,
+                 use_int_block_hashes=None) -> None:
         super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-                         enable_caching, enable_kv_cache_events, scheduler_block_size,
-                         hash_block_size, use_int_block_hashes, metrics_collector,
-                         num_prefill_lookahead, num_hash_lookahead_tokens)
-        for manager in self.single_type_managers:
-            # (groups out of prefix caching -- a ring, bounded replay -- hash nothing)
-            if manager._prefix_cacheable and manager.block_size % hash_block_size != 0:
-                raise ValueError(
-                    f"every group's block size must be a multiple of hash_block_size "
-                    f"({hash_block_size}); got {manager.block_size}"
-                )
+                         enable_caching, enable_kv_cache_events, dcp_world_size, pcp_world_size,
+                         scheduler_block_size, hash_block_size, metrics_collector,
+                         num_prefill_lookahead, num_hash_lookahead_tokens, use_int_block_hashes)
+        # (groups out of prefix caching -- a ring, bounded replay -- hash nothing); vLLM asserts
+        cacheable_block_sizes = [m.block_size for m in self.single_type_managers if m._prefix_cacheable]
+        if any(block_size % hash_block_size for block_size in cacheable_block_sizes):
+            raise AssertionError(
+                "Each KV cache group's real block_size must be divisible by hash_block_size. "
+                f"block_sizes={cacheable_block_sizes}, hash_block_size={hash_block_size}"
+            )
         object.__setattr__(self, "enable_partial_hash_hits", bool(allow_partial_hash_hits) and partial_hash_hits_enabled(
             kv_cache_config.kv_cache_groups, hash_block_size, 1, [type(m) for m in self.single_type_managers]
         ))
@@ -580,26 +585,32 @@ def get_kv_cache_coordinator(
     use_eagle: bool,
     enable_caching: bool,
     enable_kv_cache_events: bool,
+    dcp_world_size: int,
+    pcp_world_size: int,
     scheduler_block_size: int,
     hash_block_size: int,
-    use_int_block_hashes: bool | None = None,
     metrics_collector: Any = None,
-    num_prefill_lookahead: int = 0,
     num_hash_lookahead_tokens: int = 0,
+    num_prefill_lookahead: int = 0,
     allow_partial_hash_hits: bool = True,
+    use_int_block_hashes: bool | None = None,
 ) -> KVCacheCoordinator:
-    extra = (use_int_block_hashes, metrics_collector, num_prefill_lookahead, num_hash_lookahead_tokens)
+    """The coordinator for a config: none-caching, one group, or a hybrid (vLLM's
+    parameters and order; ``use_int_block_hashes`` is kvcy's, last)."""
+    common = dict(dcp_world_size=dcp_world_size, pcp_world_size=pcp_world_size,
+                  scheduler_block_size=scheduler_block_size, hash_block_size=hash_block_size,
+                  metrics_collector=metrics_collector, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+                  num_prefill_lookahead=num_prefill_lookahead, use_int_block_hashes=use_int_block_hashes)
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle,
-            enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
+            kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_kv_cache_events, **common
         )
     if len(kv_cache_config.kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-            enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra,
+            enable_kv_cache_events, **common,
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,
-        enable_kv_cache_events, scheduler_block_size, hash_block_size, *extra, allow_partial_hash_hits,
+        enable_kv_cache_events, allow_partial_hash_hits=allow_partial_hash_hits, **common,
     )

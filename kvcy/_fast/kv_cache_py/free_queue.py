@@ -73,14 +73,15 @@ class FreeKVCacheBlockQueue:
         """Pop ``n`` blocks from the head, in order.
 
         Raises:
-            ValueError: fewer than ``n`` blocks are free, or ``n`` is negative.
+            AssertionError: fewer than ``n`` blocks are free (vLLM's assertion).
+            ValueError: ``n`` is negative.
         """
         if n < 0:
             raise ValueError(f"n must be non-negative, got {n}")
         if n == 0:
             return []
         if n > self._num_free_blocks:
-            raise ValueError(f"Cannot pop {n} blocks: only {self._num_free_blocks} are free")
+            raise AssertionError(f"Cannot pop {n} blocks: only {self._num_free_blocks} are free")  # (vLLM asserts)
         out = []
         curr = self._fake_free_list_head._next_free_block
         for _ in range(n):

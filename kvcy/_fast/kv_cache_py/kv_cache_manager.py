@@ -140,9 +140,9 @@ class KVCacheManager(_NeedsArguments, _Checked):
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
-            self.enable_caching, self.enable_kv_cache_events, scheduler_block_size,
-            hash_block_size, use_int_block_hashes, metrics_collector, num_prefill_lookahead,
-            num_hash_lookahead_tokens,
+            self.enable_caching, self.enable_kv_cache_events, 1, 1, scheduler_block_size,
+            hash_block_size, metrics_collector, num_hash_lookahead_tokens, num_prefill_lookahead,
+            use_int_block_hashes=use_int_block_hashes,
         )
         coordinator = self.coordinator
         self.mamba_shared_prefix_checkpoint = bool(
@@ -318,7 +318,7 @@ class KVCacheManager(_NeedsArguments, _Checked):
             skip_zeroing_group_ids = tuple(skip_zeroing_group_ids)
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no new computed or external computed tokens"
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         request_id = _request_id(request)
         num_computed = request.num_computed_tokens

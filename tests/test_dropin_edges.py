@@ -1,0 +1,281 @@
+"""Edge inputs where kvcy used to decide differently from vLLM 0.33.0, both twins.
+
+Found by driving vLLM 0.33.0's ``KVCacheManager`` and kvcy's side by side on unusual
+inputs (the scratch comparisons behind tests/_vllm_diff.py).  The expected values were
+recorded from vLLM 0.33.0 itself and are written out here, so the tests run without vLLM.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+BS = 4
+
+
+@pytest.fixture(autouse=True)
+def _none_hash():
+    init_none_hash(get_hash_fn_by_name("sha256"))
+
+
+def full_spec(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def manager(impl, num_blocks=20, max_model_len=40, **kw):
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def request(impl, rid, tokens):
+    return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
+
+
+def hashed_ids(mgr):
+    return [b.block_id for b in mgr.block_pool.blocks if b.block_hash is not None]
+
+
+# ------------------------------------------- a request longer than max_model_len
+@pytest.mark.parametrize("events", [False, True])
+def test_request_longer_than_max_model_len(impl, events):
+    """A 50-token request under ``max_model_len=40`` (block size 4): vLLM allocates the 10
+    blocks the clamp allows and caches those it holds although 12 blocks are full; with
+    events on, its event loop then reads past the request's blocks (IndexError, no event
+    queued), after the caching.  kvcy raised RuntimeError either way."""
+    mgr = manager(impl, enable_kv_cache_events=events)
+    tokens = list(range(100, 150))
+    a = request(impl, "a", tokens)
+    if events:
+        with pytest.raises(IndexError):
+            mgr.allocate_slots(a, 50)
+        assert mgr.take_events() == []
+    else:
+        assert mgr.allocate_slots(a, 50).get_block_ids() == (list(range(1, 11)),)
+    assert mgr.get_block_ids("a") == (list(range(1, 11)),)
+    assert mgr.block_pool.get_num_free_blocks() == 9
+    assert hashed_ids(mgr) == list(range(1, 11))
+    a.num_computed_tokens = 40
+    blocks, hit, _ = mgr.get_computed_blocks(request(impl, "b", tokens))
+    assert hit == 40 and blocks.get_block_ids() == (list(range(1, 11)),)
+
+
+def test_cache_full_blocks_caches_the_blocks_there_are(impl):
+    """``BlockPool.cache_full_blocks`` asked for more full blocks than it is given caches
+    the given ones (vLLM slices ``blocks``); with events on it raises IndexError after
+    that, queuing no event."""
+    for events in (False, True):
+        pool = impl.kv_cache.BlockPool(8, True, BS, enable_kv_cache_events=events)
+        req = request(impl, "a", list(range(12)))
+        blocks = pool.get_new_blocks(2)
+        if events:
+            with pytest.raises(IndexError):
+                pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+            assert pool.take_events() == []
+        else:
+            pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+        assert [b.block_hash is not None for b in blocks] == [True, True]
+        assert [b.block_hash_num_tokens for b in blocks] == [4, 8]
+        # a block mask counts the blocks given (vLLM asserts its length against them)
+        other = pool.get_new_blocks(1)
+        with pytest.raises(AssertionError):
+            pool.cache_full_blocks(request(impl, "b", list(range(50, 62))), other, 0, 3, BS, 0, [True] * 3)
+        assert other[0].block_hash is None
+
+
+# ------------------------------------------------------------- vLLM's own errors
+def test_allocate_slots_with_nothing_to_do_says_what_vllm_says(impl):
+    mgr = manager(impl)
+    with pytest.raises(ValueError) as err:
+        mgr.allocate_slots(request(impl, "a", list(range(8))), 0)
+    assert str(err.value) == "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+
+
+def test_evict_blocks_past_the_pool_asserts_as_vllm(impl):
+    """A block id past the pool is vLLM's ``AssertionError`` (a connector bug), raised
+    before any key is dropped."""
+    mgr = manager(impl)
+    a = request(impl, "a", list(range(9)))
+    mgr.allocate_slots(a, 9)
+    mgr.free(a)
+    assert hashed_ids(mgr) == [1, 2]
+    for bad in ({20}, {1, 25}):
+        with pytest.raises(AssertionError) as err:
+            mgr.evict_blocks(bad)
+        assert str(err.value).startswith(f"Invalid block_id {max(bad)} >= 20. This indicates a bug in the KV connector")
+        assert hashed_ids(mgr) == [1, 2]
+    mgr.evict_blocks({19, 2})
+    assert hashed_ids(mgr) == [1]
+
+
+# ------------------------------------------------------------------ CachingMetrics
+def test_caching_metrics_with_an_empty_window_keeps_the_latest_interval():
+    """vLLM takes ``max_recent_requests=0``: the window keeps only the latest observed
+    interval (it never drops the last one).  kvcy refused it with ValueError."""
+    from kvcy.metrics import CachingMetrics, PrefixCacheStats
+
+    metrics = CachingMetrics(max_recent_requests=0)
+    seen = []
+    for requests, queries, hits in ((1, 10, 5), (2, 20, 0), (1, 8, 8)):
+        metrics.observe(PrefixCacheStats(requests=requests, queries=queries, hits=hits))
+        seen.append((metrics.hit_rate, metrics.aggregated_requests, len(metrics.query_queue)))
+    assert seen == [(0.5, 1, 1), (0.0, 2, 1), (1.0, 1, 1)]  # (recorded from vLLM 0.33.0)
+
+
+# ------------------------------------------- names vLLM's modules export
+def test_lookahead_extra_keys_as_vllm(impl):
+    """``kv_cache_utils.generate_lookahead_block_hash_extra_keys``: keys over the block and
+    its lookahead tokens, the multimodal index stepped back to the items still open at the
+    block's end (values recorded from vLLM 0.33.0)."""
+    from kvcy.kv_cache_utils import generate_lookahead_block_hash_extra_keys
+    from kvcy.request import MultiModalFeatureSpec, PlaceholderRange
+
+    items = [MultiModalFeatureSpec(identifier=i, mm_position=PlaceholderRange(o, n), modality="image")
+             for i, o, n in (("A", 2, 5), ("B", 7, 2), ("C", 10, 6))]
+    req = impl.kv_cache.Request("r", list(range(20)), mm_features=items, cache_salt="s")
+    expected = {
+        (0, 4, 6, 0): ((("mm", "A", 2), ("cache_salt", "s")), 0),
+        (4, 8, 10, 0): ((("mm", "A", -2), ("mm", "B", 3)), 1),
+        (8, 12, 14, 1): ((("mm", "B", -1), ("mm", "C", 2)), 2),
+        (12, 16, 18, 2): ((("mm", "C", -2),), 3),
+        (4, 8, 8, 0): ((("mm", "A", -2), ("mm", "B", 3)), 1),
+    }
+    for args, keys in expected.items():
+        assert generate_lookahead_block_hash_extra_keys(req, *args) == keys, args
+
+
+def test_null_head_helpers():
+    """``kv_cache_utils.null_head_len`` / ``trim_null_head``: the leading null blocks."""
+    from kvcy.kv_cache_utils import KVCacheBlock, null_head_len, trim_null_head
+
+    null = KVCacheBlock(0, is_null=True)
+    blocks = [null, null, KVCacheBlock(3), null]
+    assert null_head_len(blocks) == 2 and null_head_len([]) == 0 and null_head_len(blocks[2:]) == 0
+    assert [b.block_id for b in trim_null_head(blocks)] == [3, 0]
+    assert trim_null_head(blocks[2:]) == blocks[2:] and type(trim_null_head(tuple(blocks))) is tuple
+
+
+def test_mamba_checkpoint_helpers_from_kv_cache_interface():
+    """vLLM defines them in ``kv_cache_interface``; kvcy serves the selected twin's there
+    (values recorded from vLLM 0.33.0)."""
+    from kvcy import kv_cache_interface as ki
+
+    position = ki.get_mamba_prefill_checkpoint_position
+    assert [position(n, 4, drop, la) for n, drop, la in
+            ((17, False, 0), (17, False, 2), (17, True, 0), (16, False, 0), (3, False, 0), (16, True, 5))] == \
+        [16, 12, 12, 12, 0, 12]
+    valid = ki.is_mamba_prefill_checkpoint_valid
+    assert [valid(*a) for a in ((0, 16, 8, 4, 8, None), (0, 16, 8, 4, 8, 4), (4, 16, 8, 4, 8, 4), (8, 24, 20, 4, 8, 4),
+                                (8, 24, 20, 4, 8, 8), (0, 17, 12, 4, 4, 2))] == [False, True, False, True, False, True]
+    with pytest.raises(AttributeError):
+        ki.no_such_name  # noqa: B018
+
+
+# ------------------------------------------------ the hybrid coordinator's assertion
+@pytest.mark.parametrize("hash_block_size", [8, 16])
+def test_hybrid_block_sizes_not_divisible_by_the_hash_block_assert_as_vllm(impl, hash_block_size):
+    """Full attention (8) beside a sliding window (4) hashed every 8 or 16 tokens:
+    vLLM's ``HybridKVCacheCoordinator`` asserts, listing the prefix-cacheable groups'
+    block sizes.  kvcy raised ValueError."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    groups = [KVCacheGroupSpec(["full"], full_spec(8)),
+              KVCacheGroupSpec(["swa"], SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                                          sliding_window=12))]
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups)
+    with pytest.raises(AssertionError) as err:
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=max(8, hash_block_size),
+                                     hash_block_size=hash_block_size)
+    assert str(err.value) == ("Each KV cache group's real block_size must be divisible by hash_block_size. "
+                              f"block_sizes=[8, 4], hash_block_size={hash_block_size}")
+    # without prefix caching there is no hybrid coordinator to assert
+    impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=max(8, hash_block_size),
+                                 hash_block_size=hash_block_size, enable_caching=False)
+
+
+# ------------------------------------- vLLM's factory signatures (dcp / pcp positional)
+def test_coordinator_and_manager_factories_take_vllms_arguments(impl):
+    """``get_kv_cache_coordinator`` and the coordinators take vLLM 0.33.0's parameters in
+    its order (``dcp_world_size``, ``pcp_world_size`` before the block sizes; kvcy's
+    ``use_int_block_hashes`` last); ``get_manager_for_kv_cache_spec`` is vLLM's
+    ``(kv_cache_spec, max_in_flight_tokens, max_model_len, role=None, **kwargs)``."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    one = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    two = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec()), KVCacheGroupSpec(["l1"], swa)])
+    # positionally, as vLLM's KVCacheManager would: (..., events, dcp, pcp, scheduler block, hash block, ...)
+    for cfg, caching, expected in ((one, True, kv.UnitaryKVCacheCoordinator), (two, True, kv.HybridKVCacheCoordinator),
+                                   (two, False, kv.KVCacheCoordinatorNoPrefixCache)):
+        coordinator = kv.get_kv_cache_coordinator(cfg, 64, 64, False, caching, False, 1, 1, BS, BS, None, 0, 3)
+        assert type(coordinator) is expected
+        assert coordinator.scheduler_block_size == coordinator.hash_block_size == BS
+        assert coordinator.num_reprefillable_tokens == 2  # num_prefill_lookahead=3 (after the hash lookahead)
+    coordinator = kv.get_kv_cache_coordinator(
+        kv_cache_config=two, max_model_len=64, max_in_flight_tokens=64, use_eagle=False, enable_caching=True,
+        enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1, scheduler_block_size=BS,
+        hash_block_size=BS, metrics_collector=None, num_hash_lookahead_tokens=0, num_prefill_lookahead=0,
+        allow_partial_hash_hits=True)
+    assert [type(m).__name__ for m in coordinator.single_type_managers] == ["FullAttentionManager",
+                                                                           "SlidingWindowManager"]
+    for dcp, pcp in ((2, 1), (1, 2)):
+        with pytest.raises(NotImplementedError, match="context parallelism"):
+            kv.get_kv_cache_coordinator(one, 64, 64, False, True, False, dcp, pcp, BS, BS)
+        with pytest.raises(NotImplementedError, match="context parallelism"):
+            kv.HybridKVCacheCoordinator(two, 64, 64, False, True, False, dcp, pcp, BS, BS)
+
+    manager = kv.get_manager_for_kv_cache_spec(
+        kv_cache_spec=swa, max_in_flight_tokens=64, max_model_len=64, role=None, block_pool=coordinator.block_pool,
+        enable_caching=True, kv_cache_group_id=1, dcp_world_size=1, pcp_world_size=1, scheduler_block_size=BS,
+        needs_kv_cache_zeroing=False)
+    assert type(manager) is kv.SlidingWindowManager and manager.kv_cache_group_id == 1
+    with pytest.raises(NotImplementedError, match="HiSparse"):
+        kv.get_manager_for_kv_cache_spec(swa, 64, 64, "hisparse_source", block_pool=coordinator.block_pool,
+                                         enable_caching=True, kv_cache_group_id=1, scheduler_block_size=BS)
+
+
+# ------------------------------------------------------- a spec no manager serves
+def test_group_whose_spec_has_no_manager_asserts_as_vllm(impl):
+    """A group of encoder-only layers, or of a ``UniformTypeKVCacheSpecs`` (the workers'
+    spec, not the scheduler's), has no single-type manager: vLLM's factory asserts
+    ("No manager registered for KVCacheSpec <class ...>"), with or without caching.
+    kvcy raised ValueError."""
+    from kvcy.kv_cache_interface import EncoderOnlyAttentionSpec, UniformTypeKVCacheSpecs
+
+    attn = dict(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    for spec in (EncoderOnlyAttentionSpec(**attn),
+                 UniformTypeKVCacheSpecs(block_size=BS, kv_cache_specs={"a": full_spec(), "b": full_spec()})):
+        cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec()), KVCacheGroupSpec(["l1"], spec)])
+        for caching in (True, False):
+            with pytest.raises(AssertionError) as err:
+                impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                             enable_caching=caching)
+            assert str(err.value) == f"No manager registered for KVCacheSpec {type(spec)}"
+
+
+def test_empty_pool_asserts_as_vllm(impl):
+    """A KV-cache config of 0 blocks (or a non-int count): vLLM's ``BlockPool`` asserts
+    ``isinstance(num_gpu_blocks, int) and num_gpu_blocks > 0``, so building the manager
+    raises AssertionError.  kvcy raised ValueError / TypeError."""
+    cfg = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    with pytest.raises(AssertionError, match="at least 1"):
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    for bad in (0, -3, 4.0, "4"):
+        with pytest.raises(AssertionError):
+            impl.kv_cache.BlockPool(bad, True, BS)
+
+
+def test_popleft_n_past_the_free_blocks_asserts_as_vllm(impl):
+    """``FreeKVCacheBlockQueue.popleft_n(n)`` with fewer than ``n`` free blocks: vLLM
+    asserts (kvcy raised ValueError); nothing is popped."""
+    blocks = [impl.kv_cache.KVCacheBlock(i) for i in range(3)]
+    queue = impl.kv_cache.FreeKVCacheBlockQueue(blocks)
+    with pytest.raises(AssertionError):
+        queue.popleft_n(4)
+    assert queue.num_free_blocks == 3 and [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
