@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NewType, TypeVar
 
 import numpy as np
 
+from kvcy.metrics import CacheHitSource  # vLLM's vllm.v1.metrics.cache_hit_source, re-exported
+
 if TYPE_CHECKING:
     from kvcy.kv_offload.metrics import OffloadingConnectorStats
 
@@ -123,13 +125,6 @@ class Locality(Enum):
 
     LOCAL = "LOCAL"
     REMOTE = "REMOTE"
-
-
-class CacheHitSource(Enum):
-    """Which tier supplied a cache hit (reported per hit to the metrics)."""
-
-    HOST = "host"
-    EXTERNAL_UNSPECIFIED = "external_unspecified"
 
 
 class TierMatcher(NamedTuple):
