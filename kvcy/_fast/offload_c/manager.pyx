@@ -54,8 +54,8 @@ cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_
 
 
 cdef int _check_no_repeats(list keys) except -1:
-    """ValueError naming the first key of ``keys`` (exact bytes) equal to an
-    earlier one: a C table of the keys' (cached) hashes, no set built."""
+    """1 if a key of ``keys`` (exact bytes) equals an earlier one, else 0: a C
+    table of the keys' (cached) hashes, no set built."""
     cdef Py_ssize_t n = len(keys), size = 8, i, j
     cdef Py_hash_t h
     cdef PyObject *k
@@ -76,7 +76,7 @@ cdef int _check_no_repeats(list keys) except -1:
                     PyBytes_GET_SIZE(<object>o) == PyBytes_GET_SIZE(<object>k)
                     and memcmp(PyBytes_AS_STRING(<object>o), PyBytes_AS_STRING(<object>k),
                                <size_t>PyBytes_GET_SIZE(<object>k)) == 0)):
-                raise ValueError(f"prepare_store got key {keys[i]!r} more than once")
+                return 1
             j = (j + 1) & (size - 1)
         slots[j] = k
         hashes[j] = h
@@ -341,7 +341,7 @@ cdef class CPUOffloadingManager:
                 flags[key] = (<Py_ssize_t><object>f) | _REUSED
         return 0
 
-    cdef int _update_tracker(self, list keys) except -1:
+    cdef int _update_tracker(self, list keys, bint repeated=False) except -1:
         """Count one offer: offered keys move to the newest end, new ones enter
         with count 1, evicting the oldest keys not in this offer while full."""
         counts = self._counts
@@ -352,6 +352,8 @@ cdef class CPUOffloadingManager:
                 counts.move_to_end(key)
                 counts[key] = count + 1
                 protected += 1
+        if repeated and protected > 1:
+            protected = len({key for key in keys if key in counts})  # each protected key once
         cdef Py_ssize_t unprotected = len(counts) - protected
         for key in keys:
             if key in counts:
@@ -548,7 +550,8 @@ cdef class CPUOffloadingManager:
         key is stored only once offered that often.
 
         Args:
-            keys: the offer, in prefix order, each key once.
+            keys: the offer, in prefix order.  A key offered twice counts
+                twice in the tracker, and is otherwise taken once.
             req_context: the offering request.
 
         Returns:
@@ -557,7 +560,8 @@ cdef class CPUOffloadingManager:
             not enough chunks can be evicted.
 
         Raises:
-            ValueError: a key is offered twice.
+            ValueError: a key offered twice would be stored (vLLM would store
+                it in two chunks and lose one).
             AssertionError: the request already finished and a key is new to
                 it (vLLM's message); nothing is changed.
         """
@@ -582,15 +586,35 @@ cdef class CPUOffloadingManager:
         cdef _Positions pos
         cdef PyObject *f
         cdef vector[Py_ssize_t] ids
+        cdef list full_offer = None, stored_twice = None
+        cdef bint repeated
+        cdef Py_ssize_t extra_skipped = 0, extra_stored = 0, offered_evictable
         counts = self._counts
         _check_context(req_context)
         if policy._native:
             offered = None      # (the native policies are told what to protect)
-            _check_no_repeats(offer)
+            repeated = _check_no_repeats(offer)
         else:
             offered = set(offer)
-            if len(offered) != n_offer:
-                _check_no_repeats(offer)
+            repeated = len(offered) != n_offer
+        if repeated:
+            # A repeat changes only the tracker counts and the skip count, unless
+            # vLLM would store the key twice (two chunks, one of them lost): that
+            # is refused.  The rest runs on the offer without repeats.
+            full_offer = offer
+            occurrences = {}
+            for key in full_offer:
+                occurrences[key] = occurrences.get(key, 0) + 1
+            offer = list(occurrences)
+            n_offer = len(offer)
+            stored_twice = []
+            for key, occ in occurrences.items():
+                if occ > 1 and policy.c_get(key) is None:
+                    if counts is None or (key in counts and counts[key] + occ >= threshold):
+                        stored_twice.append(key)
+                        extra_stored += occ - 1
+                    else:
+                        extra_skipped += occ - 1
         if is_arc:
             new_ghosts = []
         if policy._native:
@@ -620,7 +644,7 @@ cdef class CPUOffloadingManager:
                     # after the tracker update a tracked key counts one more and
                     # an untracked one at most 1, below any threshold >= 2
                     c = counts.get(key)
-                    if c is not None and c + 1 >= threshold:
+                    if (c is not None and c + 1 >= threshold) or (stored_twice and key in stored_twice):
                         if kept is None:
                             kept = set()
                         kept.add(key)
@@ -658,13 +682,23 @@ cdef class CPUOffloadingManager:
             for key in to_record:
                 if key not in flags:
                     raise AssertionError(_FINALIZED)
+        if stored_twice:
+            # vLLM allocates (and loses a chunk) unless its eviction fails first
+            need = (len(new) if kept is None else len(kept)) + extra_stored - (
+                <Py_ssize_t>self._free.size() + self._n_chunks - self._n_allocated)
+            offered_evictable = 0
+            for st in statuses:
+                if st is not None and st.ref_cnt == 0:
+                    offered_evictable += 1
+            if need <= 0 or (need <= self._n_evictable and self._n_evictable - offered_evictable >= need):
+                raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
         pos = _positions(req_context)
 
-        # 1. the offer tracker
+        # 1. the offer tracker (every occurrence counts)
         if counts is not None:
-            self._update_tracker(offer)
+            self._update_tracker(offer if full_offer is None else full_offer, full_offer is not None)
             if len(kept) != len(new):
-                self._skipped += len(new) - len(kept)
+                self._skipped += len(new) - len(kept) + extra_skipped
                 new = [k for k in new if k in kept]
                 new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
@@ -697,6 +731,9 @@ cdef class CPUOffloadingManager:
         # 3. the access record (and the misses, in it)
         self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
                      record_hints)
+        if stored_twice:  # (vLLM's eviction fails)
+            self._alloc_sizes.append(len(new) + extra_stored)
+            return None
         n = len(new)
         if n == 0:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])

@@ -328,7 +328,8 @@ class CPUOffloadingManager(OffloadingManager):
         key is stored only once offered that often.
 
         Args:
-            keys: the offer, in prefix order, each key once.
+            keys: the offer, in prefix order.  A key offered twice counts
+                twice in the tracker, and is otherwise taken once.
             req_context: the offering request.
 
         Returns:
@@ -337,22 +338,35 @@ class CPUOffloadingManager(OffloadingManager):
             not enough chunks can be evicted.
 
         Raises:
-            ValueError: a key is offered twice.
+            ValueError: a key offered twice would be stored (vLLM would store
+                it in two chunks and lose one).
             AssertionError: the request already finished and a key is new to
                 it (vLLM's message); nothing is changed.
         """
         keys = _check_keys(keys)
         _check_context(req_context)
-        if len(set(keys)) != len(keys):
-            seen_once: set[OffloadKey] = set()
-            for key in keys:
-                if key in seen_once:
-                    raise ValueError(f"prepare_store got key {key!r} more than once")
-                seen_once.add(key)
         policy = self._policy
         get = policy.get
         counts = self.counts
         threshold = self.store_threshold
+        offer = keys
+        stored_twice: list[OffloadKey] = []
+        extra_skipped = extra_stored = 0
+        if len(set(keys)) != len(keys):
+            # A repeat changes only the tracker counts and the skip count, unless
+            # vLLM would store the key twice (two chunks, one of them lost): that
+            # is refused.  The rest runs on the offer without repeats.
+            occurrences: dict[OffloadKey, int] = {}
+            for key in keys:
+                occurrences[key] = occurrences.get(key, 0) + 1
+            keys = list(occurrences)
+            for key, occ in occurrences.items():
+                if occ > 1 and get(key) is None:
+                    if counts is None or (key in counts and counts[key] + occ >= threshold):
+                        stored_twice.append(key)
+                        extra_stored += occ - 1
+                    else:
+                        extra_skipped += occ - 1
         new: list[OffloadKey] = []
         ready: list[OffloadKey] = []
         kept: set[OffloadKey] = set()
@@ -362,7 +376,7 @@ class CPUOffloadingManager(OffloadingManager):
                 new.append(key)
                 # After the tracker update a tracked key counts one more and an
                 # untracked one at most 1, which is below any threshold >= 2.
-                if counts is None or counts.get(key, 0) + 1 >= threshold:
+                if counts is None or counts.get(key, 0) + 1 >= threshold or key in stored_twice:
                     kept.add(key)
             elif chunk.ref_cnt >= 0:
                 ready.append(key)
@@ -374,12 +388,19 @@ class CPUOffloadingManager(OffloadingManager):
             for key in to_record:
                 if key not in seen:
                     raise AssertionError(_FINALIZED)
+        if stored_twice:
+            # vLLM allocates (and loses a chunk) unless its eviction fails first
+            need = len(kept) + extra_stored - self._get_num_free_chunks()
+            evictable = self._num_evictable_cache_chunks
+            offered_evictable = sum(1 for key in ready if get(key).ref_cnt == 0)
+            if need <= 0 or (need <= evictable and evictable - offered_evictable >= need):
+                raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
 
-        # 1. the offer tracker
+        # 1. the offer tracker (every occurrence counts)
         if counts is not None:
-            self._update_tracker(keys)
+            self._update_tracker(offer, offer is not keys)
             if len(kept) != len(new):
-                self.stores_skipped_in_current_batch += len(new) - len(kept)
+                self.stores_skipped_in_current_batch += len(new) - len(kept) + extra_skipped
                 new = [key for key in new if key in kept]
         # 2. the policy hears of each miss once per request
         store_missed = record.store_missed
@@ -389,6 +410,9 @@ class CPUOffloadingManager(OffloadingManager):
             store_missed.update(misses)
         # 3. the access record
         self._record(record, to_record, ready, req_context)
+        if stored_twice:  # (vLLM's eviction fails)
+            self.allocation_sizes_in_current_batch.append(len(new) + extra_stored)
+            return None
         if not new:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec([]), evicted_keys=[])
 
@@ -425,7 +449,7 @@ class CPUOffloadingManager(OffloadingManager):
         record.inserted.update(new)
         return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(chunk_ids), evicted_keys=evicted_keys)
 
-    def _update_tracker(self, keys: list) -> None:
+    def _update_tracker(self, keys: list, repeated: bool = False) -> None:
         """Count one offer: offered keys move to the newest end, new ones enter
         with count 1, evicting the oldest keys not in this offer while full."""
         counts = self.counts
@@ -436,6 +460,8 @@ class CPUOffloadingManager(OffloadingManager):
                 counts.move_to_end(key)
                 counts[key] = count + 1
                 protected += 1
+        if repeated and protected > 1:
+            protected = len({key for key in keys if key in counts})  # each protected key once
         unprotected = len(counts) - protected
         limit = self.max_tracker_size
         for key in keys:
