@@ -1,0 +1,170 @@
+"""Differences between kvcy's offloading API and vLLM 0.33.0's, found by tests/test_offload_vllm.py.
+
+Each test pins one difference, fixed, with the values vLLM 0.33.0 produced for the same
+calls written in (recorded with /tmp/kvh-venv's vLLM; no vLLM needed here), under both twins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvcy.kv_offload.base import CacheHitSource, OffloadingManager, ReqContext
+from kvcy.kv_offload.metrics import OffloadingConnectorStats
+from kvcy.testing.golden import offload_check_state
+
+
+def _key(name: str) -> bytes:
+    return name.encode() + b"\0\0\0\0"
+
+
+def _run(offload_impl, num_chunks, threshold, tracker, offers):
+    """Offers (keys, complete?) on one request; what each returned and the bookkeeping after."""
+    m = offload_impl.CPUOffloadingManager(num_chunks, store_threshold=threshold, max_tracker_size=tracker,
+                                          enable_events=True)
+    ctx = ReqContext(req_id="r")
+    out = []
+    for names, complete in offers:
+        try:
+            got = m.prepare_store([_key(k) for k in names], ctx)
+        except Exception as exc:  # noqa: BLE001 - compared below
+            out.append((type(exc).__name__, str(exc)))
+            continue
+        if got is None:
+            out.append(None)
+            continue
+        out.append(([k[:-4].decode() for k in got.keys_to_store], got.store_spec.block_ids.tolist(),
+                    [k[:-4].decode() for k in got.evicted_keys]))
+        if complete:
+            m.complete_store(got.keys_to_store, ctx)
+    state = offload_check_state(m)
+    return (out, state.get("tracker"), m.stores_skipped_in_current_batch,
+            list(m.allocation_sizes_in_current_batch), [c for _, c, _ in state["resident"]])
+
+
+# =============================================================================
+# prepare_store with a key offered twice in one call
+# =============================================================================
+# kvcy used to refuse every repeat with ValueError.  vLLM 0.33.0 takes a repeated key that
+# is resident (ready or pending) or that the store threshold holds back: every occurrence
+# counts in the tracker (moved to the newest end at each, each protected key once) and in
+# the skip count.  Only a repeated key vLLM would store (two chunks, one lost) is refused,
+# and only where vLLM's eviction would not fail first (then vLLM returns None).
+@pytest.mark.parametrize(
+    ("num_chunks", "threshold", "tracker", "offers", "expected"),
+    [
+        pytest.param(4, 2, 8, [(["a", "b"], 1), (["a", "b"], 1), (["d", "b", "d"], 0)],
+                     ([([], [], []), (["a", "b"], [0, 1], []), ([], [], [])],
+                      [["6100000000", 2], ["6200000000", 3], ["6400000000", 1]], 4, [2], [0, 1]),
+                     id="untracked-repeat-held-back"),
+        pytest.param(1, 1, 8, [(["x", "x"], 0)], ([None], None, 0, [2], []), id="repeat-eviction-fails"),
+        pytest.param(8, 4, 3, [(["a", "b", "c"], 0), (["a", "b", "a", "d"], 0), (["b"], 0)],
+                     ([([], [], []), ([], [], []), ([], [], [])],
+                      [["6100000000", 3], ["6400000000", 1], ["6200000000", 3]], 8, [], []),
+                     id="tracker-order-and-protection"),
+        pytest.param(4, 1, 8, [(["a", "b"], 1), (["a", "b", "a", "c"], 1)],
+                     ([(["a", "b"], [0, 1], []), (["c"], [2], [])], None, 0, [2, 1], [0, 1, 2]),
+                     id="ready-repeat"),
+        pytest.param(4, 0, 8, [(["a"], 0), (["a", "a", "b"], 0)],
+                     ([(["a"], [0], []), (["b"], [1], [])], None, 0, [1, 1], [0, 1]),
+                     id="pending-repeat"),
+    ],
+)
+def test_repeated_keys_in_one_offer_as_vllm(offload_impl, num_chunks, threshold, tracker, offers, expected):
+    assert _run(offload_impl, num_chunks, threshold, tracker, offers) == expected
+
+
+@pytest.mark.parametrize(("num_chunks", "threshold", "offers"), [
+    (4, 1, [(["x", "y", "x"], 0)]),                            # fresh chunks: vLLM would lose one
+    (4, 3, [(["a", "b", "c"], 0), (["a", "b", "a", "d"], 0)]),  # count 1 + 2 offers reaches 3
+    (2, 1, [(["a", "b"], 1), (["x", "x"], 0)]),                # eviction succeeds first
+])
+def test_a_repeated_key_vllm_would_store_twice_is_refused_before_any_change(offload_impl, num_chunks,
+                                                                            threshold, offers):
+    m = offload_impl.CPUOffloadingManager(num_chunks, store_threshold=threshold, max_tracker_size=8,
+                                          enable_events=True)
+    ctx = ReqContext(req_id="r")
+    for names, complete in offers[:-1]:
+        got = m.prepare_store([_key(k) for k in names], ctx)
+        if complete:
+            m.complete_store(got.keys_to_store, ctx)
+    before = offload_check_state(m), list(m.allocation_sizes_in_current_batch), m.stores_skipped_in_current_batch
+    repeated = [_key(k) for k in offers[-1][0]]
+    with pytest.raises(ValueError, match=r"^prepare_store got key b'[xa]\\x00\\x00\\x00\\x00' more than once$"):
+        m.prepare_store(repeated, ctx)
+    after = offload_check_state(m), list(m.allocation_sizes_in_current_batch), m.stores_skipped_in_current_batch
+    assert after == before
+
+
+def test_a_finished_request_asserts_before_a_repeat_is_refused(offload_impl):
+    """vLLM asserts on a finished request's new key before it reaches the repeat."""
+    m = offload_impl.CPUOffloadingManager(4)
+    ctx = ReqContext(req_id="r")
+    m.on_new_request(ctx)
+    m.on_request_finished(ctx)
+    with pytest.raises(AssertionError, match="^New cache keys observed after request finalization$"):
+        m.prepare_store([_key("a"), _key("b"), _key("a")], ctx)
+
+
+# =============================================================================
+# get_stats(): vLLM's OffloadingConnectorStats payload
+# =============================================================================
+def test_stats_payload_as_vllm(offload_impl):
+    """``info`` is None until set (kvcy had ``{}``); the class is a dataclass over ``data``."""
+    m = offload_impl.CPUOffloadingManager(3, store_threshold=2)
+    m.prepare_store([_key("a")], ReqContext(req_id="r"))
+    stats = m.get_stats()
+    assert type(stats) is OffloadingConnectorStats and dataclasses.is_dataclass(stats)
+    assert stats.data == {
+        "types": {"vllm:kv_offload_cpu_cache_usage_perc": "gauge",
+                  "vllm:kv_offload_cpu_cache_write_usage_perc": "gauge",
+                  "vllm:kv_offload_cpu_cache_read_usage_perc": "gauge",
+                  "vllm:kv_offload_stores_skipped": "counter"},
+        "data": {"vllm:kv_offload_cpu_cache_usage_perc": {(): 0.0},
+                 "vllm:kv_offload_cpu_cache_write_usage_perc": {(): 0.0},
+                 "vllm:kv_offload_cpu_cache_read_usage_perc": {(): 0.0},
+                 "vllm:kv_offload_stores_skipped": {(): 1}},
+        "info": None,
+    }
+    assert stats.to_dict() is stats.data
+    assert repr(stats) == f"OffloadingConnectorStats(data={stats.data!r})"
+
+
+def test_stats_methods_as_vllm():
+    """Values recorded from vLLM 0.33.0's OffloadingConnectorStats for the same calls."""
+    stats = OffloadingConnectorStats()
+    assert stats.data == {"types": {}, "data": {}, "info": None} and stats.is_empty()
+    stats.increase_counter("c")  # default increase 1
+    stats.increase_counter("c", 2, ("x",))
+    stats.set_gauge("g", 0.25)
+    stats.observe_histogram("h", 3)
+    stats.observe_histogram("h", 5)
+    assert stats.reduce() == {"c": 1, "c:('x',)": 2, "g": 0.25, "h_count": 2, "h_sum": 8}
+    assert stats.metric_sections() == (stats.data["types"], stats.data["data"])
+    info_only = OffloadingConnectorStats()
+    info_only.set_info([{"cpu_num_chunks": 4}])
+    assert not info_only.is_empty()  # an info-only payload is not empty
+    stats.aggregate(info_only)
+    assert stats.data["info"] == [{"cpu_num_chunks": 4}]
+    assert stats.aggregate(OffloadingConnectorStats()) is stats
+    other = OffloadingConnectorStats({"types": {}, "data": {"z": {(): 1}}, "info": None})
+    with pytest.raises(AssertionError, match="^Unknown offloading stats key: z$"):
+        stats.aggregate(other)
+    stats.reset()
+    assert stats.data == {"types": {}, "data": {}, "info": None}
+
+
+# =============================================================================
+# CacheHitSource: vLLM's vllm.v1.metrics.cache_hit_source.CacheHitSource
+# =============================================================================
+def test_cache_hit_source_as_vllm(offload_impl):
+    """kvcy.kv_offload.base had a plain Enum with two members; vLLM's is a str Enum of five."""
+    assert [(s.name, s.value) for s in CacheHitSource] == [
+        ("DEVICE", "device"), ("HOST", "host"), ("P2P", "p2p"), ("DISK", "disk"),
+        ("EXTERNAL_UNSPECIFIED", "external_unspecified")]
+    assert isinstance(CacheHitSource.HOST, str) and CacheHitSource.HOST == "host"
+    assert CacheHitSource.outermost([CacheHitSource.HOST, CacheHitSource.DEVICE]) is CacheHitSource.HOST
+    m = offload_impl.CPUOffloadingManager(1)
+    assert m.get_load_source(_key("a"), ReqContext(req_id="r")) is CacheHitSource.HOST
+    assert OffloadingManager.get_load_source(m, _key("a"), None) is CacheHitSource.EXTERNAL_UNSPECIFIED
