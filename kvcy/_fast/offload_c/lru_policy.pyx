@@ -89,6 +89,7 @@ cdef class LRUCachePolicy(CachePolicy):
         if type(got) is tuple and (<tuple>got)[0] == self._epoch:
             return <int64_t>(<tuple>got)[1]
         self._counter += 1
+        holder.ranks.clear()  # one rank per context, as vLLM: another policy's is replaced
         holder.ranks[self._owner] = (self._epoch, self._counter)
         return self._counter
 

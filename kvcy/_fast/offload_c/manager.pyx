@@ -273,6 +273,7 @@ cdef class CPUOffloadingManager:
         rec.generation = self._generation_c
         rec.keys = {}
         rec.inserted_log = []
+        holder.records.clear()  # one record per context, as vLLM: another manager's is replaced
         holder.records[self._owner_c] = rec
         return rec
 

@@ -56,6 +56,7 @@ class LRUCachePolicy(CachePolicy):
         if got is not None and got[0] == self._epoch:
             return got[1]
         self._counter += 1
+        ranks.clear()  # one rank per context, as vLLM: another policy's is replaced
         ranks[self._owner] = (self._epoch, self._counter)
         return self._counter
 

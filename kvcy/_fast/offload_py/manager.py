@@ -155,6 +155,7 @@ class CPUOffloadingManager(OffloadingManager):
             if not create:
                 return None
             record = _AccessRecord(self._generation)
+            records.clear()  # one record per context, as vLLM: another manager's is replaced
             records[self._owner] = record
         return record
 
