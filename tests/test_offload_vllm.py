@@ -196,6 +196,9 @@ class OffloadMachine(RuleBasedStateMachine):
                       store_threshold=cfg.threshold, max_tracker_size=cfg.tracker)
         self.v = vmanager.CPUOffloadingManager(**kwargs)
         self.k = _twin.twin.CPUOffloadingManager(**kwargs)
+        # a second manager pair the same contexts visit (vLLM keeps one record per context)
+        self.v2 = vmanager.CPUOffloadingManager(**kwargs)
+        self.k2 = _twin.twin.CPUOffloadingManager(**kwargs)
         self.ctx: dict[str, tuple] = {}
         self.finished: set[str] = set()
         self.diverged: str | None = None
@@ -281,7 +284,7 @@ class OffloadMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.diverged is None)
     @rule(req=st.sampled_from(REQS), chain=st.integers(0, CHAINS - 1), start=st.integers(0, CHAIN_LEN - 1),
-          length=st.integers(1, CHAIN_LEN), shape=st.integers(0, 5), complete=st.integers(0, 5))
+          length=st.integers(1, CHAIN_LEN), shape=st.integers(0, 7), complete=st.integers(0, 5))
     def store(self, req, chain, start, length, shape, complete):
         """An offer (a chain slice; reversed, with a duplicate, or over two chains), then maybe its completion."""
         keys = self._chain(chain, start, min(start + length, CHAIN_LEN))
@@ -435,6 +438,31 @@ class OffloadMachine(RuleBasedStateMachine):
         for key in _pick(self._universe(), picks):
             self._both("lookup", req, key)
 
+    @precondition(lambda self: self.diverged is None)
+    @rule(req=st.sampled_from(REQS), chain=st.integers(0, CHAINS - 1), upto=st.integers(1, CHAIN_LEN),
+          what=st.integers(0, 3))
+    def other_manager(self, req, chain, upto, what):
+        """The same context at a second manager: an offer (completed), a load of its hits, or the end."""
+        ctx_v, ctx_k = self.ctx[req]
+        keys = self._chain(chain, 0, upto)
+        if what == 3:
+            calls = [("on_request_finished", ())]
+        elif what == 2:
+            hits = [k for k in keys if self.v2.lookup(k, ctx_v) is vbase.LookupResult.HIT]
+            calls = [("prepare_load", (hits,)), ("complete_load", (hits,))] if hits else []
+        else:
+            calls = [("prepare_store", (keys,))]
+        for method, args in calls:
+            got = [_outcome(lambda: getattr(m, method)(*args, c)) for m, c in ((self.v2, ctx_v), (self.k2, ctx_k))]
+            assert got[0] == got[1], (method, args, got)
+            if got[0][0] == "raise":
+                self.diverged = "prepare_store_finished"  # (a finished record at the second manager)
+                self._allowed("prepare_store_finished")
+                return
+            if method == "prepare_store" and got[0][1] is not None:
+                for m, c in ((self.v2, ctx_v), (self.k2, ctx_k)):
+                    m.complete_store([k for k in keys if k in got[0][1][2]], c)
+
     @precondition(lambda self: self.diverged is not None)
     @rule()
     def stopped(self):
@@ -445,6 +473,7 @@ class OffloadMachine(RuleBasedStateMachine):
     def same_state(self):
         if self.diverged is None:
             assert _state(self.v) == _state(self.k)
+            assert _state(self.v2) == _state(self.k2)
 
 
 def _machine(cfg: Config):

@@ -168,3 +168,39 @@ def test_cache_hit_source_as_vllm(offload_impl):
     m = offload_impl.CPUOffloadingManager(1)
     assert m.get_load_source(_key("a"), ReqContext(req_id="r")) is CacheHitSource.HOST
     assert OffloadingManager.get_load_source(m, _key("a"), None) is CacheHitSource.EXTERNAL_UNSPECIFIED
+
+
+# =============================================================================
+# One ReqContext visiting two managers
+# =============================================================================
+# vLLM keeps ONE access record per context (ReqContext.set_state by type, with the owning
+# manager in it) and one LRU request rank per context: a second manager's record replaces
+# the first's.  kvcy kept one per manager, so the first manager still finished (and ranked)
+# the request's keys, and a load at the second manager of keys it had stored earlier was
+# not counted as a reuse.
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_context_keeps_one_record_as_vllm(offload_impl, policy):
+    key = _key
+    a, b = (offload_impl.CPUOffloadingManager(4, cache_policy=policy) for _ in range(2))
+    ctx = ReqContext(req_id="r")
+    for i, name in enumerate("abc"):
+        ctx.set_offload_key_position(key(name), 16 * (i + 1))
+    for m in (a, b):
+        m.complete_store(m.prepare_store([key("a"), key("b")], ctx).keys_to_store, ctx)
+    other = ReqContext(req_id="s")
+    a.prepare_load([key("a")], other)
+    a.complete_load([key("a")], other)
+    a.prepare_store([key("c")], ctx)   # replaces b's record
+    b.prepare_load([key("b")], ctx)    # a fresh record at b: b is a reuse
+    b.complete_load([key("b")], ctx)
+    a.on_request_finished(ctx)         # b holds the record: nothing for a
+    b.on_request_finished(ctx)
+    a.prepare_store([key("zz")], ctx)  # a fresh, unfinished record: no assertion
+    state_a, state_b = offload_check_state(a), offload_check_state(b)
+    # vLLM 0.33.0's values for the same calls:
+    assert [r[1:] for r in state_a["resident"]] == [[0, 0], [1, 0], [2, -1], [3, -1]]
+    if policy == "lru":
+        assert state_a["lru_order"] == [1, 0, 2, 3] and state_b["lru_order"] == [0, 1]
+    else:
+        assert state_a["arc"]["t1"] == [0, 1, 2, 3] and state_a["arc"]["t2"] == []
+        assert state_b["arc"]["t1"] == [0] and state_b["arc"]["t2"] == [1]
