@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NewType, TypeVar
 
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BlockIDsLoadStoreSpec",
     "CacheHitSource",
+    "ConfigInfo",
+    "ConfigInfoMapping",
     "GPULoadStoreSpec",
     "LoadStoreSpec",
     "Locality",
@@ -39,8 +41,13 @@ __all__ = [
     "OFFLOAD_KEY_SUFFIX_LEN",
     "OffloadKey",
     "OffloadPolicy",
+    "OffloadingCounterMetadata",
     "OffloadingEvent",
+    "OffloadingGaugeMetadata",
+    "OffloadingHistogramMetadata",
+    "OffloadingKVEventsConfig",
     "OffloadingManager",
+    "OffloadingMetricMetadata",
     "OffloadingSpec",
     "PrepareStoreOutput",
     "ReqContext",
@@ -174,10 +181,8 @@ class ReqContext:
     kv_transfer_params: dict[str, Any] | None = None
     kv_hints: Any = None
     load_tier_filter: TierFilter = TierFilter.ALL
-    _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False, compare=False)
-    _offload_key_positions: dict[OffloadKey, int] = field(
-        default_factory=dict, repr=False, init=False, compare=False
-    )
+    _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False)
+    _offload_key_positions: dict[OffloadKey, int] = field(default_factory=dict, repr=False, init=False)
 
     def set_state(self, val: Any) -> None:
         """Keep ``val`` on the context, replacing the earlier value of its type."""
@@ -372,6 +377,67 @@ class OffloadingEvent:
 
 
 # ---------------------------------------------------------------------------
+# Metrics metadata and configuration facts
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OffloadingMetricMetadata:
+    """How one Prometheus metric of an offloading spec is described."""
+
+    documentation: str
+    labelnames: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OffloadingCounterMetadata(OffloadingMetricMetadata):
+    """A counter metric."""
+
+
+@dataclass(frozen=True)
+class OffloadingGaugeMetadata(OffloadingMetricMetadata):
+    """A gauge metric; ``multiprocess_mode`` says how samples of several processes merge."""
+
+    multiprocess_mode: str = "mostrecent"
+
+
+@dataclass(frozen=True)
+class OffloadingHistogramMetadata(OffloadingMetricMetadata):
+    """A histogram metric (``buckets=None``: the client's default buckets)."""
+
+    buckets: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class OffloadingKVEventsConfig:
+    """Whether KV events are published, and whether stored-block events describe themselves."""
+
+    enable_kv_cache_events: bool
+    self_describing_kv_events: bool
+
+
+#: One info-metric series: label name -> label value.
+ConfigInfoMapping = Mapping[str, str | int | float | bool]
+
+
+@dataclass(frozen=True)
+class ConfigInfo:
+    """Static facts a component reports as the labels of one info-metric series.
+
+    Each dataclass field is one label, in field order (see ``CPUOffloadingInfo``).
+    """
+
+    @classmethod
+    def config_info_keys(cls) -> tuple[str, ...]:
+        """The label names: the field names, in order."""
+        return tuple(f.name for f in fields(cls))
+
+    def as_config_info(self) -> ConfigInfoMapping:
+        """The label values by name (``None`` becomes ``"None"``)."""
+        return {f.name: "None" if getattr(self, f.name) is None else getattr(self, f.name) for f in fields(self)}
+
+
+# ---------------------------------------------------------------------------
 # Managers and specs
 # ---------------------------------------------------------------------------
 
@@ -538,6 +604,16 @@ class OffloadingSpec(ABC):
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """The Prometheus metrics this spec's tier reports, by name (none by default)."""
+        return {}
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """The info-metric label names this spec's managers fill (none by default)."""
+        return ()
+
     @abstractmethod
     def get_manager(self) -> OffloadingManager:
         """The manager the scheduler-side connector uses to track blocks and evictions."""
@@ -549,3 +625,22 @@ class OffloadingSpec(ABC):
         Args:
             kv_caches: the canonicalized KV caches (``CanonicalKVCaches``).
         """
+
+
+# vLLM defines these here too; kvcy keeps them with torch, loaded on first use.
+_LAZY = {
+    "CanonicalKVCacheRef": "kvcy.kv_offload.canonical",
+    "CanonicalKVCacheTensor": "kvcy.kv_offload.canonical",
+    "CanonicalKVCaches": "kvcy.kv_offload.canonical",
+    "OffloadingWorker": "kvcy.kv_offload.worker",
+    "TransferResult": "kvcy.kv_offload.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -393,9 +393,9 @@ cdef class ARCCachePolicy(CachePolicy):
         """A ghost hit for each key, last key first."""
         self.c_on_store_miss(_key_seq(keys), req_context)
 
-    def on_request_finished(self, key_groups, insertion_only, reused, req_context):
+    def on_request_finished(self, key_groups, insertion_only_keys, reused_keys, req_context):
         """Tail first: keys only stored become newest in their list; reused keys newest in t2."""
-        self._finish(order_request_keys(key_groups, req_context), insertion_only, reused)
+        self._finish(order_request_keys(key_groups, req_context), insertion_only_keys, reused_keys)
 
     def evict(self, n, protected):
         """Pick ``n`` evictable, unprotected keys, from t1 while it is over target, else t2."""

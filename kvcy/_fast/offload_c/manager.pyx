@@ -129,7 +129,8 @@ cdef class CPUOffloadingManager:
             been offered that many times (counted in a tracker of at most
             ``max_tracker_size`` keys); 0 and 1 store every offer.
         max_tracker_size: capacity of that tracker.
-        info: labels reported by ``config_info()``.
+        info: a ``CPUOffloadingInfo`` (any ``ConfigInfo``), whose labels
+            ``config_info()`` reports; kvcy also takes a plain dict of labels.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -154,11 +155,17 @@ cdef class CPUOffloadingManager:
             )
         cdef Py_ssize_t threshold = _check_int("store_threshold", store_threshold)
         cdef Py_ssize_t tracker = _check_int("max_tracker_size", max_tracker_size)
-        if info is not None and not isinstance(info, dict):
-            raise TypeError(f"info must be a CPUOffloadingInfo (a dict) or None, got {type(info).__name__}")
-        policy_cls = None
-        if cache_policy_module_path is None:
-            policy_cls = _BUILTIN_POLICIES.get(cache_policy)
+        if info is None:
+            labels = {}
+        elif isinstance(info, ConfigInfo):
+            labels = info.as_config_info()
+        elif isinstance(info, dict):
+            labels = dict(info)
+        else:
+            raise TypeError(
+                f"info must be a CPUOffloadingInfo (a ConfigInfo), a dict of labels or None, got {type(info).__name__}"
+            )
+        policy_cls = _BUILTIN_POLICIES.get(cache_policy)  # (registered names first, as vLLM)
         if policy_cls is None:
             from kvcy.kv_offload.cpu.policies.factory import CachePolicyFactory
 
@@ -180,7 +187,7 @@ cdef class CPUOffloadingManager:
         self._counts = OrderedDict() if threshold >= 2 else None
         self._skipped = 0
         self._alloc_sizes = []
-        self._info_obj = info
+        self._info_obj = labels
         self._generation_c = 0
         self._owner_c = _next_owner()
 
@@ -940,8 +947,8 @@ cdef class CPUOffloadingManager:
         return stats
 
     def config_info(self):
-        """``[dict(info)]``, or ``[{}]`` without info."""
-        return [dict(self._info_obj)] if self._info_obj is not None else [{}]
+        """``[info.as_config_info()]`` (the same mapping every call), or ``[{}]`` without info."""
+        return [self._info_obj]
 
     def shutdown(self):
         """Nothing to release."""

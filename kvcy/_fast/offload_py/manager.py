@@ -25,6 +25,7 @@ from kvcy._fast.offload_py.chunk_status import ChunkStatus
 from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
 from kvcy.kv_offload.base import (
     CacheHitSource,
+    ConfigInfo,
     LookupResult,
     Medium,
     OffloadingEvent,
@@ -88,7 +89,8 @@ class CPUOffloadingManager(OffloadingManager):
             been offered that many times (counted in a tracker of at most
             ``max_tracker_size`` keys); 0 and 1 store every offer.
         max_tracker_size: capacity of that tracker.
-        info: labels reported by ``config_info()``.
+        info: a ``CPUOffloadingInfo`` (any ``ConfigInfo``), whose labels
+            ``config_info()`` reports; kvcy also takes a plain dict of labels.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -114,11 +116,17 @@ class CPUOffloadingManager(OffloadingManager):
             )
         store_threshold = _check_int("store_threshold", store_threshold)
         max_tracker_size = _check_int("max_tracker_size", max_tracker_size)
-        if info is not None and not isinstance(info, dict):
-            raise TypeError(f"info must be a CPUOffloadingInfo (a dict) or None, got {type(info).__name__}")
-        policy_cls = None
-        if cache_policy_module_path is None:
-            policy_cls = _BUILTIN_POLICIES.get(cache_policy)
+        if info is None:
+            labels = {}
+        elif isinstance(info, ConfigInfo):
+            labels = info.as_config_info()
+        elif isinstance(info, dict):
+            labels = dict(info)
+        else:
+            raise TypeError(
+                f"info must be a CPUOffloadingInfo (a ConfigInfo), a dict of labels or None, got {type(info).__name__}"
+            )
+        policy_cls = _BUILTIN_POLICIES.get(cache_policy)  # (registered names first, as vLLM)
         if policy_cls is None:
             from kvcy.kv_offload.cpu.policies.factory import CachePolicyFactory
 
@@ -138,7 +146,7 @@ class CPUOffloadingManager(OffloadingManager):
         self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
         self.stores_skipped_in_current_batch: int = 0
         self.allocation_sizes_in_current_batch: list[int] = []
-        self._info = info
+        self._info = labels
         self._generation = 0
         self._owner = next(_owner_ids)
 
@@ -601,8 +609,8 @@ class CPUOffloadingManager(OffloadingManager):
         return stats
 
     def config_info(self) -> list[dict[str, Any]]:
-        """``[dict(info)]``, or ``[{}]`` without info."""
-        return [dict(self._info)] if self._info is not None else [{}]
+        """``[info.as_config_info()]`` (the same mapping every call), or ``[{}]`` without info."""
+        return [self._info]
 
     def shutdown(self) -> None:
         """Nothing to release."""
