@@ -494,3 +494,181 @@ def test_configs_cover_the_brief():
     assert {c.threshold for c in CONFIGS} == {0, 1, 2, 3}
     assert all(c.tracker < 10 for c in CONFIGS if c.threshold >= 2)
     assert any(len(c.groups) >= 3 for c in CONFIGS) and any(max(c.groups) > len(c.groups) for c in CONFIGS)
+
+
+# =============================================================================
+# The API surface: vLLM 0.33.0's public names, signatures, fields and members
+# =============================================================================
+MODULES = [
+    ("vllm.v1.kv_offload.base", "kvcy.kv_offload.base"),
+    ("vllm.v1.kv_offload.cpu.common", "kvcy.kv_offload.cpu.common"),
+    ("vllm.v1.kv_offload.cpu.manager", "kvcy.kv_offload.cpu.manager"),
+    ("vllm.v1.kv_offload.cpu.policies.base", "kvcy.kv_offload.cpu.policies.base"),
+    ("vllm.v1.kv_offload.cpu.policies.lru", "kvcy.kv_offload.cpu.policies.lru"),
+    ("vllm.v1.kv_offload.cpu.policies.arc", "kvcy.kv_offload.cpu.policies.arc"),
+    ("vllm.v1.kv_offload.cpu.policies.factory", "kvcy.kv_offload.cpu.policies.factory"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics", "kvcy.kv_offload.metrics"),
+]
+#: Of a module, only these names (the rest is vLLM's Prometheus plumbing).
+ONLY = {"vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics": ["OffloadingConnectorStats"]}
+
+#: Where kvcy's API deliberately differs from vLLM 0.33.0's: "<module>:<name>[.<attr>]" -> why.
+API_ALLOWED = {
+    "vllm.v1.kv_offload.base:OffloadingSpec.__init__":
+        "kvcy's OffloadingSpec is the connector's (vllm_config, kv_cache_config) factory of handlers",
+    "vllm.v1.kv_offload.base:OffloadingSpec.get_worker": "kvcy's workers come from get_handlers",
+    "vllm.v1.kv_offload.base:GPULoadStoreSpec.__init__":
+        "group_sizes and block_indices may be left out in kvcy (None: one group), a superset of vLLM's",
+    "vllm.v1.kv_offload.base:CanonicalPageMapping": "tensor-parallel page mappings: not in kvcy (single rank)",
+    "vllm.v1.kv_offload.base:CopyRun": "tensor-parallel page mappings: not in kvcy (single rank)",
+}
+
+_SKIP_NAMES = {"annotations", "logger", "init_logger", "override", "TYPE_CHECKING"}
+
+
+def _public_names(module) -> list[str]:
+    """The public names a module defines (not the ones it imports), plus its constants."""
+    if module.__name__ in ONLY:
+        return ONLY[module.__name__]
+    out = []
+    for name, value in vars(module).items():
+        if name.startswith("_") or name in _SKIP_NAMES or inspect.ismodule(value):
+            continue
+        home = getattr(value, "__module__", None)
+        if (inspect.isclass(value) or callable(value)) and home != module.__name__:
+            continue  # imported from elsewhere
+        out.append(name)
+    return sorted(out)
+
+
+def _params(obj):
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    params = [(p.name, p.kind.name.replace("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD"),
+               None if p.default is inspect.Parameter.empty else repr(p.default))
+              for p in sig.parameters.values()]
+    if [p[0] for p in params] in (["self", "args", "kwargs"], ["args", "kwargs"]):
+        return None  # a compiled method without an embedded signature
+    return params
+
+
+def _pure_twin_attr(cls_name: str, attr: str):
+    pure = _twin.load("python")
+    cls = getattr(pure, cls_name, None)
+    return None if cls is None else getattr(cls, attr, None)
+
+
+def _api_differences() -> list[str]:
+    import importlib
+
+    diffs = []
+    for vname, kname in MODULES:
+        vmod, kmod = importlib.import_module(vname), importlib.import_module(kname)
+        for name in _public_names(vmod):
+            tag = f"{vname}:{name}"
+            if tag in API_ALLOWED:
+                continue
+            try:
+                kval = getattr(kmod, name)
+            except AttributeError:
+                diffs.append(f"{tag}: missing")
+                continue
+            vval = getattr(vmod, name)
+            if inspect.isclass(vval):
+                diffs += _class_differences(tag, vval, kval)
+            elif callable(vval) and not isinstance(vval, type(vbase.OffloadKey)):
+                vp, kp = _params(vval), _params(kval)
+                if vp != kp:
+                    diffs.append(f"{tag}: parameters {vp} != {kp}")
+            elif not callable(vval) and vval != kval:
+                diffs.append(f"{tag}: value {vval!r} != {kval!r}")
+    return diffs
+
+
+def _class_differences(tag: str, vcls: type, kcls) -> list[str]:
+    diffs = []
+    if not inspect.isclass(kcls):
+        return [f"{tag}: not a class in kvcy ({type(kcls).__name__})"]
+    if issubclass(vcls, enum.Enum):
+        vm = [(m.name, m.value) for m in vcls]
+        km = [(m.name, m.value) for m in kcls] if issubclass(kcls, enum.Enum) else None
+        if vm != km:
+            diffs.append(f"{tag}: members {vm} != {km}")
+        for base in (str, int):
+            if issubclass(vcls, base) != issubclass(kcls, base):
+                diffs.append(f"{tag}: {base.__name__} mixin differs")
+        return diffs
+    if dataclasses.is_dataclass(vcls):
+        if not dataclasses.is_dataclass(kcls):
+            return diffs + [f"{tag}: not a dataclass in kvcy"]
+
+        def fields(c):
+            return [(f.name, f.init, f.repr, f.compare, repr(f.default), f.default_factory is not dataclasses.MISSING)
+                    for f in dataclasses.fields(c)]
+        if fields(vcls) != fields(kcls):
+            diffs.append(f"{tag}: fields {fields(vcls)} != {fields(kcls)}")
+        if vcls.__dataclass_params__.frozen != kcls.__dataclass_params__.frozen:
+            diffs.append(f"{tag}: frozen differs")
+    if issubclass(vcls, tuple) and hasattr(vcls, "_fields"):
+        if (vcls._fields, vcls._field_defaults) != (getattr(kcls, "_fields", None),
+                                                    getattr(kcls, "_field_defaults", None)):
+            diffs.append(f"{tag}: NamedTuple fields differ")
+    for attr in sorted(set(dir(vcls))):
+        if attr.startswith("_") and attr != "__init__":
+            continue
+        if f"{tag}.{attr}" in API_ALLOWED:
+            continue
+        vval = inspect.getattr_static(vcls, attr)
+        if not hasattr(kcls, attr):
+            diffs.append(f"{tag}.{attr}: missing")
+            continue
+        if attr == "__init__" and vval is object.__init__:
+            continue
+        kval = getattr(kcls, attr)
+        if isinstance(vval, property) or not callable(getattr(vcls, attr)):
+            if isinstance(vval, property) != isinstance(inspect.getattr_static(kcls, attr), property) and \
+                    not callable(getattr(vcls, attr)) and attr not in ("medium",):
+                pass  # (an attribute vs a read-only property: same reads)
+            continue
+        vp, kp = _params(getattr(vcls, attr)), _params(kval)
+        if kp is None:
+            kp = _params(_pure_twin_attr(kcls.__name__, attr))
+        if kp is not None and vp is not None and vp != kp:
+            diffs.append(f"{tag}.{attr}: parameters {vp} != {kp}")
+        if isinstance(vval, (classmethod, staticmethod)) != isinstance(
+                inspect.getattr_static(kcls, attr, None), (classmethod, staticmethod)):
+            diffs.append(f"{tag}.{attr}: classmethod/staticmethod differs")
+    return diffs
+
+
+def test_api_surface_matches_vllm():
+    """Every public name of vLLM's offloading modules exists in kvcy's counterpart with the
+    same parameters (names, kinds, defaults), dataclass fields, NamedTuple fields and enum
+    members, except the differences listed (and explained) in ``API_ALLOWED``."""
+    assert _api_differences() == []
+
+
+def test_api_allowed_lists_only_real_differences():
+    """Each ``API_ALLOWED`` entry is a difference the comparison finds (the list stays honest)."""
+    found = {d.split(": ", 1)[0] for d in _api_differences_without_allowances()}
+    assert set(API_ALLOWED) == found
+
+
+def _api_differences_without_allowances() -> list[str]:
+    saved = dict(API_ALLOWED)
+    API_ALLOWED.clear()
+    try:
+        return _api_differences()
+    finally:
+        API_ALLOWED.update(saved)
+
+
+def test_lock_is_a_context_manager_as_vllm():
+    """vLLM's default ``lock`` is a no-op context; kvcy's is a re-entrant lock (deliberately
+    real: the API lets a manager supply one).  Both are entered the same way, re-entrantly."""
+    for manager in (vmanager.CPUOffloadingManager(1), _twin.twin.CPUOffloadingManager(1)):
+        with manager.lock:
+            with manager.lock:
+                assert manager.lookup(b"abcd" + bytes(4), None) is not None

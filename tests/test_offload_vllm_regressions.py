@@ -204,3 +204,150 @@ def test_a_context_keeps_one_record_as_vllm(offload_impl, policy):
     else:
         assert state_a["arc"]["t1"] == [0, 1, 2, 3] and state_a["arc"]["t2"] == []
         assert state_b["arc"]["t1"] == [0] and state_b["arc"]["t2"] == [1]
+
+
+# =============================================================================
+# CachePolicy's default hooks, for a policy that defines only the abstract methods
+# =============================================================================
+# vLLM's CachePolicy.on_store_miss touches the missed keys and on_request_finished touches
+# each group's keys (group order); kvcy's defaults did nothing, so an out-of-tree policy
+# heard no recency at all.
+def _logging_policy(base, log):
+    class Logging(base):
+        def __init__(self, cache_capacity):
+            super().__init__(cache_capacity)
+            self.d = {}
+
+        def get(self, key):
+            return self.d.get(key)
+
+        def insert(self, key, chunk, req_context):
+            self.d[key] = chunk
+
+        def remove(self, key):
+            del self.d[key]
+
+        def touch(self, keys, req_context):
+            log.append([k[:-4].decode() + str(k[-1]) for k in keys])
+
+        def evict(self, n, protected):
+            out = [(k, c) for k, c in self.d.items() if c.ref_cnt == 0 and k not in protected][:n]
+            if len(out) < n:
+                return None
+            for k, _ in out:
+                del self.d[k]
+            return out
+
+        def clear(self):
+            self.d.clear()
+
+    return Logging
+
+
+def test_policy_default_hooks_touch_as_vllm(offload_impl, monkeypatch):
+    import sys
+    import types
+
+    log = []
+    module = types.ModuleType("kvcy_test_logpol")
+    module.Logging = _logging_policy(offload_impl.CachePolicy, log)
+    monkeypatch.setitem(sys.modules, "kvcy_test_logpol", module)
+    m = offload_impl.CPUOffloadingManager(4, cache_policy="Logging", cache_policy_module_path="kvcy_test_logpol")
+    ctx = ReqContext(req_id="r")
+
+    def k(name, group=0):
+        return name.encode() + group.to_bytes(4, "big")
+
+    out = m.prepare_store([k("a"), k("a", 1), k("b")], ctx)
+    log.append("--")
+    m.complete_store(out.keys_to_store, ctx)
+    m.prepare_load([k("a")], ReqContext(req_id="s"))
+    log.append("--")
+    m.prepare_store([k("c", 1), k("b")], ctx)
+    log.append("--")
+    m.on_request_finished(ctx)
+    # vLLM 0.33.0's log for the same calls:
+    assert log == [["a0", "a1", "b0"], "--", "--", ["c1"], "--", ["a0", "b0"], ["a1", "c1"]]
+
+
+@pytest.mark.parametrize("cls_name", ["CachePolicy", "LRUCachePolicy", "ARCCachePolicy"])
+def test_policy_hook_parameter_names_as_vllm(offload_impl, cls_name):
+    import inspect
+
+    cls = getattr(offload_impl, cls_name)
+    for method, names in (("on_request_access", ["keys", "req_context"]),
+                          ("on_request_finished", ["key_groups", "insertion_only_keys", "reused_keys",
+                                                   "req_context"])):
+        params = list(inspect.signature(getattr(cls, method)).parameters)
+        assert params[1:] == names, (cls_name, method, params)
+
+
+# =============================================================================
+# CPUOffloadingInfo, ConfigInfo, config_info(), the factory, ReqContext equality
+# =============================================================================
+def test_cpu_offloading_info_as_vllm(offload_impl):
+    """kvcy's CPUOffloadingInfo was a dict; vLLM's is a frozen ConfigInfo dataclass."""
+    import types
+
+    from kvcy.kv_offload.base import ConfigInfo
+    from kvcy.kv_offload.cpu import CPUOffloadingInfo
+
+    groups = [types.SimpleNamespace(tokens_per_block=16, sliding_window_size_in_chunks=None),
+              types.SimpleNamespace(tokens_per_block=16, sliding_window_size_in_chunks=2)]
+    cfg = types.SimpleNamespace(cache=types.SimpleNamespace(blocks_per_chunk=2),
+                                model=types.SimpleNamespace(max_model_len=100), groups=groups)
+    info = CPUOffloadingInfo.from_config(cfg, 10, 1000)
+    assert isinstance(info, ConfigInfo) and dataclasses.is_dataclass(info)
+    assert repr(info) == ("CPUOffloadingInfo(cpu_num_chunks=10, cpu_blocks_per_chunk=2, "
+                          "cpu_kv_cache_size_bytes=10000, cpu_kv_cache_size_tokens=166)")
+    assert CPUOffloadingInfo.config_info_keys() == (
+        "cpu_num_chunks", "cpu_blocks_per_chunk", "cpu_kv_cache_size_bytes", "cpu_kv_cache_size_tokens")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.cpu_num_chunks = 3
+    cfg.model.max_model_len = 0
+    assert CPUOffloadingInfo.from_config(cfg, 10, 1000).as_config_info() == {
+        "cpu_num_chunks": 10, "cpu_blocks_per_chunk": 2, "cpu_kv_cache_size_bytes": 10000,
+        "cpu_kv_cache_size_tokens": "None"}
+    m = offload_impl.CPUOffloadingManager(2, info=info)
+    assert m.config_info() == [{"cpu_num_chunks": 10, "cpu_blocks_per_chunk": 2,
+                                "cpu_kv_cache_size_bytes": 10000, "cpu_kv_cache_size_tokens": 166}]
+    assert m.config_info()[0] is m.config_info()[0]  # one mapping, as vLLM
+    with pytest.raises(TypeError, match="info must be a CPUOffloadingInfo"):
+        offload_impl.CPUOffloadingManager(2, info=[("a", 1)])
+
+
+def test_factory_as_vllm(offload_impl):
+    from kvcy.kv_offload.cpu import CachePolicyFactory
+
+    with pytest.raises(ValueError, match=r"^Unknown cache policy: 'zzz'\. Supported: \['lru', 'arc'\]\. "
+                                         r"For an out-of-tree policy, also set cache_policy_module_path\.$"):
+        CachePolicyFactory.get_cache_policy_cls("zzz")
+    # a registered name wins over a module path (kvcy imported the path, which does not exist)
+    assert CachePolicyFactory.get_cache_policy_cls("lru", "nonexistent.module").__name__ == "LRUCachePolicy"
+    m = offload_impl.CPUOffloadingManager(2, cache_policy="arc", cache_policy_module_path="nonexistent.module")
+    assert type(m._policy) is offload_impl.ARCCachePolicy
+
+
+def test_req_context_equality_as_vllm():
+    """vLLM's ReqContext compares its key positions and state too (kvcy's left them out)."""
+    a, b = ReqContext(req_id="a"), ReqContext(req_id="a")
+    assert a == b and ReqContext(req_id="a") != ReqContext(req_id="b")
+    a.set_offload_key_position(_key("x"), 3)
+    assert a != b
+
+
+def test_base_names_as_vllm():
+    """vllm.v1.kv_offload.base's names that kvcy.kv_offload.base lacked."""
+    from kvcy.kv_offload import base
+
+    assert base.OffloadingGaugeMetadata("d").multiprocess_mode == "mostrecent"
+    assert base.OffloadingHistogramMetadata("d", ("l",)).buckets is None
+    assert issubclass(base.OffloadingCounterMetadata, base.OffloadingMetricMetadata)
+    assert base.OffloadingKVEventsConfig(True, False).self_describing_kv_events is False
+    assert base.OffloadingSpec.build_metric_definitions({}) == {}
+    assert base.OffloadingSpec.config_info_keys({}) == ()
+    for name in ("CanonicalKVCaches", "CanonicalKVCacheRef", "CanonicalKVCacheTensor", "TransferResult",
+                 "OffloadingWorker"):
+        assert isinstance(getattr(base, name), type), name
+    with pytest.raises(AttributeError):
+        base.NoSuchName  # noqa: B018
