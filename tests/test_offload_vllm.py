@@ -672,3 +672,149 @@ def test_lock_is_a_context_manager_as_vllm():
         with manager.lock:
             with manager.lock:
                 assert manager.lookup(b"abcd" + bytes(4), None) is not None
+
+
+# =============================================================================
+# Small behaviours of the key and spec helpers, ReqContext, ChunkStatus, order_request_keys
+# =============================================================================
+def _helper_cases(B, common, policies):
+    spec, chunk = common.CPULoadStoreSpec, policies.ChunkStatus
+
+    def ctx_with(*positions):
+        ctx = B.ReqContext("r")
+        for key, end in positions:
+            ctx.set_offload_key_position(key, end)
+        return ctx
+
+    def chunk_state(c):
+        return (c.ref_cnt, c.chunk_id, c.is_ready)
+
+    k0, k1 = b"a\0\0\0\0", b"b\0\0\0\0"
+    return {
+        "make_key": lambda: B.make_offload_key(b"ab", 5),
+        "make_key_empty_hash": lambda: B.make_offload_key(b"", 0),
+        "make_key_bool": lambda: B.make_offload_key(b"ab", True),
+        "make_key_too_big": lambda: B.make_offload_key(b"ab", 2**32),
+        "make_key_negative": lambda: B.make_offload_key(b"ab", -1),
+        "make_key_str_hash": lambda: B.make_offload_key("ab", 1),
+        "make_key_bytearray": lambda: B.make_offload_key(bytearray(b"ab"), 1),
+        "make_key_float_group": lambda: B.make_offload_key(b"ab", 1.0),
+        "block_hash": lambda: B.get_offload_block_hash(b"abcd\0\0\0\x07"),
+        "group_idx": lambda: B.get_offload_group_idx(b"abcd\0\0\1\x07"),
+        "hash_of_suffix_only": lambda: B.get_offload_block_hash(b"\0\0\0\2"),
+        "group_of_suffix_only": lambda: B.get_offload_group_idx(b"\0\0\0\2"),
+        "block_hash_short": lambda: B.get_offload_block_hash(b"ab"),
+        "group_idx_short": lambda: B.get_offload_group_idx(b"ab"),
+        "gpu_spec": lambda: B.GPULoadStoreSpec([1, 2, 3], [1, 2], [0, 4]),
+        "gpu_spec_tuples": lambda: B.GPULoadStoreSpec((1, 2, 3), (3,), (0,)),
+        "gpu_spec_numpy": lambda: B.GPULoadStoreSpec(np.array([5, 6]), [2], [0]),
+        "gpu_spec_empty": lambda: B.GPULoadStoreSpec([], [], []),
+        "gpu_spec_empty_group": lambda: B.GPULoadStoreSpec([1], [0, 1], [0, 0]),
+        "gpu_spec_bad_sum": lambda: B.GPULoadStoreSpec([1, 2, 3], [1, 1], [0, 4]),
+        "gpu_spec_bad_indices": lambda: B.GPULoadStoreSpec([1, 2, 3], [1, 2], [0]),
+        "gpu_spec_negative_id": lambda: B.GPULoadStoreSpec([-1], [1], [0]),
+        "cpu_spec": lambda: spec([3, 1]),
+        "cpu_spec_chunk_ids": lambda: spec([3, 1]).chunk_ids,
+        "cpu_spec_empty": lambda: spec([]),
+        "cpu_spec_int64": lambda: spec(np.array([1, 2], dtype=np.int64)),
+        "cpu_spec_range": lambda: spec(range(3)),
+        "cpu_spec_too_big": lambda: spec([2**31]),
+        "cpu_spec_float": lambda: spec([1.5]),
+        "event_repr": lambda: repr(B.OffloadingEvent(keys=[k0], medium=B.Medium.CPU, removed=True)),
+        "event_eq": lambda: B.OffloadingEvent([k0], B.Medium.CPU, True) == B.OffloadingEvent([k0], B.Medium.CPU, True),
+        "store_output_repr": lambda: repr(B.PrepareStoreOutput([k0], spec([1]), [])),
+        "ctx_repr": lambda: repr(B.ReqContext("r")),
+        "ctx_eq": lambda: (B.ReqContext("r") == B.ReqContext("r"), ctx_with((k0, 1)) == B.ReqContext("r")),
+        "ctx_positions": lambda: (ctx_with((k0, 5)).get_offload_key_position(k0),
+                                  ctx_with((k0, 5)).get_offload_key_position(k1)),
+        "ctx_negative_position": lambda: ctx_with((k0, -5)).get_offload_key_position(k0),
+        "ctx_state": lambda: (lambda c: (c.set_state(3), c.get_state(int), c.get_state(str)))(B.ReqContext("r")),
+        "tier_all": lambda: B.TierFilter.ALL.allows(B.Medium.CPU, None),
+        "tier_empty": lambda: B.TierFilter().allows(B.Medium.CPU, None),
+        "tier_medium": lambda: B.TierFilter((B.TierMatcher(B.Medium.STORAGE),)).allows(B.Medium.CPU, B.Locality.LOCAL),
+        "tier_unknown_medium": lambda: B.TierFilter((B.TierMatcher(B.Medium.STORAGE),)).allows(None, B.Locality.LOCAL),
+        "schedule_end": lambda: B.ScheduleEndContext(["a"], []),
+        "request_context": lambda: repr(B.RequestOffloadingContext()),
+        "lookup_members": lambda: [(m.name, m.value) for m in B.LookupResult],
+        "chunk": lambda: chunk_state(chunk(7)),
+        "chunk_big_id": lambda: chunk_state(chunk(2**40)),
+        "chunk_negative_id": lambda: chunk_state(chunk(-7)),
+        "chunk_set_ref_cnt": lambda: (lambda c: (setattr(c, "ref_cnt", 5), chunk_state(c)))(chunk(1)),
+        "order_by_positions": lambda: policies.order_request_keys(
+            [[k1, k0], [b"c\0\0\0\1"]], ctx_with((k0, 1), (k1, 2), (b"c\0\0\0\1", 1))),
+        "order_without_some_positions": lambda: policies.order_request_keys([[k1, k0]], ctx_with((k0, 1))),
+        "order_tuples": lambda: policies.order_request_keys(((k1,),), B.ReqContext("r")),
+    }
+
+
+#: Helper inputs kvcy refuses (ValueError / TypeError, or a read-only attribute) where vLLM
+#: goes on with a value that is not a key, id or position.  case -> why.
+HELPER_ALLOWED = {
+    "make_key_str_hash": "both raise TypeError (the messages differ: vLLM's is str + bytes)",
+    "make_key_bytearray": "vLLM returns a bytearray 'key' that no dict of keys finds; kvcy: TypeError",
+    "make_key_float_group": "vLLM: AttributeError (float.to_bytes); kvcy: TypeError",
+    "block_hash_short": "a key shorter than its 4-byte suffix: vLLM slices garbage; kvcy: ValueError",
+    "group_idx_short": "a key shorter than its 4-byte suffix: vLLM reads garbage; kvcy: ValueError",
+    "gpu_spec_bad_sum": "both AssertionError; kvcy's says what is wrong (vLLM's is empty)",
+    "gpu_spec_bad_indices": "both AssertionError; kvcy's says what is wrong (vLLM's is empty)",
+    "gpu_spec_negative_id": "a negative GPU block id: vLLM keeps it; kvcy: ValueError",
+    "cpu_spec_too_big": "an id past int32: vLLM's numpy OverflowError; kvcy: ValueError",
+    "cpu_spec_float": "vLLM truncates 1.5 to chunk 1; kvcy: TypeError",
+    "ctx_negative_position": "a negative end-token position: vLLM keeps it; kvcy: ValueError",
+    "chunk_negative_id": "a negative chunk id: vLLM keeps it; kvcy: ValueError",
+    "chunk_set_ref_cnt": "the compiled twin's ChunkStatus fields are read-only (interpreter safety); "
+                         "the pure twin's are writable like vLLM's",
+}
+
+
+def _helper_outcome(call):
+    try:
+        value = call()
+    except Exception as exc:  # noqa: BLE001 - compared
+        return ("raise", type(exc).__name__, str(exc))
+
+    def norm(v):
+        if isinstance(v, np.ndarray):
+            return ("array", str(v.dtype), v.tolist())
+        if isinstance(v, (vbase.BlockIDsLoadStoreSpec, kbase.BlockIDsLoadStoreSpec)):
+            return (type(v).__name__, norm(v.block_ids), repr(v), getattr(v, "group_sizes", "-"),
+                    getattr(v, "block_indices", "-"))
+        if isinstance(v, tuple):
+            return (type(v).__name__, tuple(norm(x) for x in v))
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        return (type(v).__name__, v)
+    return ("ok", norm(value))
+
+
+def test_helpers_behave_as_vllm():
+    from vllm.v1.kv_offload.cpu.policies import base as vpolicies
+
+    from kvcy.kv_offload.cpu.policies import base as kpolicies
+
+    vcases = _helper_cases(vbase, vcommon, vpolicies)
+    kcases = _helper_cases(kbase, kcommon, kpolicies)
+    assert set(HELPER_ALLOWED) <= set(vcases)
+    for name in vcases:
+        got_v, got_k = _helper_outcome(vcases[name]), _helper_outcome(kcases[name])
+        if name in HELPER_ALLOWED:
+            assert got_k[0] == "raise" or got_k == got_v, (name, got_v, got_k)
+            if name.startswith("gpu_spec_bad"):
+                assert got_k[:2] == got_v[:2] == ("raise", "AssertionError")
+        else:
+            assert got_v == got_k, (name, got_v, got_k)
+
+
+def test_canonical_kv_caches_as_vllm():
+    """CanonicalKVCacheTensor / Ref / Caches: same fields and construction from tensors."""
+    import torch
+
+    from kvcy.kv_offload import canonical
+
+    tensor = torch.zeros((4, 32), dtype=torch.int8)
+    for mod in (vbase, canonical):
+        caches = mod.CanonicalKVCaches(tensors=[mod.CanonicalKVCacheTensor(tensor=tensor, page_size_bytes=32)],
+                                       group_data_refs=[[mod.CanonicalKVCacheRef(tensor_idx=0, page_size_bytes=16)]])
+        assert caches.tensors[0].tensor is tensor and caches.group_data_refs[0][0].mapping is None
+    assert [f.name for f in dataclasses.fields(canonical.CanonicalKVCacheRef)] == \
+        [f.name for f in dataclasses.fields(vbase.CanonicalKVCacheRef)]

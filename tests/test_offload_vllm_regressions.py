@@ -351,3 +351,31 @@ def test_base_names_as_vllm():
         assert isinstance(getattr(base, name), type), name
     with pytest.raises(AttributeError):
         base.NoSuchName  # noqa: B018
+
+
+# =============================================================================
+# Key and spec helpers
+# =============================================================================
+def test_make_offload_key_as_vllm():
+    """vLLM packs the group index with ``int.to_bytes``: a bool is an int, and an index
+    out of 4 unsigned bytes is an OverflowError (kvcy raised TypeError / ValueError)."""
+    from kvcy.kv_offload.base import make_offload_key
+
+    assert make_offload_key(b"ab", True) == b"ab\x00\x00\x00\x01"
+    with pytest.raises(OverflowError, match="^int too big to convert$"):
+        make_offload_key(b"ab", 2**32)
+    with pytest.raises(OverflowError, match="^can't convert negative int to unsigned$"):
+        make_offload_key(b"ab", -1)
+
+
+def test_gpu_spec_keeps_the_callers_sequences_as_vllm():
+    """vLLM keeps ``group_sizes`` / ``block_indices`` as given; kvcy made tuples, so a list
+    compared unequal (``spec.group_sizes == [1, 2]`` was False)."""
+    from kvcy.kv_offload.base import GPULoadStoreSpec
+
+    sizes, indices = [1, 2], [0, 4]
+    spec = GPULoadStoreSpec([1, 2, 3], sizes, indices)
+    assert spec.group_sizes is sizes and spec.block_indices is indices
+    assert spec.group_sizes == [1, 2] and spec.block_indices == [0, 4]
+    assert GPULoadStoreSpec((1, 2, 3), (3,), (0,)).group_sizes == (3,)
+    assert GPULoadStoreSpec([1], iter([1]), iter([0])).group_sizes == (1,)  # (an iterator: kept as read)

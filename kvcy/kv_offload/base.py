@@ -94,15 +94,14 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
 
     Raises:
         TypeError: ``block_hash`` is not bytes or ``group_idx`` not an int.
-        ValueError: ``group_idx`` does not fit 4 unsigned bytes.
+        OverflowError: ``group_idx`` does not fit 4 unsigned bytes (as vLLM's
+            ``int.to_bytes`` raises).
     """
     if not isinstance(block_hash, bytes):
         raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}")
-    if isinstance(group_idx, bool) or not isinstance(group_idx, int):
+    if not isinstance(group_idx, int):
         raise TypeError(f"group_idx must be an int, got {type(group_idx).__name__}")
-    if not 0 <= group_idx < 1 << 32:
-        raise ValueError(f"group_idx must be in [0, 2**32), got {group_idx}")
-    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(OFFLOAD_KEY_SUFFIX_LEN, "big"))
+    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(OFFLOAD_KEY_SUFFIX_LEN, "big", signed=False))
 
 
 def get_offload_block_hash(key: OffloadKey) -> bytes:
@@ -341,8 +340,13 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
             raise AssertionError(
                 f"block_indices needs one entry per KV cache group: {len(indices)} != {num_groups}"
             )
-        self.group_sizes: Sequence[int] | None = sizes
-        self.block_indices: Sequence[int] | None = indices
+        # kept as given (vLLM keeps the caller's sequences); other iterables as tuples
+        self.group_sizes: Sequence[int] | None = (
+            group_sizes if isinstance(group_sizes, (Sequence, np.ndarray)) else sizes
+        )
+        self.block_indices: Sequence[int] | None = (
+            block_indices if isinstance(block_indices, (Sequence, np.ndarray)) else indices
+        )
 
 
 @dataclass
