@@ -379,3 +379,17 @@ def test_gpu_spec_keeps_the_callers_sequences_as_vllm():
     assert spec.group_sizes == [1, 2] and spec.block_indices == [0, 4]
     assert GPULoadStoreSpec((1, 2, 3), (3,), (0,)).group_sizes == (3,)
     assert GPULoadStoreSpec([1], iter([1]), iter([0])).group_sizes == (1,)  # (an iterator: kept as read)
+
+
+def test_take_events_leaves_the_queued_events_alone_as_vllm(offload_impl):
+    """A failed store's event is yielded as a copy with the keys still not resident (vLLM's
+    ``dataclasses.replace``); kvcy trimmed the queued event itself."""
+    m = offload_impl.CPUOffloadingManager(4, enable_events=True)
+    ctx = ReqContext(req_id="r")
+    m.prepare_store([_key("x"), _key("y")], ctx)
+    m.complete_store([_key("x"), _key("y")], ctx, success=False)
+    queued = m.events[0]
+    m.prepare_store([_key("x")], ctx)
+    out = list(m.take_events())
+    assert [e.keys for e in out] == [[_key("y")]] and out[0] is not queued
+    assert queued.keys == [_key("x"), _key("y")] and queued.metadata_only

@@ -2,6 +2,8 @@
 # per-request access records it keeps on a ReqContext.  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 
+from dataclasses import replace as _dc_replace
+
 #: The policies every manager knows without the factory.
 _BUILTIN_POLICIES = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
 
@@ -895,8 +897,7 @@ cdef class CPUOffloadingManager:
                 keys = [key for key in event.keys if self._pol.c_get(key) is None]
                 if not keys:
                     continue
-                if len(keys) != len(event.keys):
-                    event.keys = keys
+                event = _dc_replace(event, keys=keys)  # (a copy, as vLLM: the queued one is left alone)
             yield event
 
     def on_schedule_end(self, context):

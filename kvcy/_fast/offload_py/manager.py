@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Iterator
+from dataclasses import replace
 from typing import Any
 
 from kvcy._fast.offload_py._common import (
@@ -561,8 +562,7 @@ class CPUOffloadingManager(OffloadingManager):
                 keys = [key for key in event.keys if get(key) is None]
                 if not keys:
                     continue
-                if len(keys) != len(event.keys):
-                    event.keys = keys
+                event = replace(event, keys=keys)  # (a copy, as vLLM: the queued one is left alone)
             yield event
 
     def on_schedule_end(self, context: Any) -> None:
