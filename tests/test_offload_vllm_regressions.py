@@ -393,3 +393,30 @@ def test_take_events_leaves_the_queued_events_alone_as_vllm(offload_impl):
     out = list(m.take_events())
     assert [e.keys for e in out] == [[_key("y")]] and out[0] is not queued
     assert queued.keys == [_key("x"), _key("y")] and queued.metadata_only
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_prepare_load_of_an_iterator_records_no_access_as_vllm(offload_impl, policy):
+    """vLLM's prepare_load walks ``keys`` to pin them, then again to record the request's
+    access: an iterator is spent by then, so the request notes no key (no reuse, no rank).
+    kvcy recorded them, and evicted another key next."""
+    m = offload_impl.CPUOffloadingManager(3, cache_policy=policy)
+    ctx, reader = ReqContext(req_id="r"), ReqContext(req_id="s")
+    for i, name in enumerate("abcd"):
+        for c in (ctx, reader):
+            c.set_offload_key_position(_key(name), 16 * (i + 1))
+    m.complete_store(m.prepare_store([_key("a"), _key("b")], ctx).keys_to_store, ctx)
+    assert m.prepare_load(iter([_key("a"), _key("b")]), reader).block_ids.tolist() == [0, 1]
+    m.complete_load([_key("a"), _key("b")], reader)
+    m.touch((k for k in [_key("b"), _key("a")]), reader)
+    m.on_request_finished(reader)
+    out = m.prepare_store([_key("c"), _key("d")], ctx)
+    # vLLM 0.33.0's values for the same calls:
+    assert (out.keys_to_store, out.store_spec.block_ids.tolist(), out.evicted_keys) == (
+        [_key("c"), _key("d")], [2, 0], [_key("a")])
+    m.on_request_finished(ctx)
+    state = offload_check_state(m)
+    if policy == "lru":
+        assert state["lru_order"] == [0, 2, 1]
+    else:
+        assert state["arc"] == {"t1": [0, 2], "t2": [1], "b1": [], "b2": ["6100000000"], "target_t1_size": 0.0}

@@ -2,6 +2,7 @@
 # per-request access records it keeps on a ReqContext.  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 
+from collections.abc import Iterator as _Iterator
 from dataclasses import replace as _dc_replace
 
 #: The policies every manager knows without the factory.
@@ -479,6 +480,9 @@ cdef class CPUOffloadingManager:
 
     def _prepare_load(self, keys, req_context, *, record_access):
         """``prepare_load``; with ``record_access=False`` only the pins (a pin-only read)."""
+        # (vLLM reads ``keys`` again to record them: an iterator is spent by then, so
+        # the request's record notes none of them)
+        cdef bint one_pass = type(keys) is not list and isinstance(keys, _Iterator)
         cdef list ks = _check_keys(keys)
         cdef bint record = bool(record_access)
         cdef CachePolicy policy = self._pol
@@ -498,7 +502,7 @@ cdef class CPUOffloadingManager:
             chunks.append(st)
         if record:
             rec = self._get_record(req_context, True)
-            if rec.finished:
+            if rec.finished and not one_pass:
                 for key in ks:
                     if key not in rec.keys:
                         raise AssertionError(_FINALIZED)
@@ -511,7 +515,7 @@ cdef class CPUOffloadingManager:
                 self._n_evictable -= 1
             st.ref_cnt += 1
             ids.push_back(st.chunk_id)
-        if rec is not None:
+        if rec is not None and not one_pass:
             self._record(rec, ks, ks, req_context, _positions(req_context), chunks)
         return _chunk_spec(ids)
 

@@ -268,6 +268,9 @@ class CPUOffloadingManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
     ) -> CPULoadStoreSpec:
         """``prepare_load``; with ``record_access=False`` only the pins (a pin-only read)."""
+        # (vLLM reads ``keys`` again to record them: an iterator is spent by then, so
+        # the request's record notes none of them)
+        one_pass = type(keys) is not list and isinstance(keys, Iterator)
         keys = _check_keys(keys)
         if record_access:
             _check_context(req_context)
@@ -283,7 +286,7 @@ class CPUOffloadingManager(OffloadingManager):
         record = None
         if record_access:
             record = self._get_record(req_context, create=True)
-            if record.finished:
+            if record.finished and not one_pass:
                 seen = record.seen
                 for key in keys:
                     if key not in seen:
@@ -294,7 +297,7 @@ class CPUOffloadingManager(OffloadingManager):
                 policy.mark_non_evictable(key)
                 self._num_evictable_cache_chunks -= 1
             chunk.ref_cnt += 1
-        if record is not None:
+        if record is not None and not one_pass:
             self._record(record, keys, keys, req_context)
         return _chunk_spec([chunk.chunk_id for chunk in chunks])
 
