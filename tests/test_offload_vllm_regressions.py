@@ -420,3 +420,13 @@ def test_prepare_load_of_an_iterator_records_no_access_as_vllm(offload_impl, pol
         assert state["lru_order"] == [0, 2, 1]
     else:
         assert state["arc"] == {"t1": [0, 2], "t2": [1], "b1": [], "b2": ["6100000000"], "target_t1_size": 0.0}
+
+
+def test_arc_remove_of_a_key_not_resident_is_a_no_op_as_vllm(offload_impl):
+    """vLLM's ARCCachePolicy.remove pops with a default from t1 then t2; the pure twin
+    raised KeyError (the compiled one already did nothing)."""
+    policy = offload_impl.ARCCachePolicy(2)
+    policy.insert(_key("a"), offload_impl.ChunkStatus(0), ReqContext(req_id="r"))
+    policy.remove(_key("a"))
+    assert policy.remove(_key("a")) is None and policy.remove(_key("z")) is None
+    assert policy.get(_key("a")) is None and not policy.b1 and not policy.b2

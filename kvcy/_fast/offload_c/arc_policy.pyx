@@ -60,7 +60,7 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_remove(self, bytes key) except -1:
         cdef ChunkStatus st = self.c_get(key)
         if st is None:
-            raise KeyError(key)
+            return 0  # (not resident, a ghost included: nothing to drop, as vLLM)
         self._list_of(st).unlink(st)
         st.where = 0
         st.owned = False
@@ -381,7 +381,7 @@ cdef class ARCCachePolicy(CachePolicy):
         self.c_insert(bytes(key), <ChunkStatus>chunk, req_context, None)
 
     def remove(self, key):
-        """Drop a resident key, leaving no ghost."""
+        """Drop a resident key, leaving no ghost (a key not resident: nothing happens)."""
         _check_key(key)
         self.c_remove(bytes(key))
 

@@ -51,10 +51,10 @@ class ARCCachePolicy(CachePolicy):
         self.b2.pop(key, None)
 
     def remove(self, key: OffloadKey) -> None:
-        """Drop a resident key, leaving no ghost."""
+        """Drop a resident key, leaving no ghost (a key not resident: nothing happens)."""
         _check_key(key)
         if self.t1.pop(key, None) is None:
-            del self.t2[key]
+            self.t2.pop(key, None)
 
     def _ghost_hit(self, key: OffloadKey) -> None:
         b1 = self.b1
