@@ -103,6 +103,7 @@ class Config:
     threshold: int = 1
     tracker: int = 64_000
     groups: tuple[int, ...] = (0,)
+    vllm_contexts: bool = False  # kvcy's manager gets vLLM's ReqContext objects too
 
 
 CONFIGS = [
@@ -114,6 +115,7 @@ CONFIGS = [
     Config("lru-3-threshold2", "lru", 3, threshold=2, tracker=3),
     Config("lru-4-threshold3", "lru", 4, threshold=3, tracker=4, groups=(0, 1)),
     Config("lru-32", "lru", 32, groups=(0, 1, 5)),
+    Config("lru-4-vllm-contexts", "lru", 4, groups=(0, 1), vllm_contexts=True),
     Config("arc-1", "arc", 1),
     Config("arc-2-groups", "arc", 2, groups=(1, 0)),
     Config("arc-4", "arc", 4, groups=(0, 3)),
@@ -122,6 +124,7 @@ CONFIGS = [
     Config("arc-3-threshold2", "arc", 3, threshold=2, tracker=2),
     Config("arc-4-threshold3", "arc", 4, threshold=3, tracker=5),
     Config("arc-32", "arc", 32, groups=(0, 1, 5)),
+    Config("arc-3-vllm-contexts", "arc", 3, threshold=2, tracker=4, vllm_contexts=True),
 ]
 
 
@@ -208,7 +211,7 @@ class OffloadMachine(RuleBasedStateMachine):
 
     # -- helpers ----------------------------------------------------------------------
     def _new_context(self, req: str, positions: int) -> None:
-        pair = (vbase.ReqContext(req_id=req), kbase.ReqContext(req_id=req))
+        pair = (vbase.ReqContext(req_id=req), (vbase if self.cfg.vllm_contexts else kbase).ReqContext(req_id=req))
         self.ctx[req] = pair
         self.finished.discard(req)
         if positions:

@@ -430,3 +430,50 @@ def test_arc_remove_of_a_key_not_resident_is_a_no_op_as_vllm(offload_impl):
     policy.remove(_key("a"))
     assert policy.remove(_key("a")) is None and policy.remove(_key("z")) is None
     assert policy.get(_key("a")) is None and not policy.b1 and not policy.b2
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_context_of_another_class_with_the_same_methods_serves(offload_impl, policy):
+    """vLLM's manager takes its own ReqContext; kvcy's refused any context that was not
+    kvcy's (TypeError), so it could not stand in for vLLM's with vLLM's contexts.  A
+    context with get_state / set_state / get_offload_key_position now serves, and the
+    manager decides exactly as with kvcy's ReqContext."""
+
+    class ForeignContext:  # vLLM's ReqContext, as far as the manager reads it
+        def __init__(self, req_id):
+            self.req_id, self._state, self._positions = req_id, {}, {}
+
+        def set_state(self, val):
+            self._state[type(val)] = val
+
+        def get_state(self, cls):
+            return self._state.get(cls)
+
+        def set_offload_key_position(self, key, end):
+            self._positions[key] = end
+
+        def get_offload_key_position(self, key):
+            return self._positions.get(key)
+
+    def run(make):
+        m = offload_impl.CPUOffloadingManager(3, cache_policy=policy, enable_events=True)
+        ctxs = [make("r"), make("s"), make("t")]
+        for c in ctxs:
+            for i, name in enumerate("abcde"):
+                c.set_offload_key_position(_key(name), 16 * (i + 1))
+        out = []
+        for c, names in ((ctxs[0], "abc"), (ctxs[1], "ab"), (ctxs[2], "de")):
+            m.on_new_request(c)
+            got = m.prepare_store([_key(n) for n in names], c)
+            out.append(None if got is None else (got.keys_to_store, got.evicted_keys))
+            if got is not None:
+                m.complete_store(got.keys_to_store, c)
+            hits = [_key(n) for n in names if m.lookup(_key(n), c).name == "HIT"]
+            m.prepare_load(hits, c)
+            m.complete_load(hits, c)
+            m.on_request_finished(c)
+        return out, offload_check_state(m), [(e.keys, e.removed) for e in m.take_events()]
+
+    assert run(ForeignContext) == run(lambda req: ReqContext(req_id=req))
+    with pytest.raises(TypeError, match="req_context must be a ReqContext, got str"):
+        offload_impl.CPUOffloadingManager(1).on_new_request("r")
