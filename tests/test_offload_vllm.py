@@ -539,6 +539,9 @@ API_ALLOWED = {
     "vllm.v1.kv_offload.base:OffloadingSpec.get_worker": "kvcy's workers come from get_handlers",
     "vllm.v1.kv_offload.base:GPULoadStoreSpec.__init__":
         "group_sizes and block_indices may be left out in kvcy (None: one group), a superset of vLLM's",
+    "vllm.v1.kv_offload.base:OffloadingSpec.__abstractmethods__": "get_handlers in kvcy, get_worker in vLLM",
+    "vllm.v1.kv_offload.base:OffloadingWorker.__abstractmethods__":
+        "kvcy's OffloadingWorker is the concrete handler router (kvcy.kv_offload.worker)",
     "vllm.v1.kv_offload.base:CanonicalPageMapping": "tensor-parallel page mappings: not in kvcy (single rank)",
     "vllm.v1.kv_offload.base:CopyRun": "tensor-parallel page mappings: not in kvcy (single rank)",
 }
@@ -631,6 +634,14 @@ def _class_differences(tag: str, vcls: type, kcls) -> list[str]:
             diffs.append(f"{tag}: fields {fields(vcls)} != {fields(kcls)}")
         if vcls.__dataclass_params__.frozen != kcls.__dataclass_params__.frozen:
             diffs.append(f"{tag}: frozen differs")
+    abstract_v = sorted(getattr(vcls, "__abstractmethods__", ()))
+    if abstract_v and f"{tag}.__abstractmethods__" not in API_ALLOWED:
+        # (a compiled cdef class cannot be abstract: its pure twin's class is compared)
+        kabstract = getattr(kcls, "__abstractmethods__", None)
+        if kabstract is None:
+            kabstract = getattr(getattr(_twin.load("python"), kcls.__name__, None), "__abstractmethods__", ())
+        if abstract_v != sorted(kabstract):
+            diffs.append(f"{tag}.__abstractmethods__: {abstract_v} != {sorted(kabstract)}")
     if issubclass(vcls, tuple) and hasattr(vcls, "_fields"):
         if (vcls._fields, vcls._field_defaults) != (getattr(kcls, "_fields", None),
                                                     getattr(kcls, "_field_defaults", None)):
