@@ -62,6 +62,7 @@ from types import MappingProxyType
 
 from kvcy.kv_offload.base import (
     CacheHitSource,
+    ConfigInfo,
     LookupResult,
     Medium,
     OffloadingEvent,

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NewType, TypeVar
 
 import numpy as np
+
+from kvcy.metrics import CacheHitSource  # vLLM's vllm.v1.metrics.cache_hit_source, re-exported
 
 if TYPE_CHECKING:
     from kvcy.kv_offload.metrics import OffloadingConnectorStats
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BlockIDsLoadStoreSpec",
     "CacheHitSource",
+    "ConfigInfo",
+    "ConfigInfoMapping",
     "GPULoadStoreSpec",
     "LoadStoreSpec",
     "Locality",
@@ -37,8 +41,13 @@ __all__ = [
     "OFFLOAD_KEY_SUFFIX_LEN",
     "OffloadKey",
     "OffloadPolicy",
+    "OffloadingCounterMetadata",
     "OffloadingEvent",
+    "OffloadingGaugeMetadata",
+    "OffloadingHistogramMetadata",
+    "OffloadingKVEventsConfig",
     "OffloadingManager",
+    "OffloadingMetricMetadata",
     "OffloadingSpec",
     "PrepareStoreOutput",
     "ReqContext",
@@ -85,15 +94,14 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
 
     Raises:
         TypeError: ``block_hash`` is not bytes or ``group_idx`` not an int.
-        ValueError: ``group_idx`` does not fit 4 unsigned bytes.
+        OverflowError: ``group_idx`` does not fit 4 unsigned bytes (as vLLM's
+            ``int.to_bytes`` raises).
     """
     if not isinstance(block_hash, bytes):
         raise TypeError(f"block_hash must be bytes, got {type(block_hash).__name__}")
-    if isinstance(group_idx, bool) or not isinstance(group_idx, int):
+    if not isinstance(group_idx, int):
         raise TypeError(f"group_idx must be an int, got {type(group_idx).__name__}")
-    if not 0 <= group_idx < 1 << 32:
-        raise ValueError(f"group_idx must be in [0, 2**32), got {group_idx}")
-    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(OFFLOAD_KEY_SUFFIX_LEN, "big"))
+    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(OFFLOAD_KEY_SUFFIX_LEN, "big", signed=False))
 
 
 def get_offload_block_hash(key: OffloadKey) -> bytes:
@@ -123,13 +131,6 @@ class Locality(Enum):
 
     LOCAL = "LOCAL"
     REMOTE = "REMOTE"
-
-
-class CacheHitSource(Enum):
-    """Which tier supplied a cache hit (reported per hit to the metrics)."""
-
-    HOST = "host"
-    EXTERNAL_UNSPECIFIED = "external_unspecified"
 
 
 class TierMatcher(NamedTuple):
@@ -179,10 +180,8 @@ class ReqContext:
     kv_transfer_params: dict[str, Any] | None = None
     kv_hints: Any = None
     load_tier_filter: TierFilter = TierFilter.ALL
-    _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False, compare=False)
-    _offload_key_positions: dict[OffloadKey, int] = field(
-        default_factory=dict, repr=False, init=False, compare=False
-    )
+    _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False)
+    _offload_key_positions: dict[OffloadKey, int] = field(default_factory=dict, repr=False, init=False)
 
     def set_state(self, val: Any) -> None:
         """Keep ``val`` on the context, replacing the earlier value of its type."""
@@ -341,8 +340,13 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
             raise AssertionError(
                 f"block_indices needs one entry per KV cache group: {len(indices)} != {num_groups}"
             )
-        self.group_sizes: Sequence[int] | None = sizes
-        self.block_indices: Sequence[int] | None = indices
+        # kept as given (vLLM keeps the caller's sequences); other iterables as tuples
+        self.group_sizes: Sequence[int] | None = (
+            group_sizes if isinstance(group_sizes, (Sequence, np.ndarray)) else sizes
+        )
+        self.block_indices: Sequence[int] | None = (
+            block_indices if isinstance(block_indices, (Sequence, np.ndarray)) else indices
+        )
 
 
 @dataclass
@@ -374,6 +378,67 @@ class OffloadingEvent:
     ownership: str | None = None
     removal_expected: bool = False
     metadata_only: bool = False
+
+
+# ---------------------------------------------------------------------------
+# Metrics metadata and configuration facts
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OffloadingMetricMetadata:
+    """How one Prometheus metric of an offloading spec is described."""
+
+    documentation: str
+    labelnames: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OffloadingCounterMetadata(OffloadingMetricMetadata):
+    """A counter metric."""
+
+
+@dataclass(frozen=True)
+class OffloadingGaugeMetadata(OffloadingMetricMetadata):
+    """A gauge metric; ``multiprocess_mode`` says how samples of several processes merge."""
+
+    multiprocess_mode: str = "mostrecent"
+
+
+@dataclass(frozen=True)
+class OffloadingHistogramMetadata(OffloadingMetricMetadata):
+    """A histogram metric (``buckets=None``: the client's default buckets)."""
+
+    buckets: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class OffloadingKVEventsConfig:
+    """Whether KV events are published, and whether stored-block events describe themselves."""
+
+    enable_kv_cache_events: bool
+    self_describing_kv_events: bool
+
+
+#: One info-metric series: label name -> label value.
+ConfigInfoMapping = Mapping[str, str | int | float | bool]
+
+
+@dataclass(frozen=True)
+class ConfigInfo:
+    """Static facts a component reports as the labels of one info-metric series.
+
+    Each dataclass field is one label, in field order (see ``CPUOffloadingInfo``).
+    """
+
+    @classmethod
+    def config_info_keys(cls) -> tuple[str, ...]:
+        """The label names: the field names, in order."""
+        return tuple(f.name for f in fields(cls))
+
+    def as_config_info(self) -> ConfigInfoMapping:
+        """The label values by name (``None`` becomes ``"None"``)."""
+        return {f.name: "None" if getattr(self, f.name) is None else getattr(self, f.name) for f in fields(self)}
 
 
 # ---------------------------------------------------------------------------
@@ -543,6 +608,16 @@ class OffloadingSpec(ABC):
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
+        """The Prometheus metrics this spec's tier reports, by name (none by default)."""
+        return {}
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """The info-metric label names this spec's managers fill (none by default)."""
+        return ()
+
     @abstractmethod
     def get_manager(self) -> OffloadingManager:
         """The manager the scheduler-side connector uses to track blocks and evictions."""
@@ -554,3 +629,22 @@ class OffloadingSpec(ABC):
         Args:
             kv_caches: the canonicalized KV caches (``CanonicalKVCaches``).
         """
+
+
+# vLLM defines these here too; kvcy keeps them with torch, loaded on first use.
+_LAZY = {
+    "CanonicalKVCacheRef": "kvcy.kv_offload.canonical",
+    "CanonicalKVCacheTensor": "kvcy.kv_offload.canonical",
+    "CanonicalKVCaches": "kvcy.kv_offload.canonical",
+    "OffloadingWorker": "kvcy.kv_offload.worker",
+    "TransferResult": "kvcy.kv_offload.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -3,13 +3,16 @@
 :class:`OffloadingConnectorStats` mirrors vLLM 0.33.0's
 ``vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics.OffloadingConnectorStats``:
 its ``data`` is ``{"types": {name: kind}, "data": {name: {labels: value}},
-"info": {name: documentation}}``, where ``labels`` is a tuple of label values
-(``()`` for unlabelled metrics) and a histogram's value is the list of its
-observations.
+"info": None | [ {label: value}, ... ]}``, where ``labels`` is a tuple of label
+values (``()`` for unlabelled metrics), a histogram's value is the list of its
+observations, and ``info`` holds the managers' static ``config_info()`` series
+(``None`` until one is set with :meth:`~OffloadingConnectorStats.set_info`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["OffloadingConnectorStats"]
@@ -19,68 +22,131 @@ COUNTER = "counter"
 HISTOGRAM = "histogram"
 
 
+@dataclass
 class OffloadingConnectorStats:
     """Gauges, counters and histogram observations collected over one interval.
+
+    A metric's kind is fixed by its first record; later records of another
+    kind are added to its values as vLLM does (counters add, gauges replace,
+    histograms append).
 
     Args:
         data: an earlier ``data`` dict to continue from (default: empty).
     """
 
-    def __init__(self, data: dict[str, Any] | None = None):
-        if data is None:
-            data = {"types": {}, "data": {}, "info": {}}
-        self.data: dict[str, Any] = data
+    data: dict[str, Any] = field(default_factory=dict)
 
-    def _slot(self, name: str, kind: str, documentation: str | None) -> dict[tuple, Any]:
-        types = self.data["types"]
-        known = types.get(name)
-        if known is None:
-            types[name] = kind
-            self.data["data"][name] = {}
-            if documentation is not None:
-                self.data["info"][name] = documentation
-        elif known != kind:
-            raise ValueError(f"metric {name!r} is a {known}, not a {kind}")
-        return self.data["data"][name]
+    def __post_init__(self) -> None:
+        if "data" not in self.data:
+            self.reset()
 
-    def set_gauge(self, name: str, value: float, labelvalues: tuple = (),
-                  documentation: str | None = None) -> None:
-        """Set gauge ``name`` (for these label values) to ``value``."""
-        self._slot(name, GAUGE, documentation)[tuple(labelvalues)] = value
+    @property
+    def _types(self) -> dict[str, str]:
+        return self.data["types"]
 
-    def increase_counter(self, name: str, value: int | float, labelvalues: tuple = (),
-                         documentation: str | None = None) -> None:
-        """Add ``value`` to counter ``name`` (it is created at 0, so 0 is reported)."""
-        slot = self._slot(name, COUNTER, documentation)
-        key = tuple(labelvalues)
-        slot[key] = slot.get(key, 0) + value
+    @property
+    def _values(self) -> dict[str, Any]:
+        return self.data["data"]
 
-    def observe_histogram(self, name: str, value: int | float, labelvalues: tuple = (),
-                          documentation: str | None = None) -> None:
-        """Record one observation of histogram ``name``."""
-        self._slot(name, HISTOGRAM, documentation).setdefault(tuple(labelvalues), []).append(value)
+    def to_dict(self) -> dict[str, Any]:
+        """The serializable payload: ``data`` itself."""
+        return self.data
 
-    def is_empty(self) -> bool:
-        """Whether nothing was recorded."""
-        return not self.data["data"]
+    def metric_sections(self) -> tuple[dict[str, Any], ...]:
+        """The kinds section and the values section (live references), in that order."""
+        return (self._types, self._values)
 
     def reset(self) -> None:
-        """Forget everything recorded."""
-        self.data = {"types": {}, "data": {}, "info": {}}
+        """Forget everything recorded, ``info`` included."""
+        self.data = {"types": {}, "data": {}, "info": None}
+
+    def is_empty(self) -> bool:
+        """Whether nothing was recorded and no ``info`` was set."""
+        return not self.data.get("data") and self.data.get("info") is None
+
+    def set_gauge(self, gauge_name: str, gauge_value: int | float, labelvalues: tuple[str, ...] = ()) -> None:
+        """Set gauge ``gauge_name`` (for these label values) to ``gauge_value``."""
+        self._types.setdefault(gauge_name, GAUGE)
+        self._values.setdefault(gauge_name, {})[labelvalues] = gauge_value
+
+    def increase_counter(self, counter_name: str, counter_increase_value: int | float = 1,
+                         labelvalues: tuple[str, ...] = ()) -> None:
+        """Add ``counter_increase_value`` to counter ``counter_name`` (0 is reported too)."""
+        self._types.setdefault(counter_name, COUNTER)
+        values = self._values.setdefault(counter_name, {})
+        values[labelvalues] = values.get(labelvalues, 0) + counter_increase_value
+
+    def observe_histogram(self, histogram_name: str, histogram_value: int | float,
+                          labelvalues: tuple[str, ...] = ()) -> None:
+        """Record one observation of histogram ``histogram_name``."""
+        self._types.setdefault(histogram_name, HISTOGRAM)
+        self._values.setdefault(histogram_name, {}).setdefault(labelvalues, []).append(histogram_value)
+
+    def set_info(self, info: Sequence[Mapping[str, Any]]) -> None:
+        """Put the static configuration series (as ``config_info()`` returns them) on the payload."""
+        self.data["info"] = [dict(series) for series in info]
 
     def aggregate(self, other: OffloadingConnectorStats) -> OffloadingConnectorStats:
-        """Fold ``other`` into this one: gauges take its value, counters add, histograms extend."""
-        for name, kind in other.data["types"].items():
-            doc = other.data["info"].get(name)
-            for labels, value in other.data["data"][name].items():
-                if kind == GAUGE:
-                    self.set_gauge(name, value, labels, doc)
+        """Fold ``other`` into this one: gauges take its value, counters add, histograms extend.
+
+        ``other``'s ``info``, when set, replaces this one's.
+
+        Raises:
+            AssertionError: ``other`` is not an ``OffloadingConnectorStats``, or
+                has a value of a metric with no (or an unknown) kind (vLLM asserts).
+        """
+        if other.is_empty():
+            return self
+        assert isinstance(other, OffloadingConnectorStats)
+        other_info = other.data.get("info")
+        if other_info is not None:
+            self.data["info"] = [dict(series) for series in other_info]
+        other_types = other._types
+        for name, by_label in other._values.items():
+            kind = other_types.get(name)
+            if kind is None:
+                raise AssertionError(f"Unknown offloading stats key: {name}")
+            self._types.setdefault(name, kind)
+            mine = self._values.setdefault(name, {})
+            for labels, value in by_label.items():
+                if kind == HISTOGRAM:
+                    assert isinstance(value, list)
+                    if labels not in mine:
+                        mine[labels] = list(value)
+                    else:
+                        mine[labels].extend(value)
                 elif kind == COUNTER:
-                    self.increase_counter(name, value, labels, doc)
+                    assert isinstance(value, int | float)
+                    mine[labels] = mine.get(labels, 0) + value
+                elif kind == GAUGE:
+                    assert isinstance(value, int | float)
+                    mine[labels] = value
                 else:
-                    for v in value:
-                        self.observe_histogram(name, v, labels, doc)
+                    raise AssertionError(f"Unknown metric type '{kind}' for key: {name}")
         return self
 
-    def __repr__(self) -> str:
-        return f"OffloadingConnectorStats({self.data['data']!r})"
+    def reduce(self) -> dict[str, int | float]:
+        """One number per series for a log line: counters and gauges as they are,
+        a histogram as ``<name>_count`` and ``<name>_sum`` (labelled series are
+        named ``<name>:<labels>``).
+
+        Raises:
+            AssertionError: a metric has no (or an unknown) kind (vLLM asserts).
+        """
+        out: dict[str, int | float] = {}
+        for name, by_label in self._values.items():
+            kind = self._types.get(name)
+            if kind is None:
+                raise AssertionError(f"Unknown offloading stats key: {name}")
+            for labels, value in by_label.items():
+                label = f"{name}:{labels}" if labels else name
+                if kind == HISTOGRAM:
+                    assert isinstance(value, list)
+                    out[f"{label}_count"] = len(value)
+                    out[f"{label}_sum"] = sum(value)
+                elif kind in (COUNTER, GAUGE):
+                    assert isinstance(value, int | float)
+                    out[label] = value
+                else:
+                    raise AssertionError(f"Unknown metric type '{kind}' for key: {name}")
+        return out

@@ -116,7 +116,10 @@ cdef list _check_keys(object keys):
 
 cdef inline int _check_context(object req_context) except -1:
     if type(req_context) is not _ReqContext and not isinstance(req_context, _ReqContext):
-        raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
+        # (a ReqContext of vLLM's, or another with the same three methods, serves as well)
+        if not (hasattr(req_context, "get_state") and hasattr(req_context, "set_state")
+                and hasattr(req_context, "get_offload_key_position")):
+            raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
     return 0
 
 

@@ -60,7 +60,7 @@ cdef class ARCCachePolicy(CachePolicy):
     cdef int c_remove(self, bytes key) except -1:
         cdef ChunkStatus st = self.c_get(key)
         if st is None:
-            raise KeyError(key)
+            return 0  # (not resident, a ghost included: nothing to drop, as vLLM)
         self._list_of(st).unlink(st)
         st.where = 0
         st.owned = False
@@ -381,7 +381,7 @@ cdef class ARCCachePolicy(CachePolicy):
         self.c_insert(bytes(key), <ChunkStatus>chunk, req_context, None)
 
     def remove(self, key):
-        """Drop a resident key, leaving no ghost."""
+        """Drop a resident key, leaving no ghost (a key not resident: nothing happens)."""
         _check_key(key)
         self.c_remove(bytes(key))
 
@@ -393,9 +393,9 @@ cdef class ARCCachePolicy(CachePolicy):
         """A ghost hit for each key, last key first."""
         self.c_on_store_miss(_key_seq(keys), req_context)
 
-    def on_request_finished(self, key_groups, insertion_only, reused, req_context):
+    def on_request_finished(self, key_groups, insertion_only_keys, reused_keys, req_context):
         """Tail first: keys only stored become newest in their list; reused keys newest in t2."""
-        self._finish(order_request_keys(key_groups, req_context), insertion_only, reused)
+        self._finish(order_request_keys(key_groups, req_context), insertion_only_keys, reused_keys)
 
     def evict(self, n, protected):
         """Pick ``n`` evictable, unprotected keys, from t1 while it is over target, else t2."""

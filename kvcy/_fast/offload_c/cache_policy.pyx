@@ -117,13 +117,22 @@ cdef class CachePolicy:
         raise NotImplementedError
 
     def on_store_miss(self, keys, req_context):
-        """Keys a request offered that are not resident (seen once per request)."""
+        """Keys a request offered that are not resident (seen once per request).
 
-    def on_request_access(self, new_keys, req_context):
+        By default a ``touch`` of them (as vLLM's ``CachePolicy``).
+        """
+        self.touch(keys, req_context)
+
+    def on_request_access(self, keys, req_context):
         """Keys a request loaded or offered for the first time."""
 
-    def on_request_finished(self, key_groups, insertion_only, reused, req_context):
-        """A request finished: its keys per group, which it only stored and which it reused."""
+    def on_request_finished(self, key_groups, insertion_only_keys, reused_keys, req_context):
+        """A request finished: its keys per group, which it only stored and which it reused.
+
+        By default one ``touch`` per group, in group order (as vLLM's ``CachePolicy``).
+        """
+        for keys in key_groups:
+            self.touch(keys, req_context)
 
     def evict(self, n, protected):
         """Remove ``n`` evictable keys not in ``protected`` and return them with their chunks.

@@ -89,6 +89,7 @@ cdef class LRUCachePolicy(CachePolicy):
         if type(got) is tuple and (<tuple>got)[0] == self._epoch:
             return <int64_t>(<tuple>got)[1]
         self._counter += 1
+        holder.ranks.clear()  # one rank per context, as vLLM: another policy's is replaced
         holder.ranks[self._owner] = (self._epoch, self._counter)
         return self._counter
 
@@ -347,11 +348,11 @@ cdef class LRUCachePolicy(CachePolicy):
         """Fresh ranks for the resident keys, last key first (the first ends most recent)."""
         self.c_touch(_key_seq(keys), req_context)
 
-    def on_request_access(self, new_keys, req_context):
+    def on_request_access(self, keys, req_context):
         """Raise resident keys with positions to the request's rank (never lowers one)."""
-        self.c_on_request_access(_key_seq(new_keys), req_context, _positions(req_context))
+        self.c_on_request_access(_key_seq(keys), req_context, _positions(req_context))
 
-    def on_request_finished(self, key_groups, insertion_only, reused, req_context):
+    def on_request_finished(self, key_groups, insertion_only_keys, reused_keys, req_context):
         """Fresh ranks for the request's resident keys, tail first (the head ends most recent)."""
         cdef list order = order_request_keys(key_groups, req_context)
         cdef Py_ssize_t i

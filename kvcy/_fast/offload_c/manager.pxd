@@ -48,4 +48,4 @@ cdef class CPUOffloadingManager:
     cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,
                      _Positions pos, list statuses, bint track_missed=*,
                      list hints=*) except -1
-    cdef int _update_tracker(self, list keys) except -1
+    cdef int _update_tracker(self, list keys, bint repeated=*) except -1

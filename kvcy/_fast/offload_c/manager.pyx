@@ -2,6 +2,9 @@
 # per-request access records it keeps on a ReqContext.  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 
+from collections.abc import Iterator as _Iterator
+from dataclasses import replace as _dc_replace
+
 #: The policies every manager knows without the factory.
 _BUILTIN_POLICIES = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
 
@@ -67,8 +70,8 @@ cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_
 
 
 cdef int _check_no_repeats(list keys) except -1:
-    """ValueError naming the first key of ``keys`` (exact bytes) equal to an
-    earlier one: a C table of the keys' (cached) hashes, no set built."""
+    """1 if a key of ``keys`` (exact bytes) equals an earlier one, else 0: a C
+    table of the keys' (cached) hashes, no set built."""
     cdef Py_ssize_t n = len(keys), size = 8, i, j
     cdef Py_hash_t h
     cdef PyObject *k
@@ -89,7 +92,7 @@ cdef int _check_no_repeats(list keys) except -1:
                     PyBytes_GET_SIZE(<object>o) == PyBytes_GET_SIZE(<object>k)
                     and memcmp(PyBytes_AS_STRING(<object>o), PyBytes_AS_STRING(<object>k),
                                <size_t>PyBytes_GET_SIZE(<object>k)) == 0)):
-                raise ValueError(f"prepare_store got key {keys[i]!r} more than once")
+                return 1
             j = (j + 1) & (size - 1)
         slots[j] = k
         hashes[j] = h
@@ -142,7 +145,8 @@ cdef class CPUOffloadingManager:
             been offered that many times (counted in a tracker of at most
             ``max_tracker_size`` keys); 0 and 1 store every offer.
         max_tracker_size: capacity of that tracker.
-        info: labels reported by ``config_info()``.
+        info: a ``CPUOffloadingInfo`` (any ``ConfigInfo``), whose labels
+            ``config_info()`` reports; kvcy also takes a plain dict of labels.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -167,11 +171,17 @@ cdef class CPUOffloadingManager:
             )
         cdef Py_ssize_t threshold = _check_int("store_threshold", store_threshold)
         cdef Py_ssize_t tracker = _check_int("max_tracker_size", max_tracker_size)
-        if info is not None and not isinstance(info, dict):
-            raise TypeError(f"info must be a CPUOffloadingInfo (a dict) or None, got {type(info).__name__}")
-        policy_cls = None
-        if cache_policy_module_path is None:
-            policy_cls = _BUILTIN_POLICIES.get(cache_policy)
+        if info is None:
+            labels = {}
+        elif isinstance(info, ConfigInfo):
+            labels = info.as_config_info()
+        elif isinstance(info, dict):
+            labels = dict(info)
+        else:
+            raise TypeError(
+                f"info must be a CPUOffloadingInfo (a ConfigInfo), a dict of labels or None, got {type(info).__name__}"
+            )
+        policy_cls = _BUILTIN_POLICIES.get(cache_policy)  # (registered names first, as vLLM)
         if policy_cls is None:
             from kvcy.kv_offload.cpu.policies.factory import CachePolicyFactory
 
@@ -193,7 +203,7 @@ cdef class CPUOffloadingManager:
         self._counts = OrderedDict() if threshold >= 2 else None
         self._skipped = 0
         self._alloc_sizes = []
-        self._info_obj = info
+        self._info_obj = labels
         self._generation_c = 0
         self._owner_c = _next_owner()
 
@@ -286,6 +296,7 @@ cdef class CPUOffloadingManager:
         rec.generation = self._generation_c
         rec.keys = {}
         rec.inserted_log = []
+        holder.records.clear()  # one record per context, as vLLM: another manager's is replaced
         holder.records[self._owner_c] = rec
         return rec
 
@@ -354,7 +365,7 @@ cdef class CPUOffloadingManager:
                 flags[key] = (<Py_ssize_t><object>f) | _REUSED
         return 0
 
-    cdef int _update_tracker(self, list keys) except -1:
+    cdef int _update_tracker(self, list keys, bint repeated=False) except -1:
         """Count one offer: offered keys move to the newest end, new ones enter
         with count 1, evicting the oldest keys not in this offer while full."""
         counts = self._counts
@@ -365,6 +376,8 @@ cdef class CPUOffloadingManager:
                 counts.move_to_end(key)
                 counts[key] = count + 1
                 protected += 1
+        if repeated and protected > 1:
+            protected = len({key for key in keys if key in counts})  # each protected key once
         cdef Py_ssize_t unprotected = len(counts) - protected
         for key in keys:
             if key in counts:
@@ -480,6 +493,9 @@ cdef class CPUOffloadingManager:
 
     def _prepare_load(self, keys, req_context, *, record_access):
         """``prepare_load``; with ``record_access=False`` only the pins (a pin-only read)."""
+        # (vLLM reads ``keys`` again to record them: an iterator is spent by then, so
+        # the request's record notes none of them)
+        cdef bint one_pass = type(keys) is not list and isinstance(keys, _Iterator)
         cdef list ks = _check_keys(keys)
         cdef bint record = bool(record_access)
         cdef CachePolicy policy = self._pol
@@ -499,7 +515,7 @@ cdef class CPUOffloadingManager:
             chunks.append(st)
         if record:
             rec = self._get_record(req_context, True)
-            if rec.finished:
+            if rec.finished and not one_pass:
                 for key in ks:
                     if key not in rec.keys:
                         raise AssertionError(_FINALIZED)
@@ -512,7 +528,7 @@ cdef class CPUOffloadingManager:
                 self._n_evictable -= 1
             st.ref_cnt += 1
             ids.push_back(st.chunk_id)
-        if rec is not None:
+        if rec is not None and not one_pass:
             self._record(rec, ks, ks, req_context, _positions(req_context), chunks)
         return _chunk_spec(ids)
 
@@ -561,7 +577,8 @@ cdef class CPUOffloadingManager:
         key is stored only once offered that often.
 
         Args:
-            keys: the offer, in prefix order, each key once.
+            keys: the offer, in prefix order.  A key offered twice counts
+                twice in the tracker, and is otherwise taken once.
             req_context: the offering request.
 
         Returns:
@@ -570,7 +587,8 @@ cdef class CPUOffloadingManager:
             not enough chunks can be evicted.
 
         Raises:
-            ValueError: a key is offered twice.
+            ValueError: a key offered twice would be stored (vLLM would store
+                it in two chunks and lose one).
             AssertionError: the request already finished and a key is new to
                 it (vLLM's message); nothing is changed.
         """
@@ -595,15 +613,35 @@ cdef class CPUOffloadingManager:
         cdef _Positions pos
         cdef PyObject *f
         cdef vector[Py_ssize_t] ids
+        cdef list full_offer = None, stored_twice = None
+        cdef bint repeated
+        cdef Py_ssize_t extra_skipped = 0, extra_stored = 0, offered_evictable
         counts = self._counts
         _check_context(req_context)
         if policy._native:
             offered = None      # (the native policies are told what to protect)
-            _check_no_repeats(offer)
+            repeated = _check_no_repeats(offer)
         else:
             offered = set(offer)
-            if len(offered) != n_offer:
-                _check_no_repeats(offer)
+            repeated = len(offered) != n_offer
+        if repeated:
+            # A repeat changes only the tracker counts and the skip count, unless
+            # vLLM would store the key twice (two chunks, one of them lost): that
+            # is refused.  The rest runs on the offer without repeats.
+            full_offer = offer
+            occurrences = {}
+            for key in full_offer:
+                occurrences[key] = occurrences.get(key, 0) + 1
+            offer = list(occurrences)
+            n_offer = len(offer)
+            stored_twice = []
+            for key, occ in occurrences.items():
+                if occ > 1 and policy.c_get(key) is None:
+                    if counts is None or (key in counts and counts[key] + occ >= threshold):
+                        stored_twice.append(key)
+                        extra_stored += occ - 1
+                    else:
+                        extra_skipped += occ - 1
         if is_arc:
             new_ghosts = []
         if policy._native:
@@ -633,7 +671,7 @@ cdef class CPUOffloadingManager:
                     # after the tracker update a tracked key counts one more and
                     # an untracked one at most 1, below any threshold >= 2
                     c = counts.get(key)
-                    if c is not None and c + 1 >= threshold:
+                    if (c is not None and c + 1 >= threshold) or (stored_twice and key in stored_twice):
                         if kept is None:
                             kept = set()
                         kept.add(key)
@@ -671,13 +709,23 @@ cdef class CPUOffloadingManager:
             for key in to_record:
                 if key not in flags:
                     raise AssertionError(_FINALIZED)
+        if stored_twice:
+            # vLLM allocates (and loses a chunk) unless its eviction fails first
+            need = (len(new) if kept is None else len(kept)) + extra_stored - (
+                <Py_ssize_t>self._free.size() + self._n_chunks - self._n_allocated)
+            offered_evictable = 0
+            for st in statuses:
+                if st is not None and st.ref_cnt == 0:
+                    offered_evictable += 1
+            if need <= 0 or (need <= self._n_evictable and self._n_evictable - offered_evictable >= need):
+                raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
         pos = _positions(req_context)
 
-        # 1. the offer tracker
+        # 1. the offer tracker (every occurrence counts)
         if counts is not None:
-            self._update_tracker(offer)
+            self._update_tracker(offer if full_offer is None else full_offer, full_offer is not None)
             if len(kept) != len(new):
-                self._skipped += len(new) - len(kept)
+                self._skipped += len(new) - len(kept) + extra_skipped
                 new = [k for k in new if k in kept]
                 new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
@@ -710,6 +758,9 @@ cdef class CPUOffloadingManager:
         # 3. the access record (and the misses, in it)
         self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
                      record_hints)
+        if stored_twice:  # (vLLM's eviction fails)
+            self._alloc_sizes.append(len(new) + extra_stored)
+            return None
         n = len(new)
         if n == 0:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
@@ -863,8 +914,7 @@ cdef class CPUOffloadingManager:
                 keys = [key for key in event.keys if self._pol.c_get(key) is None]
                 if not keys:
                     continue
-                if len(keys) != len(event.keys):
-                    event.keys = keys
+                event = _dc_replace(event, keys=keys)  # (a copy, as vLLM: the queued one is left alone)
             yield event
 
     def on_schedule_end(self, context):
@@ -915,8 +965,8 @@ cdef class CPUOffloadingManager:
         return stats
 
     def config_info(self):
-        """``[dict(info)]``, or ``[{}]`` without info."""
-        return [dict(self._info_obj)] if self._info_obj is not None else [{}]
+        """``[info.as_config_info()]`` (the same mapping every call), or ``[{}]`` without info."""
+        return [self._info_obj]
 
     def shutdown(self):
         """Nothing to release."""

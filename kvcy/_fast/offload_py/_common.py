@@ -44,7 +44,11 @@ def _check_keys(keys: Any) -> list:
 
 
 def _check_context(req_context: Any) -> None:
-    if not isinstance(req_context, ReqContext):
+    # (a ReqContext of vLLM's, or another with the same three methods, serves as well)
+    if not isinstance(req_context, ReqContext) and not (
+        hasattr(req_context, "get_state") and hasattr(req_context, "set_state")
+        and hasattr(req_context, "get_offload_key_position")
+    ):
         raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
 
 

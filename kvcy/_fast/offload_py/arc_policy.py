@@ -51,10 +51,10 @@ class ARCCachePolicy(CachePolicy):
         self.b2.pop(key, None)
 
     def remove(self, key: OffloadKey) -> None:
-        """Drop a resident key, leaving no ghost."""
+        """Drop a resident key, leaving no ghost (a key not resident: nothing happens)."""
         _check_key(key)
         if self.t1.pop(key, None) is None:
-            del self.t2[key]
+            self.t2.pop(key, None)
 
     def _ghost_hit(self, key: OffloadKey) -> None:
         b1 = self.b1
@@ -92,20 +92,20 @@ class ARCCachePolicy(CachePolicy):
     def on_request_finished(
         self,
         key_groups: Sequence[Sequence[OffloadKey]],
-        insertion_only: Collection[OffloadKey],
-        reused: Collection[OffloadKey],
+        insertion_only_keys: Collection[OffloadKey],
+        reused_keys: Collection[OffloadKey],
         req_context: ReqContext,
     ) -> None:
         """Tail first: keys only stored become newest in their list; reused keys newest in t2."""
         t1 = self.t1
         t2 = self.t2
         for key in reversed(order_request_keys(key_groups, req_context)):
-            if key in insertion_only:
+            if key in insertion_only_keys:
                 if key in t1:
                     t1.move_to_end(key)
                 elif key in t2:
                     t2.move_to_end(key)
-            elif key in reused:
+            elif key in reused_keys:
                 chunk = t1.pop(key, None)
                 if chunk is not None:
                     t2[key] = chunk

@@ -64,19 +64,28 @@ class CachePolicy(ABC):
         """Mark keys as recently used; the first key ends most recent."""
 
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        """Keys a request offered that are not resident (seen once per request)."""
+        """Keys a request offered that are not resident (seen once per request).
 
-    def on_request_access(self, new_keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        By default a ``touch`` of them (as vLLM's ``CachePolicy``).
+        """
+        self.touch(keys, req_context)
+
+    def on_request_access(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Keys a request loaded or offered for the first time."""
 
     def on_request_finished(
         self,
         key_groups: Sequence[Sequence[OffloadKey]],
-        insertion_only: Collection[OffloadKey],
-        reused: Collection[OffloadKey],
+        insertion_only_keys: Collection[OffloadKey],
+        reused_keys: Collection[OffloadKey],
         req_context: ReqContext,
     ) -> None:
-        """A request finished: its keys per group, which it only stored and which it reused."""
+        """A request finished: its keys per group, which it only stored and which it reused.
+
+        By default one ``touch`` per group, in group order (as vLLM's ``CachePolicy``).
+        """
+        for keys in key_groups:
+            self.touch(keys, req_context)
 
     @abstractmethod
     def evict(self, n: int, protected: Collection[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:

@@ -56,6 +56,7 @@ class LRUCachePolicy(CachePolicy):
         if got is not None and got[0] == self._epoch:
             return got[1]
         self._counter += 1
+        ranks.clear()  # one rank per context, as vLLM: another policy's is replaced
         ranks[self._owner] = (self._epoch, self._counter)
         return self._counter
 
@@ -104,9 +105,9 @@ class LRUCachePolicy(CachePolicy):
             if key in chunks:
                 self._set_rank(key, self._fresh_rank())
 
-    def on_request_access(self, new_keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+    def on_request_access(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Raise resident keys with positions to the request's rank (never lowers one)."""
-        new_keys = _key_seq(new_keys)
+        new_keys = _key_seq(keys)
         request_rank = self._request_rank(req_context)
         chunks = self.chunks
         ranks = self._ranks
@@ -122,8 +123,8 @@ class LRUCachePolicy(CachePolicy):
     def on_request_finished(
         self,
         key_groups: Sequence[Sequence[OffloadKey]],
-        insertion_only: Collection[OffloadKey],
-        reused: Collection[OffloadKey],
+        insertion_only_keys: Collection[OffloadKey],
+        reused_keys: Collection[OffloadKey],
         req_context: ReqContext,
     ) -> None:
         """Fresh ranks for the request's resident keys, tail first (the head ends most recent)."""

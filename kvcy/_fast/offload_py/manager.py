@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Iterator
+from dataclasses import replace
 from typing import Any
 
 from kvcy._fast.offload_py._common import (
@@ -25,6 +26,7 @@ from kvcy._fast.offload_py.chunk_status import ChunkStatus
 from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
 from kvcy.kv_offload.base import (
     CacheHitSource,
+    ConfigInfo,
     LookupResult,
     Medium,
     OffloadingEvent,
@@ -88,7 +90,8 @@ class CPUOffloadingManager(OffloadingManager):
             been offered that many times (counted in a tracker of at most
             ``max_tracker_size`` keys); 0 and 1 store every offer.
         max_tracker_size: capacity of that tracker.
-        info: labels reported by ``config_info()``.
+        info: a ``CPUOffloadingInfo`` (any ``ConfigInfo``), whose labels
+            ``config_info()`` reports; kvcy also takes a plain dict of labels.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -114,11 +117,17 @@ class CPUOffloadingManager(OffloadingManager):
             )
         store_threshold = _check_int("store_threshold", store_threshold)
         max_tracker_size = _check_int("max_tracker_size", max_tracker_size)
-        if info is not None and not isinstance(info, dict):
-            raise TypeError(f"info must be a CPUOffloadingInfo (a dict) or None, got {type(info).__name__}")
-        policy_cls = None
-        if cache_policy_module_path is None:
-            policy_cls = _BUILTIN_POLICIES.get(cache_policy)
+        if info is None:
+            labels = {}
+        elif isinstance(info, ConfigInfo):
+            labels = info.as_config_info()
+        elif isinstance(info, dict):
+            labels = dict(info)
+        else:
+            raise TypeError(
+                f"info must be a CPUOffloadingInfo (a ConfigInfo), a dict of labels or None, got {type(info).__name__}"
+            )
+        policy_cls = _BUILTIN_POLICIES.get(cache_policy)  # (registered names first, as vLLM)
         if policy_cls is None:
             from kvcy.kv_offload.cpu.policies.factory import CachePolicyFactory
 
@@ -138,7 +147,7 @@ class CPUOffloadingManager(OffloadingManager):
         self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
         self.stores_skipped_in_current_batch: int = 0
         self.allocation_sizes_in_current_batch: list[int] = []
-        self._info = info
+        self._info = labels
         self._generation = 0
         self._owner = next(_owner_ids)
 
@@ -155,6 +164,7 @@ class CPUOffloadingManager(OffloadingManager):
             if not create:
                 return None
             record = _AccessRecord(self._generation)
+            records.clear()  # one record per context, as vLLM: another manager's is replaced
             records[self._owner] = record
         return record
 
@@ -258,6 +268,9 @@ class CPUOffloadingManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
     ) -> CPULoadStoreSpec:
         """``prepare_load``; with ``record_access=False`` only the pins (a pin-only read)."""
+        # (vLLM reads ``keys`` again to record them: an iterator is spent by then, so
+        # the request's record notes none of them)
+        one_pass = type(keys) is not list and isinstance(keys, Iterator)
         keys = _check_keys(keys)
         if record_access:
             _check_context(req_context)
@@ -273,7 +286,7 @@ class CPUOffloadingManager(OffloadingManager):
         record = None
         if record_access:
             record = self._get_record(req_context, create=True)
-            if record.finished:
+            if record.finished and not one_pass:
                 seen = record.seen
                 for key in keys:
                     if key not in seen:
@@ -284,7 +297,7 @@ class CPUOffloadingManager(OffloadingManager):
                 policy.mark_non_evictable(key)
                 self._num_evictable_cache_chunks -= 1
             chunk.ref_cnt += 1
-        if record is not None:
+        if record is not None and not one_pass:
             self._record(record, keys, keys, req_context)
         return _chunk_spec([chunk.chunk_id for chunk in chunks])
 
@@ -328,7 +341,8 @@ class CPUOffloadingManager(OffloadingManager):
         key is stored only once offered that often.
 
         Args:
-            keys: the offer, in prefix order, each key once.
+            keys: the offer, in prefix order.  A key offered twice counts
+                twice in the tracker, and is otherwise taken once.
             req_context: the offering request.
 
         Returns:
@@ -337,22 +351,35 @@ class CPUOffloadingManager(OffloadingManager):
             not enough chunks can be evicted.
 
         Raises:
-            ValueError: a key is offered twice.
+            ValueError: a key offered twice would be stored (vLLM would store
+                it in two chunks and lose one).
             AssertionError: the request already finished and a key is new to
                 it (vLLM's message); nothing is changed.
         """
         keys = _check_keys(keys)
         _check_context(req_context)
-        if len(set(keys)) != len(keys):
-            seen_once: set[OffloadKey] = set()
-            for key in keys:
-                if key in seen_once:
-                    raise ValueError(f"prepare_store got key {key!r} more than once")
-                seen_once.add(key)
         policy = self._policy
         get = policy.get
         counts = self.counts
         threshold = self.store_threshold
+        offer = keys
+        stored_twice: list[OffloadKey] = []
+        extra_skipped = extra_stored = 0
+        if len(set(keys)) != len(keys):
+            # A repeat changes only the tracker counts and the skip count, unless
+            # vLLM would store the key twice (two chunks, one of them lost): that
+            # is refused.  The rest runs on the offer without repeats.
+            occurrences: dict[OffloadKey, int] = {}
+            for key in keys:
+                occurrences[key] = occurrences.get(key, 0) + 1
+            keys = list(occurrences)
+            for key, occ in occurrences.items():
+                if occ > 1 and get(key) is None:
+                    if counts is None or (key in counts and counts[key] + occ >= threshold):
+                        stored_twice.append(key)
+                        extra_stored += occ - 1
+                    else:
+                        extra_skipped += occ - 1
         new: list[OffloadKey] = []
         ready: list[OffloadKey] = []
         kept: set[OffloadKey] = set()
@@ -362,7 +389,7 @@ class CPUOffloadingManager(OffloadingManager):
                 new.append(key)
                 # After the tracker update a tracked key counts one more and an
                 # untracked one at most 1, which is below any threshold >= 2.
-                if counts is None or counts.get(key, 0) + 1 >= threshold:
+                if counts is None or counts.get(key, 0) + 1 >= threshold or key in stored_twice:
                     kept.add(key)
             elif chunk.ref_cnt >= 0:
                 ready.append(key)
@@ -374,12 +401,19 @@ class CPUOffloadingManager(OffloadingManager):
             for key in to_record:
                 if key not in seen:
                     raise AssertionError(_FINALIZED)
+        if stored_twice:
+            # vLLM allocates (and loses a chunk) unless its eviction fails first
+            need = len(kept) + extra_stored - self._get_num_free_chunks()
+            evictable = self._num_evictable_cache_chunks
+            offered_evictable = sum(1 for key in ready if get(key).ref_cnt == 0)
+            if need <= 0 or (need <= evictable and evictable - offered_evictable >= need):
+                raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
 
-        # 1. the offer tracker
+        # 1. the offer tracker (every occurrence counts)
         if counts is not None:
-            self._update_tracker(keys)
+            self._update_tracker(offer, offer is not keys)
             if len(kept) != len(new):
-                self.stores_skipped_in_current_batch += len(new) - len(kept)
+                self.stores_skipped_in_current_batch += len(new) - len(kept) + extra_skipped
                 new = [key for key in new if key in kept]
         # 2. the policy hears of each miss once per request
         store_missed = record.store_missed
@@ -389,6 +423,9 @@ class CPUOffloadingManager(OffloadingManager):
             store_missed.update(misses)
         # 3. the access record
         self._record(record, to_record, ready, req_context)
+        if stored_twice:  # (vLLM's eviction fails)
+            self.allocation_sizes_in_current_batch.append(len(new) + extra_stored)
+            return None
         if not new:
             return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec([]), evicted_keys=[])
 
@@ -425,7 +462,7 @@ class CPUOffloadingManager(OffloadingManager):
         record.inserted.update(new)
         return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(chunk_ids), evicted_keys=evicted_keys)
 
-    def _update_tracker(self, keys: list) -> None:
+    def _update_tracker(self, keys: list, repeated: bool = False) -> None:
         """Count one offer: offered keys move to the newest end, new ones enter
         with count 1, evicting the oldest keys not in this offer while full."""
         counts = self.counts
@@ -436,6 +473,8 @@ class CPUOffloadingManager(OffloadingManager):
                 counts.move_to_end(key)
                 counts[key] = count + 1
                 protected += 1
+        if repeated and protected > 1:
+            protected = len({key for key in keys if key in counts})  # each protected key once
         unprotected = len(counts) - protected
         limit = self.max_tracker_size
         for key in keys:
@@ -526,8 +565,7 @@ class CPUOffloadingManager(OffloadingManager):
                 keys = [key for key in event.keys if get(key) is None]
                 if not keys:
                     continue
-                if len(keys) != len(event.keys):
-                    event.keys = keys
+                event = replace(event, keys=keys)  # (a copy, as vLLM: the queued one is left alone)
             yield event
 
     def on_schedule_end(self, context: Any) -> None:
@@ -574,8 +612,8 @@ class CPUOffloadingManager(OffloadingManager):
         return stats
 
     def config_info(self) -> list[dict[str, Any]]:
-        """``[dict(info)]``, or ``[{}]`` without info."""
-        return [dict(self._info)] if self._info is not None else [{}]
+        """``[info.as_config_info()]`` (the same mapping every call), or ``[{}]`` without info."""
+        return [self._info]
 
     def shutdown(self) -> None:
         """Nothing to release."""

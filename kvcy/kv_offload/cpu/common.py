@@ -5,7 +5,10 @@ Mirrors ``vllm.v1.kv_offload.cpu.common`` of vLLM 0.33.0.
 
 from __future__ import annotations
 
-from kvcy.kv_offload.base import BlockIDsLoadStoreSpec
+from dataclasses import dataclass
+from typing import Any
+
+from kvcy.kv_offload.base import BlockIDsLoadStoreSpec, ConfigInfo
 
 __all__ = ["CPULoadStoreSpec", "CPUOffloadingInfo", "CPUOffloadingMetrics"]
 
@@ -38,9 +41,47 @@ class CPUOffloadingMetrics:
     STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
 
 
-class CPUOffloadingInfo(dict):
-    """Labels describing one CPU tier (e.g. its size), reported by ``config_info()``.
+@dataclass(frozen=True)
+class CPUOffloadingInfo(ConfigInfo):
+    """Static facts about one CPU tier, reported by ``config_info()`` as info-metric labels.
 
-    A plain ``dict`` of ``str`` to ``str``; ``config_info()`` returns
-    ``[dict(info)]``, or ``[{}]`` when the manager was built without one.
+    ``CPUOffloadingManager(info=...)`` reports ``[info.as_config_info()]``.
     """
+
+    #: Chunks in the tier (chunks, not GPU blocks).
+    cpu_num_chunks: int
+    #: GPU blocks per chunk.
+    cpu_blocks_per_chunk: int
+    #: Bytes of the tier, chunk padding included.
+    cpu_kv_cache_size_bytes: int
+    #: KV tokens the tier holds for requests of ``max_model_len`` tokens (``None``: unknown).
+    cpu_kv_cache_size_tokens: int | None
+
+    @classmethod
+    def from_config(cls, config: Any, num_chunks: int, kv_bytes_per_chunk: int) -> CPUOffloadingInfo:
+        """The facts of a tier of ``num_chunks`` chunks under an offloading config.
+
+        ``config`` is read as vLLM's ``OffloadingConfig``: ``config.cache.blocks_per_chunk``,
+        ``config.model.max_model_len`` and, per KV cache group of ``config.groups``,
+        ``tokens_per_block`` and ``sliding_window_size_in_chunks``.
+        """
+        return cls(
+            cpu_num_chunks=num_chunks,
+            cpu_blocks_per_chunk=config.cache.blocks_per_chunk,
+            cpu_kv_cache_size_bytes=num_chunks * kv_bytes_per_chunk,
+            cpu_kv_cache_size_tokens=_kv_cache_size_tokens(config, num_chunks),
+        )
+
+
+def _kv_cache_size_tokens(config: Any, num_chunks: int) -> int | None:
+    """Tokens the tier holds at ``max_model_len``: chunks over chunks per full-length request."""
+    max_model_len = config.model.max_model_len
+    if max_model_len <= 0 or not config.groups:
+        return None
+    per_request = 0
+    for group in config.groups:
+        chunk_tokens = group.tokens_per_block * config.cache.blocks_per_chunk
+        chunks = -(-max_model_len // chunk_tokens)
+        window = group.sliding_window_size_in_chunks
+        per_request += chunks if window is None else min(chunks, window)
+    return num_chunks * max_model_len // per_request

@@ -32,7 +32,7 @@ class CachePolicyFactory:
 
     @classmethod
     def register_cache_policy(cls, name: str, module_path: str, class_name: str) -> None:
-        """Make ``name`` resolve to ``module_path.class_name``.
+        """Make ``name`` resolve to ``module_path.class_name`` (imported when first asked for).
 
         Raises:
             TypeError: an argument is not a str.
@@ -42,33 +42,38 @@ class CachePolicyFactory:
             if not isinstance(value, str):
                 raise TypeError(f"{arg} must be a str, got {type(value).__name__}")
         if name in cls._registry:
-            raise ValueError(f"cache policy {name!r} is already registered")
+            raise ValueError(f"Cache policy '{name}' is already registered.")
         cls._registry[name] = (module_path, class_name)
 
     @classmethod
     def get_cache_policy_cls(cls, name: str, module_path: str | None = None) -> type:
-        """The policy class registered as ``name``, or the class ``name`` of ``module_path``.
+        """The policy class registered as ``name``; else, with ``module_path``, the class
+        ``name`` of that module (an out-of-tree policy, no registration needed).
 
         Raises:
-            ValueError: ``name`` is not registered (the message lists the known names).
+            TypeError: ``name`` is not a str, or what ``module_path`` holds under
+                ``name`` is not a class.
+            ValueError: ``name`` is not registered and no ``module_path`` is given
+                (the message lists the registered names).
             ImportError: the module does not import.
-            TypeError: what was found is not a ``CachePolicy`` subclass.
+            AttributeError: the module has no ``name``.
+            AssertionError: what was found is not a ``CachePolicy`` subclass (vLLM asserts).
         """
         if not isinstance(name, str):
             raise TypeError(f"cache policy name must be a str, got {type(name).__name__}")
-        if module_path is None:
-            entry = cls._registry.get(name)
-            if entry is None:
-                known = ", ".join(repr(n) for n in sorted(cls._registry))
-                raise ValueError(f"unknown cache policy {name!r}; known policies: {known}")
+        entry = cls._registry.get(name)
+        if entry is not None:
             module_path, class_name = entry
+        elif module_path is None:
+            raise ValueError(
+                f"Unknown cache policy: {name!r}. Supported: {list(cls._registry)}. "
+                "For an out-of-tree policy, also set cache_policy_module_path."
+            )
         else:
             class_name = name
-        module = importlib.import_module(module_path)
-        try:
-            policy_cls = getattr(module, class_name)
-        except AttributeError:
-            raise ValueError(f"module {module_path!r} has no cache policy class {class_name!r}") from None
-        if not (isinstance(policy_cls, type) and issubclass(policy_cls, _policy_bases())):
-            raise TypeError(f"{module_path}.{class_name} is not a CachePolicy subclass")
+        policy_cls = getattr(importlib.import_module(module_path), class_name)
+        if entry is None:
+            if not isinstance(policy_cls, type):
+                raise TypeError(f"{module_path}.{class_name} is not a class")
+            assert issubclass(policy_cls, _policy_bases())
         return policy_cls
