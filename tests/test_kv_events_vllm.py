@@ -8,8 +8,10 @@ missing vLLM an error).  Loopback ipc sockets, bounded waits.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
+from abc import ABC
 
 import msgspec
 import pytest
@@ -136,3 +138,236 @@ def test_kvcy_publisher_serves_a_vllm_style_replay_client(ipc, cleanup):  # noqa
         req.close()
     assert (topic, int.from_bytes(seq, "big")) == (b"", 0)
     assert msgspec.msgpack.Decoder(vk.KVEventBatch).decode(payload).ts == 100.0
+
+
+# --------------------------------------------------------------------------- the API, name for name
+def _vllm_public(module) -> dict:
+    """The names a vLLM user reaches in ``module``: what it defines, and its str constants."""
+    return {name: obj for name, obj in vars(module).items()
+            if not name.startswith("_") and (getattr(obj, "__module__", None) == module.__name__
+                                             or isinstance(obj, str))}
+
+
+def struct_config(cls) -> dict:
+    """A struct class's msgspec settings (array_like, tag, omit_defaults, gc, ...)."""
+    config = cls.__struct_config__
+    return {a: getattr(config, a) for a in dir(config) if not a.startswith("_")}
+
+
+def test_every_public_name_of_vllms_kv_events_is_kvcys():
+    from vllm.config import kv_events as vc
+
+    wanted = {**_vllm_public(vk), **_vllm_public(vc)}
+    assert {"ZmqEventPublisher", "KVEventAggregator", "MEDIUM_STORAGE", "KVEventsConfig"} <= set(wanted)
+    missing = sorted(set(wanted) - set(dir(kk)))
+    assert missing == []
+    for name, theirs in wanted.items():
+        ours = getattr(kk, name)
+        if isinstance(theirs, str):
+            assert ours == theirs, name
+            continue
+        if issubclass(theirs, msgspec.Struct):
+            assert ours.__struct_fields__ == theirs.__struct_fields__, name
+            assert ours.__struct_defaults__ == theirs.__struct_defaults__, name
+            assert struct_config(ours) == struct_config(theirs), name
+            assert [c.__name__ for c in ours.__mro__] == [c.__name__ for c in theirs.__mro__], name
+        methods = {m for m in dir(theirs) if not m.startswith("_") and callable(getattr(theirs, m))}
+        for m in sorted(methods):
+            assert callable(getattr(ours, m, None)), f"{name}.{m}"
+            want = inspect.signature(getattr(theirs, m)).parameters
+            got = inspect.signature(getattr(ours, m)).parameters
+            # kvcy may add keyword-only or defaulted parameters after vLLM's; vLLM's come first,
+            # with vLLM's names, kinds and defaults.
+            assert list(got)[:len(want)] == list(want), f"{name}.{m}"
+            for p in want.values():
+                assert (got[p.name].kind, got[p.name].default) == (p.kind, p.default), f"{name}.{m}({p.name})"
+        for attr in ("SHUTDOWN_TIMEOUT", "END_SEQ"):
+            if hasattr(theirs, attr):
+                assert getattr(ours, attr) == getattr(theirs, attr), f"{name}.{attr}"
+        if isinstance(theirs, type) and not issubclass(theirs, msgspec.Struct):
+            mine, vllms = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
+            assert list(mine)[:len(vllms)] == list(vllms), name
+            for p in vllms.values():
+                if p.default is not inspect.Parameter.empty:
+                    assert mine[p.name].default == p.default, f"{name}({p.name})"
+
+
+def test_configs_and_factories_interchange():
+    """The same settings make equal configs; each library's factory takes the other's config;
+    the kinds vLLM's config refuses, kvcy's refuses, with a ``ValueError`` both."""
+    from dataclasses import asdict
+
+    from vllm.config.kv_events import KVEventsConfig as VConfig
+
+    for kw in ({}, {"enable_kv_cache_events": True}, {"enable_kv_cache_events": True, "publisher": "null"},
+               {"publisher": "zmq", "topic": "kv", "buffer_steps": 0, "hwm": 0, "max_queue_size": 0},
+               {"endpoint": "", "replay_endpoint": "", "buffer_steps": -1, "hwm": -5, "max_queue_size": -1}):
+        assert asdict(kk.KVEventsConfig(**kw)) == asdict(VConfig(**kw)), kw
+    for kind in ("kafka", "ZMQ", 3):
+        with pytest.raises(ValueError):
+            VConfig(publisher=kind)
+        with pytest.raises(ValueError):
+            kk.KVEventsConfig(publisher=kind)
+    assert type(kk.EventPublisherFactory.create(VConfig())) is kk.NullEventPublisher
+    assert type(vk.EventPublisherFactory.create(kk.KVEventsConfig())) is vk.NullEventPublisher
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://*:5557", "tcp://host:6000", "tcp://*:0", "tcp://[::1]:7000",
+                                      "inproc://cache", "ipc:///tmp/x", "tcp://localhost", "tcp://*:*", "",
+                                      None, "udp://x:5"])
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_offset_endpoint_port_is_vllms(endpoint, rank):
+    def outcome(f):
+        try:
+            return f(endpoint, rank)
+        except ValueError:
+            return ValueError
+
+    assert outcome(kk.ZmqEventPublisher.offset_endpoint_port) == outcome(vk.ZmqEventPublisher.offset_endpoint_port)
+
+
+def test_kv_event_aggregator_is_vllms():
+    """The same calls on both aggregators, with equal events (kvcy's and vLLM's structs), give
+    equal answers, messages of refusals included."""
+    import random
+
+    rng = random.Random(20)
+    pool = [kvcy_batch(i).events for i in range(3)]
+    pool = [e for events in pool for e in events] + [kk.BlockRemoved(block_hashes=[9], medium="GPU", group_idx=1)]
+    mine, theirs = kk.KVEventAggregator(2), vk.KVEventAggregator(2)
+
+    def same(call, *args):
+        out = []
+        for agg, conv in ((mine, lambda e: e), (theirs, vllm_event)):
+            try:
+                got = getattr(agg, call)(*[[conv(e) for e in a] if isinstance(a, list) else a for a in args])
+            except (TypeError, ValueError) as exc:
+                got = (type(exc), str(exc))
+            if isinstance(got, list):
+                got = [msgspec.msgpack.encode(e) for e in got]
+            out.append(got)
+        assert out[0] == out[1], (call, args)
+
+    for _ in range(300):
+        call = rng.choice(["add", "add", "add", "common", "all", "clear", "inc", "reset", "n", "bad"])
+        if call == "add":
+            same("add_events", rng.sample(pool, rng.randint(0, 4)))
+        elif call == "common":
+            same("get_common_events")
+        elif call == "all":
+            same("get_all_events")
+        elif call == "clear":
+            same("clear_events")
+        elif call == "inc":
+            same("increment_workers", rng.choice([1, 2, 0, -1]))
+        elif call == "reset":
+            same("reset_workers")
+        elif call == "n":
+            same("get_number_of_workers")
+        else:
+            same("add_events", tuple(pool[:1]))
+        assert repr(mine) == repr(theirs)
+    for n in (0, -2):
+        with pytest.raises(ValueError, match="num_workers must be greater than zero."):
+            kk.KVEventAggregator(n)
+    assert issubclass(kk.KVConnectorKVEvents, ABC) and kk.KVConnectorKVEvents.__abstractmethods__ == \
+        vk.KVConnectorKVEvents.__abstractmethods__
+
+
+def vllm_event(event):
+    cls = getattr(vk, type(event).__name__)
+    return cls(**{f: getattr(event, f) for f in event.__struct_fields__})
+
+
+# --------------------------------------------------------------------------- the wire, frame for frame
+def replay_answers(dealer, request: list[bytes], timeout: float = 5.0) -> list[list[bytes]]:
+    """Send one replay request from a DEALER; every frame list up to the end marker."""
+    dealer.send_multipart(request)
+    answers = []
+    while True:
+        assert dealer.poll(int(timeout * 1000)), f"no end marker for {request}"
+        frames = dealer.recv_multipart()
+        answers.append(frames)
+        if frames[2:3] == [kk.ZmqEventPublisher.END_SEQ]:
+            return answers
+
+
+def test_replay_sockets_answer_alike_frame_for_frame():
+    """The same batches published by vLLM's publisher and by kvcy's (each with its own structs),
+    then the same replay requests to both: the answers are equal byte for byte (topic, sequence
+    numbers, payloads, end marker), a start older than the buffer and starts that are not 8
+    bytes included; requests of the wrong shape get no answer from either."""
+    import zmq
+
+    stem = f"inproc://kvcy-vs-vllm-{time.monotonic_ns()}"
+    pubs = [cls(data_parallel_rank=1, endpoint=f"{stem}-{i}", replay_endpoint=f"{stem}-{i}-replay", buffer_steps=5,
+                topic="kv-events")
+            for i, cls in enumerate((vk.ZmqEventPublisher, kk.ZmqEventPublisher))]
+    dealers = []
+    try:
+        for i in range(8):  # 8 batches, 5 kept: 0..2 have left the buffers
+            batch = kvcy_batch(i)
+            pubs[0].publish(as_vllm(batch))
+            pubs[1].publish(batch)
+        for i, pub in enumerate(pubs):  # both offset the endpoints by the rank
+            config = pub.get_publisher_config()
+            assert (config.endpoint, config.replay_endpoint) == (f"{stem}-{i}_dp1", f"{stem}-{i}-replay_dp1")
+            dealer = zmq.Context.instance().socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(pub.get_publisher_config().replay_endpoint)
+            dealers.append(dealer)
+        # Both publishing threads are done once a request past the end gets only the marker
+        # after all 8 batches went through: wait for the 8th to be replayable.
+        for dealer in dealers:
+            wait_until(lambda d=dealer: len(replay_answers(d, [b"", (7).to_bytes(8, "big")])) == 2, "8 batches")
+        requests = [[b"", (s).to_bytes(8, "big")] for s in (0, 3, 5, 7, 8, 2**63)]
+        requests += [[b"", b"\x04"], [b"", b"bad"], [b"", b""], [b"x", (6).to_bytes(8, "big")]]
+        for request in requests:
+            theirs, mine = (replay_answers(d, request) for d in dealers)
+            assert mine == theirs, request
+        seqs = [int.from_bytes(f[2], "big") for f in replay_answers(dealers[1], [b"", bytes(8)])[:-1]]
+        assert seqs == [3, 4, 5, 6, 7]
+        decoded = msgspec.msgpack.Decoder(vk.KVEventBatch).decode(replay_answers(dealers[1], requests[1])[0][3])
+        assert decoded.data_parallel_rank == 1 and decoded.ts == 103.0
+        # Wrong shapes: no answer from either; the next good request is answered as ever.
+        for dealer in dealers:
+            dealer.send_multipart([b"", b"", bytes(8)])
+            dealer.send(bytes(8))
+        assert not any(d.poll(200) for d in dealers)
+        theirs, mine = (replay_answers(d, [b"", (6).to_bytes(8, "big")]) for d in dealers)
+        assert mine == theirs and len(mine) == 3
+    finally:
+        for dealer in dealers:
+            dealer.close()
+        for pub in pubs:
+            pub.shutdown()
+
+
+def test_live_frames_are_vllms_frame_for_frame(ipc):
+    """The live PUB sockets: the same batches in the same order give the same three frames
+    (topic, 8-byte big-endian sequence number, payload) from both publishers."""
+    pubs = [cls(data_parallel_rank=0, endpoint=ipc(), topic="t") for cls in (vk.ZmqEventPublisher,
+                                                                            kk.ZmqEventPublisher)]
+    socks = [raw_sub(p.get_publisher_config().endpoint) for p in pubs]
+    heard: list[dict[int, list[bytes]]] = [{}, {}]
+    try:
+        for i in range(400):
+            batch = kvcy_batch(i)
+            pubs[0].publish(as_vllm(batch))
+            pubs[1].publish(batch)
+            for sock, got in zip(socks, heard):
+                while sock.poll(5 if i < 399 else 500):
+                    frames = sock.recv_multipart()
+                    got[int.from_bytes(frames[1], "big")] = frames
+            if sum(1 for s in heard[0] if s in heard[1]) >= 20:
+                break
+        common = sorted(set(heard[0]) & set(heard[1]))
+        assert len(common) >= 20, "the subscribers never heard both publishers"
+        for seq in common:
+            assert heard[1][seq] == heard[0][seq]
+            assert heard[1][seq][1] == seq.to_bytes(8, "big") and heard[1][seq][0] == b"t"
+    finally:
+        for sock in socks:
+            sock.close()
+        for pub in pubs:
+            pub.shutdown()

@@ -89,6 +89,11 @@ def wait_until(cond, what: str, step=lambda: time.sleep(0.01), timeout: float = 
         step()
 
 
+def start_frame(seq: int) -> bytes:
+    """A replay request's start: the sequence number as 8 big-endian bytes."""
+    return seq.to_bytes(8, "big")
+
+
 def wait_sent(pub: ZmqEventPublisher, n: int) -> None:
     wait_until(lambda: pub.sent_batches >= n, f"{n} batches sent")
 
@@ -154,17 +159,24 @@ def test_config_defaults_and_checks():
     assert (cfg.publisher, cfg.endpoint, cfg.replay_endpoint, cfg.buffer_steps, cfg.hwm, cfg.max_queue_size,
             cfg.topic) == ("null", "tcp://*:5557", None, 10_000, 100_000, 100_000, "")
     assert KVEventsConfig(enable_kv_cache_events=True).publisher == "zmq"
-    with pytest.raises(ValueError, match="buffer_steps must be >= 0"):
-        KVEventsConfig(buffer_steps=-1)
     with pytest.raises(TypeError, match="hwm must be an int"):
         KVEventsConfig(hwm=1.5)
-    with pytest.raises(ValueError, match="max_queue_size must be >= 1"):
-        KVEventsConfig(max_queue_size=0)
-    with pytest.raises(ValueError, match="endpoint must be a non-empty str"):
-        KVEventsConfig(endpoint="")
+    with pytest.raises(TypeError, match="endpoint must be a str, got NoneType"):
+        KVEventsConfig(endpoint=None)
+    # vLLM's config takes only its two kinds (a pydantic literal: a ValueError there too).
+    for kind in ("kafka", "", 5):
+        with pytest.raises(ValueError, match="publisher must be 'null' or 'zmq'"):
+            KVEventsConfig(enable_kv_cache_events=True, publisher=kind)
+    # vLLM's config holds any int and leaves the values to the publisher: a config with events
+    # off, or with an unbounded queue (0 or less, as queue.Queue reads it), is accepted as in vLLM.
+    cfg = KVEventsConfig(buffer_steps=-1, hwm=-1, max_queue_size=0, endpoint="", replay_endpoint="")
+    assert (cfg.buffer_steps, cfg.hwm, cfg.max_queue_size, cfg.endpoint) == (-1, -1, 0, "")
+    assert isinstance(EventPublisherFactory.create(cfg), NullEventPublisher)
 
 
 def test_offset_endpoint_port_per_data_parallel_rank():
+    # vLLM has it as a static method of the publisher (consumers derive each rank's endpoint).
+    assert ZmqEventPublisher.offset_endpoint_port("tcp://host:6000", 2) == "tcp://host:6002"
     assert offset_endpoint_port("tcp://*:5557", 0) == "tcp://*:5557"
     assert offset_endpoint_port("tcp://*:5557", 3) == "tcp://*:5560"
     assert offset_endpoint_port("tcp://*:0", 3) == "tcp://*:0"
@@ -184,13 +196,23 @@ def test_factory_builds_the_configured_publisher(ipc, cleanup):
     assert isinstance(pub, ZmqEventPublisher)
     got = pub.get_publisher_config()
     assert (got.endpoint, got.replay_endpoint, got.buffer_steps, got.topic) == (endpoint, replay, 7, "t")
+    unknown = KVEventsConfig(enable_kv_cache_events=True)
+    unknown.publisher = "kafka"  # as in vLLM, only an assignment gets past the config's check
     with pytest.raises(ValueError, match="Unknown event publisher 'kafka'"):
-        EventPublisherFactory.create(KVEventsConfig(enable_kv_cache_events=True, publisher="kafka"))
+        EventPublisherFactory.create(unknown)
 
 
 def test_publisher_refuses_bad_settings_before_opening_anything():
-    with pytest.raises(ValueError, match="endpoint must be a non-empty str, got None"):
+    with pytest.raises(TypeError, match="endpoint must be a str, got NoneType"):
         ZmqEventPublisher(0, None)
+    with pytest.raises(ValueError, match="endpoint must be a non-empty str, got ''"):
+        ZmqEventPublisher(0, "")
+    with pytest.raises(ValueError, match="replay_endpoint must be None or a non-empty str"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", "")
+    with pytest.raises(ValueError, match="buffer_steps must be >= 0, got -1"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", buffer_steps=-1)
+    with pytest.raises(ValueError, match="hwm must be >= 0, got -2"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", hwm=-2)
     with pytest.raises(ValueError, match="data_parallel_rank must be >= 0"):
         ZmqEventPublisher(-1, "tcp://127.0.0.1:0")
     with pytest.raises(ValueError, match="must contain 'inproc' or 'tcp'"):
@@ -217,6 +239,39 @@ def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup, port):
     finally:
         sock.close()
     assert msgspec.msgpack.decode(frames[2], type=KVEventBatch).events[0].block_size == BS
+
+
+def test_any_host_port_zero_binds_the_node_address(cleanup, monkeypatch):
+    """``tcp://*:0`` is vLLM's "this node, any port": it binds the node's address (``VLLM_HOST_IP``
+    here) and reports ``tcp://<ip>:<port>``, an address a subscriber elsewhere can connect to;
+    with no node address it refuses (vLLM's message) and leaves nothing open."""
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")
+    pub = publisher(cleanup, 0, "tcp://*:0", "tcp://*:0")
+    for endpoint in (pub.endpoint, pub.replay_endpoint):
+        host, _, port = endpoint.rpartition(":")
+        assert host == "tcp://127.0.0.1" and port.isdigit() and port != "0"
+    assert pub.endpoint != pub.replay_endpoint
+    config = pub.get_publisher_config()
+    assert (config.endpoint, config.replay_endpoint) == (pub.endpoint, pub.replay_endpoint)
+    sock = raw_sub(pub.endpoint)
+    try:
+        assert msgspec.msgpack.decode(first_message(pub, sock, lambda i: stored(i))[2], type=KVEventBatch).events
+    finally:
+        sock.close()
+    monkeypatch.setenv("VLLM_HOST_IP", "0.0.0.0")
+    before = threading.active_count()
+    with pytest.raises(ValueError, match=r"tcp://\*:0 needs a node IP; set VLLM_HOST_IP"):
+        ZmqEventPublisher(0, "tcp://*:0")
+    assert threading.active_count() == before
+
+
+def test_max_queue_size_zero_is_unbounded(ipc, cleanup):
+    """vLLM's queue takes ``maxsize <= 0`` as no bound (``queue.Queue``'s rule): nothing drops."""
+    pub = publisher(cleanup, 0, ipc(), max_queue_size=0)
+    for i in range(500):
+        pub.publish(stored(i))
+    wait_sent(pub, 500)
+    assert pub.dropped_batches == 0 and pub.get_publisher_config().max_queue_size == 0
 
 
 # --------------------------------------------------------------------------- the wire
@@ -261,8 +316,10 @@ def test_wire_format_is_vllms(cleanup):
 
 def test_replay_protocol(ipc, cleanup):
     """A DEALER sends ``[b"", start]``; the ROUTER answers every buffered batch from ``start`` on
-    as ``[b"", topic, seq, payload]`` and ends with ``[b"", b"", -1, b""]``; a bad request is
-    ignored without stopping the publisher."""
+    as ``[b"", topic, seq, payload]`` and ends with ``[b"", b"", -1, b""]``.  As vLLM's, it reads
+    the start as an unsigned big-endian number of any length (``b"bad"`` is past every batch:
+    only the end marker comes back) and ignores a request that is not three frames without
+    stopping the publisher."""
     pub = publisher(cleanup, 0, ipc(), ipc(), buffer_steps=3, topic="t")
     for i in range(5):
         pub.publish(stored(i, ts=float(i)))
@@ -271,9 +328,11 @@ def test_replay_protocol(ipc, cleanup):
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(pub.replay_endpoint)
     try:
-        dealer.send_multipart([b"", b"bad"])  # not 8 bytes: ignored
-        for start, seqs in ((1, [2, 3, 4]), (4, [4]), (9, [])):
-            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+        dealer.send_multipart([b"", b"", start_frame(0)])  # four frames at the ROUTER: ignored
+        dealer.send(start_frame(0))  # two frames (no delimiter): ignored
+        for frame, seqs in ((start_frame(1), [2, 3, 4]), (start_frame(4), [4]), (start_frame(9), []),
+                            (b"\x03", [3, 4]), (b"bad", []), (b"", [2, 3, 4])):
+            dealer.send_multipart([b"", frame])
             answers = []
             while True:
                 assert dealer.poll(int(WAIT * 1000)), "no replay answer"
@@ -287,7 +346,7 @@ def test_replay_protocol(ipc, cleanup):
             assert [msgspec.msgpack.decode(f[3], type=KVEventBatch).ts for f in answers] == [float(s) for s in seqs]
     finally:
         dealer.close()
-    assert pub.replay_requests == 3
+    assert pub.replay_requests == 6 and pub.running
 
 
 def test_publish_never_blocks_and_counts_drops(index, ipc, cleanup):
