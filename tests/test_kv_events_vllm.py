@@ -292,6 +292,19 @@ def replay_answers(dealer, request: list[bytes], timeout: float = 5.0) -> list[l
             return answers
 
 
+def wait_replayable(replay_endpoint: str, seq: int) -> None:
+    """Wait until a publisher's replay socket holds batch ``seq`` (its thread sent it)."""
+    import zmq
+
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(replay_endpoint)
+    try:
+        wait_until(lambda: len(replay_answers(dealer, [b"", seq.to_bytes(8, "big")])) == 2, f"batch {seq}")
+    finally:
+        dealer.close()
+
+
 def test_replay_sockets_answer_alike_frame_for_frame():
     """The same batches published by vLLM's publisher and by kvcy's (each with its own structs),
     then the same replay requests to both: the answers are equal byte for byte (topic, sequence
@@ -371,3 +384,143 @@ def test_live_frames_are_vllms_frame_for_frame(ipc):
             sock.close()
         for pub in pubs:
             pub.shutdown()
+
+
+# --------------------------------------------------------------------------- vLLM's publisher, faults
+def vllm_stored(i: int) -> vk.KVEventBatch:
+    return vk.KVEventBatch(ts=time.time(), events=[
+        vk.BlockStored(block_hashes=[i], parent_block_hash=None, token_ids=list(range(BS)), block_size=BS,
+                       lora_id=None, medium="GPU", lora_name=None)])
+
+
+def test_vllm_publisher_late_join_past_its_buffer_and_hwm_drops(cleanup):  # noqa: F811
+    """kvcy's subscriber on vLLM's publisher: a late join asking for numbers older than vLLM's
+    replay buffer (vLLM answers from its oldest; the rest are counted lost), then batches vLLM's
+    PUB socket drops at its high-water mark (replayed from vLLM's buffer).  inproc: ZeroMQ's
+    high-water marks bite there, with no kernel buffer in between."""
+    stem = f"inproc://kvcy-vllm-faults-{time.monotonic_ns()}"
+    endpoint, replay = stem, stem + "-replay"
+    pub = vk.ZmqEventPublisher(data_parallel_rank=0, endpoint=endpoint, replay_endpoint=replay, buffer_steps=300,
+                               hwm=1)
+    index = RecordingIndex(KVIndex())
+    try:
+        for i in range(305):  # nobody listens yet: 0..4 leave vLLM's buffer of 300
+            pub.publish(vllm_stored(i))
+        wait_replayable(replay, 304)
+        sub = subscriber(cleanup, index, {"vllm": (endpoint, replay)}, rcvhwm=1)
+        assert sub.sync() == 300
+        state = sub.states["vllm"]
+        assert (state.last_seq, state.replayed, state.lost) == (304, 300, 5)
+        assert index.blocks["vllm"] == set(range(5, 305))
+        # A flood nobody reads: vLLM's PUB (hwm 1) and our SUB (rcvhwm 1) drop most of it.
+        for i in range(305, 505):
+            pub.publish(vllm_stored(i))
+        wait_replayable(replay, 504)
+        more = iter(range(10**6, 2 * 10**6))
+        wait_until(lambda: (sub.states["vllm"].last_seq or 0) >= 504, "the flood",
+                   step=lambda: (sub.poll(0.02), pub.publish(vllm_stored(next(more)))))
+        state = sub.states["vllm"]
+        assert state.gaps >= 1 and state.replayed >= 450 and state.lost == 5
+        assert set(range(5, 505)) <= index.blocks["vllm"]
+        index.check()
+    finally:
+        pub.shutdown()
+
+
+def test_vllm_publisher_restart_is_forgotten_and_rebuilt(ipc, cleanup):  # noqa: F811
+    """vLLM's publisher restarts on the same endpoints (its numbers start at 0 again): kvcy's
+    subscriber forgets the instance and rebuilds it from the new stream only."""
+    endpoint, replay = ipc(), ipc()
+    index = RecordingIndex(KVIndex())
+    sub = subscriber(cleanup, index, {"vllm": (endpoint, replay)})
+    for generation, base in enumerate((0, 10**6)):
+        pub = vk.ZmqEventPublisher(data_parallel_rank=0, endpoint=endpoint, replay_endpoint=replay)
+        try:
+            hashes = iter(range(base, base + 10**5))
+            wait_until(lambda: sub.states["vllm"].restarts == generation and sub.states["vllm"].last_seq is not None,
+                       f"publisher {generation}", step=lambda: (pub.publish(vllm_stored(next(hashes))), sub.poll(0.05)))
+            sent = next(hashes) - base
+            wait_until(lambda: sub.states["vllm"].last_seq == sent - 1, "its stream", step=lambda: sub.poll(0.02))
+        finally:
+            pub.shutdown()
+        assert index.blocks["vllm"] == set(range(base, base + sent))
+        assert index.removed == ["vllm"] * generation
+    assert sub.states["vllm"].lost == 0
+    index.check()
+
+
+# --------------------------------------------------------------------------- a manager's events, end to end
+def test_manager_events_on_the_wire_are_vllms(impl, cleanup):  # noqa: F811
+    """vLLM's KVCacheManager publishing through vLLM's publisher, and kvcy's through kvcy's, for
+    the same operations (a hybrid model: full attention and a sliding window; cache salt,
+    session, the full report mode, evictions, a reset): the two streams are equal frame for
+    frame, and kvcy's subscriber builds the same index from both."""
+    from _vllm_diff import Config, Op, Pair, apply
+
+    cfg = Config("events", (("FullAttentionSpec", dict(block_size=8)),
+                            ("SlidingWindowSpec", dict(block_size=4, sliding_window=12))), num_blocks=24)
+    pair = Pair(cfg, impl.kv_cache)
+    stem = f"inproc://kvcy-mgr-events-{time.monotonic_ns()}"
+    pubs = [vk.ZmqEventPublisher(data_parallel_rank=0, endpoint=stem + "-v", replay_endpoint=stem + "-vr",
+                                 topic="kv"),
+            kk.ZmqEventPublisher(0, stem + "-k", stem + "-kr", topic="kv")]
+    for pub in pubs:
+        cleanup(pub)
+    index = RecordingIndex(KVIndex())
+    sub = subscriber(cleanup, index, {"vllm": (stem + "-v", stem + "-vr"), "kvcy": (stem + "-k", stem + "-kr")})
+    prompt = tuple(range(100, 140))
+    ops = [
+        Op("admit", "a", tokens=prompt, chunk=10_000, session="s1"),
+        Op("step", "a", out_tokens=(5,)),
+        Op("finish", "a"),
+        Op("admit", "b", tokens=prompt[:24] + tuple(range(500, 520)), chunk=16, salt=None, report_full=True),
+        Op("step", "b", chunk=16),
+        Op("step", "b", chunk=100),
+        Op("admit", "c", tokens=tuple(range(900, 980)), chunk=10_000, salt="salty"),
+        Op("preempt", "b"),
+        Op("evict", ids=(1, 2, 3, 9)),
+        Op("finish", "c"),
+        Op("admit", "b", chunk=10_000),
+        Op("finish", "b"),
+        Op("reset"),
+        Op("admit", "d", tokens=prompt[:32] + (1, 2, 3), chunk=10_000, session="s2"),
+        Op("finish", "d"),
+    ]
+    published = 0
+    hashes: list[list] = []
+    kinds: set[type] = set()
+    for step, op in enumerate(ops):
+        got = [apply(side, op) for side in (pair.vllm, pair.kvcy)]
+        assert got[0] == got[1], op
+        events_v, events_k = pair.vllm.mgr.take_events(), pair.kvcy.mgr.take_events()
+        batch_v = vk.KVEventBatch(ts=float(step), events=events_v)
+        batch_k = kk.KVEventBatch(ts=float(step), events=events_k)
+        assert msgspec.msgpack.encode(batch_k) == msgspec.msgpack.encode(batch_v), op
+        if events_v:  # the scheduler publishes a step's events when there are some
+            pubs[0].publish(batch_v)
+            pubs[1].publish(batch_k)
+            published += 1
+            hashes += [e.block_hashes for e in events_k if isinstance(e, kk.BlockStored)]
+            kinds.update(map(type, events_k))
+    # The scenario makes every kind of event (the eviction and the prefix-cache reset).
+    assert kinds == {kk.BlockStored, kk.BlockRemoved, kk.AllBlocksCleared} and published >= 5
+    wait_until(lambda: all(s.last_seq == published - 1 for s in sub.states.values()), "both streams",
+               step=lambda: (sub.sync(), sub.poll(0.02)))
+    assert all(s.lost == 0 and s.malformed == 0 for s in sub.states.values())
+    assert index.blocks["vllm"] == index.blocks["kvcy"] and index.blocks["kvcy"]
+    index.check()
+    for chain in hashes:
+        assert index.kv.longest_prefix(chain)["vllm"] == index.kv.longest_prefix(chain)["kvcy"]
+    # The whole streams, as the replay sockets hold them: equal frame for frame.
+    import zmq
+
+    answers = []
+    for replay in (stem + "-vr", stem + "-kr"):
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(replay)
+        try:
+            answers.append(replay_answers(dealer, [b"", bytes(8)]))
+        finally:
+            dealer.close()
+    assert len(answers[0]) == published + 1 and answers[1] == answers[0]

@@ -453,6 +453,108 @@ def test_publisher_restart_is_forgotten_and_rebuilt(index, ipc, cleanup):
     assert sub.states["a"].lost == 0
 
 
+def test_restart_heard_past_the_old_numbers_is_found_by_replay(index, ipc, cleanup):
+    """The restarted publisher has published past the old stream's last number before the
+    subscriber hears it again (a ZeroMQ reconnect takes time): the live numbers do not go back,
+    but the replay's batch under the last number applied is not the one applied, so the
+    instance is forgotten and rebuilt from the new publisher's history alone."""
+    endpoint, replay = ipc(), ipc()
+    old = ZmqEventPublisher(0, endpoint, replay)
+    sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+    try:
+        hashes = iter(range(100, 200))
+        wait_until(lambda: index.batches > 0, "the first publisher",
+                   step=lambda: (old.publish(stored(next(hashes))), sub.poll(0.02)))
+        old.publish(stored(next(hashes)))
+        wait_until(lambda: sub.states["a"].last_seq == old._next_seq - 1, "the old stream",
+                   step=lambda: sub.poll(0.02))
+    finally:
+        old.shutdown()
+    reached = sub.states["a"].last_seq
+    new = publisher(cleanup, 0, endpoint, replay)
+    for i in range(reached + 10):  # past the old numbers, unheard: the subscriber does not poll
+        new.publish(stored(1000 + i))
+    wait_sent(new, reached + 10)
+    more = iter(range(2000, 2100))
+    wait_until(lambda: sub.states["a"].restarts == 1, "the restart",
+               step=lambda: (new.publish(stored(next(more))), sub.poll(0.05)))
+    last = new._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the new stream", step=lambda: sub.poll(0.02))
+    assert index.removed == ["a"]
+    assert index.blocks["a"] == set(range(1000, 1000 + reached + 10)) | set(range(2000, 2000 + last - reached - 9))
+    assert sub.states["a"].lost == 0
+
+
+class FakePublisher:
+    """vLLM's protocol on bare sockets, for the cases timing cannot arrange: a PUB socket that
+    can say hello (a one-frame message a subscriber counts as malformed and otherwise ignores:
+    once counted, the subscription is up) and a ROUTER answering replay requests from
+    ``history`` in a thread.  ``close`` stops it."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str, history: list[KVEventBatch]) -> None:
+        ctx = zmq.Context.instance()
+        self.payloads = [msgspec.msgpack.encode(batch) for batch in history]
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(endpoint)
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(replay_endpoint)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="fake-replay")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if self.router.poll(20):
+                client, _, start = self.router.recv_multipart()
+                for seq in range(int.from_bytes(start, "big"), len(self.payloads)):
+                    self.router.send_multipart([client, b"", b"", start_frame(seq), self.payloads[seq]])
+                self.router.send_multipart([client, b"", b"", END_SEQ, b""])
+
+    def wait_subscriber(self, sub: EventSubscriber, instance: str) -> None:
+        """Say hello until ``sub`` hears it (and counts it malformed)."""
+        before = sub.states[instance].malformed
+        wait_until(lambda: sub.states[instance].malformed > before, "the subscriber",
+                   step=lambda: (self.pub.send(b"hello"), sub.poll(0.02)))
+
+    def send(self, seq: int) -> None:
+        self.pub.send_multipart([b"", start_frame(seq), self.payloads[seq]])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT)
+        self.pub.close()
+        self.router.close()
+
+
+def test_restart_heard_at_the_next_number_is_found_after_the_lost_connection(index, ipc, cleanup):
+    """The restarted publisher's first batch this subscriber hears carries exactly the next
+    number: nothing in the numbers tells.  The connection was lost in between, though, so that
+    batch is checked against the replay: the batch under the last number applied is another
+    one, and the instance is forgotten and rebuilt from the new publisher's history."""
+    endpoint, replay = ipc(), ipc()
+    old = FakePublisher(endpoint, replay, [stored(100 + i, ts=float(i)) for i in range(3)])
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        old.wait_subscriber(sub, "a")
+        for seq in range(3):
+            old.send(seq)
+        wait_until(lambda: sub.states["a"].last_seq == 2, "the old stream", step=lambda: sub.poll(0.02))
+    finally:
+        old.close()
+    new = FakePublisher(endpoint, replay, [stored(1000 + i, ts=10.0 + i) for i in range(4)])
+    try:
+        new.wait_subscriber(sub, "a")  # reconnected: batches 0..2 went to nobody
+        new.send(3)
+        wait_until(lambda: sub.states["a"].last_seq == 3, "the next batch", step=lambda: sub.poll(0.02))
+    finally:
+        new.close()
+    state = sub.states["a"]
+    assert (state.restarts, state.gaps, state.lost) == (1, 0, 0) and state.malformed >= 2
+    assert index.removed == ["a"] and index.blocks["a"] == {1000, 1001, 1002, 1003}
+
+
 def test_drops_at_the_high_water_mark_come_back_by_replay(index, cleanup):
     name = f"inproc://kvcy-hwm-{next(_names)}"
     pub = publisher(cleanup, 0, name, name + "-replay", hwm=1, buffer_steps=1000)
