@@ -305,7 +305,8 @@ def wait_replayable(replay_endpoint: str, seq: int) -> None:
         dealer.close()
 
 
-def test_replay_sockets_answer_alike_frame_for_frame():
+@pytest.mark.parametrize("buffer_steps", [5, 0])
+def test_replay_sockets_answer_alike_frame_for_frame(buffer_steps):
     """The same batches published by vLLM's publisher and by kvcy's (each with its own structs),
     then the same replay requests to both: the answers are equal byte for byte (topic, sequence
     numbers, payloads, end marker), a start older than the buffer and starts that are not 8
@@ -313,8 +314,8 @@ def test_replay_sockets_answer_alike_frame_for_frame():
     import zmq
 
     stem = f"inproc://kvcy-vs-vllm-{time.monotonic_ns()}"
-    pubs = [cls(data_parallel_rank=1, endpoint=f"{stem}-{i}", replay_endpoint=f"{stem}-{i}-replay", buffer_steps=5,
-                topic="kv-events")
+    pubs = [cls(data_parallel_rank=1, endpoint=f"{stem}-{i}", replay_endpoint=f"{stem}-{i}-replay",
+                buffer_steps=buffer_steps, hwm=77, topic="kv-events")
             for i, cls in enumerate((vk.ZmqEventPublisher, kk.ZmqEventPublisher))]
     dealers = []
     try:
@@ -331,24 +332,31 @@ def test_replay_sockets_answer_alike_frame_for_frame():
             dealers.append(dealer)
         # Both publishing threads are done once a request past the end gets only the marker
         # after all 8 batches went through: wait for the 8th to be replayable.
-        for dealer in dealers:
-            wait_until(lambda d=dealer: len(replay_answers(d, [b"", (7).to_bytes(8, "big")])) == 2, "8 batches")
+        # The sockets' options, as each publisher set them (high-water marks: the PUB's from hwm,
+        # the replay ROUTER's room for a whole replay and its end marker).
+        for option in (zmq.SNDHWM, zmq.RCVHWM):
+            assert pubs[1]._pub.getsockopt(option) == pubs[0]._pub.getsockopt(option) == 77
+            assert pubs[1]._replay.getsockopt(option) == pubs[0]._replay.getsockopt(option)
+        for dealer in dealers:  # (with no buffer, every answer is the end marker alone, at any time)
+            if buffer_steps:
+                wait_until(lambda d=dealer: len(replay_answers(d, [b"", (7).to_bytes(8, "big")])) == 2, "8 batches")
         requests = [[b"", (s).to_bytes(8, "big")] for s in (0, 3, 5, 7, 8, 2**63)]
         requests += [[b"", b"\x04"], [b"", b"bad"], [b"", b""], [b"x", (6).to_bytes(8, "big")]]
         for request in requests:
             theirs, mine = (replay_answers(d, request) for d in dealers)
             assert mine == theirs, request
         seqs = [int.from_bytes(f[2], "big") for f in replay_answers(dealers[1], [b"", bytes(8)])[:-1]]
-        assert seqs == [3, 4, 5, 6, 7]
-        decoded = msgspec.msgpack.Decoder(vk.KVEventBatch).decode(replay_answers(dealers[1], requests[1])[0][3])
-        assert decoded.data_parallel_rank == 1 and decoded.ts == 103.0
+        assert seqs == ([3, 4, 5, 6, 7] if buffer_steps else [])
+        if buffer_steps:
+            decoded = msgspec.msgpack.Decoder(vk.KVEventBatch).decode(replay_answers(dealers[1], requests[1])[0][3])
+            assert decoded.data_parallel_rank == 1 and decoded.ts == 103.0
         # Wrong shapes: no answer from either; the next good request is answered as ever.
         for dealer in dealers:
             dealer.send_multipart([b"", b"", bytes(8)])
             dealer.send(bytes(8))
         assert not any(d.poll(200) for d in dealers)
         theirs, mine = (replay_answers(d, [b"", (6).to_bytes(8, "big")]) for d in dealers)
-        assert mine == theirs and len(mine) == 3
+        assert mine == theirs and len(mine) == (3 if buffer_steps else 1)
     finally:
         for dealer in dealers:
             dealer.close()

@@ -287,7 +287,7 @@ class ZmqEventPublisher(EventPublisher):
         self._replay: Any = None
         try:
             self._pub = self._ctx.socket(zmq.PUB)
-            self._pub.setsockopt(zmq.SNDHWM, hwm)
+            self._pub.set_hwm(hwm)  # both high-water marks, as vLLM sets them
             self._pub.setsockopt(zmq.LINGER, 0)
             if _binds(config.endpoint):
                 config.endpoint = self._bind(self._pub, config.endpoint)
