@@ -532,3 +532,34 @@ def test_manager_events_on_the_wire_are_vllms(impl, cleanup):  # noqa: F811
         finally:
             dealer.close()
     assert len(answers[0]) == published + 1 and answers[1] == answers[0]
+
+
+def test_kvcy_publisher_stands_in_for_vllms_behind_vllms_factory(ipc):
+    """Registered with vLLM's factory, kvcy's publisher takes what vLLM's scheduler hands a
+    publisher (vLLM's own ``KVEventBatch``), stamps the rank and sends it as vLLM's would."""
+    from vllm.config.kv_events import KVEventsConfig as VConfig
+
+    name = f"kvcy-{time.monotonic_ns()}"
+    vk.EventPublisherFactory.register_publisher(name, kk.ZmqEventPublisher)
+    try:
+        config = VConfig(enable_kv_cache_events=True, endpoint=ipc(), topic="kv")
+        config.publisher = name  # (vLLM's config takes only its two kinds at construction)
+        pub = vk.EventPublisherFactory.create(config, data_parallel_rank=0)
+    finally:
+        del vk.EventPublisherFactory._registry[name]
+    assert type(pub) is kk.ZmqEventPublisher
+    sock = raw_sub(pub.endpoint)
+    try:
+        _, seq, payload = first_message(pub, sock, lambda i: as_vllm(kvcy_batch(i)))
+    finally:
+        sock.close()
+        pub.shutdown()
+    sent = as_vllm(kvcy_batch(int.from_bytes(seq, "big")))
+    sent.data_parallel_rank = 0
+    assert payload == msgspec.msgpack.encode(sent)
+    other = kk.ZmqEventPublisher(0, ipc())
+    try:
+        with pytest.raises(TypeError, match="events must be an EventBatch, got list"):
+            other.publish([])
+    finally:
+        other.shutdown()

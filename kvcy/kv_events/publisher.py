@@ -335,13 +335,18 @@ class ZmqEventPublisher(EventPublisher):
         number now; when the queue is full the batch is dropped (its number is skipped on the
         wire, so subscribers see the loss) and ``dropped_batches`` counts it.
 
+        vLLM's own batches (``vllm.distributed.kv_events.EventBatch`` and its subclasses) are
+        taken as well, so that kvcy's publisher can stand in for vLLM's behind vLLM's scheduler:
+        any msgspec struct with a ``data_parallel_rank`` field is sent as it encodes.
+
         Raises:
-            TypeError: ``events`` is not an ``EventBatch``.
+            TypeError: ``events`` is not an ``EventBatch`` (nor a struct with that field).
             RuntimeError: the publisher was shut down.
         """
         if not self._running:
             raise RuntimeError("Publisher is closed")
-        if not isinstance(events, EventBatch):
+        if not isinstance(events, EventBatch) and not (
+                isinstance(events, msgspec.Struct) and "data_parallel_rank" in events.__struct_fields__):
             raise TypeError(f"events must be an EventBatch, got {type(events).__name__}")
         if events.data_parallel_rank is None:
             events.data_parallel_rank = self._data_parallel_rank
