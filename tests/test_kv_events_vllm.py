@@ -563,3 +563,24 @@ def test_kvcy_publisher_stands_in_for_vllms_behind_vllms_factory(ipc):
             other.publish([])
     finally:
         other.shutdown()
+
+
+def test_kv_index_applies_batches_decoded_by_vllms_types(impl):
+    """A router decoding vLLM's stream with vLLM's own types hands those batches to the index:
+    they apply exactly as kvcy's decoding of the same bytes."""
+    events = [vk.BlockStored(block_hashes=[1, 2, 3], parent_block_hash=None, token_ids=list(range(3 * BS)),
+                             block_size=BS, lora_id=None, medium="GPU", lora_name=None, group_idx=0),
+              vk.BlockStored(block_hashes=[b"\x09" * 8], parent_block_hash=3, token_ids=list(range(BS)),
+                             block_size=BS, lora_id=None, medium="CPU", lora_name=None),
+              vk.BlockRemoved(block_hashes=[2], medium="GPU"), vk.AllBlocksCleared(),
+              vk.BlockStored(block_hashes=[4], parent_block_hash=None, token_ids=list(range(BS)), block_size=BS,
+                             lora_id=None, medium="GPU", lora_name=None)]
+    payloads = [msgspec.msgpack.encode(vk.KVEventBatch(ts=float(i), events=events[:i])) for i in range(6)]
+    theirs, mine = impl.kv_index.KVIndex(), impl.kv_index.KVIndex()
+    vdecoder, kdecoder = msgspec.msgpack.Decoder(vk.KVEventBatch), msgspec.msgpack.Decoder(kk.KVEventBatch)
+    for payload in payloads:
+        assert theirs.apply_batch("a", vdecoder.decode(payload)) == mine.apply_batch("a", kdecoder.decode(payload))
+        assert theirs.stats == mine.stats and theirs.num_blocks("a") == mine.num_blocks("a")
+        for chain in ([1, 2, 3], [4], [b"\x09" * 8]):
+            assert theirs.longest_prefix(chain) == mine.longest_prefix(chain)
+    assert theirs.longest_prefix([4]) == {"a": 1} and theirs.stats["all_blocks_cleared"] == 2

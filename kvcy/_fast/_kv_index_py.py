@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, as_kv_event_batch
 
 __all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
 
@@ -249,12 +249,15 @@ class KVIndex:
         Returns:
             The number of events applied (all of the batch's).
 
+        Another library's batch of the same wire form (vLLM's own ``KVEventBatch``) is read as
+        its msgpack encoding decodes (``kvcy.kv_events.as_kv_event_batch``).
+
         Raises:
-            TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
+            TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``
+                (nor a struct that encodes as one).
         """
         instance = _instance_name(instance)
-        if not isinstance(batch, KVEventBatch):
-            raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
+        batch = as_kv_event_batch(batch)
         applied = self.apply_events(instance, batch.events)
         self._stats["batches_applied"] += 1
         return applied

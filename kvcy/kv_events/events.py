@@ -30,6 +30,7 @@ __all__ = [
     "KVConnectorKVEvents",
     "KVEventAggregator",
     "KVEventBatch",
+    "as_kv_event_batch",
     "default_use_int_block_hashes",
     "external_block_hash",
     "untag_extra_keys",
@@ -215,6 +216,24 @@ class KVConnectorKVEvents(ABC):
         """Add ``other``'s events to these; returns self."""
         self.add_events(other.get_all_events())
         return self
+
+
+def as_kv_event_batch(batch: object) -> KVEventBatch:
+    """``batch`` as a ``KVEventBatch``: itself, or another library's batch struct (vLLM's
+    ``KVEventBatch``, decoded by vLLM's own types) read back through its msgpack form, as a
+    subscriber would read it off the wire.
+
+    Raises:
+        TypeError: ``batch`` is neither a ``KVEventBatch`` nor a struct that encodes as one.
+    """
+    if isinstance(batch, KVEventBatch):
+        return batch
+    if isinstance(batch, msgspec.Struct):
+        try:
+            return msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=KVEventBatch)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+            pass
+    raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
 
 
 def default_use_int_block_hashes() -> bool:
