@@ -244,17 +244,14 @@ class KVIndex:
 
     # ------------------------------------------------------------------ events
     def apply_batch(self, instance: str, batch: KVEventBatch) -> int:
-        """Apply one ``KVEventBatch`` published by ``instance`` (of any data-parallel rank).
+        """Apply one ``KVEventBatch`` published by ``instance`` (of any data-parallel rank; vLLM's
+        own ``KVEventBatch`` is read as its msgpack form decodes: ``as_kv_event_batch``).
 
         Returns:
             The number of events applied (all of the batch's).
 
-        Another library's batch of the same wire form (vLLM's own ``KVEventBatch``) is read as
-        its msgpack encoding decodes (``kvcy.kv_events.as_kv_event_batch``).
-
         Raises:
-            TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``
-                (nor a struct that encodes as one).
+            TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
         """
         instance = _instance_name(instance)
         batch = as_kv_event_batch(batch)
