@@ -491,9 +491,13 @@ class FakePublisher:
     once counted, the subscription is up) and a ROUTER answering replay requests from
     ``history`` in a thread.  ``close`` stops it."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str, history: list[KVEventBatch]) -> None:
+    def __init__(self, endpoint: str, replay_endpoint: str, history: list[KVEventBatch], answer=None) -> None:
         ctx = zmq.Context.instance()
         self.payloads = [msgspec.msgpack.encode(batch) for batch in history]
+        #: ``answer(start)`` -> the frame lists (after the client's identity) a replay request gets.
+        self.answer = answer or (lambda start: [[b"", b"", start_frame(seq), self.payloads[seq]]
+                                                for seq in range(start, len(self.payloads))]
+                                 + [[b"", b"", END_SEQ, b""]])
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(endpoint)
@@ -508,9 +512,8 @@ class FakePublisher:
         while not self.stop.is_set():
             if self.router.poll(20):
                 client, _, start = self.router.recv_multipart()
-                for seq in range(int.from_bytes(start, "big"), len(self.payloads)):
-                    self.router.send_multipart([client, b"", b"", start_frame(seq), self.payloads[seq]])
-                self.router.send_multipart([client, b"", b"", END_SEQ, b""])
+                for frames in self.answer(int.from_bytes(start, "big")):
+                    self.router.send_multipart([client, *frames])
 
     def wait_subscriber(self, sub: EventSubscriber, instance: str) -> None:
         """Say hello until ``sub`` hears it (and counts it malformed)."""
@@ -553,6 +556,53 @@ def test_restart_heard_at_the_next_number_is_found_after_the_lost_connection(ind
     state = sub.states["a"]
     assert (state.restarts, state.gaps, state.lost) == (1, 0, 0) and state.malformed >= 2
     assert index.removed == ["a"] and index.blocks["a"] == {1000, 1001, 1002, 1003}
+
+
+def test_malformed_replay_answers_are_counted_and_skipped(index, ipc, cleanup):
+    """A replay answer with a missing delimiter, a short sequence number or a truncated payload
+    is counted malformed and skipped; the rest of the answer applies, and the batch that never
+    came back whole is counted lost."""
+    endpoint, replay = ipc(), ipc()
+    history = [stored(100 + i, ts=float(i)) for i in range(5)]
+
+    def answer(start):
+        good = [[b"", b"", start_frame(seq), fake.payloads[seq]] for seq in range(start, 5)]
+        good[1][3] = good[1][3][:-3]  # batch 1 truncated
+        return [[b"junk"], [b"", b"", b"\x00\x02", fake.payloads[2]], *good, [b"", b"", END_SEQ, b""]]
+
+    fake = FakePublisher(endpoint, replay, history, answer)
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        fake.wait_subscriber(sub, "a")
+        hello = sub.states["a"].malformed
+        fake.send(4)  # a late joiner's first batch: replay 0..3
+        wait_until(lambda: sub.states["a"].last_seq == 4, "the batch", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    # 0, 2, 3 and 4 replayed (the answer holds 4 too: the live copy is then skipped); 1 lost.
+    assert (state.malformed - hello, state.lost, state.replayed, state.gaps) == (3, 1, 4, 1)
+    assert index.blocks["a"] == {100, 102, 103, 104}
+
+
+def test_a_replay_socket_that_never_answers_costs_the_timeout_only(index, ipc, cleanup, caplog):
+    """No end marker within ``replay_timeout``: the missing batches are counted lost, the live
+    stream goes on, and the next gap asks again on a fresh socket."""
+    endpoint, replay = ipc(), ipc()
+    fake = FakePublisher(endpoint, replay, [stored(100 + i) for i in range(8)], answer=lambda start: [])
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)}, replay_timeout=0.1)
+        fake.wait_subscriber(sub, "a")
+        with caplog.at_level("WARNING", logger="kvcy.kv_events"):
+            for seq in (3, 4, 7):
+                fake.send(seq)
+                wait_until(lambda: sub.states["a"].last_seq == seq, f"batch {seq}", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert (state.gaps, state.lost, state.replayed, state.batches_applied) == (2, 5, 0, 3)
+    assert index.blocks["a"] == {103, 104, 107}
+    assert caplog.text.count("got no end marker") == 2
 
 
 def test_drops_at_the_high_water_mark_come_back_by_replay(index, cleanup):
