@@ -584,3 +584,62 @@ def test_kv_index_applies_batches_decoded_by_vllms_types(impl):
         for chain in ([1, 2, 3], [4], [b"\x09" * 8]):
             assert theirs.longest_prefix(chain) == mine.longest_prefix(chain)
     assert theirs.longest_prefix([4]) == {"a": 1} and theirs.stats["all_blocks_cleared"] == 2
+
+
+def test_manager_events_with_lora_images_salt_and_lookahead_are_vllms(impl):
+    """The event fields the operation table of tests/_vllm_diff.py does not reach: a LoRA adapter
+    (``lora_id``, ``lora_name``, the adapter's name first in ``extra_keys``), image items
+    (``(identifier, offset)`` keys on the blocks they overlap), a cache salt and hash lookahead
+    (``lookahead_token_ids``): the same requests on both managers give the same bytes."""
+    from _vllm_diff import Config, Op, Pair, apply
+    from vllm.lora.request import LoRARequest as VLoRA
+    from vllm.multimodal.inputs import MultiModalFeatureSpec as VSpec
+    from vllm.multimodal.inputs import PlaceholderRange as VRange
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name as v_hash_fn
+    from vllm.v1.core import kv_cache_utils as vku
+    from vllm.v1.request import Request as VRequest
+
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+    from kvcy.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
+
+    lookahead = 2
+    cfg = Config("lora-mm", (("FullAttentionSpec", dict(block_size=BS)),), num_blocks=40,
+                 num_hash_lookahead_tokens=lookahead)
+    pair = Pair(cfg, impl.kv_cache)
+    v_sha, k_sha = v_hash_fn("sha256"), get_hash_fn_by_name("sha256")
+    vku.init_none_hash(v_sha)
+    init_none_hash(k_sha)
+    v_hasher = vku.get_request_block_hasher(BS, v_sha, lookahead)
+    k_hasher = get_request_block_hasher(BS, k_sha, lookahead)
+    cases = [  # (request id, tokens, LoRA, images as (identifier, offset, length), salt, session)
+        ("plain", list(range(100, 126)), None, [], None, None),
+        ("lora", list(range(100, 126)), ("adapter-a", 3, "/a"), [], None, "s"),
+        ("image", list(range(200, 230)), None, [("img-1", 2, 7), ("img-2", 12, 3)], "salt", None),
+        ("both", list(range(200, 230)), ("adapter-b", 4, "/b"), [("img-1", 2, 7)], None, "t"),
+        ("image-again", list(range(200, 230)), None, [("img-1", 2, 7), ("img-2", 12, 3)], "salt", None),
+    ]
+    kinds = set()
+    for rid, tokens, lora, images, salt, session in cases:
+        pair.vllm.reqs[rid] = VRequest(
+            rid, tokens, SamplingParams(max_tokens=64), None, lora_request=VLoRA(*lora) if lora else None,
+            mm_features=[VSpec(data=None, modality="image", identifier=i, mm_position=VRange(o, n))
+                         for i, o, n in images] or None,
+            cache_salt=salt, session_id=session, block_hasher=v_hasher)
+        pair.kvcy.reqs[rid] = impl.kv_cache.Request(
+            rid, tokens, lora_request=LoRARequest(*lora) if lora else None,
+            mm_features=[MultiModalFeatureSpec(identifier=i, mm_position=PlaceholderRange(o, n))
+                         for i, o, n in images] or None,
+            cache_salt=salt, session_id=session, block_hasher=k_hasher)
+        for op in (Op("admit", rid, chunk=10_000), Op("step", rid, out_tokens=(7,)), Op("finish", rid)):
+            assert apply(pair.vllm, op) == apply(pair.kvcy, op), (rid, op)
+            events_v, events_k = pair.vllm.mgr.take_events(), pair.kvcy.mgr.take_events()
+            wire_v = msgspec.msgpack.encode(vk.KVEventBatch(ts=1.0, events=events_v))
+            assert msgspec.msgpack.encode(kk.KVEventBatch(ts=1.0, events=events_k)) == wire_v, (rid, op)
+            for event in events_k:
+                if isinstance(event, kk.BlockStored):
+                    kinds.update(f for f in ("lora_name", "extra_keys", "lookahead_token_ids", "session_id")
+                                 if getattr(event, f) is not None)
+                    kinds.update("image key" for keys in event.extra_keys or () for key in keys or ()
+                                 if isinstance(key, tuple) and str(key[0]).startswith("img-"))
+    assert kinds == {"lora_name", "extra_keys", "lookahead_token_ids", "session_id", "image key"}
