@@ -11,7 +11,9 @@ What goes on the wire (``vllm.distributed.kv_events.ZmqEventPublisher``'s format
   (a REQ socket sending ``start`` gets only the first answer: REQ takes one reply per
   request); the publisher answers every buffered batch whose number is at
   least ``start`` as ``[b"", topic, seq, payload]``, then the end marker
-  ``[b"", b"", (-1 as 8 signed big-endian bytes), b""]``.
+  ``[b"", b"", (-1 as 8 signed big-endian bytes), b""]``.  As vLLM's, it answers any request
+  of three frames at the ROUTER (the start read as an unsigned big-endian number of any
+  length) and ignores others; a start older than the buffer gets what the buffer holds.
 
 Unlike vLLM's publisher, ``publish`` never blocks the caller (the scheduler loop): a full
 queue drops the batch and counts it in ``dropped_batches``.  The batch is numbered when it is

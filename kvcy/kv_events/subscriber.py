@@ -14,9 +14,11 @@ Per publisher it keeps an ``InstanceState``:
   in ``lost`` and skipped;
 - a live sequence number at or below the previous live one means the publisher restarted: the
   instance is forgotten (``index.remove_instance``) and rebuilt from the new stream.  So does a
-  gap whose replay holds other bytes under the number of the last batch applied (the replay is
-  asked from that batch on to check it): the publisher restarted and had published past this
-  subscriber's place before the subscriber heard it again (ZeroMQ reconnects take a while);
+  replay that holds other bytes under the number of the last batch applied: after a gap, and
+  for the first batch after the SUB socket lost its connection (a ZeroMQ socket monitor tells),
+  the replay is asked from that batch on to check it, since a restarted publisher may have
+  published up to or past this subscriber's place before it is heard again (ZeroMQ reconnects
+  take a while);
 - a message that does not decode (wrong frame count, a sequence frame that is not 8 bytes, a
   truncated or foreign payload) is counted in ``malformed`` and skipped;
 - with ``silent_after`` set, an instance that sent nothing for that many seconds is forgotten
@@ -73,7 +75,8 @@ class InstanceState:
         replayed: batches applied from the replay socket.
         lost: sequence numbers never applied (not replayable).
         malformed: messages skipped because they did not decode or the index refused them.
-        restarts: times the sequence numbers went back (instance forgotten each time).
+        restarts: times the publisher restarted: its numbers went back, or its replay held
+            another batch under the last number applied (instance forgotten each time).
         silences: times the instance was forgotten for saying nothing for ``silent_after``.
         clears: ``AllBlocksCleared`` events applied.
     """
