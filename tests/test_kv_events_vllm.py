@@ -643,3 +643,25 @@ def test_manager_events_with_lora_images_salt_and_lookahead_are_vllms(impl):
                     kinds.update("image key" for keys in event.extra_keys or () for key in keys or ()
                                  if isinstance(key, tuple) and str(key[0]).startswith("img-"))
     assert kinds == {"lora_name", "extra_keys", "lookahead_token_ids", "session_id", "image key"}
+
+
+def test_vllm_publisher_gone_silent_is_forgotten_then_rebuilt(ipc, cleanup):  # noqa: F811
+    """vLLM's publisher says nothing for ``silent_after``: kvcy's subscriber forgets the
+    instance; when it speaks again, the instance is rebuilt from vLLM's replay buffer."""
+    endpoint, replay = ipc(), ipc()
+    pub = vk.ZmqEventPublisher(data_parallel_rank=0, endpoint=endpoint, replay_endpoint=replay)
+    try:
+        index = RecordingIndex(KVIndex())
+        sub = subscriber(cleanup, index, {"vllm": (endpoint, replay)}, silent_after=0.2)
+        hashes = iter(range(100))
+        wait_until(lambda: index.batches > 0, "a batch",
+                   step=lambda: (pub.publish(vllm_stored(next(hashes))), sub.poll(0.02)))
+        wait_until(lambda: sub.states["vllm"].silences == 1, "the silence", step=lambda: sub.poll(0.05))
+        assert "vllm" not in index.blocks and index.removed == ["vllm"]
+        pub.publish(vllm_stored(next(hashes)))
+        sent = next(hashes)
+        wait_until(lambda: sub.states["vllm"].last_seq == sent - 1, "the rebuild", step=lambda: sub.poll(0.02))
+        assert index.blocks["vllm"] == set(range(sent)) and sub.states["vllm"].lost == 0
+        index.check()
+    finally:
+        pub.shutdown()
