@@ -648,7 +648,7 @@ cdef class KVIndex:
             TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
         """
         instance = _instance_name(instance, "instance")
-        batch = as_kv_event_batch(batch)
+        batch = batch if isinstance(batch, KVEventBatch) else as_kv_event_batch(batch)  # (no call when it is one)
         applied = self.apply_events(instance, batch.events)
         self._batches_applied += 1
         return applied
