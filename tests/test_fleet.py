@@ -168,3 +168,23 @@ def test_zmq_transport_says_when_the_index_did_not_catch_up(monkeypatch, caplog)
     finally:
         transport.close()
     assert transport.stats()["complete"] is False
+
+
+def test_zmq_transport_takes_hundreds_of_instances():
+    """Five or six sockets per instance (PUB and ROUTER; SUB, its connection monitor's pair and
+    a DEALER for replays) pass ZeroMQ's default of 1023 per context past ~200 instances
+    (``--instances`` goes to 256): the transport raises its context's limit."""
+    pytest.importorskip("zmq")
+    from kvcy.kv_events import KVEventBatch
+    from kvcy.kv_index import KVIndex
+    from kvcy.sim.fleet_zmq import ZmqTransport
+
+    names = [f"i{k}" for k in range(210)]
+    transport = ZmqTransport(KVIndex(), names)
+    try:
+        for k in range(len(names)):
+            transport.publish(k, KVEventBatch(ts=0.0, events=[]))
+        assert transport.finish() is True
+    finally:
+        transport.close()
+    assert transport.stats()["batches_applied"] == transport.stats()["batches_published"]

@@ -45,6 +45,9 @@ class ZmqTransport:
         self.names = names
         self.finish_timeout = finish_timeout
         self._ctx = zmq.Context()
+        # Per instance: a PUB and a ROUTER (the publisher), a SUB, its monitor's two sockets and a
+        # DEALER (the subscriber); ZeroMQ's default of 1023 sockets per context stops near 200.
+        self._ctx.set(zmq.MAX_SOCKETS, 8 * len(names) + 64)
         self.publishers: list[Any] = []
         self.subscriber: Any = None
         self.published = [0] * len(names)
