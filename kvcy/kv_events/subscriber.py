@@ -134,7 +134,9 @@ class EventSubscriber:
         replay_timeout: seconds to wait for a replay answer before counting the batches lost.
         rcvhwm: the SUB sockets' receive high-water mark (past it ZeroMQ drops, and replay
             recovers).
-        context: the ZeroMQ context (``zmq.Context.instance()`` when None).
+        context: the ZeroMQ context (``zmq.Context.instance()`` when None). Each publisher
+            takes up to four of its sockets (SUB, the connection monitor's two, a replay
+            DEALER): for hundreds of publishers raise its ``zmq.MAX_SOCKETS`` (1023 by default).
         clock: the wall clock lag is measured with (``time.time``).
 
     Raises:
