@@ -196,8 +196,12 @@ def _hash(h: Any) -> Any:
 
 
 def _event(e: Any) -> list:
-    """An event as its type name and every field (hashes as ints or hex)."""
-    out: list = [type(e).__name__]
+    """An event as its type name, every field (hashes as ints or hex) and its msgpack encoding
+    (what the ZeroMQ publisher sends: equal values of different types, an int for a bool or a
+    float, or a default set explicitly where the other side leaves it out, encode apart)."""
+    import msgspec
+
+    out: list = [type(e).__name__, ["wire", msgspec.msgpack.encode(e).hex()]]
     for f in e.__struct_fields__:
         value = getattr(e, f)
         if f == "block_hashes":

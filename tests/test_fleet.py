@@ -84,6 +84,15 @@ def test_fleet_config_refuses_bad_values():
         FleetConfig(instances=2, transport="udp")
 
 
+def test_cli_fleet_table_says_the_index_caught_up(capsys):
+    rc = main(["synthetic:conversations=6,max_turns=2", "--instances", "2", "--router", "kv",
+               "--fleet-transport", "direct", "--num-blocks", "256", "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "dropped / lost / replayed" in out
+    assert [line.split()[-1] for line in out.splitlines() if "index caught up" in line] == ["yes"]
+
+
 def test_cli_fleet_json(capsys):
     rc = main(["synthetic:conversations=10,max_turns=3", "--instances", "2", "--router", "kv,round-robin",
                "--fleet-transport", "direct", "--num-blocks", "512", "--json", "--no-progress"])
@@ -117,7 +126,7 @@ def test_zmq_transport_ends_with_the_index_consistent(impl, trace):
     pytest.importorskip("zmq")
     res = _fleet(trace, impl.name, "kv", n=3, num_blocks=96, transport="zmq")
     ev = res.events
-    assert ev["transport"] == "zmq"
+    assert ev["transport"] == "zmq" and ev["complete"] is True
     assert ev["batches_dropped"] == 0 and ev.get("batches_lost", 0) == 0
     assert ev["batches_applied"] == ev["batches_published"]
     assert res.index["per_instance_blocks"] == res.index["per_instance_cached"]
@@ -137,3 +146,45 @@ def test_zmq_transport_reads_progress_without_copying_states(impl, trace, monkey
     res = _fleet(trace, impl.name, "kv", n=2, num_blocks=96, transport="zmq")
     assert res.events["batches_applied"] == res.events["batches_published"]
     assert res.finished == len(trace)
+
+
+def test_zmq_transport_says_when_the_index_did_not_catch_up(monkeypatch, caplog):
+    """``finish`` waits a bounded time; an index still behind then is reported (``complete``:
+    False, a warning), never passed off as the instances' state."""
+    pytest.importorskip("zmq")
+    from kvcy.kv_events import KVEventBatch
+    from kvcy.kv_index import KVIndex
+    from kvcy.sim.fleet_zmq import ZmqTransport
+
+    transport = ZmqTransport(KVIndex(), ["a"], finish_timeout=0.2)
+    try:
+        transport.publish(0, KVEventBatch(ts=0.0, events=[]))
+        assert transport.finish() is True and transport.stats()["complete"] is True
+        monkeypatch.setattr(transport.subscriber, "poll", lambda timeout=0.0: 0)  # deaf from now on
+        transport.publish(0, KVEventBatch(ts=0.0, events=[]))
+        with caplog.at_level("WARNING", logger="kvcy.sim"):
+            assert transport.finish() is False
+        assert "did not catch up" in caplog.text and "'a': 1" in caplog.text
+    finally:
+        transport.close()
+    assert transport.stats()["complete"] is False
+
+
+def test_zmq_transport_takes_hundreds_of_instances():
+    """Five or six sockets per instance (PUB and ROUTER; SUB, its connection monitor's pair and
+    a DEALER for replays) pass ZeroMQ's default of 1023 per context past ~200 instances
+    (``--instances`` goes to 256): the transport raises its context's limit."""
+    pytest.importorskip("zmq")
+    from kvcy.kv_events import KVEventBatch
+    from kvcy.kv_index import KVIndex
+    from kvcy.sim.fleet_zmq import ZmqTransport
+
+    names = [f"i{k}" for k in range(210)]
+    transport = ZmqTransport(KVIndex(), names)
+    try:
+        for k in range(len(names)):
+            transport.publish(k, KVEventBatch(ts=0.0, events=[]))
+        assert transport.finish() is True
+    finally:
+        transport.close()
+    assert transport.stats()["batches_applied"] == transport.stats()["batches_published"]

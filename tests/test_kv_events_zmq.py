@@ -89,6 +89,11 @@ def wait_until(cond, what: str, step=lambda: time.sleep(0.01), timeout: float = 
         step()
 
 
+def start_frame(seq: int) -> bytes:
+    """A replay request's start: the sequence number as 8 big-endian bytes."""
+    return seq.to_bytes(8, "big")
+
+
 def wait_sent(pub: ZmqEventPublisher, n: int) -> None:
     wait_until(lambda: pub.sent_batches >= n, f"{n} batches sent")
 
@@ -154,17 +159,24 @@ def test_config_defaults_and_checks():
     assert (cfg.publisher, cfg.endpoint, cfg.replay_endpoint, cfg.buffer_steps, cfg.hwm, cfg.max_queue_size,
             cfg.topic) == ("null", "tcp://*:5557", None, 10_000, 100_000, 100_000, "")
     assert KVEventsConfig(enable_kv_cache_events=True).publisher == "zmq"
-    with pytest.raises(ValueError, match="buffer_steps must be >= 0"):
-        KVEventsConfig(buffer_steps=-1)
     with pytest.raises(TypeError, match="hwm must be an int"):
         KVEventsConfig(hwm=1.5)
-    with pytest.raises(ValueError, match="max_queue_size must be >= 1"):
-        KVEventsConfig(max_queue_size=0)
-    with pytest.raises(ValueError, match="endpoint must be a non-empty str"):
-        KVEventsConfig(endpoint="")
+    with pytest.raises(TypeError, match="endpoint must be a str, got NoneType"):
+        KVEventsConfig(endpoint=None)
+    # vLLM's config takes only its two kinds (a pydantic literal: a ValueError there too).
+    for kind in ("kafka", "", 5):
+        with pytest.raises(ValueError, match="publisher must be 'null' or 'zmq'"):
+            KVEventsConfig(enable_kv_cache_events=True, publisher=kind)
+    # vLLM's config holds any int and leaves the values to the publisher: a config with events
+    # off, or with an unbounded queue (0 or less, as queue.Queue reads it), is accepted as in vLLM.
+    cfg = KVEventsConfig(buffer_steps=-1, hwm=-1, max_queue_size=0, endpoint="", replay_endpoint="")
+    assert (cfg.buffer_steps, cfg.hwm, cfg.max_queue_size, cfg.endpoint) == (-1, -1, 0, "")
+    assert isinstance(EventPublisherFactory.create(cfg), NullEventPublisher)
 
 
 def test_offset_endpoint_port_per_data_parallel_rank():
+    # vLLM has it as a static method of the publisher (consumers derive each rank's endpoint).
+    assert ZmqEventPublisher.offset_endpoint_port("tcp://host:6000", 2) == "tcp://host:6002"
     assert offset_endpoint_port("tcp://*:5557", 0) == "tcp://*:5557"
     assert offset_endpoint_port("tcp://*:5557", 3) == "tcp://*:5560"
     assert offset_endpoint_port("tcp://*:0", 3) == "tcp://*:0"
@@ -184,13 +196,23 @@ def test_factory_builds_the_configured_publisher(ipc, cleanup):
     assert isinstance(pub, ZmqEventPublisher)
     got = pub.get_publisher_config()
     assert (got.endpoint, got.replay_endpoint, got.buffer_steps, got.topic) == (endpoint, replay, 7, "t")
+    unknown = KVEventsConfig(enable_kv_cache_events=True)
+    unknown.publisher = "kafka"  # as in vLLM, only an assignment gets past the config's check
     with pytest.raises(ValueError, match="Unknown event publisher 'kafka'"):
-        EventPublisherFactory.create(KVEventsConfig(enable_kv_cache_events=True, publisher="kafka"))
+        EventPublisherFactory.create(unknown)
 
 
 def test_publisher_refuses_bad_settings_before_opening_anything():
-    with pytest.raises(ValueError, match="endpoint must be a non-empty str, got None"):
+    with pytest.raises(TypeError, match="endpoint must be a str, got NoneType"):
         ZmqEventPublisher(0, None)
+    with pytest.raises(ValueError, match="endpoint must be a non-empty str, got ''"):
+        ZmqEventPublisher(0, "")
+    with pytest.raises(ValueError, match="replay_endpoint must be None or a non-empty str"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", "")
+    with pytest.raises(ValueError, match="buffer_steps must be >= 0, got -1"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", buffer_steps=-1)
+    with pytest.raises(ValueError, match="hwm must be >= 0, got -2"):
+        ZmqEventPublisher(0, "tcp://127.0.0.1:0", hwm=-2)
     with pytest.raises(ValueError, match="data_parallel_rank must be >= 0"):
         ZmqEventPublisher(-1, "tcp://127.0.0.1:0")
     with pytest.raises(ValueError, match="must contain 'inproc' or 'tcp'"):
@@ -217,6 +239,39 @@ def test_tcp_port_zero_binds_an_ephemeral_loopback_port(cleanup, port):
     finally:
         sock.close()
     assert msgspec.msgpack.decode(frames[2], type=KVEventBatch).events[0].block_size == BS
+
+
+def test_any_host_port_zero_binds_the_node_address(cleanup, monkeypatch):
+    """``tcp://*:0`` is vLLM's "this node, any port": it binds the node's address (``VLLM_HOST_IP``
+    here) and reports ``tcp://<ip>:<port>``, an address a subscriber elsewhere can connect to;
+    with no node address it refuses (vLLM's message) and leaves nothing open."""
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")
+    pub = publisher(cleanup, 0, "tcp://*:0", "tcp://*:0")
+    for endpoint in (pub.endpoint, pub.replay_endpoint):
+        host, _, port = endpoint.rpartition(":")
+        assert host == "tcp://127.0.0.1" and port.isdigit() and port != "0"
+    assert pub.endpoint != pub.replay_endpoint
+    config = pub.get_publisher_config()
+    assert (config.endpoint, config.replay_endpoint) == (pub.endpoint, pub.replay_endpoint)
+    sock = raw_sub(pub.endpoint)
+    try:
+        assert msgspec.msgpack.decode(first_message(pub, sock, lambda i: stored(i))[2], type=KVEventBatch).events
+    finally:
+        sock.close()
+    monkeypatch.setenv("VLLM_HOST_IP", "0.0.0.0")
+    before = threading.active_count()
+    with pytest.raises(ValueError, match=r"tcp://\*:0 needs a node IP; set VLLM_HOST_IP"):
+        ZmqEventPublisher(0, "tcp://*:0")
+    assert threading.active_count() == before
+
+
+def test_max_queue_size_zero_is_unbounded(ipc, cleanup):
+    """vLLM's queue takes ``maxsize <= 0`` as no bound (``queue.Queue``'s rule): nothing drops."""
+    pub = publisher(cleanup, 0, ipc(), max_queue_size=0)
+    for i in range(500):
+        pub.publish(stored(i))
+    wait_sent(pub, 500)
+    assert pub.dropped_batches == 0 and pub.get_publisher_config().max_queue_size == 0
 
 
 # --------------------------------------------------------------------------- the wire
@@ -261,8 +316,10 @@ def test_wire_format_is_vllms(cleanup):
 
 def test_replay_protocol(ipc, cleanup):
     """A DEALER sends ``[b"", start]``; the ROUTER answers every buffered batch from ``start`` on
-    as ``[b"", topic, seq, payload]`` and ends with ``[b"", b"", -1, b""]``; a bad request is
-    ignored without stopping the publisher."""
+    as ``[b"", topic, seq, payload]`` and ends with ``[b"", b"", -1, b""]``.  As vLLM's, it reads
+    the start as an unsigned big-endian number of any length (``b"bad"`` is past every batch:
+    only the end marker comes back) and ignores a request that is not three frames without
+    stopping the publisher."""
     pub = publisher(cleanup, 0, ipc(), ipc(), buffer_steps=3, topic="t")
     for i in range(5):
         pub.publish(stored(i, ts=float(i)))
@@ -271,9 +328,11 @@ def test_replay_protocol(ipc, cleanup):
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(pub.replay_endpoint)
     try:
-        dealer.send_multipart([b"", b"bad"])  # not 8 bytes: ignored
-        for start, seqs in ((1, [2, 3, 4]), (4, [4]), (9, [])):
-            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+        dealer.send_multipart([b"", b"", start_frame(0)])  # four frames at the ROUTER: ignored
+        dealer.send(start_frame(0))  # two frames (no delimiter): ignored
+        for frame, seqs in ((start_frame(1), [2, 3, 4]), (start_frame(4), [4]), (start_frame(9), []),
+                            (b"\x03", [3, 4]), (b"bad", []), (b"", [2, 3, 4])):
+            dealer.send_multipart([b"", frame])
             answers = []
             while True:
                 assert dealer.poll(int(WAIT * 1000)), "no replay answer"
@@ -287,7 +346,7 @@ def test_replay_protocol(ipc, cleanup):
             assert [msgspec.msgpack.decode(f[3], type=KVEventBatch).ts for f in answers] == [float(s) for s in seqs]
     finally:
         dealer.close()
-    assert pub.replay_requests == 3
+    assert pub.replay_requests == 6 and pub.running
 
 
 def test_publish_never_blocks_and_counts_drops(index, ipc, cleanup):
@@ -392,6 +451,158 @@ def test_publisher_restart_is_forgotten_and_rebuilt(index, ipc, cleanup):
     # Only what the new process stored: the old blocks went with the old process.
     assert index.blocks["a"] == set(range(1000, 1000 + last + 1))
     assert sub.states["a"].lost == 0
+
+
+def test_restart_heard_past_the_old_numbers_is_found_by_replay(index, ipc, cleanup):
+    """The restarted publisher has published past the old stream's last number before the
+    subscriber hears it again (a ZeroMQ reconnect takes time): the live numbers do not go back,
+    but the replay's batch under the last number applied is not the one applied, so the
+    instance is forgotten and rebuilt from the new publisher's history alone."""
+    endpoint, replay = ipc(), ipc()
+    old = ZmqEventPublisher(0, endpoint, replay)
+    sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+    try:
+        hashes = iter(range(100, 200))
+        wait_until(lambda: index.batches > 0, "the first publisher",
+                   step=lambda: (old.publish(stored(next(hashes))), sub.poll(0.02)))
+        old.publish(stored(next(hashes)))
+        wait_until(lambda: sub.states["a"].last_seq == old._next_seq - 1, "the old stream",
+                   step=lambda: sub.poll(0.02))
+    finally:
+        old.shutdown()
+    reached = sub.states["a"].last_seq
+    new = publisher(cleanup, 0, endpoint, replay)
+    for i in range(reached + 10):  # past the old numbers, unheard: the subscriber does not poll
+        new.publish(stored(1000 + i))
+    wait_sent(new, reached + 10)
+    more = iter(range(2000, 2100))
+    wait_until(lambda: sub.states["a"].restarts == 1, "the restart",
+               step=lambda: (new.publish(stored(next(more))), sub.poll(0.05)))
+    last = new._next_seq - 1
+    wait_until(lambda: sub.states["a"].last_seq == last, "the new stream", step=lambda: sub.poll(0.02))
+    assert index.removed == ["a"]
+    assert index.blocks["a"] == set(range(1000, 1000 + reached + 10)) | set(range(2000, 2000 + last - reached - 9))
+    assert sub.states["a"].lost == 0
+
+
+class FakePublisher:
+    """vLLM's protocol on bare sockets, for the cases timing cannot arrange: a PUB socket that
+    can say hello (a one-frame message a subscriber counts as malformed and otherwise ignores:
+    once counted, the subscription is up) and a ROUTER answering replay requests from
+    ``history`` in a thread.  ``close`` stops it."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str, history: list[KVEventBatch], answer=None) -> None:
+        ctx = zmq.Context.instance()
+        self.payloads = [msgspec.msgpack.encode(batch) for batch in history]
+        #: ``answer(start)`` -> the frame lists (after the client's identity) a replay request gets.
+        self.answer = answer or (lambda start: [[b"", b"", start_frame(seq), self.payloads[seq]]
+                                                for seq in range(start, len(self.payloads))]
+                                 + [[b"", b"", END_SEQ, b""]])
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(endpoint)
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(replay_endpoint)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="fake-replay")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if self.router.poll(20):
+                client, _, start = self.router.recv_multipart()
+                for frames in self.answer(int.from_bytes(start, "big")):
+                    self.router.send_multipart([client, *frames])
+
+    def wait_subscriber(self, sub: EventSubscriber, instance: str) -> None:
+        """Say hello until ``sub`` hears it (and counts it malformed)."""
+        before = sub.states[instance].malformed
+        wait_until(lambda: sub.states[instance].malformed > before, "the subscriber",
+                   step=lambda: (self.pub.send(b"hello"), sub.poll(0.02)))
+
+    def send(self, seq: int) -> None:
+        self.pub.send_multipart([b"", start_frame(seq), self.payloads[seq]])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT)
+        self.pub.close()
+        self.router.close()
+
+
+def test_restart_heard_at_the_next_number_is_found_after_the_lost_connection(index, ipc, cleanup):
+    """The restarted publisher's first batch this subscriber hears carries exactly the next
+    number: nothing in the numbers tells.  The connection was lost in between, though, so that
+    batch is checked against the replay: the batch under the last number applied is another
+    one, and the instance is forgotten and rebuilt from the new publisher's history."""
+    endpoint, replay = ipc(), ipc()
+    old = FakePublisher(endpoint, replay, [stored(100 + i, ts=float(i)) for i in range(3)])
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        old.wait_subscriber(sub, "a")
+        for seq in range(3):
+            old.send(seq)
+        wait_until(lambda: sub.states["a"].last_seq == 2, "the old stream", step=lambda: sub.poll(0.02))
+    finally:
+        old.close()
+    new = FakePublisher(endpoint, replay, [stored(1000 + i, ts=10.0 + i) for i in range(4)])
+    try:
+        new.wait_subscriber(sub, "a")  # reconnected: batches 0..2 went to nobody
+        new.send(3)
+        wait_until(lambda: sub.states["a"].last_seq == 3, "the next batch", step=lambda: sub.poll(0.02))
+    finally:
+        new.close()
+    state = sub.states["a"]
+    assert (state.restarts, state.gaps, state.lost) == (1, 0, 0) and state.malformed >= 2
+    assert index.removed == ["a"] and index.blocks["a"] == {1000, 1001, 1002, 1003}
+
+
+def test_malformed_replay_answers_are_counted_and_skipped(index, ipc, cleanup):
+    """A replay answer with a missing delimiter, a short sequence number or a truncated payload
+    is counted malformed and skipped; the rest of the answer applies, and the batch that never
+    came back whole is counted lost."""
+    endpoint, replay = ipc(), ipc()
+    history = [stored(100 + i, ts=float(i)) for i in range(5)]
+
+    def answer(start):
+        good = [[b"", b"", start_frame(seq), fake.payloads[seq]] for seq in range(start, 5)]
+        good[1][3] = good[1][3][:-3]  # batch 1 truncated
+        return [[b"junk"], [b"", b"", b"\x00\x02", fake.payloads[2]], *good, [b"", b"", END_SEQ, b""]]
+
+    fake = FakePublisher(endpoint, replay, history, answer)
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        fake.wait_subscriber(sub, "a")
+        hello = sub.states["a"].malformed
+        fake.send(4)  # a late joiner's first batch: replay 0..3
+        wait_until(lambda: sub.states["a"].last_seq == 4, "the batch", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    # 0, 2, 3 and 4 replayed (the answer holds 4 too: the live copy is then skipped); 1 lost.
+    assert (state.malformed - hello, state.lost, state.replayed, state.gaps) == (3, 1, 4, 1)
+    assert index.blocks["a"] == {100, 102, 103, 104}
+
+
+def test_a_replay_socket_that_never_answers_costs_the_timeout_only(index, ipc, cleanup, caplog):
+    """No end marker within ``replay_timeout``: the missing batches are counted lost, the live
+    stream goes on, and the next gap asks again on a fresh socket."""
+    endpoint, replay = ipc(), ipc()
+    fake = FakePublisher(endpoint, replay, [stored(100 + i) for i in range(8)], answer=lambda start: [])
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)}, replay_timeout=0.1)
+        fake.wait_subscriber(sub, "a")
+        with caplog.at_level("WARNING", logger="kvcy.kv_events"):
+            for seq in (3, 4, 7):
+                fake.send(seq)
+                wait_until(lambda: sub.states["a"].last_seq == seq, f"batch {seq}", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert (state.gaps, state.lost, state.replayed, state.batches_applied) == (2, 5, 0, 3)
+    assert index.blocks["a"] == {103, 104, 107}
+    assert caplog.text.count("got no end marker") == 2
 
 
 def test_drops_at_the_high_water_mark_come_back_by_replay(index, cleanup):

@@ -14,13 +14,14 @@ import random
 import sys
 from collections import Counter, OrderedDict
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvcy
 from kvcy import _fast
-from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, external_block_hash
+from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventBatch, external_block_hash
 
 
 @pytest.fixture
@@ -86,6 +87,40 @@ def test_apply_batch_any_rank_and_empty_batch_makes_the_instance_known(KVIndex):
     assert index.stats["batches_applied"] == 2
     with pytest.raises(TypeError, match="batch must be a KVEventBatch, got list"):
         index.apply_batch("x", [stored([1])])
+
+
+class ThirdPartyStored(msgspec.Struct, omit_defaults=True, tag="BlockStored"):
+    """Another library's copy of the event (vLLM's own, or a consumer's): same wire form."""
+
+    block_hashes: list
+    parent_block_hash: int | None
+    token_ids: list
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+
+
+class ThirdPartyBatch(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
+
+
+def test_apply_batch_reads_another_librarys_batch_by_its_wire_form(KVIndex):
+    """vLLM's own KVEventBatch (or any struct encoding as one) applies as it decodes off the
+    wire; a struct that does not is refused before anything changes."""
+    index = KVIndex()
+    event = ThirdPartyStored([5, 6], None, list(range(8)), 4, None, "CPU", None)
+    assert index.apply_batch("x", ThirdPartyBatch(1.0, [event])) == 1
+    assert index.apply_batch("x", EventBatch(ts=2.0, events=[stored([7])])) == 1  # the untyped base class
+    assert index.longest_prefix([5, 6, 7], medium="CPU") == {"x": 2}
+    assert index.longest_prefix([7]) == {"x": 1}
+    assert index.stats["batches_applied"] == 2
+    for bad in (ThirdPartyBatch(1.0, [ThirdPartyBatch(0.0, [])]), event):
+        with pytest.raises(TypeError, match=f"batch must be a KVEventBatch, got {type(bad).__name__}"):
+            index.apply_batch("y", bad)
+    assert index.instances == ("x",) and index.stats["batches_applied"] == 2
 
 
 def test_mediums_are_kept_apart(KVIndex):

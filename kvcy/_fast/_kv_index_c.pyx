@@ -34,7 +34,7 @@ from libc.string cimport memcmp, memcpy, memset
 
 import sys as _sys
 
-from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, as_kv_event_batch
 
 __all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
 
@@ -638,7 +638,8 @@ cdef class KVIndex:
 
     # ------------------------------------------------------------------ events
     def apply_batch(self, instance: str, batch: KVEventBatch) -> int:
-        """Apply one ``KVEventBatch`` published by ``instance`` (of any data-parallel rank).
+        """Apply one ``KVEventBatch`` published by ``instance`` (of any data-parallel rank; vLLM's
+        own ``KVEventBatch`` is read as its msgpack form decodes: ``as_kv_event_batch``).
 
         Returns:
             The number of events applied (all of the batch's).
@@ -647,8 +648,7 @@ cdef class KVIndex:
             TypeError, ValueError: as :meth:`apply_events`, or ``batch`` is not a ``KVEventBatch``.
         """
         instance = _instance_name(instance, "instance")
-        if not isinstance(batch, KVEventBatch):
-            raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
+        batch = batch if isinstance(batch, KVEventBatch) else as_kv_event_batch(batch)  # (no call when it is one)
         applied = self.apply_events(instance, batch.events)
         self._batches_applied += 1
         return applied

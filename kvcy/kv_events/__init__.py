@@ -3,7 +3,8 @@
 One concept per module:
 
 - ``events``: the msgspec structs (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``,
-  ``KVEventBatch``) and the block-hash helpers the block pool uses to fill them;
+  ``KVEventBatch``), the medium names, the workers' ``KVEventAggregator`` and the connectors'
+  ``KVConnectorKVEvents`` interface, and the block-hash helpers the block pool uses;
 - ``publisher``: ``KVEventsConfig`` and the publishers (``ZmqEventPublisher`` sends batches
   over ZeroMQ in vLLM's framing and serves its replay protocol; ``NullEventPublisher``;
   ``EventPublisherFactory``);
@@ -14,14 +15,19 @@ One concept per module:
 from __future__ import annotations
 
 from kvcy.kv_events.events import (
+    MEDIUM_CPU,
     MEDIUM_GPU,
+    MEDIUM_STORAGE,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     ExternalBlockHash,
     KVCacheEvent,
+    KVConnectorKVEvents,
+    KVEventAggregator,
     KVEventBatch,
+    as_kv_event_batch,
     default_use_int_block_hashes,
     external_block_hash,
     untag_extra_keys,
@@ -36,7 +42,9 @@ from kvcy.kv_events.publisher import (
 from kvcy.kv_events.subscriber import EventSubscriber, InstanceState
 
 __all__ = [
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
+    "MEDIUM_STORAGE",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
@@ -47,10 +55,13 @@ __all__ = [
     "ExternalBlockHash",
     "InstanceState",
     "KVCacheEvent",
+    "KVConnectorKVEvents",
+    "KVEventAggregator",
     "KVEventBatch",
     "KVEventsConfig",
     "NullEventPublisher",
     "ZmqEventPublisher",
+    "as_kv_event_batch",
     "default_use_int_block_hashes",
     "external_block_hash",
     "untag_extra_keys",

@@ -11,25 +11,35 @@ raw bytes (vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, on by default).
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
+from collections import Counter
 from typing import Any
 
 import msgspec
 
 __all__ = [
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
+    "MEDIUM_STORAGE",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
     "EventBatch",
     "ExternalBlockHash",
     "KVCacheEvent",
+    "KVConnectorKVEvents",
+    "KVEventAggregator",
     "KVEventBatch",
+    "as_kv_event_batch",
     "default_use_int_block_hashes",
     "external_block_hash",
     "untag_extra_keys",
 ]
 
+#: The ``medium`` of events from the GPU block pool, the CPU offloading tier and a storage tier.
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
 
 ExternalBlockHash = bytes | int
 
@@ -108,6 +118,122 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+class KVEventAggregator:
+    """Keeps the events that every worker of a step reported (vLLM's ``KVEventAggregator``).
+
+    With tensor parallelism each worker's connector reports the same blocks; an event counts
+    once per worker that reported it, and :meth:`get_common_events` returns those that all
+    ``num_workers`` reported, in the order they were first added.  Events are compared by
+    value (the event structs hash their fields).
+
+    Raises:
+        ValueError: ``num_workers`` is not above zero.
+    """
+
+    __slots__ = ("_event_counter", "_num_workers")
+
+    def __init__(self, num_workers: int) -> None:
+        if num_workers <= 0:
+            raise ValueError("num_workers must be greater than zero.")
+        self._event_counter: Counter[KVCacheEvent] = Counter()
+        self._num_workers: int = num_workers
+
+    def add_events(self, events: list[KVCacheEvent]) -> None:
+        """Count one worker's events.
+
+        Raises:
+            TypeError: ``events`` is not a list.
+        """
+        if not isinstance(events, list):
+            raise TypeError("events must be a list of KVCacheEvent.")
+        self._event_counter.update(events)
+
+    def get_common_events(self) -> list[KVCacheEvent]:
+        """The events every worker reported (each once), first added first."""
+        return [event for event, seen in self._event_counter.items() if seen == self._num_workers]
+
+    def get_all_events(self) -> list[KVCacheEvent]:
+        """Every event as many times as it was reported, first added first."""
+        return list(self._event_counter.elements())
+
+    def clear_events(self) -> None:
+        """Forget the events counted (the number of workers stays)."""
+        self._event_counter.clear()
+
+    def increment_workers(self, count: int = 1) -> None:
+        """Expect ``count`` more workers.
+
+        Raises:
+            ValueError: ``count`` is not positive.
+        """
+        if count <= 0:
+            raise ValueError("count must be positive.")
+        self._num_workers += count
+
+    def reset_workers(self) -> None:
+        """Expect one worker again."""
+        self._num_workers = 1
+
+    def get_number_of_workers(self) -> int:
+        """How many workers an event needs to be common."""
+        return self._num_workers
+
+    def __repr__(self) -> str:
+        return f"<KVEventAggregator workers={self._num_workers}, events={len(self._event_counter)}>"
+
+
+class KVConnectorKVEvents(ABC):
+    """What a KV connector hands the scheduler as its events (vLLM's interface of the same name):
+    a container that gathers the workers' events and aggregates them."""
+
+    @abstractmethod
+    def add_events(self, events: list[KVCacheEvent]) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def aggregate(self) -> KVConnectorKVEvents:
+        raise NotImplementedError
+
+    @abstractmethod
+    def increment_workers(self, count: int = 1) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def get_all_events(self) -> list[KVCacheEvent]:
+        raise NotImplementedError
+
+    @abstractmethod
+    def get_number_of_workers(self) -> int:
+        raise NotImplementedError
+
+    @abstractmethod
+    def clear_events(self) -> None:
+        raise NotImplementedError
+
+    def merge(self, other: KVConnectorKVEvents) -> KVConnectorKVEvents:
+        """Add ``other``'s events to these; returns self."""
+        self.add_events(other.get_all_events())
+        return self
+
+
+def as_kv_event_batch(batch: object) -> KVEventBatch:
+    """``batch`` as a ``KVEventBatch``: itself, or another library's batch struct (vLLM's
+    ``KVEventBatch``, decoded by vLLM's own types) read back through its msgpack form, as a
+    subscriber would read it off the wire.
+
+    Raises:
+        TypeError: ``batch`` is neither a ``KVEventBatch`` nor a struct that encodes as one.
+    """
+    if isinstance(batch, KVEventBatch):
+        return batch
+    if isinstance(batch, msgspec.Struct):
+        try:
+            return msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=KVEventBatch)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+            pass
+    raise TypeError(f"batch must be a KVEventBatch, got {type(batch).__name__}")
 
 
 def default_use_int_block_hashes() -> bool:

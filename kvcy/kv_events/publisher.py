@@ -11,7 +11,9 @@ What goes on the wire (``vllm.distributed.kv_events.ZmqEventPublisher``'s format
   (a REQ socket sending ``start`` gets only the first answer: REQ takes one reply per
   request); the publisher answers every buffered batch whose number is at
   least ``start`` as ``[b"", topic, seq, payload]``, then the end marker
-  ``[b"", b"", (-1 as 8 signed big-endian bytes), b""]``.
+  ``[b"", b"", (-1 as 8 signed big-endian bytes), b""]``.  As vLLM's, it answers any request
+  of three frames at the ROUTER (the start read as an unsigned big-endian number of any
+  length) and ignores others; a start older than the buffer gets what the buffer holds.
 
 Unlike vLLM's publisher, ``publish`` never blocks the caller (the scheduler loop): a full
 queue drops the batch and counts it in ``dropped_batches``.  The batch is numbered when it is
@@ -24,8 +26,11 @@ imported when a ZeroMQ publisher is built.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -54,10 +59,10 @@ def import_zmq() -> Any:
     return zmq
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int | None) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
@@ -66,7 +71,11 @@ class KVEventsConfig:
     """vLLM's ``KVEventsConfig``: whether and where a scheduler publishes its KV events.
 
     The fields, names and defaults are vLLM 0.33.0's. ``publisher`` left as None becomes
-    ``"zmq"`` when events are enabled and ``"null"`` otherwise.
+    ``"zmq"`` when events are enabled and ``"null"`` otherwise; any other kind is refused, as
+    vLLM's config refuses it (a kind registered with ``EventPublisherFactory`` is reached by
+    assigning it to ``publisher`` afterwards, as in vLLM).  The config checks the types; the
+    values (an empty endpoint, a negative ``buffer_steps`` or ``hwm``) are checked by the
+    publisher that uses them, so a config with events off holds what vLLM's would.
 
     Args:
         enable_kv_cache_events: publish block stored / removed / cleared events.
@@ -77,7 +86,7 @@ class KVEventsConfig:
         buffer_steps: how many of the latest batches the replay socket can resend.
         hwm: the PUB socket's send high-water mark, in messages; past it ZeroMQ drops.
         max_queue_size: how many batches wait for the publishing thread; past it ``publish``
-            drops.
+            drops (0 or less: no bound, as vLLM's queue).
         topic: the topic frame of every message (subscribers filter on its prefix).
     """
 
@@ -93,16 +102,14 @@ class KVEventsConfig:
     def __post_init__(self) -> None:
         if self.publisher is None:
             self.publisher = "zmq" if self.enable_kv_cache_events else "null"
-        if not isinstance(self.publisher, str):
-            raise TypeError(f"publisher must be a str, got {type(self.publisher).__name__}")
-        if not isinstance(self.endpoint, str) or not self.endpoint:
-            raise ValueError(f"endpoint must be a non-empty str, got {self.endpoint!r}")
-        if self.replay_endpoint is not None and (not isinstance(self.replay_endpoint, str)
-                                                 or not self.replay_endpoint):
-            raise ValueError(f"replay_endpoint must be None or a non-empty str, got {self.replay_endpoint!r}")
-        _check_int("buffer_steps", self.buffer_steps, 0)
-        _check_int("hwm", self.hwm, 0)
-        _check_int("max_queue_size", self.max_queue_size, 1)
+        if self.publisher not in ("null", "zmq"):
+            raise ValueError(f"publisher must be 'null' or 'zmq', got {self.publisher!r}")
+        if not isinstance(self.endpoint, str):
+            raise TypeError(f"endpoint must be a str, got {type(self.endpoint).__name__}")
+        if self.replay_endpoint is not None and not isinstance(self.replay_endpoint, str):
+            raise TypeError(f"replay_endpoint must be a str or None, got {type(self.replay_endpoint).__name__}")
+        for name in ("buffer_steps", "hwm", "max_queue_size"):
+            _check_int(name, getattr(self, name), None)
         if not isinstance(self.topic, str):
             raise TypeError(f"topic must be a str, got {type(self.topic).__name__}")
 
@@ -177,6 +184,39 @@ def _binds(endpoint: str) -> bool:
     )
 
 
+#: The endpoint vLLM binds on this node's address, with a port the system picks.
+_ANY_PORT_ANY_HOST = "tcp://*:0"
+
+
+def _node_ip() -> str:
+    """This node's address as vLLM's ``get_ip`` finds it: ``VLLM_HOST_IP`` when set, else the
+    local address of a route to a public IPv4 (then IPv6) address (no packet is sent), else
+    ``0.0.0.0``."""
+    host_ip = os.environ.get("VLLM_HOST_IP", "")
+    if host_ip:
+        return host_ip
+    for family, peer in ((socket.AF_INET, ("8.8.8.8", 80)), (socket.AF_INET6, ("2001:4860:4860::8888", 80))):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(peer)
+                return str(probe.getsockname()[0])
+        except OSError:
+            continue
+    return "0.0.0.0"
+
+
+def _tcp_uri(ip: str, port: int | str) -> str:
+    return f"tcp://[{ip}]:{port}" if _is_ipv6(ip) else f"tcp://{ip}:{port}"
+
+
+def _is_ipv6(ip: str) -> bool:
+    try:
+        ipaddress.IPv6Address(ip)
+    except ValueError:
+        return False
+    return True
+
+
 class ZmqEventPublisher(EventPublisher):
     """Publishes event batches on a ZeroMQ PUB socket, with a ROUTER socket to replay them.
 
@@ -223,11 +263,18 @@ class ZmqEventPublisher(EventPublisher):
         super().__init__(data_parallel_rank)
         # Every setting is checked before a socket exists.
         config = KVEventsConfig(True, "zmq", endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic)
-        config.endpoint = offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
-        config.replay_endpoint = offset_endpoint_port(replay_endpoint, data_parallel_rank)
+        if not endpoint:
+            raise ValueError(f"endpoint must be a non-empty str, got {endpoint!r}")
+        if replay_endpoint == "":
+            raise ValueError("replay_endpoint must be None or a non-empty str, got ''")
+        _check_int("buffer_steps", buffer_steps, 0)
+        _check_int("hwm", hwm, 0)
+        config.endpoint = self.offset_endpoint_port(endpoint, data_parallel_rank) or endpoint
+        config.replay_endpoint = self.offset_endpoint_port(replay_endpoint, data_parallel_rank)
         zmq = import_zmq()
         self._zmq = zmq
         self._ctx = context if context is not None else zmq.Context.instance()
+        # A max_queue_size of 0 or less makes the queue unbounded (queue.Queue's rule, vLLM's).
         self._queue: queue.Queue[tuple[int, EventBatch] | None] = queue.Queue(maxsize=max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._topic = topic.encode("utf-8")
@@ -242,11 +289,10 @@ class ZmqEventPublisher(EventPublisher):
         self._replay: Any = None
         try:
             self._pub = self._ctx.socket(zmq.PUB)
-            self._pub.setsockopt(zmq.SNDHWM, hwm)
+            self._pub.set_hwm(hwm)  # both high-water marks, as vLLM sets them
             self._pub.setsockopt(zmq.LINGER, 0)
             if _binds(config.endpoint):
-                self._pub.bind(config.endpoint)
-                config.endpoint = self._bound(self._pub, config.endpoint)
+                config.endpoint = self._bind(self._pub, config.endpoint)
             else:
                 self._pub.connect(config.endpoint)
             if config.replay_endpoint is not None:
@@ -254,8 +300,7 @@ class ZmqEventPublisher(EventPublisher):
                 # Room for a whole replay and its end marker, however slow the reader.
                 self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.bind(config.replay_endpoint)
-                config.replay_endpoint = self._bound(self._replay, config.replay_endpoint)
+                config.replay_endpoint = self._bind(self._replay, config.replay_endpoint)
         except BaseException:
             self._close_sockets()
             raise
@@ -264,6 +309,8 @@ class ZmqEventPublisher(EventPublisher):
         self._thread.start()
 
     # ------------------------------------------------------------------ public
+    offset_endpoint_port = staticmethod(offset_endpoint_port)
+
     @property
     def endpoint(self) -> str:
         """The PUB socket's address (the one bound, with the system's port for port 0)."""
@@ -290,13 +337,18 @@ class ZmqEventPublisher(EventPublisher):
         number now; when the queue is full the batch is dropped (its number is skipped on the
         wire, so subscribers see the loss) and ``dropped_batches`` counts it.
 
+        vLLM's own batches (``vllm.distributed.kv_events.EventBatch`` and its subclasses) are
+        taken as well, so that kvcy's publisher can stand in for vLLM's behind vLLM's scheduler:
+        any msgspec struct with a ``data_parallel_rank`` field is sent as it encodes.
+
         Raises:
-            TypeError: ``events`` is not an ``EventBatch``.
+            TypeError: ``events`` is not an ``EventBatch`` (nor a struct with that field).
             RuntimeError: the publisher was shut down.
         """
         if not self._running:
             raise RuntimeError("Publisher is closed")
-        if not isinstance(events, EventBatch):
+        if not isinstance(events, EventBatch) and not (
+                isinstance(events, msgspec.Struct) and "data_parallel_rank" in events.__struct_fields__):
             raise TypeError(f"events must be an EventBatch, got {type(events).__name__}")
         if events.data_parallel_rank is None:
             events.data_parallel_rank = self._data_parallel_rank
@@ -371,7 +423,9 @@ class ZmqEventPublisher(EventPublisher):
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()
-        if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+        # vLLM's reading of a request: any three frames (client, delimiter, start), the start
+        # read as an unsigned big-endian number of any length.
+        if len(frames) != 3:
             logger.warning("KV-event replay: ignored a malformed request of %d frames", len(frames))
             return
         client, _, start_bytes = frames
@@ -383,10 +437,29 @@ class ZmqEventPublisher(EventPublisher):
         self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
     # ------------------------------------------------------------------ sockets
-    def _bound(self, sock: Any, endpoint: str) -> str:
-        """The address actually bound (the system's port for ``:0`` or ZeroMQ's ``:*``), else ``endpoint``."""
+    def _bind(self, sock: Any, endpoint: str) -> str:
+        """Bind ``sock``; the address a peer connects to.
+
+        ``tcp://*:0`` binds this node's address (vLLM's rule: ``VLLM_HOST_IP``, else the
+        address of the default route) on a port the system picks, and says which; another
+        ``tcp://`` endpoint with port ``0`` or ZeroMQ's ``*`` says the port bound; the rest
+        are returned as given.
+
+        Raises:
+            ValueError: ``tcp://*:0`` and no node address is known.
+        """
+        zmq = self._zmq
+        if endpoint == _ANY_PORT_ANY_HOST:
+            ip = _node_ip()
+            if ip in ("0.0.0.0", "::"):
+                raise ValueError("tcp://*:0 needs a node IP; set VLLM_HOST_IP")
+            if _is_ipv6(ip):
+                sock.setsockopt(zmq.IPV6, 1)
+            sock.bind(_tcp_uri(ip, 0))
+            return _tcp_uri(ip, sock.getsockopt(zmq.LAST_ENDPOINT).decode().rpartition(":")[2])
+        sock.bind(endpoint)
         if endpoint.startswith("tcp://") and endpoint.endswith((":0", ":*")):
-            return str(sock.getsockopt(self._zmq.LAST_ENDPOINT).decode())
+            return str(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
         return endpoint
 
     def _close_sockets(self) -> None:

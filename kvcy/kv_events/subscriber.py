@@ -13,7 +13,12 @@ Per publisher it keeps an ``InstanceState``:
   supply (past the publisher's buffer, dropped by its full queue, no replay socket) are counted
   in ``lost`` and skipped;
 - a live sequence number at or below the previous live one means the publisher restarted: the
-  instance is forgotten (``index.remove_instance``) and rebuilt from the new stream;
+  instance is forgotten (``index.remove_instance``) and rebuilt from the new stream.  So does a
+  replay that holds other bytes under the number of the last batch applied: after a gap, and
+  for the first batch after the SUB socket lost its connection (a ZeroMQ socket monitor tells),
+  the replay is asked from that batch on to check it, since a restarted publisher may have
+  published up to or past this subscriber's place before it is heard again (ZeroMQ reconnects
+  take a while);
 - a message that does not decode (wrong frame count, a sequence frame that is not 8 bytes, a
   truncated or foreign payload) is counted in ``malformed`` and skipped;
 - with ``silent_after`` set, an instance that sent nothing for that many seconds is forgotten
@@ -25,9 +30,11 @@ publisher stamping the batch (vLLM stamps it when the scheduler step emits the e
 index holding it; it includes the publisher's queue, the transport and this subscriber's
 backlog, and across machines it carries their clock difference.
 
-A limitation of the protocol: a publisher that restarts and publishes past the number it had
-reached before this subscriber sees any of its new messages looks like a gap, not a restart;
-``silent_after`` longer than a restart takes bounds the damage.
+Limits of the protocol: a restarted publisher is recognised by its numbers going back or, through
+its replay socket, by its batch under the last number applied; without a replay socket (or once
+that batch has left the publisher's buffer) a restart that published past this subscriber's place
+looks like a gap, and one whose first message heard is exactly the next number looks like the
+same stream going on.  ``silent_after`` shorter than a restart takes bounds the damage.
 """
 
 from __future__ import annotations
@@ -68,7 +75,8 @@ class InstanceState:
         replayed: batches applied from the replay socket.
         lost: sequence numbers never applied (not replayable).
         malformed: messages skipped because they did not decode or the index refused them.
-        restarts: times the sequence numbers went back (instance forgotten each time).
+        restarts: times the publisher restarted: its numbers went back, or its replay held
+            another batch under the last number applied (instance forgotten each time).
         silences: times the instance was forgotten for saying nothing for ``silent_after``.
         clears: ``AllBlocksCleared`` events applied.
     """
@@ -96,12 +104,19 @@ class InstanceState:
 class _Link:
     """One publisher: its state and its sockets."""
 
-    __slots__ = ("dealer", "state", "sub")
+    __slots__ = ("dealer", "last_payload", "monitor", "state", "sub", "suspect")
 
     def __init__(self, state: InstanceState, sub: Any) -> None:
         self.state = state
         self.sub = sub
         self.dealer: Any = None
+        #: ZeroMQ's events of ``sub`` (with a replay socket only): a lost connection makes the
+        #: next batch ``suspect``, checked against the replay (the publisher may have restarted).
+        self.monitor: Any = None
+        self.suspect = False
+        #: The encoded batch numbered ``state.last_seq``, as it came: a replay that brings back
+        #: other bytes under that number comes from a publisher that restarted.
+        self.last_payload: bytes | None = None
 
 
 class EventSubscriber:
@@ -119,7 +134,9 @@ class EventSubscriber:
         replay_timeout: seconds to wait for a replay answer before counting the batches lost.
         rcvhwm: the SUB sockets' receive high-water mark (past it ZeroMQ drops, and replay
             recovers).
-        context: the ZeroMQ context (``zmq.Context.instance()`` when None).
+        context: the ZeroMQ context (``zmq.Context.instance()`` when None). Each publisher
+            takes up to four of its sockets (SUB, the connection monitor's two, a replay
+            DEALER): for hundreds of publishers raise its ``zmq.MAX_SOCKETS`` (1023 by default).
         clock: the wall clock lag is measured with (``time.time``).
 
     Raises:
@@ -206,7 +223,15 @@ class EventSubscriber:
         except BaseException:
             sub.close(linger=0)
             raise
-        self._links[instance] = _Link(InstanceState(instance, endpoint, replay_endpoint), sub)
+        link = _Link(InstanceState(instance, endpoint, replay_endpoint), sub)
+        if replay_endpoint is not None:
+            try:
+                link.monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            except BaseException:
+                sub.close(linger=0)
+                raise
+            self._poller.register(link.monitor, zmq.POLLIN)
+        self._links[instance] = link
         self._poller.register(sub, zmq.POLLIN)
 
     def remove_publisher(self, instance: str) -> None:
@@ -218,7 +243,7 @@ class EventSubscriber:
         """
         self._check_not_running()
         link = self._links.pop(instance)
-        self._poller.unregister(link.sub)
+        self._unregister(link)
         self._close_link(link)
         with self.lock:
             self.index.remove_instance(instance)
@@ -262,6 +287,9 @@ class EventSubscriber:
         zmq = self._zmq
         if self._links:
             ready = dict(self._poller.poll(max(0, int(timeout * 1000))))
+            for link in self._links.values():  # a lost connection first, then what came after it
+                if link.monitor is not None and link.monitor in ready:
+                    self._read_monitor(link)
             for name, link in list(self._links.items()):
                 if link.sub not in ready:
                     continue
@@ -322,7 +350,7 @@ class EventSubscriber:
         """Stop the thread and close every socket (the index keeps what it holds)."""
         self.stop()
         for link in self._links.values():
-            self._poller.unregister(link.sub)
+            self._unregister(link)
             self._close_link(link)
         self._links.clear()
 
@@ -345,8 +373,8 @@ class EventSubscriber:
         if self._thread is not None:
             raise RuntimeError("stop() the subscriber's thread first")
 
-    def _decode(self, state: InstanceState, frames: list[bytes]) -> tuple[int, Any] | None:
-        """(sequence number, batch) from a message's frames, or None (counted) if malformed."""
+    def _decode(self, state: InstanceState, frames: list[bytes]) -> tuple[int, Any, bytes] | None:
+        """(sequence number, batch, payload) from a message's frames, or None (counted) if malformed."""
         if len(frames) != 3 or len(frames[1]) != 8:
             state.malformed += 1
             return None
@@ -355,7 +383,7 @@ class EventSubscriber:
         except (msgspec.DecodeError, msgspec.ValidationError):
             state.malformed += 1
             return None
-        return int.from_bytes(frames[1], "big"), batch
+        return int.from_bytes(frames[1], "big"), batch, frames[2]
 
     def _on_message(self, link: _Link, frames: list[bytes]) -> int:
         state = link.state
@@ -363,7 +391,7 @@ class EventSubscriber:
         decoded = self._decode(state, frames)
         if decoded is None:
             return 0
-        seq, batch = decoded
+        seq, batch, payload = decoded
         applied = 0
         if state.live_seq is not None and seq <= state.live_seq:
             state.restarts += 1
@@ -373,25 +401,39 @@ class EventSubscriber:
         if seq > expected:
             state.gaps += 1
             applied += self._replay(link, expected)
+        elif link.suspect and state.last_seq is not None:
+            # The first batch since the connection was lost follows on: check the publisher
+            # still holds the last batch applied (a restarted one may have reached this number).
+            applied += self._replay(link, expected)
+        link.suspect = False
         if state.last_seq is None or seq > state.last_seq:  # else: replay applied it already
-            applied += self._apply(state, seq, batch)
+            applied += self._apply(link, seq, batch, payload)
         return applied
 
     def _replay(self, link: _Link, start: int) -> int:
-        """Ask ``link``'s replay socket for batches from ``start`` on and apply them in order."""
+        """Ask ``link``'s replay socket for batches from ``start`` on and apply them in order.
+
+        When ``start`` follows the last batch applied, the request starts one earlier, at that
+        batch: if the publisher holds other bytes under its number, the publisher restarted
+        (and has published past where this subscriber was, or the live stream would have shown
+        the numbers going back): the instance is forgotten and rebuilt from the replay.
+        """
         state = link.state
         if state.replay_endpoint is None:
             return 0
+        check = start - 1 if state.last_seq is not None and start == state.last_seq + 1 \
+            and link.last_payload is not None else None
         zmq = self._zmq
         if link.dealer is None:
             link.dealer = self._ctx.socket(zmq.DEALER)
             link.dealer.setsockopt(zmq.LINGER, 0)
             link.dealer.setsockopt(zmq.RCVHWM, 0)  # a whole replay buffer may come back at once
             link.dealer.connect(state.replay_endpoint)
-        got: list[tuple[int, Any]] = []
+        got: list[tuple[int, Any, bytes]] = []
         finished = False
         try:
-            link.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+            ask = start if check is None else check
+            link.dealer.send_multipart((b"", ask.to_bytes(8, "big")), zmq.NOBLOCK)
             deadline = time.monotonic() + self.replay_timeout
             while (left := deadline - time.monotonic()) > 0 and link.dealer.poll(int(left * 1000) + 1):
                 frames = link.dealer.recv_multipart()
@@ -412,14 +454,25 @@ class EventSubscriber:
             link.dealer = None
             logger.warning("KV-event replay from %s got no end marker within %.2f s",
                            state.replay_endpoint, self.replay_timeout)
+        if finished and check is not None \
+                and any(seq == check and payload != link.last_payload for seq, _, payload in got):
+            logger.warning("KV-event publisher %s restarted: its batch %d is not the one applied",
+                           state.instance, check)
+            live = state.live_seq
+            state.restarts += 1
+            self._forget(state)
+            state.live_seq = live
+            return self._replay(link, 0)
         applied = 0
-        for seq, batch in sorted(got, key=lambda item: item[0]):
+        for seq, batch, payload in sorted(got, key=lambda item: item[0]):
             if seq >= start and (state.last_seq is None or seq > state.last_seq):
-                applied += self._apply(state, seq, batch)
+                applied += self._apply(link, seq, batch, payload)
                 state.replayed += 1
         return applied
 
-    def _apply(self, state: InstanceState, seq: int, batch: Any) -> int:
+    def _apply(self, link: _Link, seq: int, batch: Any, payload: bytes) -> int:
+        state = link.state
+        link.last_payload = payload
         expected = 0 if state.last_seq is None else state.last_seq + 1
         with self.lock:
             try:
@@ -446,6 +499,10 @@ class EventSubscriber:
         with self.lock:
             self.index.remove_instance(state.instance)
             state.last_seq = state.live_seq = None
+        link = self._links.get(state.instance)
+        if link is not None:
+            link.last_payload = None
+            link.suspect = False
 
     def _check_silences(self) -> None:
         if self.silent_after is None:
@@ -458,8 +515,29 @@ class EventSubscriber:
                 state.last_received = None
                 self._forget(state)
 
+    def _read_monitor(self, link: _Link) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        zmq = self._zmq
+        while True:
+            try:
+                event = recv_monitor_message(link.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                link.suspect = True
+
+    def _unregister(self, link: _Link) -> None:
+        self._poller.unregister(link.sub)
+        if link.monitor is not None:
+            self._poller.unregister(link.monitor)
+
     @staticmethod
     def _close_link(link: _Link) -> None:
+        if link.monitor is not None:
+            link.sub.disable_monitor()
+            link.monitor.close(linger=0)
+            link.monitor = None
         link.sub.close(linger=0)
         if link.dealer is not None:
             link.dealer.close(linger=0)

@@ -161,7 +161,8 @@ class _DirectTransport:
         pass
 
     def stats(self) -> dict[str, Any]:
-        return {"transport": "direct", "batches_published": self.batches, "events_published": self.num_events,
+        return {"transport": "direct", "complete": True, "batches_published": self.batches,
+                "events_published": self.num_events,
                 "batches_applied": self.batches, "batches_dropped": 0, "batches_replayed": 0,
                 "lag_ms_p50": 0.0, "lag_ms_p99": 0.0, "lag_ms_max": 0.0}
 

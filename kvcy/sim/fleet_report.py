@@ -86,7 +86,9 @@ def format_fleet_report(rep: dict[str, Any]) -> str:
     row("simulated time", lambda d: f"{d['simulated_time_s']:,.1f} s")
     row("event batches", lambda d: f"{d['events'].get('batches_published', 0):,}")
     row("  events", lambda d: f"{d['events'].get('events_published', 0):,}")
-    row("  dropped / replayed", lambda d: f"{d['events'].get('batches_dropped', 0)}/{d['events'].get('batches_replayed', 0)}")
+    row("  dropped / lost / replayed", lambda d: f"{d['events'].get('batches_dropped', 0)}/"
+        f"{d['events'].get('batches_lost', 0)}/{d['events'].get('batches_replayed', 0)}")
+    row("  index caught up", lambda d: {True: "yes", False: "NO", None: "-"}[d["events"].get("complete")])
     row("  lag p50 / p99", lambda d: f"{d['events'].get('lag_ms_p50', 0):.2f}/{d['events'].get('lag_ms_p99', 0):.2f} ms")
     row("index blocks", lambda d: f"{d['index']['blocks']:,}")
     row("index memory", lambda d: _bytes(d["index"]["memory_bytes"]).strip(" ()") or "0 B")

@@ -10,15 +10,19 @@ it: the lag the report gives (wall-clock seconds from the batch's timestamp
 to when it was applied, sampled at each routing decision) and the batches
 still in flight when a request is routed.  At the end :meth:`ZmqTransport.finish`
 waits (boundedly) until every published batch was applied, so the index ends
-as the instances are.
+as the instances are; if time runs out first, the report says so (``complete``:
+False, with a warning) rather than passing an index that lags for a final one.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 __all__ = ["ZmqTransport"]
+
+logger = logging.getLogger("kvcy.sim")
 
 
 class ZmqTransport:
@@ -41,6 +45,9 @@ class ZmqTransport:
         self.names = names
         self.finish_timeout = finish_timeout
         self._ctx = zmq.Context()
+        # Per instance: a PUB and a ROUTER (the publisher), a SUB, its monitor's two sockets and a
+        # DEALER (the subscriber); ZeroMQ's default of 1023 sockets per context stops near 200.
+        self._ctx.set(zmq.MAX_SOCKETS, 8 * len(names) + 64)
         self.publishers: list[Any] = []
         self.subscriber: Any = None
         self.published = [0] * len(names)
@@ -48,6 +55,8 @@ class ZmqTransport:
         self.lags: list[float] = []
         self.in_flight_sum = 0
         self.drains = 0
+        #: Whether :meth:`finish` saw every published batch applied (None before it ran).
+        self.complete: bool | None = None
         self._last_stats: dict[str, Any] = {}
         self._dropped: list[int] = []
         try:
@@ -102,14 +111,27 @@ class ZmqTransport:
             if lag is not None:
                 self.lags.append(lag)
 
-    def finish(self) -> None:
-        """Wait until every published batch has been applied (at most ``finish_timeout`` seconds)."""
+    def finish(self) -> bool:
+        """Wait until every published batch has been applied (at most ``finish_timeout`` seconds).
+
+        Returns:
+            Whether they all were (also kept in :attr:`complete`; a warning says when not).
+        """
         deadline = time.monotonic() + self.finish_timeout
-        while time.monotonic() < deadline:
+        while True:
             self.subscriber.poll(0.02)
             progress = self.subscriber.progress()
-            if all(progress[name][0] == n - 1 for name, n in zip(self.names, self.published)):
-                return
+            behind = {name: n - 1 - (-1 if progress[name][0] is None else progress[name][0])
+                      for name, n in zip(self.names, self.published)}
+            if not any(behind.values()):
+                self.complete = True
+                return True
+            if time.monotonic() >= deadline:
+                break
+        logger.warning("fleet replay: the index did not catch up within %g s (batches not applied: %s)",
+                       self.finish_timeout, {name: n for name, n in behind.items() if n})
+        self.complete = False
+        return False
 
     def close(self) -> None:
         """Close the sockets and stop the threads (the counters are kept for :meth:`stats`)."""
@@ -118,10 +140,15 @@ class ZmqTransport:
             self._last_stats = dict(self.subscriber.stats)
             self.subscriber.close()
             self.subscriber = None
+        stuck = False
         for pub in self.publishers:
             pub.shutdown()
+            stuck = stuck or pub._thread.is_alive()
         self.publishers = []
-        self._ctx.term()
+        if stuck:  # pragma: no cover - shutdown waits for the thread; terminating would hang on its sockets
+            logger.warning("fleet replay: a publisher thread did not stop; its ZeroMQ context is left open")
+        else:
+            self._ctx.term()
 
     def stats(self) -> dict[str, Any]:
         lags = sorted(self.lags)
@@ -132,6 +159,7 @@ class ZmqTransport:
         sub = self._last_stats
         return {
             "transport": "zmq",
+            "complete": self.complete,
             "batches_published": sum(self.published),
             "events_published": self.num_events,
             "batches_applied": sub.get("batches_applied", 0),
