@@ -279,3 +279,11 @@ def test_popleft_n_past_the_free_blocks_asserts_as_vllm(impl):
     with pytest.raises(AssertionError):
         queue.popleft_n(4)
     assert queue.num_free_blocks == 3 and [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
+
+
+def test_event_media_names_as_vllm():
+    """``kv_events`` names the three storage media vLLM 0.33.0's events carry."""
+    from kvcy import kv_events
+
+    assert (kv_events.MEDIUM_GPU, kv_events.MEDIUM_CPU, kv_events.MEDIUM_STORAGE) == ("GPU", "CPU", "STORAGE")
+    assert {"MEDIUM_GPU", "MEDIUM_CPU", "MEDIUM_STORAGE"} <= set(kv_events.__all__)

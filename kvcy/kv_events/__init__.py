@@ -14,7 +14,9 @@ One concept per module:
 from __future__ import annotations
 
 from kvcy.kv_events.events import (
+    MEDIUM_CPU,
     MEDIUM_GPU,
+    MEDIUM_STORAGE,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -36,7 +38,9 @@ from kvcy.kv_events.publisher import (
 from kvcy.kv_events.subscriber import EventSubscriber, InstanceState
 
 __all__ = [
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
+    "MEDIUM_STORAGE",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",

@@ -16,7 +16,9 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
+    "MEDIUM_STORAGE",
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
@@ -30,6 +32,8 @@ __all__ = [
 ]
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
 
 ExternalBlockHash = bytes | int
 
