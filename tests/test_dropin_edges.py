@@ -279,3 +279,33 @@ def test_popleft_n_past_the_free_blocks_asserts_as_vllm(impl):
     with pytest.raises(AssertionError):
         queue.popleft_n(4)
     assert queue.num_free_blocks == 3 and [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
+
+
+def test_event_media_names_as_vllm():
+    """``kv_events`` names the three storage media vLLM 0.33.0's events carry."""
+    from kvcy import kv_events
+
+    assert (kv_events.MEDIUM_GPU, kv_events.MEDIUM_CPU, kv_events.MEDIUM_STORAGE) == ("GPU", "CPU", "STORAGE")
+    assert {"MEDIUM_GPU", "MEDIUM_CPU", "MEDIUM_STORAGE"} <= set(kv_events.__all__)
+
+
+def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
+    """vLLM's ``find_longest_cache_hit`` classmethods end with ``dcp_world_size=1,
+    pcp_world_size=1`` (its coordinators pass them); kvcy takes them, and refuses other
+    sizes as everywhere else (context parallelism is out of scope)."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    pool = kv.BlockPool(16, True, BS)
+    req = request(impl, "a", list(range(12)))
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    for cls, spec, expected in ((kv.FullAttentionManager, full_spec(), (12, [1, 2, 3])),
+                                (kv.SlidingWindowManager, swa, (12, [0, 2, 3]))):
+        got, length = cls.find_longest_cache_hit(
+            block_hashes=req.block_hashes, max_length=12, kv_cache_group_ids=[0], block_pool=pool,
+            kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=BS, dcp_world_size=1, pcp_world_size=1)
+        assert (length, [b.block_id for b in got[0]]) == expected
+        with pytest.raises(NotImplementedError, match="context parallelism"):
+            cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)

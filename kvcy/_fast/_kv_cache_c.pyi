@@ -285,6 +285,8 @@ class SingleTypeKVCacheManager:
         kv_cache_spec: KVCacheSpec,
         drop_eagle_block: bool,
         alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]: ...
 
 class FullAttentionManager(SingleTypeKVCacheManager): ...

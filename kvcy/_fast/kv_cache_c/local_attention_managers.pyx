@@ -106,7 +106,9 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         cdef Py_ssize_t block_size = kv_cache_spec.block_size
         cdef Py_ssize_t sliding_window = kv_cache_spec.sliding_window
@@ -221,7 +223,9 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         cdef Py_ssize_t block_size = kv_cache_spec.block_size
         cdef Py_ssize_t chunk = kv_cache_spec.attention_chunk_size
@@ -354,8 +358,10 @@ cdef class CircularBufferManager(FullAttentionManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
         """No hit: an empty list per group, 0 tokens."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         return tuple([[] for _ in kv_cache_group_ids]), 0
 
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,

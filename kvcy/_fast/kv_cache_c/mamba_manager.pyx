@@ -164,12 +164,14 @@ cdef class MambaManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
         """The last cached state whose end is a multiple of ``alignment_tokens``, null
         blocks before it.  With ``alignment_tokens`` below the block size (partial
         hits), the state at the last cached hash boundary, which may end inside its
         block.  Mamba hits are never shortened for EAGLE (draft models have no
         Mamba layers)."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         return _mamba_hits(block_pool, kv_cache_spec.block_size, block_hashes, max_length, group_ids,
                            alignment_tokens)

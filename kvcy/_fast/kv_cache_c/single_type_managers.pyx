@@ -563,8 +563,10 @@ cdef class SingleTypeKVCacheManager:
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise NotImplementedError
 
@@ -706,11 +708,13 @@ cdef class FullAttentionManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
         """Whole blocks left to right up to the first miss; with ``alignment_tokens``
         below the block size (fine-grained partial hits), then the longest hash
         boundary cached inside the next block.  EAGLE drops one block (one hash
         unit when fine-grained); the length is rounded down to the alignment."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         cdef Py_ssize_t block_size = kv_cache_spec.block_size
         return FullAttentionManager._hits(block_pool, block_size, block_hashes, max_length, group_ids,
@@ -804,7 +808,9 @@ cdef class CrossAttentionManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
-                               kv_cache_spec, drop_eagle_block, alignment_tokens):
+                               kv_cache_spec, drop_eagle_block, alignment_tokens,
+                               dcp_world_size=1, pcp_world_size=1):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 

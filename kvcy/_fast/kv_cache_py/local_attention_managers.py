@@ -23,6 +23,7 @@ from kvcy._fast.kv_cache_py.single_type_managers import (
     SingleTypeKVCacheManager,
     _check_hit_args,
     _check_mask_args,
+    _check_no_context_parallel,
 )
 
 
@@ -113,8 +114,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
+        drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
@@ -224,8 +226,9 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
+        drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         if drop_eagle_block:
             raise AssertionError("Hybrid KV cache is not supported for eagle + chunked local attention.")  # (vLLM asserts, at lookup)
@@ -344,9 +347,10 @@ class CircularBufferManager(FullAttentionManager):
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
+        drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
         """No hit: an empty list per group, 0 tokens."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         return tuple([] for _ in kv_cache_group_ids), 0
 
     def cache_blocks(

@@ -27,6 +27,7 @@ from kvcy._fast.kv_cache_py.single_type_managers import (
     _as_flag,
     _check_hit_args,
     _check_mask_args,
+    _check_no_context_parallel,
     _shared_prefix_boundary,
 )
 
@@ -198,13 +199,14 @@ class MambaManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
+        drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
         """The last cached state whose end is a multiple of ``alignment_tokens``, null
         blocks before it.  With ``alignment_tokens`` below the block size (partial
         hits), the state at the last cached hash boundary, which may end inside its
         block.  Mamba hits are never shortened for EAGLE (draft models have no
         Mamba layers)."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         n_groups = len(kv_cache_group_ids)

@@ -563,8 +563,11 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
         kv_cache_spec: KVCacheSpec,
         drop_eagle_block: bool,
         alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         raise NotImplementedError
 
 
@@ -576,12 +579,13 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
+        drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
         """Whole blocks left to right up to the first miss; with ``alignment_tokens``
         below the block size (fine-grained partial hits), then the longest hash
         boundary cached inside the next block.  EAGLE drops one block (one hash
         unit when fine-grained); the length is rounded down to the alignment."""
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         fine = alignment_tokens < block_size and block_size % alignment_tokens == 0
@@ -689,8 +693,9 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     @classmethod
     def find_longest_cache_hit(
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-        drop_eagle_block, alignment_tokens,
+        drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
+        _check_no_context_parallel(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 
