@@ -10,8 +10,14 @@ part), stats, step ends.  After every call the results must be equal (return val
 chunk ids, ``PrepareStoreOutput`` fields, exception types and messages), and after every step
 so must the events and the bookkeeping both expose (resident keys with chunk ids and ref
 counts, free list, evictable and pending counts, ARC's lists and target, LRU's ranks and order,
-the store tracker, the stats accumulators).  The tests at the bottom compare the API surface
-(names, signatures, defaults, dataclass fields, enum members) and the key/spec helpers.
+the store tracker, the stats accumulators).  A second manager pair sees the same contexts
+(vLLM keeps one access record per context), two configs give kvcy's manager vLLM's own
+ReqContext objects, and key collections come as lists, tuples, generators and dict views.
+The tests at the bottom compare the API surface (names, parameters, defaults, dataclass
+fields, NamedTuple fields, enum members, abstract methods; ``API_ALLOWED``), ~50 small
+behaviours of the key/spec helpers, ReqContext, TierFilter, ChunkStatus and
+order_request_keys (``HELPER_ALLOWED``), the constructor's arguments (``CTOR_ALLOWED``) and
+the canonical KV-cache dataclasses.
 
 Where kvcy deliberately differs (it refuses, before any state change, input on which vLLM
 raises half-way or corrupts its state) the machine checks the outcome and then repairs vLLM's
@@ -851,3 +857,45 @@ def test_canonical_kv_caches_as_vllm():
         assert caches.tensors[0].tensor is tensor and caches.group_data_refs[0][0].mapping is None
     assert [f.name for f in dataclasses.fields(canonical.CanonicalKVCacheRef)] == \
         [f.name for f in dataclasses.fields(vbase.CanonicalKVCacheRef)]
+
+
+#: Constructor arguments kvcy refuses (TypeError / ValueError) where vLLM stores them as given.
+CTOR_ALLOWED = {
+    "threshold_bool": "a bool store_threshold (vLLM: True, i.e. 1); kvcy: TypeError",
+    "chunks_bool": "a bool num_chunks; kvcy: TypeError",
+    "threshold_negative": "a negative store_threshold (vLLM: stores every offer); kvcy: ValueError",
+    "chunks_negative": "a negative num_chunks; kvcy: ValueError",
+    "chunks_float": "a float num_chunks; kvcy: TypeError",
+}
+
+
+def test_constructor_arguments_as_vllm():
+    cases = {
+        "events_int": dict(num_chunks=2, enable_events=1),
+        "events_str": dict(num_chunks=2, enable_events="x"),
+        "events_zero": dict(num_chunks=2, enable_events=0),
+        "tracker_zero": dict(num_chunks=2, max_tracker_size=0, store_threshold=2),
+        "threshold_bool": dict(num_chunks=2, store_threshold=True),
+        "chunks_bool": dict(num_chunks=True),
+        "threshold_negative": dict(num_chunks=2, store_threshold=-1),
+        "chunks_negative": dict(num_chunks=-1),
+        "chunks_float": dict(num_chunks=2.0),
+        "policy_case": dict(num_chunks=2, cache_policy="ARC"),
+        "policy_none": dict(num_chunks=2, cache_policy="lru", cache_policy_module_path=None),
+    }
+
+    def build(cls, kwargs):
+        try:
+            m = cls(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - compared
+            return ("raise", type(exc).__name__, str(exc))
+        return ("ok", m.events, m.store_threshold, m.max_tracker_size, m.counts is not None,
+                m._policy.cache_capacity, type(m._policy).__name__)
+
+    for name, kwargs in cases.items():
+        got_v = build(vmanager.CPUOffloadingManager, kwargs)
+        got_k = build(_twin.twin.CPUOffloadingManager, kwargs)
+        if name in CTOR_ALLOWED:
+            assert got_v[0] == "ok" and got_k[0] == "raise" and got_k[1] in ("TypeError", "ValueError"), name
+        else:
+            assert got_v == got_k, (name, got_v, got_k)
