@@ -899,3 +899,11 @@ def test_constructor_arguments_as_vllm():
             assert got_v[0] == "ok" and got_k[0] == "raise" and got_k[1] in ("TypeError", "ValueError"), name
         else:
             assert got_v == got_k, (name, got_v, got_k)
+
+
+def test_vllm_cpu_offloading_info_serves_as_info():
+    """vLLM's spec builds the manager with vLLM's CPUOffloadingInfo: kvcy's manager reports it."""
+    info = vcommon.CPUOffloadingInfo(cpu_num_chunks=4, cpu_blocks_per_chunk=2, cpu_kv_cache_size_bytes=64,
+                                     cpu_kv_cache_size_tokens=None)
+    got = _twin.twin.CPUOffloadingManager(4, info=info).config_info()
+    assert got == vmanager.CPUOffloadingManager(4, info=info).config_info()

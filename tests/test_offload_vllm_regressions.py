@@ -477,3 +477,15 @@ def test_a_context_of_another_class_with_the_same_methods_serves(offload_impl, p
     assert run(ForeignContext) == run(lambda req: ReqContext(req_id=req))
     with pytest.raises(TypeError, match="req_context must be a ReqContext, got str"):
         offload_impl.CPUOffloadingManager(1).on_new_request("r")
+
+
+def test_any_config_info_with_as_config_info_serves_as_info(offload_impl):
+    """vLLM's spec passes vLLM's CPUOffloadingInfo (not kvcy's): any object with
+    ``as_config_info()`` is reported, as vLLM's manager does."""
+
+    class ForeignInfo:
+        def as_config_info(self):
+            return {"cpu_num_chunks": 4, "cpu_kv_cache_size_tokens": "None"}
+
+    m = offload_impl.CPUOffloadingManager(4, info=ForeignInfo())
+    assert m.config_info() == [{"cpu_num_chunks": 4, "cpu_kv_cache_size_tokens": "None"}]
