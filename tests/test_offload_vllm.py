@@ -529,6 +529,7 @@ def test_configs_cover_the_brief():
 # =============================================================================
 MODULES = [
     ("vllm.v1.kv_offload.base", "kvcy.kv_offload.base"),
+    ("vllm.v1.kv_offload.config", "kvcy.kv_offload.config"),
     ("vllm.v1.kv_offload.cpu.common", "kvcy.kv_offload.cpu.common"),
     ("vllm.v1.kv_offload.cpu.manager", "kvcy.kv_offload.cpu.manager"),
     ("vllm.v1.kv_offload.cpu.policies.base", "kvcy.kv_offload.cpu.policies.base"),
@@ -542,12 +543,8 @@ ONLY = {"vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics": ["Off
 
 #: Where kvcy's API deliberately differs from vLLM 0.33.0's: "<module>:<name>[.<attr>]" -> why.
 API_ALLOWED = {
-    "vllm.v1.kv_offload.base:OffloadingSpec.__init__":
-        "kvcy's OffloadingSpec is the connector's (vllm_config, kv_cache_config) factory of handlers",
-    "vllm.v1.kv_offload.base:OffloadingSpec.get_worker": "kvcy's workers come from get_handlers",
     "vllm.v1.kv_offload.base:GPULoadStoreSpec.__init__":
         "group_sizes and block_indices may be left out in kvcy (None: one group), a superset of vLLM's",
-    "vllm.v1.kv_offload.base:OffloadingSpec.__abstractmethods__": "get_handlers in kvcy, get_worker in vLLM",
     "vllm.v1.kv_offload.base:OffloadingWorker.__abstractmethods__":
         "kvcy's OffloadingWorker is the concrete handler router (kvcy.kv_offload.worker)",
     "vllm.v1.kv_offload.base:CanonicalPageMapping": "tensor-parallel page mappings: not in kvcy (single rank)",
@@ -907,3 +904,34 @@ def test_vllm_cpu_offloading_info_serves_as_info():
                                      cpu_kv_cache_size_tokens=None)
     got = _twin.twin.CPUOffloadingManager(4, info=info).config_info()
     assert got == vmanager.CPUOffloadingManager(4, info=info).config_info()
+
+
+def _offloading_config(cfg_mod, extra):
+    return cfg_mod.OffloadingConfig(
+        groups=(cfg_mod.OffloadingGroupConfig(16, ("l0",), 0), cfg_mod.OffloadingGroupConfig(32, ("l1",), 1, 2)),
+        worker_kv_bytes_per_block=4096, enable_kv_cache_events=True, extra_config=extra, engine_id="e",
+        model=cfg_mod.OffloadingModelConfig("m", "float16", 1024), cache=cfg_mod.OffloadingCacheConfig(16, 4),
+        parallel=cfg_mod.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True))
+
+
+@pytest.mark.parametrize("extra", [{}, {"offload_prompt_only": False, "self_describing_kv_events": 1}])
+def test_offloading_spec_reads_its_config_as_vllm(extra):
+    from vllm.v1.kv_offload import config as vconfig
+
+    from kvcy.kv_offload import config as kconfig
+
+    def attrs(base, cfg_mod):
+        class Spec(base.OffloadingSpec):
+            def get_manager(self):
+                return None
+
+            def get_worker(self, kv_caches):
+                return None
+
+        spec = Spec(_offloading_config(cfg_mod, extra))
+        return (spec.extra_config, spec.replicated_layout, spec.kv_events_config.enable_kv_cache_events,
+                spec.kv_events_config.self_describing_kv_events, spec.offload_prompt_only, spec.tokens_per_block,
+                spec.tokens_per_hash, spec.blocks_per_chunk, Spec.build_metric_definitions(extra),
+                Spec.config_info_keys(extra))
+
+    assert attrs(kbase, kconfig) == attrs(vbase, vconfig)
