@@ -10,8 +10,14 @@ part), stats, step ends.  After every call the results must be equal (return val
 chunk ids, ``PrepareStoreOutput`` fields, exception types and messages), and after every step
 so must the events and the bookkeeping both expose (resident keys with chunk ids and ref
 counts, free list, evictable and pending counts, ARC's lists and target, LRU's ranks and order,
-the store tracker, the stats accumulators).  The tests at the bottom compare the API surface
-(names, signatures, defaults, dataclass fields, enum members) and the key/spec helpers.
+the store tracker, the stats accumulators).  A second manager pair sees the same contexts
+(vLLM keeps one access record per context), two configs give kvcy's manager vLLM's own
+ReqContext objects, and key collections come as lists, tuples, generators and dict views.
+The tests at the bottom compare the API surface (names, parameters, defaults, dataclass
+fields, NamedTuple fields, enum members, abstract methods; ``API_ALLOWED``), ~50 small
+behaviours of the key/spec helpers, ReqContext, TierFilter, ChunkStatus and
+order_request_keys (``HELPER_ALLOWED``), the constructor's arguments (``CTOR_ALLOWED``) and
+the canonical KV-cache dataclasses.
 
 Where kvcy deliberately differs (it refuses, before any state change, input on which vLLM
 raises half-way or corrupts its state) the machine checks the outcome and then repairs vLLM's
@@ -523,6 +529,7 @@ def test_configs_cover_the_brief():
 # =============================================================================
 MODULES = [
     ("vllm.v1.kv_offload.base", "kvcy.kv_offload.base"),
+    ("vllm.v1.kv_offload.config", "kvcy.kv_offload.config"),
     ("vllm.v1.kv_offload.cpu.common", "kvcy.kv_offload.cpu.common"),
     ("vllm.v1.kv_offload.cpu.manager", "kvcy.kv_offload.cpu.manager"),
     ("vllm.v1.kv_offload.cpu.policies.base", "kvcy.kv_offload.cpu.policies.base"),
@@ -536,12 +543,8 @@ ONLY = {"vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics": ["Off
 
 #: Where kvcy's API deliberately differs from vLLM 0.33.0's: "<module>:<name>[.<attr>]" -> why.
 API_ALLOWED = {
-    "vllm.v1.kv_offload.base:OffloadingSpec.__init__":
-        "kvcy's OffloadingSpec is the connector's (vllm_config, kv_cache_config) factory of handlers",
-    "vllm.v1.kv_offload.base:OffloadingSpec.get_worker": "kvcy's workers come from get_handlers",
     "vllm.v1.kv_offload.base:GPULoadStoreSpec.__init__":
         "group_sizes and block_indices may be left out in kvcy (None: one group), a superset of vLLM's",
-    "vllm.v1.kv_offload.base:OffloadingSpec.__abstractmethods__": "get_handlers in kvcy, get_worker in vLLM",
     "vllm.v1.kv_offload.base:OffloadingWorker.__abstractmethods__":
         "kvcy's OffloadingWorker is the concrete handler router (kvcy.kv_offload.worker)",
     "vllm.v1.kv_offload.base:CanonicalPageMapping": "tensor-parallel page mappings: not in kvcy (single rank)",
@@ -851,3 +854,84 @@ def test_canonical_kv_caches_as_vllm():
         assert caches.tensors[0].tensor is tensor and caches.group_data_refs[0][0].mapping is None
     assert [f.name for f in dataclasses.fields(canonical.CanonicalKVCacheRef)] == \
         [f.name for f in dataclasses.fields(vbase.CanonicalKVCacheRef)]
+
+
+#: Constructor arguments kvcy refuses (TypeError / ValueError) where vLLM stores them as given.
+CTOR_ALLOWED = {
+    "threshold_bool": "a bool store_threshold (vLLM: True, i.e. 1); kvcy: TypeError",
+    "chunks_bool": "a bool num_chunks; kvcy: TypeError",
+    "threshold_negative": "a negative store_threshold (vLLM: stores every offer); kvcy: ValueError",
+    "chunks_negative": "a negative num_chunks; kvcy: ValueError",
+    "chunks_float": "a float num_chunks; kvcy: TypeError",
+}
+
+
+def test_constructor_arguments_as_vllm():
+    cases = {
+        "events_int": dict(num_chunks=2, enable_events=1),
+        "events_str": dict(num_chunks=2, enable_events="x"),
+        "events_zero": dict(num_chunks=2, enable_events=0),
+        "tracker_zero": dict(num_chunks=2, max_tracker_size=0, store_threshold=2),
+        "threshold_bool": dict(num_chunks=2, store_threshold=True),
+        "chunks_bool": dict(num_chunks=True),
+        "threshold_negative": dict(num_chunks=2, store_threshold=-1),
+        "chunks_negative": dict(num_chunks=-1),
+        "chunks_float": dict(num_chunks=2.0),
+        "policy_case": dict(num_chunks=2, cache_policy="ARC"),
+        "policy_none": dict(num_chunks=2, cache_policy="lru", cache_policy_module_path=None),
+    }
+
+    def build(cls, kwargs):
+        try:
+            m = cls(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - compared
+            return ("raise", type(exc).__name__, str(exc))
+        return ("ok", m.events, m.store_threshold, m.max_tracker_size, m.counts is not None,
+                m._policy.cache_capacity, type(m._policy).__name__)
+
+    for name, kwargs in cases.items():
+        got_v = build(vmanager.CPUOffloadingManager, kwargs)
+        got_k = build(_twin.twin.CPUOffloadingManager, kwargs)
+        if name in CTOR_ALLOWED:
+            assert got_v[0] == "ok" and got_k[0] == "raise" and got_k[1] in ("TypeError", "ValueError"), name
+        else:
+            assert got_v == got_k, (name, got_v, got_k)
+
+
+def test_vllm_cpu_offloading_info_serves_as_info():
+    """vLLM's spec builds the manager with vLLM's CPUOffloadingInfo: kvcy's manager reports it."""
+    info = vcommon.CPUOffloadingInfo(cpu_num_chunks=4, cpu_blocks_per_chunk=2, cpu_kv_cache_size_bytes=64,
+                                     cpu_kv_cache_size_tokens=None)
+    got = _twin.twin.CPUOffloadingManager(4, info=info).config_info()
+    assert got == vmanager.CPUOffloadingManager(4, info=info).config_info()
+
+
+def _offloading_config(cfg_mod, extra):
+    return cfg_mod.OffloadingConfig(
+        groups=(cfg_mod.OffloadingGroupConfig(16, ("l0",), 0), cfg_mod.OffloadingGroupConfig(32, ("l1",), 1, 2)),
+        worker_kv_bytes_per_block=4096, enable_kv_cache_events=True, extra_config=extra, engine_id="e",
+        model=cfg_mod.OffloadingModelConfig("m", "float16", 1024), cache=cfg_mod.OffloadingCacheConfig(16, 4),
+        parallel=cfg_mod.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True))
+
+
+@pytest.mark.parametrize("extra", [{}, {"offload_prompt_only": False, "self_describing_kv_events": 1}])
+def test_offloading_spec_reads_its_config_as_vllm(extra):
+    from vllm.v1.kv_offload import config as vconfig
+
+    from kvcy.kv_offload import config as kconfig
+
+    def attrs(base, cfg_mod):
+        class Spec(base.OffloadingSpec):
+            def get_manager(self):
+                return None
+
+            def get_worker(self, kv_caches):
+                return None
+
+        spec = Spec(_offloading_config(cfg_mod, extra))
+        return (spec.extra_config, spec.replicated_layout, spec.kv_events_config.enable_kv_cache_events,
+                spec.kv_events_config.self_describing_kv_events, spec.offload_prompt_only, spec.tokens_per_block,
+                spec.tokens_per_hash, spec.blocks_per_chunk, Spec.build_metric_definitions(extra),
+                Spec.config_info_keys(extra))
+
+    assert attrs(kbase, kconfig) == attrs(vbase, vconfig)

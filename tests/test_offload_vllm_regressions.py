@@ -477,3 +477,46 @@ def test_a_context_of_another_class_with_the_same_methods_serves(offload_impl, p
     assert run(ForeignContext) == run(lambda req: ReqContext(req_id=req))
     with pytest.raises(TypeError, match="req_context must be a ReqContext, got str"):
         offload_impl.CPUOffloadingManager(1).on_new_request("r")
+
+
+def test_any_config_info_with_as_config_info_serves_as_info(offload_impl):
+    """vLLM's spec passes vLLM's CPUOffloadingInfo (not kvcy's): any object with
+    ``as_config_info()`` is reported, as vLLM's manager does."""
+
+    class ForeignInfo:
+        def as_config_info(self):
+            return {"cpu_num_chunks": 4, "cpu_kv_cache_size_tokens": "None"}
+
+    m = offload_impl.CPUOffloadingManager(4, info=ForeignInfo())
+    assert m.config_info() == [{"cpu_num_chunks": 4, "cpu_kv_cache_size_tokens": "None"}]
+
+
+def test_offloading_spec_is_vllm_0_33s():
+    """kvcy's OffloadingSpec was seed 003's (vllm_config, kv_cache_config) factory of
+    handlers; vLLM 0.33.0's is built from an OffloadingConfig and yields a worker.  The
+    values are vLLM's for the same config."""
+    from kvcy.kv_offload import config as cfg
+    from kvcy.kv_offload.base import OffloadingSpec
+
+    class Spec(OffloadingSpec):
+        def get_manager(self):
+            return None
+
+        def get_worker(self, kv_caches):
+            return None
+
+    config = cfg.OffloadingConfig(
+        groups=(cfg.OffloadingGroupConfig(16, ("l0",), 0), cfg.OffloadingGroupConfig(32, ("l1",), 1, 2)),
+        worker_kv_bytes_per_block=4096, enable_kv_cache_events=True, extra_config={"offload_prompt_only": False},
+        engine_id="e", model=cfg.OffloadingModelConfig("m", "float16"), cache=cfg.OffloadingCacheConfig(16, 4),
+        parallel=cfg.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, None, True))
+    spec = Spec(config)
+    assert spec.config is config and spec.replicated_layout is False
+    assert (spec.tokens_per_block, spec.tokens_per_hash, spec.blocks_per_chunk) == ((16, 32), 16, 4)
+    assert spec.offload_prompt_only is False
+    assert (spec.kv_events_config.enable_kv_cache_events, spec.kv_events_config.self_describing_kv_events) == (
+        True, False)
+    assert config.model.max_model_len == 0 and config.kv_cache_layout is None
+    assert sorted(OffloadingSpec.__abstractmethods__) == ["get_manager", "get_worker"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.engine_id = "f"

@@ -5,6 +5,8 @@
   ``OffloadingManager``, ``OffloadingSpec``);
 * :mod:`kvcy.kv_offload.cpu` -- the CPU tier's scheduler-side manager
   (``CPUOffloadingManager``) and its cache policies (``"lru"``, ``"arc"``);
+* :mod:`kvcy.kv_offload.config` -- ``OffloadingConfig`` and its parts, what an
+  ``OffloadingSpec`` is built from;
 * :mod:`kvcy.kv_offload.metrics` -- ``OffloadingConnectorStats``;
 * :mod:`kvcy.kv_offload.canonical` -- ``CanonicalKVCacheTensor``,
   ``CanonicalKVCacheRef``, ``CanonicalKVCaches`` and ``canonicalize_kv_caches``

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NewType, TypeVar
@@ -597,16 +597,15 @@ class OffloadingManager(ABC):
 
 
 class OffloadingSpec(ABC):
-    """One offloading tier's factory: its scheduler-side manager and its workers' handlers.
+    """One offloading tier's factory: its scheduler-side manager and its worker.
 
-    Args:
-        vllm_config: the engine configuration (kept as ``self.vllm_config``).
-        kv_cache_config: the KV cache layout (kept as ``self.kv_cache_config``).
+    Built from a :class:`~kvcy.kv_offload.config.OffloadingConfig` (any object with
+    its ``extra_config``, ``enable_kv_cache_events``, ``groups`` and ``cache`` serves),
+    whose values it keeps: ``config``, ``extra_config``, ``kv_events_config``,
+    ``offload_prompt_only`` (``extra_config["offload_prompt_only"]``, default on),
+    ``tokens_per_block`` (one per group), ``tokens_per_hash``, ``blocks_per_chunk`` and
+    ``replicated_layout`` (``False``).
     """
-
-    def __init__(self, vllm_config: Any = None, kv_cache_config: Any = None):
-        self.vllm_config = vllm_config
-        self.kv_cache_config = kv_cache_config
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
@@ -618,13 +617,26 @@ class OffloadingSpec(ABC):
         """The info-metric label names this spec's managers fill (none by default)."""
         return ()
 
+    def __init__(self, config: Any):
+        self.config = config
+        self.extra_config = config.extra_config
+        self.replicated_layout: bool = False
+        self.kv_events_config = OffloadingKVEventsConfig(
+            enable_kv_cache_events=config.enable_kv_cache_events,
+            self_describing_kv_events=bool(self.extra_config.get("self_describing_kv_events", False)),
+        )
+        self.offload_prompt_only: bool = bool(self.extra_config.get("offload_prompt_only", True))
+        self.tokens_per_block = tuple(group.tokens_per_block for group in config.groups)
+        self.tokens_per_hash = config.cache.tokens_per_hash
+        self.blocks_per_chunk = config.cache.blocks_per_chunk
+
     @abstractmethod
     def get_manager(self) -> OffloadingManager:
         """The manager the scheduler-side connector uses to track blocks and evictions."""
 
     @abstractmethod
-    def get_handlers(self, kv_caches: Any) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], Any]]:
-        """Yield ``(src_type, dst_type, handler)`` for every transfer direction.
+    def get_worker(self, kv_caches: Any) -> Any:
+        """The ``OffloadingWorker`` that moves this tier's blocks.
 
         Args:
             kv_caches: the canonicalized KV caches (``CanonicalKVCaches``).

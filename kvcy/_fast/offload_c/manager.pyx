@@ -173,7 +173,7 @@ cdef class CPUOffloadingManager:
         cdef Py_ssize_t tracker = _check_int("max_tracker_size", max_tracker_size)
         if info is None:
             labels = {}
-        elif isinstance(info, ConfigInfo):
+        elif isinstance(info, ConfigInfo) or hasattr(info, "as_config_info"):  # (vLLM's CPUOffloadingInfo too)
             labels = info.as_config_info()
         elif isinstance(info, dict):
             labels = dict(info)

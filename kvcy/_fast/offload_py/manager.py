@@ -119,7 +119,7 @@ class CPUOffloadingManager(OffloadingManager):
         max_tracker_size = _check_int("max_tracker_size", max_tracker_size)
         if info is None:
             labels = {}
-        elif isinstance(info, ConfigInfo):
+        elif isinstance(info, ConfigInfo) or hasattr(info, "as_config_info"):  # (vLLM's CPUOffloadingInfo too)
             labels = info.as_config_info()
         elif isinstance(info, dict):
             labels = dict(info)
