@@ -102,8 +102,10 @@ class KVEventsConfig:
     def __post_init__(self) -> None:
         if self.publisher is None:
             self.publisher = "zmq" if self.enable_kv_cache_events else "null"
-        if self.publisher not in ("null", "zmq"):
-            raise ValueError(f"publisher must be 'null' or 'zmq', got {self.publisher!r}")
+        if self.publisher not in ("null", "zmq"):  # in the words of vLLM's (pydantic's) refusal
+            raise ValueError(f"1 validation error for KVEventsConfig\npublisher\n  Input should be 'null' or 'zmq' "
+                             f"[type=literal_error, input_value={self.publisher!r}, "
+                             f"input_type={type(self.publisher).__name__}]")
         if not isinstance(self.endpoint, str):
             raise TypeError(f"endpoint must be a str, got {type(self.endpoint).__name__}")
         if self.replay_endpoint is not None and not isinstance(self.replay_endpoint, str):
