@@ -309,3 +309,38 @@ def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
         assert (length, [b.block_id for b in got[0]]) == expected
         with pytest.raises(NotImplementedError, match="context parallelism"):
             cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)
+
+
+def test_coordinator_cacheable_tokens_and_cached_block_events_as_vllm(impl):
+    """vLLM's coordinators answer ``get_num_cacheable_tokens(num_computed_tokens, group)``
+    (connectors ask it) and ``emit_cached_block_events(request, computed_blocks)``.
+    Values recorded from vLLM 0.33.0: EAGLE over full attention (8) + sliding window (4),
+    and an MTP drafter re-prefilling 3 tokens."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    swa = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=12)
+    hybrid = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["f"], full_spec(8)), KVCacheGroupSpec(["s"], swa)])
+    mgr = kv.KVCacheManager(hybrid, max_model_len=64, scheduler_block_size=8, hash_block_size=4, use_eagle=True)
+    ns = (0, 3, 8, 13, 17, 25)
+    assert [[mgr.coordinator.get_num_cacheable_tokens(n, g) for n in ns] for g in (0, 1)] == \
+        [[0, 0, 8, 13, 17, 25], [0, 0, 8, 12, 17, 25]]
+    one = KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["f"], full_spec(8))])
+    mtp = kv.KVCacheManager(one, max_model_len=64, scheduler_block_size=8, hash_block_size=8, use_eagle=True,
+                            num_prefill_lookahead=3)
+    assert [mtp.coordinator.get_num_cacheable_tokens(n, 0) for n in ns] == [0, 1, 6, 11, 15, 23]
+
+    pool_mgr = manager(impl, num_blocks=16, enable_kv_cache_events=True)
+    tokens = list(range(100, 113))
+    a = request(impl, "a", tokens)
+    pool_mgr.allocate_slots(a, 13)
+    stored = pool_mgr.take_events()
+    blocks, hit, _ = pool_mgr.get_computed_blocks(request(impl, "b", tokens))
+    assert hit == 12
+    pool_mgr.coordinator.emit_cached_block_events(a, blocks.blocks)
+    (again,) = pool_mgr.take_events()
+    assert (again.block_hashes, again.parent_block_hash, again.token_ids) == \
+        (stored[0].block_hashes, None, tokens[:12])
+    pool_mgr.coordinator.emit_cached_block_events(a, ([],))
+    assert pool_mgr.take_events() == []

@@ -305,6 +305,23 @@ class KVCacheCoordinator(_Checked):
             manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens),
                                  retention_interval, boundaries)
 
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        """How many of the first ``num_computed_tokens`` tokens group ``kv_cache_group_id``
+        may cache (vLLM's: less the re-prefillable tokens; a hybrid aligns them)."""
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        return self._tokens_to_cache(self.single_type_managers[kv_cache_group_id], num_computed_tokens)
+
+    def emit_cached_block_events(self, request: Request, computed_blocks: Sequence[Sequence[KVCacheBlock]]) -> None:
+        """Queue one ``BlockStored`` per group holding blocks of a prefix hit
+        (``computed_blocks``: one block list per group), as vLLM's report mode "full" does;
+        nothing changes in the cache."""
+        groups = self.kv_cache_config.kv_cache_groups
+        for group_idx, group_blocks in enumerate(computed_blocks):
+            if group_blocks:
+                self.single_type_managers[group_idx].block_pool.emit_cached_block_events(
+                    request, len(group_blocks), groups[group_idx].kv_cache_spec.block_size, group_idx
+                )
+
     def _tokens_to_cache(self, manager: SingleTypeKVCacheManager, num_computed_tokens: int) -> int:
         # The num_tokens cache_blocks hands this manager.
         n = num_computed_tokens - self.num_reprefillable_tokens
