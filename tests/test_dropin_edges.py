@@ -344,3 +344,28 @@ def test_coordinator_cacheable_tokens_and_cached_block_events_as_vllm(impl):
         (stored[0].block_hashes, None, tokens[:12])
     pool_mgr.coordinator.emit_cached_block_events(a, ([],))
     assert pool_mgr.take_events() == []
+
+
+def test_context_parallel_and_group_attributes_as_vllm(impl):
+    """Attributes vLLM 0.33.0's coordinators and single-type managers carry (connectors
+    read them): ``group_block_sizes``, ``dcp_world_size`` / ``pcp_world_size`` (1 here),
+    the hybrid's ``full_attention_group_id`` and each manager's
+    ``max_admission_blocks_per_request``; read-only.  Values recorded from vLLM."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    swa = SlidingWindowSpec(block_size=8, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=12)
+    for groups, full_id in (([swa, full_spec(8)], 1), ([full_spec(8), swa], 0)):
+        cfg = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(groups)])
+        mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=8, hash_block_size=8)
+        coordinator = mgr.coordinator
+        assert coordinator.group_block_sizes == (8, 8)
+        assert coordinator.full_attention_group_id == full_id
+        assert (coordinator.dcp_world_size, coordinator.pcp_world_size) == (1, 1)
+        caps = [m.max_admission_blocks_per_request for m in coordinator.single_type_managers]
+        assert caps == ([33, None] if full_id else [None, 33])  # (max_in_flight_tokens = max_model_len = 256)
+        assert all((m.dcp_world_size, m.pcp_world_size) == (1, 1) for m in coordinator.single_type_managers)
+        with pytest.raises(AttributeError):
+            coordinator.dcp_world_size = 2
+        with pytest.raises(AttributeError):
+            coordinator.single_type_managers[0].max_admission_blocks_per_request = 5

@@ -333,6 +333,21 @@ cdef class KVCacheCoordinator:
         cdef SingleTypeKVCacheManager m
         return tuple([m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers])
 
+    @property
+    def group_block_sizes(self):
+        """Each group's block size, in group order."""
+        return tuple([m.block_size for m in self.single_type_managers])
+
+    @property
+    def dcp_world_size(self):
+        """1: decode context parallelism is not implemented."""
+        return 1
+
+    @property
+    def pcp_world_size(self):
+        """1: prefill context parallelism is not implemented."""
+        return 1
+
     def new_step_starts(self):
         """Tell every single-type manager that a new scheduler step begins."""
         cdef SingleTypeKVCacheManager manager
@@ -445,6 +460,13 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         if self.enable_partial_hash_hits:
             return num_tokens
         return num_tokens // self.scheduler_block_size * self.scheduler_block_size
+
+    @property
+    def full_attention_group_id(self):
+        """The first full-attention group of the lookups (full attention goes first), or
+        None when no cacheable group is full attention."""
+        spec, group_ids, klass, use_eagle = self.attention_groups[0]
+        return group_ids[0] if isinstance(spec, FullAttentionSpec) else None
 
     def verify_and_split_kv_cache_groups(self):
         """Batch groups with identical specs; full attention first.  Groups out of

@@ -372,6 +372,21 @@ class KVCacheCoordinator(_Checked):
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return tuple(m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
 
+    @property
+    def group_block_sizes(self) -> tuple[int, ...]:
+        """Each group's block size, in group order."""
+        return tuple([m.block_size for m in self.single_type_managers])
+
+    @property
+    def dcp_world_size(self) -> int:
+        """1: decode context parallelism is not implemented."""
+        return 1
+
+    @property
+    def pcp_world_size(self) -> int:
+        """1: prefill context parallelism is not implemented."""
+        return 1
+
     def new_step_starts(self) -> None:
         """Tell every single-type manager that a new scheduler step begins."""
         for manager in self.single_type_managers:
@@ -498,6 +513,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             return num_tokens
         sbs = self.scheduler_block_size
         return num_tokens // sbs * sbs
+
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The first full-attention group of the lookups (full attention goes first), or
+        None when no cacheable group is full attention."""
+        spec, group_ids, klass, use_eagle = self.attention_groups[0]
+        return group_ids[0] if isinstance(spec, FullAttentionSpec) else None
 
     def verify_and_split_kv_cache_groups(self) -> None:
         """Batch groups with identical specs; full attention first.  Groups out of
