@@ -369,3 +369,21 @@ def test_context_parallel_and_group_attributes_as_vllm(impl):
             coordinator.dcp_world_size = 2
         with pytest.raises(AttributeError):
             coordinator.single_type_managers[0].max_admission_blocks_per_request = 5
+
+
+def test_iter_blocks_after_walks_the_free_queue_as_vllm(impl):
+    """``FreeKVCacheBlockQueue.iter_blocks_after(cursor)``: the free blocks after ``cursor``
+    in eviction order (from the head for None), read lazily (values recorded from vLLM)."""
+    blocks = [impl.kv_cache.KVCacheBlock(i) for i in range(6)]
+    queue = impl.kv_cache.FreeKVCacheBlockQueue(blocks)
+    queue.remove(blocks[2])
+    queue.append(blocks[2])
+    queue.popleft()
+    walk = lambda cursor: [b.block_id for b in queue.iter_blocks_after(cursor)]  # noqa: E731
+    assert walk(None) == [1, 3, 4, 5, 2]
+    assert [walk(c) for c in (blocks[1], blocks[3], blocks[2], blocks[0], queue.fake_free_list_tail)] == \
+        [[3, 4, 5, 2], [4, 5, 2], [], [], []]
+    it = queue.iter_blocks_after(None)
+    first = next(it)
+    queue.remove(blocks[3])  # (the walk reads each next block when it gets there)
+    assert [first.block_id] + [b.block_id for b in it] == [1, 4, 5, 2]
