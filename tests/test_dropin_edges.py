@@ -387,3 +387,16 @@ def test_iter_blocks_after_walks_the_free_queue_as_vllm(impl):
     first = next(it)
     queue.remove(blocks[3])  # (the walk reads each next block when it gets there)
     assert [first.block_id] + [b.block_id for b in it] == [1, 4, 5, 2]
+
+
+def test_kv_cache_blocks_take_a_list_of_groups(impl):
+    """vLLM's ``KVCacheBlocks`` takes any sequence of groups (``KVCacheBlocks([[b]])``); kvcy
+    takes a list too (kept as a tuple) and still refuses anything else."""
+    kv = impl.kv_cache
+    a, b = kv.KVCacheBlock(1), kv.KVCacheBlock(2)
+    blocks = kv.KVCacheBlocks([[a, b], []])
+    assert blocks.get_block_ids() == ([1, 2], []) and type(blocks.blocks) is tuple
+    assert (blocks + kv.KVCacheBlocks(blocks=[[b], [a]])).get_block_ids() == ([1, 2, 2], [1])
+    assert blocks.new_empty().get_block_ids() == ([], [])
+    with pytest.raises(TypeError, match="expected tuple"):
+        kv.KVCacheBlocks({"a": [a]})
