@@ -400,3 +400,17 @@ def test_kv_cache_blocks_take_a_list_of_groups(impl):
     assert blocks.new_empty().get_block_ids() == ([], [])
     with pytest.raises(TypeError, match="expected tuple"):
         kv.KVCacheBlocks({"a": [a]})
+
+
+def test_block_repr_as_vllm(impl):
+    """``repr(KVCacheBlock)`` names the same fields as vLLM 0.33.0's, in its order
+    (strings recorded from vLLM)."""
+    kv = impl.kv_cache
+    blocks = [kv.KVCacheBlock(i) for i in range(3)]
+    kv.FreeKVCacheBlockQueue(blocks)
+    cached = kv.KVCacheBlock(7)
+    cached.set_block_hash(b"abcd\x00\x00\x00\x01", 4)
+    assert repr(blocks[1]) == ("KVCacheBlock(block_id=1, ref_cnt=0, _block_hash=None, _block_hash_num_tokens=None, "
+                               "prev_free_block=0, next_free_block=2)")
+    assert repr(cached) == ("KVCacheBlock(block_id=7, ref_cnt=0, _block_hash=b'abcd\\x00\\x00\\x00\\x01', "
+                            "_block_hash_num_tokens=4, prev_free_block=None, next_free_block=None)")
