@@ -407,10 +407,11 @@ def test_block_repr_as_vllm(impl):
     (strings recorded from vLLM)."""
     kv = impl.kv_cache
     blocks = [kv.KVCacheBlock(i) for i in range(3)]
-    kv.FreeKVCacheBlockQueue(blocks)
+    queue = kv.FreeKVCacheBlockQueue(blocks)
     cached = kv.KVCacheBlock(7)
     cached.set_block_hash(b"abcd\x00\x00\x00\x01", 4)
     assert repr(blocks[1]) == ("KVCacheBlock(block_id=1, ref_cnt=0, _block_hash=None, _block_hash_num_tokens=None, "
                                "prev_free_block=0, next_free_block=2)")
     assert repr(cached) == ("KVCacheBlock(block_id=7, ref_cnt=0, _block_hash=b'abcd\\x00\\x00\\x00\\x01', "
                             "_block_hash_num_tokens=4, prev_free_block=None, next_free_block=None)")
+    assert queue.num_free_blocks == 3
