@@ -309,3 +309,109 @@ def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
         assert (length, [b.block_id for b in got[0]]) == expected
         with pytest.raises(NotImplementedError, match="context parallelism"):
             cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)
+
+
+def test_coordinator_cacheable_tokens_and_cached_block_events_as_vllm(impl):
+    """vLLM's coordinators answer ``get_num_cacheable_tokens(num_computed_tokens, group)``
+    (connectors ask it) and ``emit_cached_block_events(request, computed_blocks)``.
+    Values recorded from vLLM 0.33.0: EAGLE over full attention (8) + sliding window (4),
+    and an MTP drafter re-prefilling 3 tokens."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    swa = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=12)
+    hybrid = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["f"], full_spec(8)), KVCacheGroupSpec(["s"], swa)])
+    mgr = kv.KVCacheManager(hybrid, max_model_len=64, scheduler_block_size=8, hash_block_size=4, use_eagle=True)
+    ns = (0, 3, 8, 13, 17, 25)
+    assert [[mgr.coordinator.get_num_cacheable_tokens(n, g) for n in ns] for g in (0, 1)] == \
+        [[0, 0, 8, 13, 17, 25], [0, 0, 8, 12, 17, 25]]
+    one = KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["f"], full_spec(8))])
+    mtp = kv.KVCacheManager(one, max_model_len=64, scheduler_block_size=8, hash_block_size=8, use_eagle=True,
+                            num_prefill_lookahead=3)
+    assert [mtp.coordinator.get_num_cacheable_tokens(n, 0) for n in ns] == [0, 1, 6, 11, 15, 23]
+
+    pool_mgr = manager(impl, num_blocks=16, enable_kv_cache_events=True)
+    tokens = list(range(100, 113))
+    a = request(impl, "a", tokens)
+    pool_mgr.allocate_slots(a, 13)
+    stored = pool_mgr.take_events()
+    blocks, hit, _ = pool_mgr.get_computed_blocks(request(impl, "b", tokens))
+    assert hit == 12
+    pool_mgr.coordinator.emit_cached_block_events(a, blocks.blocks)
+    (again,) = pool_mgr.take_events()
+    assert (again.block_hashes, again.parent_block_hash, again.token_ids) == \
+        (stored[0].block_hashes, None, tokens[:12])
+    pool_mgr.coordinator.emit_cached_block_events(a, ([],))
+    assert pool_mgr.take_events() == []
+
+
+def test_context_parallel_and_group_attributes_as_vllm(impl):
+    """Attributes vLLM 0.33.0's coordinators and single-type managers carry (connectors
+    read them): ``group_block_sizes``, ``dcp_world_size`` / ``pcp_world_size`` (1 here),
+    the hybrid's ``full_attention_group_id`` and each manager's
+    ``max_admission_blocks_per_request``; read-only.  Values recorded from vLLM."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    swa = SlidingWindowSpec(block_size=8, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=12)
+    for groups, full_id in (([swa, full_spec(8)], 1), ([full_spec(8), swa], 0)):
+        cfg = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(groups)])
+        mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=8, hash_block_size=8)
+        coordinator = mgr.coordinator
+        assert coordinator.group_block_sizes == (8, 8)
+        assert coordinator.full_attention_group_id == full_id
+        assert (coordinator.dcp_world_size, coordinator.pcp_world_size) == (1, 1)
+        caps = [m.max_admission_blocks_per_request for m in coordinator.single_type_managers]
+        assert caps == ([33, None] if full_id else [None, 33])  # (max_in_flight_tokens = max_model_len = 256)
+        assert all((m.dcp_world_size, m.pcp_world_size) == (1, 1) for m in coordinator.single_type_managers)
+        with pytest.raises(AttributeError):
+            coordinator.dcp_world_size = 2
+        with pytest.raises(AttributeError):
+            coordinator.single_type_managers[0].max_admission_blocks_per_request = 5
+
+
+def test_iter_blocks_after_walks_the_free_queue_as_vllm(impl):
+    """``FreeKVCacheBlockQueue.iter_blocks_after(cursor)``: the free blocks after ``cursor``
+    in eviction order (from the head for None), read lazily (values recorded from vLLM)."""
+    blocks = [impl.kv_cache.KVCacheBlock(i) for i in range(6)]
+    queue = impl.kv_cache.FreeKVCacheBlockQueue(blocks)
+    queue.remove(blocks[2])
+    queue.append(blocks[2])
+    queue.popleft()
+    walk = lambda cursor: [b.block_id for b in queue.iter_blocks_after(cursor)]  # noqa: E731
+    assert walk(None) == [1, 3, 4, 5, 2]
+    assert [walk(c) for c in (blocks[1], blocks[3], blocks[2], blocks[0], queue.fake_free_list_tail)] == \
+        [[3, 4, 5, 2], [4, 5, 2], [], [], []]
+    it = queue.iter_blocks_after(None)
+    first = next(it)
+    queue.remove(blocks[3])  # (the walk reads each next block when it gets there)
+    assert [first.block_id] + [b.block_id for b in it] == [1, 4, 5, 2]
+
+
+def test_kv_cache_blocks_take_a_list_of_groups(impl):
+    """vLLM's ``KVCacheBlocks`` takes any sequence of groups (``KVCacheBlocks([[b]])``); kvcy
+    takes a list too (kept as a tuple) and still refuses anything else."""
+    kv = impl.kv_cache
+    a, b = kv.KVCacheBlock(1), kv.KVCacheBlock(2)
+    blocks = kv.KVCacheBlocks([[a, b], []])
+    assert blocks.get_block_ids() == ([1, 2], []) and type(blocks.blocks) is tuple
+    assert (blocks + kv.KVCacheBlocks(blocks=[[b], [a]])).get_block_ids() == ([1, 2, 2], [1])
+    assert blocks.new_empty().get_block_ids() == ([], [])
+    with pytest.raises(TypeError, match="expected tuple"):
+        kv.KVCacheBlocks({"a": [a]})
+
+
+def test_block_repr_as_vllm(impl):
+    """``repr(KVCacheBlock)`` names the same fields as vLLM 0.33.0's, in its order
+    (strings recorded from vLLM)."""
+    kv = impl.kv_cache
+    blocks = [kv.KVCacheBlock(i) for i in range(3)]
+    queue = kv.FreeKVCacheBlockQueue(blocks)
+    cached = kv.KVCacheBlock(7)
+    cached.set_block_hash(b"abcd\x00\x00\x00\x01", 4)
+    assert repr(blocks[1]) == ("KVCacheBlock(block_id=1, ref_cnt=0, _block_hash=None, _block_hash_num_tokens=None, "
+                               "prev_free_block=0, next_free_block=2)")
+    assert repr(cached) == ("KVCacheBlock(block_id=7, ref_cnt=0, _block_hash=b'abcd\\x00\\x00\\x00\\x01', "
+                            "_block_hash_num_tokens=4, prev_free_block=None, next_free_block=None)")
+    assert queue.num_free_blocks == 3

@@ -627,7 +627,7 @@ BAD_CALLS = {
         _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 2),
     "FullAttentionManager(pcp_world_size='1')": lambda o: o["mod"].FullAttentionManager(
         _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 1, "1"),
-    "KVCacheBlocks(list)": lambda o: o["mod"].KVCacheBlocks([[]]),
+    "KVCacheBlocks(dict)": lambda o: o["mod"].KVCacheBlocks({"a": []}),  # (a list is taken, as in vLLM)
     "Request(request_id=5)": lambda o: o["mod"].Request(5, [1, 2]),
     "Request(tokens=['a'])": lambda o: o["mod"].Request("r", ["a"]),
     "Request(tokens=[2**64])": lambda o: o["mod"].Request("r", [2**64]),

@@ -268,6 +268,24 @@ cdef class KVCacheCoordinator:
             manager.cache_blocks(request, self._tokens_to_cache(manager, num_computed_tokens),
                                  self._retention, boundaries)
 
+    def get_num_cacheable_tokens(self, num_computed_tokens, kv_cache_group_id):
+        """How many of the first ``num_computed_tokens`` tokens group ``kv_cache_group_id``
+        may cache (vLLM's: less the re-prefillable tokens; a hybrid aligns them)."""
+        num_computed_tokens = _check_count("num_computed_tokens", num_computed_tokens)
+        return self._tokens_to_cache(<SingleTypeKVCacheManager>self.single_type_managers[kv_cache_group_id],
+                                     num_computed_tokens)
+
+    def emit_cached_block_events(self, request, computed_blocks):
+        """Queue one ``BlockStored`` per group holding blocks of a prefix hit
+        (``computed_blocks``: one block list per group), as vLLM's report mode "full" does;
+        nothing changes in the cache."""
+        groups = self.kv_cache_config.kv_cache_groups
+        for group_idx, group_blocks in enumerate(computed_blocks):
+            if group_blocks:
+                (<SingleTypeKVCacheManager>self.single_type_managers[group_idx]).block_pool.emit_cached_block_events(
+                    request, len(group_blocks), groups[group_idx].kv_cache_spec.block_size, group_idx
+                )
+
     cdef Py_ssize_t _tokens_to_cache(self, SingleTypeKVCacheManager manager, Py_ssize_t num_computed_tokens):
         # The num_tokens cache_blocks hands this manager.
         cdef Py_ssize_t n = num_computed_tokens - self.num_reprefillable_tokens
@@ -324,6 +342,21 @@ cdef class KVCacheCoordinator:
     def get_blocks(self, request_id):
         cdef SingleTypeKVCacheManager m
         return tuple([m._req_to_blocks.get(request_id) or [] for m in self.single_type_managers])
+
+    @property
+    def group_block_sizes(self):
+        """Each group's block size, in group order."""
+        return tuple([m.block_size for m in self.single_type_managers])
+
+    @property
+    def dcp_world_size(self):
+        """1: decode context parallelism is not implemented."""
+        return 1
+
+    @property
+    def pcp_world_size(self):
+        """1: prefill context parallelism is not implemented."""
+        return 1
 
     def new_step_starts(self):
         """Tell every single-type manager that a new scheduler step begins."""
@@ -446,6 +479,13 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         if self.enable_partial_hash_hits:
             return num_tokens
         return num_tokens // self.scheduler_block_size * self.scheduler_block_size
+
+    @property
+    def full_attention_group_id(self):
+        """The first full-attention group of the lookups (full attention goes first), or
+        None when no cacheable group is full attention."""
+        spec, group_ids, klass, use_eagle = self.attention_groups[0]
+        return group_ids[0] if isinstance(spec, FullAttentionSpec) else None
 
     def verify_and_split_kv_cache_groups(self):
         """Batch groups with identical specs; full attention first.  Groups out of

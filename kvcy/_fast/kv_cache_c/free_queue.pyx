@@ -434,6 +434,18 @@ cdef class FreeKVCacheBlockQueue:
                 raise RuntimeError(f"block {block.block_id} has ref_cnt {block._ref_cnt}: only free blocks are queued")
         raise AssertionError("unreachable")
 
+    def iter_blocks_after(self, cursor):
+        """The free blocks in eviction order after ``cursor`` (from the head when it is
+        None), as vLLM's generator walks them; nothing after a block that is not queued
+        here or after the fake tail."""
+        curr = self.fake_free_list_head if cursor is None else cursor
+        tail = self.fake_free_list_tail
+        while True:
+            curr = curr.next_free_block
+            if curr is None or curr is tail:
+                return
+            yield curr
+
     cpdef list get_all_free_blocks(self):
         """All free blocks from head to tail (for tests and checks)."""
         cdef list out = []

@@ -127,7 +127,8 @@ cdef class KVCacheBlock:
         next_id = nxt.block_id if nxt is not None else None
         return (
             f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-            f"_block_hash={self.block_hash!r}, prev_free_block={prev_id}, "
+            f"_block_hash={self.block_hash!r}, _block_hash_num_tokens={self.block_hash_num_tokens}, "
+            f"prev_free_block={prev_id}, "
             f"next_free_block={next_id})"
         )
 

@@ -10,7 +10,11 @@ cdef class KVCacheBlocks:
     ``blocks[i][j]`` is the j-th block of group i.
     """
 
-    def __init__(self, tuple blocks):
+    def __init__(self, blocks):
+        if type(blocks) is list:  # (vLLM takes any sequence of groups; kept here as a tuple)
+            blocks = tuple(blocks)
+        elif blocks is not None and type(blocks) is not tuple:
+            raise TypeError(f"Argument 'blocks' has incorrect type (expected tuple, got {type(blocks).__name__})")
         self.blocks = blocks
 
     def __add__(self, other):

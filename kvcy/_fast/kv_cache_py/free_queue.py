@@ -6,6 +6,8 @@ a doubly linked list threaded through the blocks, O(1) removal from the middle.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from kvcy._fast.kv_cache_py._common import _as_index
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
@@ -183,6 +185,18 @@ class FreeKVCacheBlockQueue:
         prev._next_free_block = first
         first._prev_free_block = prev
         self._num_free_blocks += len(blocks)
+
+    def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:
+        """The free blocks in eviction order after ``cursor`` (from the head when it is
+        None), as vLLM's generator walks them; nothing after a block that is not queued
+        here or after the fake tail."""
+        curr = self._fake_free_list_head if cursor is None else cursor
+        tail = self._fake_free_list_tail
+        while True:
+            curr = curr.next_free_block
+            if curr is None or curr is tail:
+                return
+            yield curr
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """All free blocks from head to tail (for tests and checks)."""

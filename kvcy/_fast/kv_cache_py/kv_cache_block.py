@@ -154,6 +154,7 @@ class KVCacheBlock:
         next_id = self._next_free_block._block_id if self._next_free_block is not None else None
         return (
             f"KVCacheBlock(block_id={self._block_id}, ref_cnt={self._ref_cnt}, "
-            f"_block_hash={self._key!r}, prev_free_block={prev_id}, "
+            f"_block_hash={self._key!r}, _block_hash_num_tokens={self._block_hash_num_tokens}, "
+            f"prev_free_block={prev_id}, "
             f"next_free_block={next_id})"
         )

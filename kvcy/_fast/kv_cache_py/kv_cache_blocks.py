@@ -20,8 +20,10 @@ class KVCacheBlocks(_Checked):
     __slots__ = ("blocks",)
     _RULES = {"blocks": _tuple_or_none}
 
-    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> None:
-        if blocks.__class__ is not tuple and blocks is not None:  # (the compiled twin's ``tuple blocks``)
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...] | list[Sequence[KVCacheBlock]]) -> None:
+        if blocks.__class__ is list:  # (vLLM takes any sequence of groups; kept here as a tuple)
+            blocks = tuple(blocks)
+        elif blocks.__class__ is not tuple and blocks is not None:  # (the compiled twin's ``tuple blocks``)
             raise TypeError(f"Argument 'blocks' has incorrect type (expected tuple, got {type(blocks).__name__})")
         object.__setattr__(self, "blocks", blocks)
 

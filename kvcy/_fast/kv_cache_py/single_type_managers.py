@@ -546,6 +546,22 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
             return
         self._remove_blocks_in_range(request_id, 0, num_skipped_tokens // self.block_size)
 
+    @property
+    def max_admission_blocks_per_request(self) -> int | None:
+        """The admission cap (blocks one request may need), or None: sliding-window and
+        chunked-local groups get it from the factory."""
+        return self._max_admission_blocks_per_request
+
+    @property
+    def dcp_world_size(self) -> int:
+        """1: decode context parallelism is not implemented."""
+        return 1
+
+    @property
+    def pcp_world_size(self) -> int:
+        """1: prefill context parallelism is not implemented."""
+        return 1
+
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
