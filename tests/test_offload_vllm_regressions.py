@@ -520,3 +520,19 @@ def test_offloading_spec_is_vllm_0_33s():
     assert sorted(OffloadingSpec.__abstractmethods__) == ["get_manager", "get_worker"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.engine_id = "f"
+
+
+def test_a_repeated_ghost_in_a_failing_offer_is_two_ghost_hits_as_vllm(offload_impl):
+    """vLLM tells the policy of every occurrence of a repeated store miss before its eviction
+    fails: a repeated ARC ghost adapts the target twice (kvcy: once)."""
+    m = offload_impl.CPUOffloadingManager(3, cache_policy="arc")
+    ctx = ReqContext(req_id="r")
+    for name in "abc":
+        m.complete_store(m.prepare_store([_key(name)], ReqContext(req_id=name)).keys_to_store, ctx)
+    m.prepare_store([_key("d")], ReqContext(req_id="d"))  # evicts a: a ghost in b1
+    m.prepare_load([_key("b"), _key("c")], ReqContext(req_id="x"))
+    assert m.prepare_store([_key("a"), _key("a")], ctx) is None
+    # vLLM 0.33.0's values for the same calls:
+    assert m.allocation_sizes_in_current_batch == [1, 1, 1, 1, 2]
+    assert offload_check_state(m)["arc"] == {"t1": [1, 2, 0], "t2": [], "b1": ["6100000000"], "b2": [],
+                                             "target_t1_size": 2.0}

@@ -730,7 +730,18 @@ cdef class CPUOffloadingManager:
                 new_ghosts = None       # (no longer parallel to new)
         # 2. the policy hears of each miss once per request
         misses = None
-        if new and type(policy) is not LRUCachePolicy and PyDict_Size(flags) == 0:
+        if stored_twice and type(policy) is not LRUCachePolicy:
+            # (vLLM's eviction will fail: before that it tells the policy of every
+            # occurrence of a repeated miss, e.g. two ARC ghost hits)
+            kept = set(new)
+            misses = []
+            for key in full_offer:
+                f = _map_get(flags, key)
+                if key in kept and (f == NULL or not ((<Py_ssize_t><object>f) & _MISSED)):
+                    misses.append(key)
+            if misses:
+                policy.c_on_store_miss(misses, req_context)
+        elif new and type(policy) is not LRUCachePolicy and PyDict_Size(flags) == 0:
             # the request's first keys: each new key is a miss
             misses = new
             if new_ghosts is not None:

@@ -417,7 +417,12 @@ class CPUOffloadingManager(OffloadingManager):
                 new = [key for key in new if key in kept]
         # 2. the policy hears of each miss once per request
         store_missed = record.store_missed
-        misses = [key for key in new if key not in store_missed]
+        if stored_twice:
+            # (vLLM's eviction will fail: before that it tells the policy of every
+            # occurrence of a repeated miss, e.g. two ARC ghost hits)
+            misses = [key for key in offer if key in kept and key not in store_missed]
+        else:
+            misses = [key for key in new if key not in store_missed]
         if misses:
             policy.on_store_miss(misses, req_context)
             store_missed.update(misses)
