@@ -536,3 +536,16 @@ def test_a_repeated_ghost_in_a_failing_offer_is_two_ghost_hits_as_vllm(offload_i
     assert m.allocation_sizes_in_current_batch == [1, 1, 1, 1, 2]
     assert offload_check_state(m)["arc"] == {"t1": [1, 2, 0], "t2": [], "b1": ["6100000000"], "b2": [],
                                              "target_t1_size": 2.0}
+
+
+def test_lru_mark_evictable_of_a_key_not_resident_is_a_key_error_as_vllm(offload_impl):
+    """vLLM 0.33.0's LRUCachePolicy.mark_evictable reads the key's rank: a key that is not
+    resident is a KeyError; its mark_non_evictable of one does nothing.  The compiled twin
+    ignored both."""
+    policy = offload_impl.LRUCachePolicy(cache_capacity=4)
+    key = b"abcdefgh"
+    with pytest.raises(KeyError):
+        policy.mark_evictable(key)
+    policy.mark_non_evictable(key)
+    policy.insert(key, offload_impl.ChunkStatus(0), ReqContext(req_id="r"))
+    policy.mark_evictable(key)          # resident: accepted

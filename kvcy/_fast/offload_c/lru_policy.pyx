@@ -364,6 +364,10 @@ cdef class LRUCachePolicy(CachePolicy):
 
     def mark_evictable(self, key):
         """``key`` may be evicted again."""
+        # (evictability is the chunk's ref_cnt here; a key that is not
+        # resident is vLLM's KeyError, as in the pure twin)
+        if self.c_get(key) is None:
+            raise KeyError(key)
 
     def mark_non_evictable(self, key):
         """``key`` is pinned."""
