@@ -144,7 +144,7 @@ def validate_token_ids(token_ids: Iterable[int], what: str = "token ids") -> lis
 
 def check_request_args(
     request_id: Any,
-    prompt_token_ids: Iterable[int],
+    prompt_token_ids: Iterable[int] | None,
     max_tokens: Any,
     mm_features: Any,
     cache_salt: Any,
@@ -164,7 +164,14 @@ def check_request_args(
     """
     if not isinstance(request_id, str):
         raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
-    prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
+    if prompt_token_ids is None:
+        # An embeddings-only prompt, as vLLM takes it: its token ids are zeros (placeholders
+        # that keep the prompt's length); the embeddings' rows are the prompt.
+        if prompt_embeds is None:
+            raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
+        prompt = [0] * len(prompt_embeds)
+    else:
+        prompt = validate_token_ids(prompt_token_ids, "prompt_token_ids")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0):
         raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
     if cache_salt is not None and not isinstance(cache_salt, str):

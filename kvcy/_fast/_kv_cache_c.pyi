@@ -26,7 +26,7 @@ def cdiv(a: int, b: int) -> int: ...
 @disjoint_base
 class Request:
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None
     max_tokens: int | None
     lora_request: LoRARequest | None
     mm_features: list[MultiModalFeatureSpec]
@@ -47,7 +47,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] | None,
         max_tokens: int | None = None,
         *,
         lora_request: LoRARequest | None = None,

@@ -24,7 +24,8 @@ cdef class Request:
 
     Args:
         request_id: unique id of the request.
-        prompt_token_ids: the prompt's token ids (ints that fit in 64 bits).
+        prompt_token_ids: the prompt's token ids (ints that fit in 64 bits), or None
+            for a prompt of embeddings only (its tokens are then zeros, as in vLLM).
         max_tokens: how many output tokens the request may produce (informative
             for a serving loop; the manager does not read it).
         lora_request: the LoRA adapter, if any (enters every block hash).
@@ -61,7 +62,7 @@ cdef class Request:
         )
 
         self.request_id = request_id
-        self.prompt_token_ids = prompt
+        self.prompt_token_ids = None if prompt_token_ids is None else prompt  # (None: embeddings only, as vLLM)
         self.max_tokens = max_tokens
         self.lora_request = lora_request
         self.mm_features = features

@@ -48,7 +48,8 @@ class Request(_Checked):
 
     Args:
         request_id: unique id of the request.
-        prompt_token_ids: the prompt's token ids (ints that fit in 64 bits).
+        prompt_token_ids: the prompt's token ids (ints that fit in 64 bits), or None
+            for a prompt of embeddings only (its tokens are then zeros, as in vLLM).
         max_tokens: how many output tokens the request may produce (informative
             for a serving loop; the manager does not read it).
         lora_request: the LoRA adapter, if any (enters every block hash).
@@ -96,7 +97,7 @@ class Request(_Checked):
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] | None,
         max_tokens: int | None = None,
         *,
         lora_request: LoRARequest | None = None,
@@ -115,7 +116,7 @@ class Request(_Checked):
         )
 
         self.request_id = request_id
-        self.prompt_token_ids = prompt
+        self.prompt_token_ids = None if prompt_token_ids is None else prompt  # (None: embeddings only, as vLLM)
         self.max_tokens = max_tokens
         self.lora_request = lora_request
         self.mm_features = features
