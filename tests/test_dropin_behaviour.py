@@ -32,6 +32,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _vllm_live import live
+
 
 def _load_scenarios():
     path = Path(__file__).with_name("_dropin_scenarios.py")
@@ -109,14 +111,8 @@ def test_whole_scenario_as_vllm(impl, name):
     assert got["free"] == want["free"]
 
 
-def _vllm_importable():
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
 
-
-@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@live
 @pytest.mark.parametrize("name", list(S.SCENARIOS))
 def test_live_vllm(impl, name, monkeypatch):
     """The scenarios replayed on vLLM itself: the recording still holds, and kvcy agrees."""
@@ -203,7 +199,7 @@ def test_hybrid_properties(impl, case):
     check_hybrid(S.kvcy_api(impl), case)
 
 
-@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@live
 @settings(max_examples=60, deadline=None, suppress_health_check=SUPPRESS)
 @given(case=hybrids())
 def test_live_vllm_hybrid_properties(case):
@@ -221,7 +217,7 @@ def _mamba_outcome(make):
     return "built", ""
 
 
-@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@live
 @pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
 @pytest.mark.parametrize("mode", ["none", "align"])
 def test_live_vllm_mamba_modes(impl, mode, caching, monkeypatch):
@@ -1494,7 +1490,7 @@ def test_coordinator_asserts_as_vllm(impl):
     assert bad == {}
 
 
-@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@live
 def test_live_vllm_coordinator_asserts(monkeypatch):
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager

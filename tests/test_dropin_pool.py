@@ -21,7 +21,6 @@ same sequences compare the two twins.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import math
 import random
 import time
@@ -32,6 +31,8 @@ import pytest
 from kvcy import _fast
 from kvcy.kv_cache_metrics import BlockMetricsState, KVCacheMetricsCollector
 from kvcy.metrics import KVCacheEvictionEvent
+
+from _vllm_live import live
 
 BS = 4
 
@@ -419,12 +420,6 @@ def _run(pool_type, collector_type, seed, clock):
     return _drive(pool_type(12, True, BS, metrics_collector=collector), collector, seed)
 
 
-def _vllm_importable() -> bool:
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
-
 
 SEEDS = [0, 1, 2, 3]
 
@@ -441,7 +436,7 @@ def test_random_sequences_twins_agree(seed, clock):
     assert any(step[5] for step in compiled), "no eviction recorded"
 
 
-@pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
+@live
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_sequences_as_vllm(impl, seed, clock, monkeypatch):
     """vLLM's pool with vLLM's collector is the oracle; kvcy's pool with either collector, and

@@ -49,6 +49,8 @@ from kvcy.kv_cache_interface import (
 )
 from kvcy.kv_events import AllBlocksCleared
 
+from _vllm_live import live
+
 
 def _load_scenarios():
     path = Path(__file__).with_name("_retention_scenarios.py")
@@ -689,16 +691,6 @@ def test_reset_prefix_cache_through_the_coordinator(impl):
 
 
 # ------------------------------------------------------------------ live: kvcy beside vLLM
-def _vllm_importable():
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-live = pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
-
-
 @pytest.fixture(scope="module")
 def vllm_api():
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")

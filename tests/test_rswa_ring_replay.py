@@ -21,7 +21,6 @@ CI's vLLM step, ``.ci/run``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -31,23 +30,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _vllm_live import live
+
 HERE = pathlib.Path(__file__).parent
 DATA = HERE / "data" / "rswa_ring_replay.json"
-
-
-def _vllm_importable() -> bool:
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-if os.environ.get("KVCY_REQUIRE_VLLM") == "1":  # CI's vLLM step: a broken install fails, never skips
-    import vllm
-
-    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
-
-live = pytest.mark.skipif(not _vllm_importable(), reason="vLLM 0.33.0 is not importable here")
 
 
 # ------------------------------------------------------------------ the two back ends
