@@ -765,3 +765,32 @@ def test_each_event_is_read_once(KVIndex):
     index.apply_events("a", [event])
     assert Shifty.reads == 1
     assert index.longest_prefix([1, 2]) == {"a": 2}
+
+
+def test_events_list_shrunk_while_checked_does_not_crash(KVIndex):
+    """A hash list's ``__iter__`` (Python code run while the events are checked) empties the
+    events list: the index reads a snapshot, never past the list's new end (a crash once), and
+    both twins apply every event they were given."""
+    import os
+    import subprocess
+
+    code = f"""
+from {KVIndex.__module__} import KVIndex
+from kvcy.kv_events import BlockStored
+events = []
+class Emptier(list):
+    def __iter__(self):
+        events.clear()
+        return iter(list.__iter__(self))
+def ev(h):
+    return BlockStored(block_hashes=h, parent_block_hash=None, token_ids=[], block_size=16,
+                       lora_id=None, medium=None, lora_name=None)
+events.extend([ev(Emptier([1, 2]))] + [ev([k]) for k in range(3, 3000)])
+index = KVIndex()
+print(index.apply_events("a", events), index.num_blocks("a"), index.longest_prefix([1, 2]))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "2998 2999 {'a': 2}"

@@ -269,8 +269,8 @@ class KVIndex:
             TypeError, ValueError: bad input (see the class docstring); nothing is applied then.
         """
         instance = _instance_name(instance)
-        if not isinstance(events, (list, tuple)):
-            events = list(events)
+        if type(events) is not tuple:  # a snapshot, as the compiled twin takes: checks cannot change it
+            events = tuple(events)
         new_mediums: list[Medium] = []
         # Each event's hashes and medium, read once (as the compiled twin does): applied as checked.
         staged: list[tuple[int, Medium, Sequence[Hash]]] = []
