@@ -765,3 +765,53 @@ def test_each_event_is_read_once(KVIndex):
     index.apply_events("a", [event])
     assert Shifty.reads == 1
     assert index.longest_prefix([1, 2]) == {"a": 2}
+
+
+def test_events_list_shrunk_while_checked_does_not_crash(KVIndex):
+    """A hash list's ``__iter__`` (Python code run while the events are checked) empties the
+    events list: the index reads a snapshot, never past the list's new end (a crash once), and
+    both twins apply every event they were given."""
+    import os
+    import subprocess
+
+    code = f"""
+from {KVIndex.__module__} import KVIndex
+from kvcy.kv_events import BlockStored
+events = []
+class Emptier(list):
+    def __iter__(self):
+        events.clear()
+        return iter(list.__iter__(self))
+def ev(h):
+    return BlockStored(block_hashes=h, parent_block_hash=None, token_ids=[], block_size=16,
+                       lora_id=None, medium=None, lora_name=None)
+events.extend([ev(Emptier([1, 2]))] + [ev([k]) for k in range(3, 3000)])
+index = KVIndex()
+print(index.apply_events("a", events), index.num_blocks("a"), index.longest_prefix([1, 2]))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "2998 2999 {'a': 2}"
+
+
+def test_pure_twin_checks_plain_hashes_inline(monkeypatch):
+    """The pure twin's hot path: plain hashes (an int in range, bytes) are checked inline, with
+    no call and no message built per hash; any other hash still gets its indexed message."""
+    from kvcy._fast import _kv_index_py
+
+    calls = []
+    check = _kv_index_py._check_hash
+    monkeypatch.setattr(_kv_index_py, "_check_hash", lambda h, where: calls.append(where) or check(h, where))
+    index = _kv_index_py.KVIndex()
+    hashes = [0, 1, 2**64 - 1, b"x" * 32, 7]
+    assert index.apply_events("a", [stored(hashes)]) == 1
+    assert index.longest_prefix(hashes) == {"a": 5}
+    assert calls == []
+    with pytest.raises(ValueError, match=r"^block_hashes\[2\]: block hash -1 is not an unsigned 64-bit int$"):
+        index.longest_prefix([1, 2, -1])
+    with pytest.raises(TypeError, match=r"^events\[0\]\.block_hashes\[1\]: a block hash is an int or bytes, got bool$"):
+        index.apply_events("a", [stored([1, True])])
+    assert calls
+    assert index.stats["events_applied"] == 1

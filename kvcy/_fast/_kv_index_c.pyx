@@ -669,9 +669,11 @@ cdef class KVIndex:
         cdef PyObject **items
         cdef int code
         instance = _instance_name(instance, "instance")
-        if not isinstance(events, (list, tuple)):
-            events = list(events)
-        n = len(events)
+        # A tuple: Python code run while checking (a hash list's ``__iter__``) cannot shrink it
+        # under the unchecked ``events[i]`` reads below.
+        if type(events) is not tuple:
+            events = tuple(events)
+        n = len(<tuple>events)
         staged = []          # the events' hashes, as tuples: they keep the bytes alive
         ev_mediums = []
         new_mediums = []     # made here: filled below with appends only (no garbage collection)

@@ -56,14 +56,16 @@ def _check_hash(h: object, where: str) -> Hash:
 
 
 def _checked_hashes(hashes: Sequence[Any], where: str) -> Sequence[Hash]:
-    """``hashes`` checked, as the index keeps them (a new list only if an ``int`` subclass is in)."""
-    plain = True
-    for j, h in enumerate(hashes):
-        if _check_hash(h, f"{where}[{j}]") is not h:
-            plain = False
-    if plain:
-        return hashes
-    return [_check_hash(h, where) for h in hashes]
+    """``hashes`` checked, as the index keeps them (a new list only if an ``int`` subclass is in).
+
+    Plain hashes (an ``int`` in range, a ``bytes``) pass inline, with no call or message made
+    per hash; the first other one sends the whole sequence through :func:`_check_hash`."""
+    for h in hashes:
+        t = type(h)
+        if t is bytes or (t is int and 0 <= h < _HASH_LIMIT):
+            continue
+        return [_check_hash(h, f"{where}[{j}]") for j, h in enumerate(hashes)]
+    return hashes
 
 
 def _check_medium(medium: object, where: str) -> None:
@@ -269,8 +271,8 @@ class KVIndex:
             TypeError, ValueError: bad input (see the class docstring); nothing is applied then.
         """
         instance = _instance_name(instance)
-        if not isinstance(events, (list, tuple)):
-            events = list(events)
+        if type(events) is not tuple:  # a snapshot, as the compiled twin takes: checks cannot change it
+            events = tuple(events)
         new_mediums: list[Medium] = []
         # Each event's hashes and medium, read once (as the compiled twin does): applied as checked.
         staged: list[tuple[int, Medium, Sequence[Hash]]] = []
