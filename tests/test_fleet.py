@@ -188,3 +188,13 @@ def test_zmq_transport_takes_hundreds_of_instances():
     finally:
         transport.close()
     assert transport.stats()["batches_applied"] == transport.stats()["batches_published"]
+
+
+def test_the_reports_percentiles_are_one_nearest_rank():
+    """Per-step times, the offload report and the fleet's event lag share one percentile
+    (nearest rank): with two values the median is the smaller, as for the per-step times."""
+    from kvcy.sim.scheduler import nearest_rank
+
+    assert nearest_rank([], 50) == 0.0
+    assert nearest_rank([1.0, 2.0], 50) == 1.0 and nearest_rank([1.0, 2.0], 99) == 2.0
+    assert nearest_rank(list(range(1, 101)), 99) == 99.0

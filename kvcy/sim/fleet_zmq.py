@@ -20,6 +20,8 @@ import logging
 import time
 from typing import Any
 
+from kvcy.sim.scheduler import nearest_rank
+
 __all__ = ["ZmqTransport"]
 
 logger = logging.getLogger("kvcy.sim")
@@ -152,10 +154,6 @@ class ZmqTransport:
 
     def stats(self) -> dict[str, Any]:
         lags = sorted(self.lags)
-
-        def pct(q: float) -> float:
-            return 1e3 * lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
-
         sub = self._last_stats
         return {
             "transport": "zmq",
@@ -168,8 +166,8 @@ class ZmqTransport:
             "batches_lost": sub.get("lost", 0),
             "gaps": sub.get("gaps", 0),
             "malformed": sub.get("malformed", 0),
-            "lag_ms_p50": pct(0.5),
-            "lag_ms_p99": pct(0.99),
+            "lag_ms_p50": 1e3 * nearest_rank(lags, 50),
+            "lag_ms_p99": 1e3 * nearest_rank(lags, 99),
             "lag_ms_max": 1e3 * float(sub.get("max_lag", 0.0)),
             "in_flight_at_routing_mean": self.in_flight_sum / self.drains if self.drains else 0.0,
         }

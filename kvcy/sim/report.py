@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcy.sim.scheduler import ReplayResult
+from kvcy.sim.scheduler import ReplayResult, nearest_rank
 from kvcy.sim.traces import Trace, hit_rate_upper_bound
 
 __all__ = ["build_report", "format_report", "format_duration"]
@@ -27,8 +27,8 @@ def _offload_per_step(res: ReplayResult) -> dict[str, float]:
     return {
         "offload_mean_us": (res.offload_ns / n / 1e3) if n else 0.0,
         "manager_and_offload_mean_us": (sum(both) / n / 1e3) if n else 0.0,
-        "manager_and_offload_p50_us": both[n // 2] / 1e3 if n else 0.0,
-        "manager_and_offload_p99_us": both[min(n - 1, int(0.99 * n))] / 1e3 if n else 0.0,
+        "manager_and_offload_p50_us": nearest_rank(both, 50) / 1e3,
+        "manager_and_offload_p99_us": nearest_rank(both, 99) / 1e3,
     }
 
 

@@ -54,11 +54,12 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import math
 import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,7 @@ __all__ = [
     "build_manager",
     "decode_decisions",
     "manager_class",
+    "nearest_rank",
     "replay",
     "timer_overhead_ns",
 ]
@@ -249,11 +251,17 @@ class ReplayResult:
 
     def step_ns_percentile(self, q: float) -> float:
         """Per-step manager time at percentile ``q`` (0-100), nearest rank, in ns."""
-        if not self.step_ns:
-            return 0.0
-        s = sorted(self.step_ns)
-        k = max(0, min(len(s) - 1, int(round(q / 100.0 * len(s) + 0.5)) - 1))
-        return float(s[k])
+        return nearest_rank(sorted(self.step_ns), q)
+
+
+def nearest_rank(ordered: Sequence[float], q: float) -> float:
+    """Percentile ``q`` (0-100) of ``ordered`` (sorted ascending), nearest rank; 0.0 when empty.
+
+    The one percentile of the replay's reports (per-step times, fleet event lag)."""
+    if not ordered:
+        return 0.0
+    k = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return float(ordered[k])
 
 
 class Divergence(RuntimeError):
