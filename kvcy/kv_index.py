@@ -15,9 +15,9 @@ pure one, ``KVCY_REQUIRE_EXTENSIONS=1`` makes a missing compiled one an error.
 ``IMPLEMENTATION`` here names the twin in use.
 
 Calls are not synchronised: an index shared by threads (a subscriber applying
-events, a router querying) wants a lock around its calls.  (Under the GIL each
-call of the compiled twin happens to run whole, as it runs no Python code in
-between; the pure twin's calls do not.)
+events, a router querying) wants a lock around its calls, with either twin:
+checking events can run Python code (an event's own sequences, finalizers),
+where another thread may get in.
 """
 
 from __future__ import annotations
