@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import KVCacheSpec, MambaSpec, iter_layer_specs
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _request_id, cdiv
 from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.single_type_managers import (
@@ -519,7 +519,7 @@ class MambaManager(SingleTypeKVCacheManager):
         prompt's last reusable hash boundary (a partial entry when it ends inside its
         block).  What is cached is remembered for this step (hits on it wait), and in
         align mode queued for a connector (``take_pending_boundary_state_offloads``)."""
-        request_id = request.request_id
+        request_id = _request_id(request)  # (a TypeError for a non-request, as the compiled twin)
         before = self._num_cached_block.get(request_id, 0)
         super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
         after = self._num_cached_block.get(request_id, 0)
