@@ -312,8 +312,9 @@ class MambaManager(SingleTypeKVCacheManager):
         may be negative when earlier steps allocated more.  Records the
         allocation's checkpoint (unless ``apply_admission_cap``).
         """
-        if new_computed_blocks:
-            last = new_computed_blocks[-1]
+        n_hits = len(new_computed_blocks)  # (a TypeError for None, as the compiled twin's)
+        if n_hits:
+            last = new_computed_blocks[n_hits - 1]
             if not isinstance(last, KVCacheBlock):
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(last).__name__}")
             if last._key is not None and last._key in self.cached_blocks_this_step:
@@ -330,7 +331,7 @@ class MambaManager(SingleTypeKVCacheManager):
         nspec = self.num_speculative_blocks
         held = self._req_to_blocks.get(request_id, ())
         num_evictable = self._count_evictable(new_computed_blocks)
-        num_new_blocks = cdiv(num_tokens, self.block_size) + nspec - len(new_computed_blocks) - len(held)
+        num_new_blocks = cdiv(num_tokens, self.block_size) + nspec - n_hits - len(held)
         has_partial_hit = (self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens)
                            or request_id in self._partial_hit_reqs)
         if has_partial_hit:
