@@ -352,6 +352,36 @@ def test_bad_hits_change_nothing(impl, bad):
     assert len(copies) == 2 and len(retained) == 4
 
 
+@pytest.mark.parametrize("bad", [None, "a"])
+def test_cache_blocks_of_a_non_request_is_the_same_type_error(impl, bad):
+    """Every group's cache_blocks (full attention's and Mamba align's) refuses what is not a
+    request with the compiled twin's TypeError, in both twins, and caches nothing."""
+    api = _Api("kvcy", impl)
+    mgr = api.manager(CASES["partial_hit_cow"])
+    a = api.request("a", _P)
+    assert mgr.allocate_slots(a, 36) is not None
+    before = _state(mgr, {"a": a})
+    for manager in mgr.coordinator.single_type_managers:
+        with pytest.raises(TypeError, match=f"^expected a Request, got {type(bad).__name__}$"):
+            manager.cache_blocks(bad, 36)
+    assert _state(mgr, {"a": a}) == before
+
+
+def test_mamba_block_count_of_none_hits_is_the_same_type_error(impl):
+    """Mamba's get_num_blocks_to_allocate with None for the hits: the same TypeError in
+    both twins, before any checkpoint is recorded."""
+    api = _Api("kvcy", impl)
+    mgr = api.manager(CASES["chunked_checkpoints"])
+    a = api.request("a", _P)
+    assert mgr.allocate_slots(a, 24) is not None
+    before = _state(mgr, {"a": a})
+    mamba = mgr.coordinator.single_type_managers[1]
+    assert type(mamba).__name__ == "MambaManager"
+    with pytest.raises(TypeError, match="^object of type 'NoneType' has no len\\(\\)$"):
+        mamba.get_num_blocks_to_allocate("a", 100, None, 24, 24, 100)
+    assert _state(mgr, {"a": a}) == before
+
+
 def test_inconsistent_partial_hit_refused_before_a_block_is_taken(impl):
     """A partial hit recorded past the request's blocks (a direct call with a token count
     its hits do not cover) fails vLLM's copy-on-write assertion -- raised even under

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import KVCacheSpec, MambaSpec, iter_layer_specs
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, cdiv
+from kvcy._fast.kv_cache_py._common import _READ_ONLY, _request_id, cdiv
 from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.single_type_managers import (
@@ -312,8 +312,9 @@ class MambaManager(SingleTypeKVCacheManager):
         may be negative when earlier steps allocated more.  Records the
         allocation's checkpoint (unless ``apply_admission_cap``).
         """
-        if new_computed_blocks:
-            last = new_computed_blocks[-1]
+        n_hits = len(new_computed_blocks)  # (a TypeError for None, as the compiled twin's)
+        if n_hits:
+            last = new_computed_blocks[n_hits - 1]
             if not isinstance(last, KVCacheBlock):
                 raise TypeError(f"blocks must be KVCacheBlock, got {type(last).__name__}")
             if last._key is not None and last._key in self.cached_blocks_this_step:
@@ -330,7 +331,7 @@ class MambaManager(SingleTypeKVCacheManager):
         nspec = self.num_speculative_blocks
         held = self._req_to_blocks.get(request_id, ())
         num_evictable = self._count_evictable(new_computed_blocks)
-        num_new_blocks = cdiv(num_tokens, self.block_size) + nspec - len(new_computed_blocks) - len(held)
+        num_new_blocks = cdiv(num_tokens, self.block_size) + nspec - n_hits - len(held)
         has_partial_hit = (self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens)
                            or request_id in self._partial_hit_reqs)
         if has_partial_hit:
@@ -519,7 +520,7 @@ class MambaManager(SingleTypeKVCacheManager):
         prompt's last reusable hash boundary (a partial entry when it ends inside its
         block).  What is cached is remembered for this step (hits on it wait), and in
         align mode queued for a connector (``take_pending_boundary_state_offloads``)."""
-        request_id = request.request_id
+        request_id = _request_id(request)  # (a TypeError for a non-request, as the compiled twin)
         before = self._num_cached_block.get(request_id, 0)
         super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
         after = self._num_cached_block.get(request_id, 0)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import AttentionSpec, CircularBufferSpec, KVCacheSpec, MambaSpec, SinkFullAttentionSpec
 from kvcy._fast._request_tables import _BlockTable, _CountTable
-from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _NeedsArguments, _check_count, _hashed, cdiv
+from kvcy._fast.kv_cache_py._common import (_READ_ONLY, _Checked, _NeedsArguments, _check_count, _hashed, _request_id,
+                                            cdiv)
 from kvcy._fast.kv_cache_py.block_map import _BlockHashView, resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import BlockPool, _check_touchable
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
@@ -413,7 +414,7 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
         """
         if not self._prefix_cacheable:
             return
-        request_id = request.request_id
+        request_id = _request_id(request)  # (a TypeError for a non-request, as the compiled twin)
         num_cached_blocks = self._num_cached_block.get(request_id, 0)
         num_full_blocks = _hashed(request, num_tokens, self.block_pool.hash_block_size) // self.block_size
         if num_cached_blocks >= num_full_blocks:
