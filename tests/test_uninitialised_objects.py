@@ -81,3 +81,17 @@ def test_compiled_classes_have_no_generated_pickling():
     for obj in (kv.KVCacheBlock(1), kv.KVCacheBlocks(([],))):
         with pytest.raises(TypeError, match="cannot pickle"):
             pickle.dumps(obj)
+
+
+def test_pop_blocks_for_free_of_a_non_request_is_the_apis_type_error(impl):
+    """Like every other manager call taking a request, not an AttributeError from ``None.request_id``."""
+    from kvcy.hashing import get_hash_fn_by_name, init_none_hash
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    init_none_hash(get_hash_fn_by_name("sha256"))
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    manager = impl.kv_cache.KVCacheManager(config, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+    for bad in (None, "r0", 3):
+        with pytest.raises(TypeError, match="expected a Request"):
+            manager.pop_blocks_for_free(bad)

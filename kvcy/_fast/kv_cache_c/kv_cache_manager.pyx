@@ -618,7 +618,7 @@ cdef class KVCacheManager:
         self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
-        return self.coordinator.pop_blocks_for_free(request.request_id)
+        return self.coordinator.pop_blocks_for_free(_rid(request))
 
     def evict_blocks(self, block_ids):
         self.block_pool.evict_blocks(block_ids)
