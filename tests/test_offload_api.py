@@ -499,3 +499,36 @@ def test_keys_seen_before_finish_may_still_be_offered(busy):
     m.on_request_finished(ctx)
     out = m.prepare_store([key("a"), key("b")], ctx)
     assert out is not None and out.keys_to_store == []
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_foreign_context_whose_state_is_not_ours_is_one_type_error(offload_impl, policy):
+    """A duck-typed request context (vLLM's or another) whose ``get_state`` hands back
+    something other than the state the manager / LRU policy set on it: both twins
+    refuse it with the same TypeError (the compiled twin's cast used to say
+    "Cannot convert", the pure one failed on an attribute)."""
+
+    class Foreign:
+        def __init__(self, state):
+            self.state = state
+
+        def get_state(self, cls):
+            return self.state
+
+        def set_state(self, value):
+            pass
+
+        def get_offload_key_position(self, key):
+            return None
+
+    manager = offload_impl.CPUOffloadingManager(2, cache_policy=policy)
+    for state in (5, {}):
+        with pytest.raises(TypeError, match=r"^req_context\.get_state\(_AccessRecords\) returned "
+                           + type(state).__name__ + r", not the _AccessRecords set on it$"):
+            manager.prepare_store([b"aaaa"], Foreign(state))
+    policy_obj = offload_impl.LRUCachePolicy(2)
+    policy_obj.insert(b"aaaa", offload_impl.ChunkStatus(0), Foreign(None))
+    with pytest.raises(TypeError, match=r"^req_context\.get_state\(_LRURequestRanks\) returned int, "
+                       r"not the _LRURequestRanks set on it$"):
+        policy_obj.on_request_access([b"aaaa"], Foreign(5))
+    assert manager.prepare_store([b"aaaa"], Foreign(None)).keys_to_store == [b"aaaa"]

@@ -155,6 +155,18 @@ def test_stats_methods_as_vllm():
     assert stats.data == {"types": {}, "data": {}, "info": None}
 
 
+def test_stats_aggregate_histogram_into_a_counter_asserts_as_vllm():
+    """vLLM 0.33.0 asserts that a histogram's observations merge into a list: one
+    recorded here as a counter is its AssertionError, not an AttributeError."""
+    stats = OffloadingConnectorStats()
+    stats.increase_counter("m", 3)
+    other = OffloadingConnectorStats()
+    other.observe_histogram("m", 1.5)
+    with pytest.raises(AssertionError):
+        stats.aggregate(other)
+    assert stats.data["data"] == {"m": {(): 3}}  # the value this one had is kept
+
+
 # =============================================================================
 # CacheHitSource: vLLM's vllm.v1.metrics.cache_hit_source.CacheHitSource
 # =============================================================================

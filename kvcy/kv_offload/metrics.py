@@ -93,7 +93,8 @@ class OffloadingConnectorStats:
 
         Raises:
             AssertionError: ``other`` is not an ``OffloadingConnectorStats``, or
-                has a value of a metric with no (or an unknown) kind (vLLM asserts).
+                has a value of a metric with no (or an unknown) kind, or observations
+                of a histogram this one recorded as a counter or gauge (vLLM asserts).
         """
         if other.is_empty():
             return self
@@ -114,6 +115,7 @@ class OffloadingConnectorStats:
                     if labels not in mine:
                         mine[labels] = list(value)
                     else:
+                        assert isinstance(mine[labels], list)  # (recorded here as another kind)
                         mine[labels].extend(value)
                 elif kind == COUNTER:
                     assert isinstance(value, int | float)

@@ -83,8 +83,10 @@ cdef class LRUCachePolicy(CachePolicy):
             holder = _LRURequestRanks.__new__(_LRURequestRanks)
             holder.ranks = {}
             _set_state(ctx, holder)
+        elif type(state) is not _LRURequestRanks:  # (a ReqContext of another kind)
+            raise TypeError(f"req_context.get_state(_LRURequestRanks) returned {type(state).__name__}, not the _LRURequestRanks set on it")
         else:
-            holder = <_LRURequestRanks?>state
+            holder = <_LRURequestRanks>state
         got = holder.ranks.get(self._owner)
         if type(got) is tuple and (<tuple>got)[0] == self._epoch:
             return <int64_t>(<tuple>got)[1]

@@ -285,8 +285,10 @@ cdef class CPUOffloadingManager:
             holder = _AccessRecords.__new__(_AccessRecords)
             holder.records = {}
             _set_state(ctx, holder)
+        elif type(state) is not _AccessRecords:  # (a ReqContext of another kind)
+            raise TypeError(f"req_context.get_state(_AccessRecords) returned {type(state).__name__}, not the _AccessRecords set on it")
         else:
-            holder = <_AccessRecords?>state
+            holder = <_AccessRecords>state
         got = holder.records.get(self._owner_c)
         if type(got) is _AccessRecord and (<_AccessRecord>got).generation == self._generation_c:
             return <_AccessRecord>got

@@ -52,6 +52,8 @@ class LRUCachePolicy(CachePolicy):
         if ranks is None:
             ranks = _LRURequestRanks()
             req_context.set_state(ranks)
+        elif type(ranks) is not _LRURequestRanks:  # (a ReqContext of another kind: the C twin's check)
+            raise TypeError(f"req_context.get_state(_LRURequestRanks) returned {type(ranks).__name__}, not the _LRURequestRanks set on it")
         got = ranks.get(self._owner)
         if got is not None and got[0] == self._epoch:
             return got[1]

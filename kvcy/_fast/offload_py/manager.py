@@ -159,6 +159,8 @@ class CPUOffloadingManager(OffloadingManager):
                 return None
             records = _AccessRecords()
             req_context.set_state(records)
+        elif type(records) is not _AccessRecords:  # (a ReqContext of another kind: the C twin's check)
+            raise TypeError(f"req_context.get_state(_AccessRecords) returned {type(records).__name__}, not the _AccessRecords set on it")
         record = records.get(self._owner)
         if record is None or record.generation != self._generation:
             if not create:
