@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -296,5 +297,12 @@ def load_general_plugin() -> None:
     vLLM calls it in every process it starts (engine core, workers) before it builds a
     scheduler.  Select or leave out plugins with ``VLLM_PLUGINS`` (a comma-separated list of
     plugin names; kvcy's is ``kvcy``).
+
+    With ``KVCY_VLLM_OFFLOADING=1`` it also makes vLLM's default offloading spec,
+    ``"CPUOffloadingSpec"``, load kvcy's CPU tier (:func:`kvcy.kv_offload.vllm_spec.install`).
     """
     install()
+    if os.environ.get("KVCY_VLLM_OFFLOADING") == "1":
+        from kvcy.kv_offload import vllm_spec
+
+        vllm_spec.install()

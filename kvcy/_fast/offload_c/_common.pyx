@@ -11,6 +11,9 @@ cdef object _np_frombuffer = np.frombuffer
 cdef object _np_int32 = np.int32
 cdef object _Iterable = Iterable
 cdef object _ReqContext = ReqContext
+# Another API's context class with ReqContext's layout (vLLM's), read as directly
+# as kvcy's once a manager was told of it (CPUOffloadingManager._use_api_types).
+cdef object _OtherReqContext = None
 cdef str _FINALIZED = "New cache keys observed after request finalization"
 cdef Py_ssize_t _INT_MAX = (<Py_ssize_t>1) << 62
 
@@ -54,9 +57,65 @@ cdef inline void _ahead_prime(dict d, list keys) noexcept:
         kvcy_dict_ahead(d, keys, j)
 
 
+cdef inline bint _is_plain_ctx(object ctx) noexcept:
+    """Whether ``ctx`` is exactly kvcy's ReqContext, or the other API's of the same layout."""
+    return type(ctx) is _ReqContext or type(ctx) is _OtherReqContext
+
+
+cdef int _add_plain_context(object cls) except -1:
+    global _OtherReqContext
+    if cls is _ReqContext:
+        return 0
+    if not isinstance(cls, type):
+        raise TypeError(f"ReqContext must be a class, got {type(cls).__name__}")
+    _OtherReqContext = cls
+    return 0
+
+
+cdef tuple _api_types(object lookup_result, object medium, object hit_source, object event,
+                      object store_output, object spec, object stats, object octx, object req_context):
+    """The members and classes a manager's results are made of, checked.
+
+    ``req_context``, if not None, is a context class with kvcy's ReqContext layout
+    (``_state`` and ``_offload_key_positions`` dicts), read as directly as kvcy's.
+
+    Raises:
+        TypeError: an argument is not a class, or lacks a member results use.
+    """
+    named = (("LookupResult", lookup_result), ("Medium", medium), ("CacheHitSource", hit_source),
+             ("OffloadingEvent", event), ("PrepareStoreOutput", store_output),
+             ("CPULoadStoreSpec", spec), ("OffloadingConnectorStats", stats),
+             ("RequestOffloadingContext", octx))
+    for name, cls in named:
+        if not isinstance(cls, type):
+            raise TypeError(f"{name} must be a class, got {type(cls).__name__}")
+    if req_context is not None and not isinstance(req_context, type):
+        raise TypeError(f"ReqContext must be a class or None, got {type(req_context).__name__}")
+    for cls, member in ((lookup_result, "MISS"), (lookup_result, "HIT"), (lookup_result, "HIT_PENDING"),
+                        (medium, "CPU"), (hit_source, "HOST")):
+        if not hasattr(cls, member):
+            raise TypeError(f"{cls.__qualname__} has no member {member}")
+    if req_context is not None:
+        _add_plain_context(req_context)
+    return (lookup_result.MISS, lookup_result.HIT, lookup_result.HIT_PENDING, medium.CPU,
+            hit_source.HOST, event, store_output, spec, stats, octx)
+
+
+# kvcy's own: what a manager answers in until told otherwise (its CPULoadStoreSpec,
+# None here, is imported on first use)
+cdef tuple _KVCY_API = (_MISS, _HIT, _HIT_PENDING, _CPU, _HOST, OffloadingEvent, PrepareStoreOutput,
+                        None, OffloadingConnectorStats, RequestOffloadingContext)
+
+
+cdef int _set_api_types(CPUOffloadingManager m, tuple api) except -1:
+    (m._r_miss, m._r_hit, m._r_pending, m._r_cpu, m._r_host, m._r_event,
+     m._r_store, m._r_spec, m._r_stats, m._r_octx) = api
+    return 0
+
+
 cdef object _get_state(object ctx, type cls):
     """``ctx.get_state(cls)``; for a plain ReqContext, a direct read of its state dict."""
-    if type(ctx) is _ReqContext:
+    if _is_plain_ctx(ctx):
         d = ctx._state
         if type(d) is dict:
             return (<dict>d).get(cls)
@@ -65,7 +124,7 @@ cdef object _get_state(object ctx, type cls):
 
 cdef int _set_state(object ctx, object value) except -1:
     """``ctx.set_state(value)``; for a plain ReqContext, a direct write of its state dict."""
-    if type(ctx) is _ReqContext:
+    if _is_plain_ctx(ctx):
         d = ctx._state
         if type(d) is dict:
             (<dict>d)[type(value)] = value
@@ -115,7 +174,7 @@ cdef list _check_keys(object keys):
 
 
 cdef inline int _check_context(object req_context) except -1:
-    if type(req_context) is not _ReqContext and not isinstance(req_context, _ReqContext):
+    if not _is_plain_ctx(req_context) and not isinstance(req_context, _ReqContext):
         # (a ReqContext of vLLM's, or another with the same three methods, serves as well)
         if not (hasattr(req_context, "get_state") and hasattr(req_context, "set_state")
                 and hasattr(req_context, "get_offload_key_position")):
@@ -142,22 +201,24 @@ cdef inline uint32_t _group_of(bytes key) noexcept:
     return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
 
 
-cdef object _chunk_spec(vector[Py_ssize_t]& ids):
-    """A CPULoadStoreSpec over ``ids``: a writable int32 array, filled in C."""
+cdef object _chunk_spec(vector[Py_ssize_t]& ids, object cls=None):
+    """A CPULoadStoreSpec (``cls``, or kvcy's) over ``ids``: a writable int32 array, filled in C."""
     cdef Py_ssize_t n = <Py_ssize_t>ids.size()
     cdef Py_ssize_t i
     cdef bytearray buf
     cdef int *out
-    if _CPULoadStoreSpec is None:
-        _load_cpu_common()
+    if cls is None:
+        if _CPULoadStoreSpec is None:
+            _load_cpu_common()
+        cls = _CPULoadStoreSpec
     for i in range(n):
         if ids[i] > 0x7FFFFFFF:
             # out of int32 range: let the spec's own check say so
-            return _CPULoadStoreSpec([ids[j] for j in range(n)])
+            return cls([ids[j] for j in range(n)])
     buf = bytearray(n * 4)
     out = <int *>(<char *>buf)
     for i in range(n):
         out[i] = <int>ids[i]
-    spec = _CPULoadStoreSpec.__new__(_CPULoadStoreSpec)
+    spec = cls.__new__(cls)
     spec.block_ids = _np_frombuffer(buf, dtype=_np_int32)
     return spec

@@ -140,7 +140,7 @@ cdef class LRUCachePolicy(CachePolicy):
         cdef bytes key
         cdef KvcyRankSet.iterator hint
         cdef int64_t erased = self._erased
-        if type(ctx) is not _ReqContext or pos is None or pos.d is None:
+        if not _is_plain_ctx(ctx) or pos is None or pos.d is None:
             return CachePolicy.c_insert_new(self, keys, ids, ctx, pos)
         for i in range(n):
             key = <bytes>keys[i]

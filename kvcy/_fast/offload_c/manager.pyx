@@ -159,6 +159,7 @@ cdef class CPUOffloadingManager:
         self._pol = LRUCachePolicy.__new__(LRUCachePolicy)
         self._alloc_sizes = []
         self._owner_c = _next_owner()
+        _set_api_types(self, _KVCY_API)   # (kvcy's result types until told of others)
 
     def __init__(self, num_chunks, cache_policy="lru", cache_policy_module_path=None,
                  enable_events=False, store_threshold=1, max_tracker_size=64_000, info=None):
@@ -210,7 +211,7 @@ cdef class CPUOffloadingManager:
     # -- read-only views of the state (what vLLM's replayer reads) ----------------
     @property
     def medium(self):
-        return _CPU
+        return self._r_cpu
 
     @property
     def events(self):
@@ -273,6 +274,15 @@ cdef class CPUOffloadingManager:
         return self._owner_c
 
     lock = OffloadingManager.lock
+
+    def _use_api_types(self, *, LookupResult, Medium, CacheHitSource, OffloadingEvent,
+                       PrepareStoreOutput, CPULoadStoreSpec, OffloadingConnectorStats,
+                       RequestOffloadingContext, ReqContext=None):
+        """Make results of another API's classes of the same shapes (vLLM's: its connector
+        compares and asserts its own); decisions do not change.  See ``_api_types``."""
+        _set_api_types(self, _api_types(LookupResult, Medium, CacheHitSource, OffloadingEvent,
+                                         PrepareStoreOutput, CPULoadStoreSpec, OffloadingConnectorStats,
+                                         RequestOffloadingContext, ReqContext))
 
     # -- records ---------------------------------------------------------------
     cdef _AccessRecord _get_record(self, object ctx, bint create):
@@ -412,13 +422,13 @@ cdef class CPUOffloadingManager:
         if self._pol._native:
             p = _map_get(self._pol._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
-                return _MISS
+                return self._r_miss
             st = <ChunkStatus>p
         else:
             st = self._pol.c_get(key)
             if st is None:
-                return _MISS
-        return _HIT if st.ref_cnt >= 0 else _HIT_PENDING
+                return self._r_miss
+        return self._r_hit if st.ref_cnt >= 0 else self._r_pending
 
     def count_hits(self, keys, req_context, start=0, stop=None):
         """How many of ``keys[start:stop]``, from the first, ``lookup`` as ``HIT``.
@@ -476,7 +486,7 @@ cdef class CPUOffloadingManager:
     def get_load_source(self, key, req_context):
         """Always ``CacheHitSource.HOST``: hits come from host memory."""
         _check_key(key)
-        return _HOST
+        return self._r_host
 
     def prepare_load(self, keys, req_context):
         """Pin readable keys for a load and note the access for the request.
@@ -532,7 +542,7 @@ cdef class CPUOffloadingManager:
             ids.push_back(st.chunk_id)
         if rec is not None and not one_pass:
             self._record(rec, ks, ks, req_context, _positions(req_context), chunks)
-        return _chunk_spec(ids)
+        return _chunk_spec(ids, self._r_spec)
 
     def touch(self, keys, req_context):
         """Tell the policy the keys were used (the first key ends most recent)."""
@@ -776,7 +786,7 @@ cdef class CPUOffloadingManager:
             return None
         n = len(new)
         if n == 0:
-            return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec(ids), evicted_keys=[])
+            return self._r_store(keys_to_store=[], store_spec=_chunk_spec(ids, self._r_spec), evicted_keys=[])
 
         # 4. room: evict what the free chunks do not cover
         self._alloc_sizes.append(n)
@@ -800,7 +810,7 @@ cdef class CPUOffloadingManager:
                 self._free.push_back((<ChunkStatus>s).chunk_id)
                 evicted_keys.append((<ChunkStatus>s).key)
             if self._events is not None:
-                self._events.append(OffloadingEvent(keys=list(evicted_keys), medium=_CPU, removed=True))
+                self._events.append(self._r_event(keys=list(evicted_keys), medium=self._r_cpu, removed=True))
 
         # 5. allocate: fresh chunks first, then freed ones, last freed first
         ids.reserve(n)
@@ -822,7 +832,7 @@ cdef class CPUOffloadingManager:
         self._n_pending += n
         if type(policy) is not LRUCachePolicy:
             rec.inserted_log.extend(new)     # (the native LRU reads no flags)
-        return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(ids), evicted_keys=evicted_keys)
+        return self._r_store(keys_to_store=new, store_spec=_chunk_spec(ids, self._r_spec), evicted_keys=evicted_keys)
 
     def complete_store(self, keys, req_context, success=True):
         """Finish the writes of keys being written: readable on success, dropped on failure.
@@ -853,15 +863,15 @@ cdef class CPUOffloadingManager:
                     done.append(key)
         if done and self._events is not None:
             if success:
-                self._events.append(OffloadingEvent(keys=done, medium=_CPU, removed=False))
+                self._events.append(self._r_event(keys=done, medium=self._r_cpu, removed=False))
             else:
-                self._events.append(OffloadingEvent(keys=done, medium=_CPU, removed=True, metadata_only=True))
+                self._events.append(self._r_event(keys=done, medium=self._r_cpu, removed=True, metadata_only=True))
 
     def on_new_request(self, req_context):
         """Start the request's access record; every chunk is offloaded as computed."""
         _check_context(req_context)
         self._get_record(req_context, True)
-        return RequestOffloadingContext()
+        return self._r_octx()
 
     def on_request_finished(self, req_context):
         """Close the request's record and let the policy rank its keys.
@@ -959,7 +969,7 @@ cdef class CPUOffloadingManager:
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
         if _Metrics is None:
             _load_cpu_common()
-        stats = OffloadingConnectorStats()
+        stats = self._r_stats()
         cdef double usage = 0.0, write_usage = 0.0, read_usage
         cdef Py_ssize_t used = self._n_allocated - <Py_ssize_t>self._free.size() - self._n_evictable
         if self._n_chunks > 0:

@@ -43,7 +43,7 @@ cdef int _as_position(object v, int64_t *out) except -1:
 
 cdef _Positions _positions(object req_context):
     cdef _Positions pos = _Positions.__new__(_Positions)
-    if type(req_context) is _ReqContext:
+    if _is_plain_ctx(req_context):
         d = req_context._offload_key_positions
         if type(d) is dict:
             pos.d = <dict>d

@@ -52,9 +52,11 @@ def _check_context(req_context: Any) -> None:
         raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
 
 
-def _chunk_spec(chunk_ids: list[int]) -> CPULoadStoreSpec:
-    """A CPULoadStoreSpec of chunk ids the manager handed out (already valid)."""
-    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
+def _chunk_spec(chunk_ids: list[int], cls: Any = None) -> CPULoadStoreSpec:
+    """A CPULoadStoreSpec (``cls``, or kvcy's) of chunk ids the manager handed out (already valid)."""
+    if cls is None:
+        cls = CPULoadStoreSpec
+    spec = cls.__new__(cls)
     spec.block_ids = np.array(chunk_ids, dtype=np.int32)
     return spec
 
@@ -65,3 +67,30 @@ def _check_int(name: str, value: Any) -> int:
     if value < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
     return int(value)
+
+
+def _api_types(lookup_result: Any, medium: Any, hit_source: Any, event: Any, store_output: Any,
+               spec: Any, stats: Any, octx: Any, req_context: Any) -> tuple:
+    """The members and classes a manager's results are made of, checked.
+
+    ``req_context``, if not None, is a context class with kvcy's ReqContext layout
+    (``_state`` and ``_offload_key_positions`` dicts), read as directly as kvcy's.
+
+    Raises:
+        TypeError: an argument is not a class, or lacks a member results use.
+    """
+    named = (("LookupResult", lookup_result), ("Medium", medium), ("CacheHitSource", hit_source),
+             ("OffloadingEvent", event), ("PrepareStoreOutput", store_output),
+             ("CPULoadStoreSpec", spec), ("OffloadingConnectorStats", stats),
+             ("RequestOffloadingContext", octx))
+    for name, cls in named:
+        if not isinstance(cls, type):
+            raise TypeError(f"{name} must be a class, got {type(cls).__name__}")
+    if req_context is not None and not isinstance(req_context, type):
+        raise TypeError(f"ReqContext must be a class or None, got {type(req_context).__name__}")
+    for cls, member in ((lookup_result, "MISS"), (lookup_result, "HIT"), (lookup_result, "HIT_PENDING"),
+                        (medium, "CPU"), (hit_source, "HOST")):
+        if not hasattr(cls, member):
+            raise TypeError(f"{cls.__qualname__} has no member {member}")
+    return (lookup_result.MISS, lookup_result.HIT, lookup_result.HIT_PENDING, medium.CPU,
+            hit_source.HOST, event, store_output, spec, stats, octx)

@@ -13,6 +13,7 @@ from kvcy._fast.offload_py._common import (
     _HIT,
     _HIT_PENDING,
     _MISS,
+    _api_types,
     _check_context,
     _check_int,
     _check_key,
@@ -97,6 +98,19 @@ class CPUOffloadingManager(OffloadingManager):
         TypeError: an argument has the wrong type.
         ValueError: a negative size or threshold, or an unknown policy name.
     """
+
+    # What results are made of: kvcy.kv_offload's classes, or another API's with
+    # the same shapes (vLLM's, when the manager serves vLLM's connector).
+    _r_miss: Any = _MISS
+    _r_hit: Any = _HIT
+    _r_pending: Any = _HIT_PENDING
+    _r_cpu: Any = _CPU
+    _r_host: Any = CacheHitSource.HOST
+    _r_event: Any = OffloadingEvent
+    _r_store: Any = PrepareStoreOutput
+    _r_spec: Any = None
+    _r_stats: Any = OffloadingConnectorStats
+    _r_octx: Any = RequestOffloadingContext
 
     def __init__(
         self,
@@ -194,6 +208,17 @@ class CPUOffloadingManager(OffloadingManager):
     def _get_num_free_chunks(self) -> int:
         return len(self._free_list) + self._num_chunks - self._num_allocated_chunks
 
+    def _use_api_types(self, *, LookupResult: Any, Medium: Any, CacheHitSource: Any, OffloadingEvent: Any,
+                       PrepareStoreOutput: Any, CPULoadStoreSpec: Any, OffloadingConnectorStats: Any,
+                       RequestOffloadingContext: Any, ReqContext: Any = None) -> None:
+        """Make results of another API's classes of the same shapes (vLLM's: its connector
+        compares and asserts its own); decisions do not change.  See ``_api_types``."""
+        (self._r_miss, self._r_hit, self._r_pending, self._r_cpu, self._r_host, self._r_event,
+         self._r_store, self._r_spec, self._r_stats, self._r_octx) = _api_types(
+            LookupResult, Medium, CacheHitSource, OffloadingEvent, PrepareStoreOutput,
+            CPULoadStoreSpec, OffloadingConnectorStats, RequestOffloadingContext, ReqContext)
+        self.medium = self._r_cpu
+
     # ------------------------------------------------------------------ API
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is readable, ``HIT_PENDING`` if being written, else ``MISS``.
@@ -208,8 +233,8 @@ class CPUOffloadingManager(OffloadingManager):
             _check_key(key)
         chunk = self._policy.get(key)
         if chunk is None:
-            return _MISS
-        return _HIT if chunk.ref_cnt >= 0 else _HIT_PENDING
+            return self._r_miss
+        return self._r_hit if chunk.ref_cnt >= 0 else self._r_pending
 
     def count_hits(self, keys: list[OffloadKey], req_context: ReqContext, start: int = 0,
                    stop: int | None = None) -> int:
@@ -249,7 +274,7 @@ class CPUOffloadingManager(OffloadingManager):
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         """Always ``CacheHitSource.HOST``: hits come from host memory."""
         _check_key(key)
-        return CacheHitSource.HOST
+        return self._r_host
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
         """Pin readable keys for a load and note the access for the request.
@@ -301,7 +326,7 @@ class CPUOffloadingManager(OffloadingManager):
             chunk.ref_cnt += 1
         if record is not None and not one_pass:
             self._record(record, keys, keys, req_context)
-        return _chunk_spec([chunk.chunk_id for chunk in chunks])
+        return _chunk_spec([chunk.chunk_id for chunk in chunks], self._r_spec)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Tell the policy the keys were used (the first key ends most recent)."""
@@ -434,7 +459,7 @@ class CPUOffloadingManager(OffloadingManager):
             self.allocation_sizes_in_current_batch.append(len(new) + extra_stored)
             return None
         if not new:
-            return PrepareStoreOutput(keys_to_store=[], store_spec=_chunk_spec([]), evicted_keys=[])
+            return self._r_store(keys_to_store=[], store_spec=_chunk_spec([], self._r_spec), evicted_keys=[])
 
         # 4. room: evict what the free chunks do not cover
         self.allocation_sizes_in_current_batch.append(len(new))
@@ -452,7 +477,7 @@ class CPUOffloadingManager(OffloadingManager):
                 free_list.append(chunk.chunk_id)
                 evicted_keys.append(key)
             if self.events is not None:
-                self.events.append(OffloadingEvent(keys=list(evicted_keys), medium=_CPU, removed=True))
+                self.events.append(self._r_event(keys=list(evicted_keys), medium=self._r_cpu, removed=True))
 
         # 5. allocate: fresh chunks first, then freed ones, last freed first
         num_new = len(new)
@@ -467,7 +492,7 @@ class CPUOffloadingManager(OffloadingManager):
             policy.insert(key, ChunkStatus(chunk_id), req_context)
         self._num_write_pending_chunks += num_new
         record.inserted.update(new)
-        return PrepareStoreOutput(keys_to_store=new, store_spec=_chunk_spec(chunk_ids), evicted_keys=evicted_keys)
+        return self._r_store(keys_to_store=new, store_spec=_chunk_spec(chunk_ids, self._r_spec), evicted_keys=evicted_keys)
 
     def _update_tracker(self, keys: list, repeated: bool = False) -> None:
         """Count one offer: offered keys move to the newest end, new ones enter
@@ -523,15 +548,15 @@ class CPUOffloadingManager(OffloadingManager):
                     done.append(key)
         if done and self.events is not None:
             if success:
-                self.events.append(OffloadingEvent(keys=done, medium=_CPU, removed=False))
+                self.events.append(self._r_event(keys=done, medium=self._r_cpu, removed=False))
             else:
-                self.events.append(OffloadingEvent(keys=done, medium=_CPU, removed=True, metadata_only=True))
+                self.events.append(self._r_event(keys=done, medium=self._r_cpu, removed=True, metadata_only=True))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Start the request's access record; every chunk is offloaded as computed."""
         _check_context(req_context)
         self._get_record(req_context, create=True)
-        return RequestOffloadingContext()
+        return self._r_octx()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Close the request's record and let the policy rank its keys.
@@ -602,7 +627,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingConnectorStats:
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
-        stats = OffloadingConnectorStats()
+        stats = self._r_stats()
         num_chunks = self._num_chunks
         used = self._num_allocated_chunks - len(self._free_list) - self._num_evictable_cache_chunks
         usage = used / num_chunks if num_chunks > 0 else 0.0
