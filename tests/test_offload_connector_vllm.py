@@ -228,7 +228,13 @@ def run_scenario(model_dir: str, spec: dict[str, Any], policy: str, seed: int = 
         )
         runner_output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                           sampled_token_ids=sampled, kv_connector_output=connector_output)
-        record["engine_outputs"] = record_engine_outputs(scheduler.update_from_output(out, runner_output))
+        engine_outputs = scheduler.update_from_output(out, runner_output)
+        record["engine_outputs"] = record_engine_outputs(engine_outputs)
+        # the connector's stats: the manager's gauges and allocation sizes, and its config info
+        record["connector_stats"] = [
+            without_timings(outs.scheduler_stats.kv_connector_stats) for _, outs in sorted(engine_outputs.items())
+            if outs.scheduler_stats is not None
+        ]
         records.append(record)
         if next_request == len(workload) and not scheduler.requests and not pending:
             break
@@ -238,6 +244,17 @@ def run_scenario(model_dir: str, spec: dict[str, Any], policy: str, seed: int = 
     counts["evicted"] = sum(len(e.keys) for e in _evictions(manager))
     records.append({"manager": manager_state(manager)})
     return records, counts
+
+
+def without_timings(stats: Any) -> Any:
+    """A stats payload less the connector's wall-clock metrics (``*_seconds``), which differ run to run."""
+    if not stats:
+        return stats
+    out = dict(stats)
+    for section in ("types", "data"):
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if not k.endswith("_seconds")}
+    return out
 
 
 def _evictions(manager: Any) -> list[Any]:

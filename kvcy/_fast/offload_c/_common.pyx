@@ -222,3 +222,24 @@ cdef object _chunk_spec(vector[Py_ssize_t]& ids, object cls=None):
     spec = cls.__new__(cls)
     spec.block_ids = _np_frombuffer(buf, dtype=_np_int32)
     return spec
+
+
+cdef dict _stats_payload(double usage, double write_usage, list sizes, object skipped):
+    """``get_stats``'s payload, in the layout kvcy's and vLLM's ``OffloadingConnectorStats``
+    share (``{"types": {name: kind}, "data": {name: {labels: value}}, "info": None}``) and
+    in the order their ``set_gauge`` / ``observe_histogram`` / ``increase_counter`` calls
+    would fill it: built at once, since the connector asks for it every step."""
+    cdef double read_usage = usage - write_usage
+    types = {_Metrics.CPU_CACHE_USAGE_PERC: "gauge"}
+    values = {_Metrics.CPU_CACHE_USAGE_PERC: {(): usage}}
+    if sizes:
+        types[_Metrics.CPU_ALLOCATION_SIZE] = "histogram"
+        values[_Metrics.CPU_ALLOCATION_SIZE] = {(): sizes}
+    types[_Metrics.CPU_CACHE_WRITE_USAGE_PERC] = "gauge"
+    values[_Metrics.CPU_CACHE_WRITE_USAGE_PERC] = {(): write_usage}
+    types[_Metrics.CPU_CACHE_READ_USAGE_PERC] = "gauge"
+    values[_Metrics.CPU_CACHE_READ_USAGE_PERC] = {(): 0.0 if read_usage < 0.0 else read_usage}
+    if skipped is not None:
+        types[_Metrics.STORES_SKIPPED] = "counter"
+        values[_Metrics.STORES_SKIPPED] = {(): 0 + skipped}
+    return {"types": types, "data": values, "info": None}

@@ -969,23 +969,16 @@ cdef class CPUOffloadingManager:
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
         if _Metrics is None:
             _load_cpu_common()
-        stats = self._r_stats()
-        cdef double usage = 0.0, write_usage = 0.0, read_usage
+        cdef double usage = 0.0, write_usage = 0.0
         cdef Py_ssize_t used = self._n_allocated - <Py_ssize_t>self._free.size() - self._n_evictable
         if self._n_chunks > 0:
             usage = <double>used / <double>self._n_chunks
             write_usage = <double>self._n_pending / <double>self._n_chunks
-        stats.set_gauge(_Metrics.CPU_CACHE_USAGE_PERC, usage)
-        for size in self._alloc_sizes:
-            stats.observe_histogram(_Metrics.CPU_ALLOCATION_SIZE, size)
-        self._alloc_sizes = []
-        stats.set_gauge(_Metrics.CPU_CACHE_WRITE_USAGE_PERC, write_usage)
-        read_usage = usage - write_usage
-        stats.set_gauge(_Metrics.CPU_CACHE_READ_USAGE_PERC, 0.0 if read_usage < 0.0 else read_usage)
-        if self._threshold >= 2:
-            stats.increase_counter(_Metrics.STORES_SKIPPED, self._skipped)
+        sizes, self._alloc_sizes = self._alloc_sizes, []
+        skipped = self._skipped if self._threshold >= 2 else None
+        if skipped is not None:
             self._skipped = 0
-        return stats
+        return self._r_stats(data=_stats_payload(usage, write_usage, sizes, skipped))
 
     def config_info(self):
         """``[info.as_config_info()]`` (the same mapping every call), or ``[{}]`` without info."""
