@@ -42,11 +42,11 @@ cdef class CPUOffloadingManager:
     cdef object _info_obj
     cdef int64_t _generation_c
     cdef int64_t _owner_c
+    cdef dict __dict__              # OffloadingManager.lock keeps its lock here
     # what results are made of: kvcy.kv_offload's classes, or another API's
     # with the same shapes (vLLM's, when the manager serves vLLM's connector)
     cdef object _r_miss, _r_hit, _r_pending, _r_cpu, _r_host
     cdef object _r_event, _r_store, _r_spec, _r_stats, _r_octx
-    cdef dict __dict__              # OffloadingManager.lock keeps its lock here
 
     cdef _AccessRecord _get_record(self, object ctx, bint create)
     cdef int _record(self, _AccessRecord rec, list keys, list reused, object ctx,

@@ -52,11 +52,9 @@ def _check_context(req_context: Any) -> None:
         raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
 
 
-def _chunk_spec(chunk_ids: list[int], cls: Any = None) -> CPULoadStoreSpec:
-    """A CPULoadStoreSpec (``cls``, or kvcy's) of chunk ids the manager handed out (already valid)."""
-    if cls is None:
-        cls = CPULoadStoreSpec
-    spec = cls.__new__(cls)
+def _chunk_spec(chunk_ids: list[int]) -> CPULoadStoreSpec:
+    """A CPULoadStoreSpec of chunk ids the manager handed out (already valid)."""
+    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
     spec.block_ids = np.array(chunk_ids, dtype=np.int32)
     return spec
 
@@ -94,3 +92,12 @@ def _api_types(lookup_result: Any, medium: Any, hit_source: Any, event: Any, sto
             raise TypeError(f"{cls.__qualname__} has no member {member}")
     return (lookup_result.MISS, lookup_result.HIT, lookup_result.HIT_PENDING, medium.CPU,
             hit_source.HOST, event, store_output, spec, stats, octx)
+
+
+def _chunk_spec_as(cls: Any, chunk_ids: list[int]) -> Any:
+    """``_chunk_spec`` with another API's CPULoadStoreSpec class (``None``: kvcy's)."""
+    if cls is None:
+        return _chunk_spec(chunk_ids)
+    spec = cls.__new__(cls)
+    spec.block_ids = np.array(chunk_ids, dtype=np.int32)
+    return spec

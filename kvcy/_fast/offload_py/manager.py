@@ -18,7 +18,7 @@ from kvcy._fast.offload_py._common import (
     _check_int,
     _check_key,
     _check_keys,
-    _chunk_spec,
+    _chunk_spec_as,
     _owner_ids,
 )
 from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
@@ -326,7 +326,7 @@ class CPUOffloadingManager(OffloadingManager):
             chunk.ref_cnt += 1
         if record is not None and not one_pass:
             self._record(record, keys, keys, req_context)
-        return _chunk_spec([chunk.chunk_id for chunk in chunks], self._r_spec)
+        return _chunk_spec_as(self._r_spec, [chunk.chunk_id for chunk in chunks])
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Tell the policy the keys were used (the first key ends most recent)."""
@@ -459,7 +459,7 @@ class CPUOffloadingManager(OffloadingManager):
             self.allocation_sizes_in_current_batch.append(len(new) + extra_stored)
             return None
         if not new:
-            return self._r_store(keys_to_store=[], store_spec=_chunk_spec([], self._r_spec), evicted_keys=[])
+            return self._r_store(keys_to_store=[], store_spec=_chunk_spec_as(self._r_spec, []), evicted_keys=[])
 
         # 4. room: evict what the free chunks do not cover
         self.allocation_sizes_in_current_batch.append(len(new))
@@ -492,7 +492,7 @@ class CPUOffloadingManager(OffloadingManager):
             policy.insert(key, ChunkStatus(chunk_id), req_context)
         self._num_write_pending_chunks += num_new
         record.inserted.update(new)
-        return self._r_store(keys_to_store=new, store_spec=_chunk_spec(chunk_ids, self._r_spec), evicted_keys=evicted_keys)
+        return self._r_store(keys_to_store=new, store_spec=_chunk_spec_as(self._r_spec, chunk_ids), evicted_keys=evicted_keys)
 
     def _update_tracker(self, keys: list, repeated: bool = False) -> None:
         """Count one offer: offered keys move to the newest end, new ones enter
