@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
+from kvcy.cli import dtype_arg, float_arg, int_arg, parse_size, positive_int, size_arg
 from kvcy.sim.fleet import MAX_INSTANCES, ROUTERS, TRANSPORTS
 from kvcy.sim.scheduler import (
     MAX_BLOCK_SIZE,
@@ -36,6 +36,9 @@ __all__ = ["DEFAULT_NUM_BLOCKS", "add_parser", "main", "parse_size", "run"]
 #: Pool size when neither --num-blocks nor --kv-memory is given: 32,768 blocks
 #: (512 Ki tokens at block size 16: a Llama-3-8B-shaped KV cache in 64 GiB).
 DEFAULT_NUM_BLOCKS = 32768
+
+#: Largest --seed: a seed is an unsigned 64-bit number.
+MAX_SEED = (1 << 64) - 1
 
 _DESCRIPTION = (
     "Replay a request trace through kvcy's KVCacheManager with a continuous-batching scheduler loop; "
@@ -105,7 +108,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.set_defaults(func=run)
     p.add_argument("trace", nargs="?", metavar="TRACE", help="trace to replay (default: the bundled trace)")
     p.add_argument("--limit", type=positive_int, metavar="K", help="replay only the first K requests")
-    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the synthetic trace (default 0)")
+    p.add_argument("--seed", metavar="N", type=int_arg(0, MAX_SEED), default=0,
+                   help="seed of the synthetic trace (default 0)")
 
     pool = p.add_argument_group("KV-cache pool (default: %d blocks)" % DEFAULT_NUM_BLOCKS)
     size = pool.add_mutually_exclusive_group()
@@ -122,7 +126,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     pool.add_argument("--num-kv-heads", metavar="N", type=positive_int, default=8,
                       help="KV heads per layer (default 8)")
     pool.add_argument("--head-size", metavar="N", type=positive_int, default=128, help="head size (default 128)")
-    pool.add_argument("--dtype", metavar="NAME", default="bfloat16", help="KV-cache dtype (default bfloat16)")
+    pool.add_argument("--dtype", metavar="NAME", type=dtype_arg, default="bfloat16",
+                      help="KV-cache dtype (default bfloat16)")
     pool.add_argument("--block-size", metavar="N", type=int_arg(1, MAX_BLOCK_SIZE), default=16,
                       help="tokens per block (default 16)")
     pool.add_argument("--hash", default="sha256", choices=sorted(_HASH_FNS), metavar="NAME",
@@ -227,11 +232,13 @@ def _num_blocks(args: argparse.Namespace) -> int:
 def _impls(choice: str | None) -> list[str]:
     from kvcy import IMPLEMENTATION, _fast
 
-    have = _fast.available()
     if choice is None:
         return [IMPLEMENTATION]
     wanted = ["cython", "python"] if choice == "both" else [choice]
-    if "cython" in wanted and "cython" not in have:
+    if "cython" in wanted and _fast.NO_EXTENSIONS:
+        raise ValueError(f"KVCY_NO_EXTENSIONS=1 rules out the compiled (cython) twins: --impl {choice} needs it "
+                         "unset; use --impl python")
+    if "cython" in wanted and "cython" not in _fast.available():
         raise ValueError("the compiled (cython) twins are not built in this install; use --impl python")
     return wanted
 
