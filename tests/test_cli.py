@@ -412,3 +412,13 @@ def test_no_extensions_rules_out_impl_cython():
                              cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
         assert res.returncode == 2 and res.stdout == "", res.stderr
         assert f"KVCY_NO_EXTENSIONS=1 rules out the compiled (cython) twins: --impl {impl}" in res.stderr
+
+
+def test_missing_matplotlib_hint_suits_a_source_checkout(monkeypatch, tmp_path, capsys):
+    """``pip install 'kvcy[plot]'`` would fetch kvcy from the index over an editable checkout:
+    the hint names matplotlib itself."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["replay", "--limit", "1", "--impl", "python", "--plot", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib, which is not installed: pip install matplotlib" in err
+    assert "kvcy[plot]" not in err
