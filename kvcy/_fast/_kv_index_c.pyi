@@ -5,10 +5,11 @@ from typing import final
 
 from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
-__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
+__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_INSTANCE_MEDIUMS", "MAX_MEDIUMS", "KVIndex"]
 
 IMPLEMENTATION: str
 MAX_INSTANCES: int
+MAX_INSTANCE_MEDIUMS: int
 MAX_MEDIUMS: int
 
 @final
