@@ -50,3 +50,24 @@ def test_readme_test_command_without_torch():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "failed" not in out.stdout and "error" not in out.stdout.lower(), out.stdout[-3000:]
     assert "skipped" in out.stdout and "passed" in out.stdout, out.stdout[-3000:]
+
+
+def test_readme_commands_and_timings_are_what_ci_checks():
+    """README.md's two commands are the lines .ci/run runs in its fresh venv (it finds them by
+    these patterns), and its timings are stated as measured, on a named machine, with the
+    build's share, not as bare "about N s" promises."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    setup = 'pip install "setuptools>=77" wheel "Cython>=3" && pip install --no-build-isolation -e . && kvcy replay --impl both'
+    tests = "pip install -r requirements-dev.txt && python -m pytest"
+    assert f"\n{setup}\n" in readme and f"\n{tests}\n" in readme
+    patterns = re.findall(r"for pattern in '([^']+)' '([^']+)'; do", ci)
+    assert len(patterns) == 1, "the fresh-venv step of .ci/run is gone"
+    for pattern, line in zip(patterns[0], (setup, tests)):
+        assert re.search(pattern, line) and re.search(pattern, readme, re.M), pattern
+    assert '$PY -m venv "$tmp/venv" ||' in ci  # a bare venv: no system site packages, so no torch
+    assert not re.search(r"about \d+ s\b", readme), "a timing stated without the machine it was measured on"
+    assert "measured on a 2-core VM (AMD EPYC" in readme and "compiling the twins" in readme
+    assert "kvcy[plot]" not in readme
