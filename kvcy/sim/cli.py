@@ -294,7 +294,8 @@ def _progress_bar(enabled: bool, total: int) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from kvcy.sim.report import build_report, format_report
 
-    impls = _impls(args.impl)
+    if args.instances is None and args.router is None:
+        _impls(args.impl)  # refused before the trace is read (the fleet has its own refusals first)
     plot_path = Path(args.plot) if args.plot else None
     if plot_path is not None:
         if plot_path.suffix.lower() != ".png":
@@ -310,6 +311,7 @@ def _run(args: argparse.Namespace) -> int:
     num_blocks = _num_blocks(args)
     if args.instances is not None or args.router is not None:
         return _run_fleet(args, trace, num_blocks, plot_path)
+    impls = _impls(args.impl)
     cpu_blocks = 0
     bytes_per_block = None
     if args.cpu_offload is not None:
