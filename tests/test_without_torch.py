@@ -60,7 +60,8 @@ def test_readme_commands_and_timings_are_what_ci_checks():
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    setup = 'pip install "setuptools>=77" wheel "Cython>=3" && pip install --no-build-isolation -e . && kvcy replay --impl both'
+    setup = ('pip install "setuptools>=77" wheel "Cython>=3" && pip install --no-build-isolation -e . '
+             "&& kvcy replay --impl both")
     tests = "pip install -r requirements-dev.txt && python -m pytest"
     assert f"\n{setup}\n" in readme and f"\n{tests}\n" in readme
     patterns = re.findall(r"for pattern in '([^']+)' '([^']+)'; do", ci)

@@ -26,8 +26,9 @@ Per publisher it keeps an ``InstanceState``:
   and stall the stream), and a replay answer numbered outside what was asked (below the start,
   or past the live number that caused the request other than as the next of a consecutive run);
 - what a subscriber buffers is bounded: ZeroMQ drops a message over ``max_message_size`` (and
-  the connection that sent it, which is then made again), and one replay answer keeps at most ``max_replay_bytes`` of
-  payload (the rest is dropped as if the answer had timed out, and its numbers count lost);
+  the connection that sent it, which is then made again), and one replay answer keeps at most
+  ``max_replay_bytes`` of payload (the rest is dropped as if the answer had timed out, and its
+  numbers count lost);
 - with ``silent_after`` set, an instance that sent nothing for that many seconds is forgotten
   and counted in ``silences``; when it speaks again it is treated as a newcomer (its history is
   replayed from its first batch still buffered).
