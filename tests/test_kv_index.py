@@ -851,3 +851,15 @@ def test_pure_twin_checks_plain_hashes_inline(monkeypatch):
         index.apply_events("a", [stored([1, True])])
     assert calls
     assert index.stats["events_applied"] == 1
+
+
+def test_an_index_is_bounded_by_default(KVIndex):
+    """One batch of millions of hashes took an unbounded ``KVIndex()`` to gigabytes: by default
+    it holds 2**20 entries (the least recently stored go first, counted), unless told otherwise."""
+    index = KVIndex()
+    assert index.max_blocks == 1 << 20 and KVIndex(None).max_blocks is None
+    flood = BlockStored(block_hashes=list(range((1 << 20) + 5)), parent_block_hash=None, token_ids=[],
+                        block_size=16, lora_id=None, medium="GPU", lora_name=None)
+    index.apply_events("a", [flood])
+    assert (index.num_blocks(), index.stats["entries_dropped"]) == (1 << 20, 5)
+    assert index.longest_prefix([5, 6]) == {"a": 2} and index.longest_prefix([4]) == {"a": 0}
