@@ -21,6 +21,7 @@ import sys
 
 __all__ = [
     "MAX_MEMORY_BYTES",
+    "dtype_arg",
     "float_arg",
     "int_arg",
     "main",
@@ -124,6 +125,24 @@ def float_arg(minimum: float, maximum: float, *, include_minimum: bool = True):
     return parse
 
 
+def dtype_arg(text: str) -> str:
+    """An argparse ``type``: a dtype name kvcy knows (``bfloat16``, ``fp8``, ...), checked when
+    given, whether or not the run then needs its size."""
+    from kvcy.kv_cache_interface.dtypes import canonical_dtype
+
+    try:
+        canonical_dtype(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+#: What argparse takes for a negative number rather than an option: any ``-`` then a digit
+#: (``-3x``, ``-1e5``, ``-2GiB``), so ``--cpu-offload -3x`` reaches the option's own check and
+#: its message instead of "expected one argument".  No option of kvcy starts with a digit.
+_NEGATIVE_NUMBER = re.compile(r"-\.?[0-9]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvcy`` parser with every sub-command's parser."""
     import kvcy
@@ -140,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", required=True)
     for module_name in _COMMAND_MODULES:
         importlib.import_module(module_name).add_parser(sub)
+    for command in (parser, *sub.choices.values()):
+        command._negative_number_matcher = _NEGATIVE_NUMBER  # argparse's own: "-3" but not "-3x"
     return parser
 
 

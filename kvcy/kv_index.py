@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING
 from kvcy import _fast
 
 if TYPE_CHECKING or _fast.NO_EXTENSIONS:
-    from kvcy._fast._kv_index_py import IMPLEMENTATION, MAX_INSTANCES, MAX_MEDIUMS, KVIndex
+    from kvcy._fast._kv_index_py import IMPLEMENTATION, MAX_INSTANCE_MEDIUMS, MAX_INSTANCES, MAX_MEDIUMS, KVIndex
 else:
     IMPLEMENTATION = _fast.kv_index.IMPLEMENTATION
     MAX_INSTANCES = _fast.kv_index.MAX_INSTANCES
+    MAX_INSTANCE_MEDIUMS = _fast.kv_index.MAX_INSTANCE_MEDIUMS
     MAX_MEDIUMS = _fast.kv_index.MAX_MEDIUMS
     KVIndex = _fast.kv_index.KVIndex
 
-__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
+__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_INSTANCE_MEDIUMS", "MAX_MEDIUMS", "KVIndex"]

@@ -58,6 +58,7 @@ __all__ = [
     "ChunkedLocalLayer",
     "FullLayer",
     "LayerType",
+    "MAX_MODEL_FILE_BYTES",
     "MLALayer",
     "MambaLayer",
     "ModelDescription",
@@ -73,6 +74,10 @@ __all__ = [
 
 #: Attention block sizes are kept a multiple of this when grown to fit a Mamba state.
 KERNEL_BLOCK_ALIGNMENT = 16
+
+#: The largest model description file read (a description is a few KB; a preset file is too).
+MAX_MODEL_FILE_BYTES = 1 << 20
+
 
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -224,12 +229,20 @@ class ModelDescription:
 
         Raises:
             OSError: the file cannot be read.
-            ValueError: not JSON, or a missing or bad field (the message names the file and the field).
+            ValueError: not a regular file (a device such as /dev/zero would be read without end),
+                larger than :data:`MAX_MODEL_FILE_BYTES`, not JSON, or a missing or bad field (the
+                message names the file and the field).
         """
         path = Path(path)
         where = f"model description {str(path)!r}"
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{where} is not a regular file")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MODEL_FILE_BYTES + 1)
+        if len(raw) > MAX_MODEL_FILE_BYTES:
+            raise ValueError(f"{where} is larger than {MAX_MODEL_FILE_BYTES:,} bytes: not a model description")
         try:
-            data = msgspec.json.decode(path.read_bytes(), type=_ModelFile)
+            data = msgspec.json.decode(raw, type=_ModelFile)
         except msgspec.ValidationError as exc:
             raise ValueError(f"{where}: {exc}") from None
         except msgspec.DecodeError as exc:
@@ -759,6 +772,10 @@ def run(args: argparse.Namespace) -> int:
         )
     except NotEnoughKVCacheMemory as exc:
         if exc.estimated_max_model_len == 0:  # not one block per layer: the budget is wrong, not the length
+            if exc.available_memory <= 0:  # the null block (one block of every layer) took it all
+                p.error(f"a KV-cache budget of {_human_bytes(available)} is too small for {model.name}: "
+                        f"the null block alone (one block of every layer) takes "
+                        f"{_human_bytes(available - exc.available_memory)}")
             p.error(f"a KV-cache budget of {_human_bytes(available)} is too small for {model.name}: {exc}")
         if args.json:
             print(json.dumps({"model": model.name, "error": str(exc)}, indent=2))

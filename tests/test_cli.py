@@ -13,6 +13,7 @@ import pytest
 
 import kvcy
 import kvcy.plan
+import kvcy.sim.traces
 import kvcy.sim.cli
 from kvcy.cli import float_arg, int_arg, main, parse_size
 
@@ -311,3 +312,113 @@ def test_one_progress_bar_over_the_whole_sweep(monkeypatch, capsys, tmp_path):
     assert bar.descriptions == [
         "replay 1/3 [python, 64 blocks]", "sweep 2/3 [python, 32 blocks]", "sweep 3/3 [python, 128 blocks]",
     ]
+
+
+# --------------------------------------------------------------------------- hostile inputs: one line, exit 2
+def _gz_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    import gzip
+
+    rows = b'{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1]}\n' * 200
+    whole = gzip.compress(rows)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "fake.jsonl.gz").write_bytes(b"garbage\n")
+    with gzip.open(tmp_path / "bomb.jsonl.gz", "wb") as f:  # one line just over the cap
+        f.write(b'{"timestamp": 0' + b" " * kvcy.sim.traces.MAX_LINE_BYTES + b"}\n")
+    (tmp_path / "folder.jsonl").mkdir()
+    return {
+        "cut": (tmp_path / "cut.jsonl.gz", "cut.jsonl.gz: not a whole gzip file (Compressed file ended"),
+        "fake": (tmp_path / "fake.jsonl.gz", "fake.jsonl.gz: not a whole gzip file (Not a gzipped file (b'ga'))"),
+        "bomb": (tmp_path / "bomb.jsonl.gz", "bomb.jsonl.gz line 1: longer than 1,048,576 bytes: not a trace row"),
+        "folder": (tmp_path / "folder.jsonl", "folder.jsonl' is not a regular file"),
+    }
+
+
+@pytest.mark.parametrize("case", ["cut", "fake", "bomb", "folder"])
+def test_broken_and_oversized_trace_files_are_one_line_errors(tmp_path, capsys, case):
+    """A truncated or fake .jsonl.gz, a line past MAX_LINE_BYTES (a gzip bomb's one 6 GiB line
+    was read whole) and a folder: a one-line error naming the file, exit 2, no traceback."""
+    import kvcy.sim.traces
+
+    path, message = _gz_cases(tmp_path)[case]
+    assert main(["replay", str(path), "--impl", "python", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcy replay: error: ") and message in err and err.count("\n") == 1, err
+    assert "trace file not found" not in err
+    assert kvcy.sim.traces.MAX_LINE_BYTES == 1 << 20
+
+
+def test_plan_reads_only_a_small_regular_model_file(tmp_path):
+    """``--model /dev/zero`` read until MemoryError; a folder or a huge file is refused at once.
+    (Run with an address-space limit, so that a regression fails fast instead of eating memory.)"""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (kvcy.plan.MAX_MODEL_FILE_BYTES + 1))
+    cases = {"/dev/zero": "model description '/dev/zero' is not a regular file",
+             str(tmp_path): f"model description {str(tmp_path)!r} is not a regular file",
+             str(big): f"model description {str(big)!r} is larger than 1,048,576 bytes"}
+    for model, message in cases.items():
+        res = subprocess.run([sys.executable, "-m", "kvcy", "plan", "--model", model, "--kv-memory", "1GiB"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60, preexec_fn=limited)
+        assert res.returncode == 2 and f"kvcy plan: error: {message}" in res.stderr, res.stderr[-2000:]
+        assert "Traceback" not in res.stderr
+
+
+def test_plan_budget_below_the_null_block_says_what_it_takes(capsys):
+    """A budget smaller than the null block was reported as "-2096128 bytes" of memory."""
+    assert main(["plan", "--preset", "llama-3-8b", "--kv-memory", "1KiB"]) == 2
+    err = capsys.readouterr().err
+    assert ("a KV-cache budget of 1.00 KiB is too small for llama-3-8b: the null block alone "
+            "(one block of every layer) takes 2.00 MiB") in err
+    assert "-2096128" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dtype", "int3"], "argument --dtype: unknown dtype 'int3'"),  # refused without --kv-memory too
+        (["--seed", "-1"], "argument --seed: expected an integer from 0 to 18,446,744,073,709,551,615, got '-1'"),
+        (["--cpu-offload", "-3x"], "--cpu-offload '-3x': a multiple of the GPU pool must be > 0 and <= 1024"),
+        (["--cpu-offload", "-2GiB"], "not a memory size: '-2GiB'"),
+        (["synthetic:conversations=1e12"], "synthetic conversations must be a number from 0 to 1e+06, "
+                                           "got 1000000000000"),
+        (["synthetic:conversations=2.5"], "synthetic option conversations needs a whole number, got '2.5'"),
+    ],
+)
+def test_replay_refuses_bad_options_when_given(capsys, argv, message):
+    assert main(["replay", *argv, "--limit", "1", "--impl", "python", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "expected one argument" not in err, err
+
+
+def test_synthetic_counts_take_whole_numbers_written_as_floats():
+    from kvcy.sim.synthetic import parse_synthetic_spec
+
+    assert parse_synthetic_spec("synthetic:conversations=1e3,max_turns=2.0").conversations == 1000
+
+
+def test_no_extensions_rules_out_impl_cython():
+    """KVCY_NO_EXTENSIONS=1 forces the pure twins everywhere: ``--impl cython`` (or both) ran
+    the compiled twin anyway."""
+    import os
+
+    env = {**os.environ, "KVCY_NO_EXTENSIONS": "1"}
+    env.pop("KVCY_REQUIRE_EXTENSIONS", None)
+    for impl in ("cython", "both"):
+        res = subprocess.run([sys.executable, "-m", "kvcy", "replay", "--impl", impl, "--limit", "1", "--json"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        assert res.returncode == 2 and res.stdout == "", res.stderr
+        assert f"KVCY_NO_EXTENSIONS=1 rules out the compiled (cython) twins: --impl {impl}" in res.stderr
+
+
+def test_missing_matplotlib_hint_suits_a_source_checkout(monkeypatch, tmp_path, capsys):
+    """``pip install 'kvcy[plot]'`` would fetch kvcy from the index over an editable checkout:
+    the hint names matplotlib itself."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["replay", "--limit", "1", "--impl", "python", "--plot", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib, which is not installed: pip install matplotlib" in err
+    assert "kvcy[plot]" not in err

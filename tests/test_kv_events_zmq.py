@@ -773,6 +773,164 @@ def test_lag_is_apply_time_minus_batch_timestamp(index, ipc, cleanup):
     assert sub.stats["max_lag"] == 9.5
 
 
+# --------------------------------------------------------------------------- hostile streams
+def nested_bomb(depth: int = 1000) -> bytes:
+    """A ~1 KB batch whose one ``BlockStored`` carries ``depth`` nested arrays in ``extra_keys``:
+    msgspec's decoder gives up with RecursionError."""
+    event = BlockStored(block_hashes=[5], parent_block_hash=None, token_ids=list(range(BS)), block_size=BS,
+                        lora_id=None, medium="GPU", lora_name=None, extra_keys=[(7,)])
+    payload = msgspec.msgpack.encode(KVEventBatch(ts=time.time(), events=[event]))
+    at = payload.index(b"extra_keys") + len(b"extra_keys")
+    assert payload[at:at + 3] == b"\x91\x91\x07"
+    return payload[:at] + b"\x91" * (depth + 2) + b"\x07" + payload[at + 3:]
+
+
+def test_a_too_deeply_nested_message_is_malformed_live_and_in_replay(index, ipc, cleanup):
+    """A RecursionError from the decoder is one more malformed message, live or replayed:
+    it neither escapes ``poll`` nor stops the stream."""
+    endpoint, replay = ipc(), ipc()
+    fake = FakePublisher(endpoint, replay, [stored(100 + i, ts=float(i)) for i in range(5)])
+    fake.payloads[1] = nested_bomb()
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        fake.wait_subscriber(sub, "a")
+        hello = sub.states["a"].malformed
+        fake.send(3)  # a late join: 0..4 replayed, 1 does not decode
+        wait_until(lambda: sub.states["a"].last_seq == 4, "the replay", step=lambda: sub.poll(0.02))
+        fake.pub.send_multipart([b"", start_frame(5), nested_bomb()])  # live
+        fake.payloads.append(msgspec.msgpack.encode(stored(106, ts=6.0)))
+        fake.send(5)
+        wait_until(lambda: sub.states["a"].last_seq == 5, "the next batch", step=lambda: sub.run_for(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert (state.malformed - hello, state.lost, state.replayed) == (2, 1, 4)
+    assert index.blocks["a"] == {100, 102, 103, 104, 106}
+
+
+def test_a_replay_answer_numbered_past_the_live_stream_is_refused(index, ipc, cleanup, caplog):
+    """A replay answer the subscriber did not ask for (a batch numbered 10**18, far past the
+    live number that caused the request) is refused and counted: the live batches after it
+    still apply."""
+    endpoint, replay = ipc(), ipc()
+    far = 10**18
+
+    def answer(start):
+        return [[b"", b"", start_frame(far), msgspec.msgpack.encode(stored(999, ts=1.0))], [b"", b"", END_SEQ, b""]]
+
+    fake = FakePublisher(endpoint, replay, [stored(100 + i, ts=float(i)) for i in range(8)], answer)
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        fake.wait_subscriber(sub, "a")
+        hello = sub.states["a"].malformed
+        with caplog.at_level("WARNING", logger="kvcy.kv_events"):
+            for seq in range(1, 8):
+                fake.send(seq)
+            wait_until(lambda: sub.states["a"].last_seq == 7, "the live batches", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert (state.malformed - hello, state.lost, state.batches_applied, state.replayed) == (1, 1, 7, 0)
+    assert index.blocks["a"] == {101, 102, 103, 104, 105, 106, 107}
+    assert "numbered outside what was asked" in caplog.text
+
+
+def test_a_live_number_no_publisher_reaches_is_malformed_not_lost(index, ipc, cleanup):
+    """One message numbered 2**64 - 2 after batch 2: no gap of 1.8e19 lost batches (and no
+    stalled stream): it is malformed, and batch 3 follows on."""
+    endpoint, replay = ipc(), ipc()
+    fake = FakePublisher(endpoint, replay, [stored(100 + i, ts=float(i)) for i in range(4)])
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)})
+        fake.wait_subscriber(sub, "a")
+        hello = sub.states["a"].malformed
+        fake.send(0)
+        fake.send(1)
+        fake.send(2)
+        wait_until(lambda: sub.states["a"].last_seq == 2, "batch 2", step=lambda: sub.poll(0.02))
+        fake.pub.send_multipart([b"", start_frame(2**64 - 2), fake.payloads[3]])
+        fake.send(3)
+        wait_until(lambda: sub.states["a"].last_seq == 3, "batch 3", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert (state.malformed - hello, state.lost, state.gaps, state.restarts, state.batches_applied) == (1, 0, 0, 0, 4)
+
+
+def test_a_timestamp_that_is_not_finite_is_malformed(index, ipc, cleanup):
+    """A batch stamped -inf or NaN is no infinite lag: malformed, skipped, its number lost."""
+    endpoint = ipc()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    try:
+        sub = subscriber(cleanup, index, {"a": endpoint}, clock=lambda: 100.0)
+        seq = itertools.count()
+        wait_until(lambda: index.batches > 0, "the subscriber",
+                   step=lambda: (pub.send_multipart([b"", next(seq).to_bytes(8, "big"),
+                                                     msgspec.msgpack.encode(stored(0, ts=99.0))]),
+                                 sub.poll(0.02)))
+        n = next(seq)
+        for i, ts in enumerate((float("-inf"), float("nan"), float("inf"))):
+            pub.send_multipart([b"", (n + i).to_bytes(8, "big"), msgspec.msgpack.encode(stored(50 + i, ts=ts))])
+        pub.send_multipart([b"", (n + 3).to_bytes(8, "big"), msgspec.msgpack.encode(stored(60, ts=98.0))])
+        wait_until(lambda: sub.states["a"].last_seq == n + 3, "the good batch", step=lambda: sub.poll(0.02))
+    finally:
+        pub.close()
+    state = sub.states["a"]
+    assert state.malformed == 3 and state.max_lag == 2.0 and state.lag == 2.0
+    assert {50, 51, 52}.isdisjoint(index.blocks["a"]) and 60 in index.blocks["a"]
+
+
+def test_a_replay_answer_is_buffered_up_to_max_replay_bytes(index, ipc, cleanup, caplog):
+    """An answer larger than ``max_replay_bytes`` is cut there: what came first applies, the
+    rest is dropped (its numbers lost, the live stream goes on)."""
+    endpoint, replay = ipc(), ipc()
+    fake = FakePublisher(endpoint, replay, [stored(100 + i, ts=float(i)) for i in range(10)])
+    size = len(fake.payloads[0])
+    assert all(len(p) == size for p in fake.payloads)
+    try:
+        sub = subscriber(cleanup, index, {"a": (endpoint, replay)}, max_replay_bytes=3 * size + 1,
+                         replay_timeout=0.5)
+        fake.wait_subscriber(sub, "a")
+        with caplog.at_level("WARNING", logger="kvcy.kv_events"):
+            fake.send(9)
+            wait_until(lambda: sub.states["a"].last_seq == 9, "batch 9", step=lambda: sub.poll(0.02))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert (state.replayed, state.lost, state.batches_applied) == (3, 6, 4)
+    assert index.blocks["a"] == {100, 101, 102, 109}
+    assert f"passed {3 * size + 1} bytes" in caplog.text
+
+
+def test_the_sockets_refuse_messages_over_max_message_size(index, ipc, cleanup):
+    """ZeroMQ's MAXMSGSIZE is set on the SUB and replay sockets (64 MiB by default): a larger
+    message never reaches the decoder."""
+    endpoint, replay = ipc(), ipc()
+    sub = subscriber(cleanup, RecordingIndex(), {"d": (ipc(), ipc())})
+    assert sub._links["d"].sub.getsockopt(zmq.MAXMSGSIZE) == 64 << 20
+    fake = FakePublisher(endpoint, replay, [stored(*range(1000, 1400))] + [stored(i) for i in range(1, 200)])
+    try:
+        sub = subscriber(cleanup, index, {"a": endpoint}, max_message_size=1024)  # no replay
+        assert sub._links["a"].sub.getsockopt(zmq.MAXMSGSIZE) == 1024
+        assert len(fake.payloads[0]) > 1024 > len(fake.payloads[1])
+        fake.wait_subscriber(sub, "a")
+        fake.send(0)  # dropped by ZeroMQ with the connection, which is made again
+        more = iter(range(1, 200))
+        wait_until(lambda: index.batches > 0, "a batch after the big one",
+                   step=lambda: (fake.send(next(more)), sub.poll(0.05)))
+    finally:
+        fake.close()
+    state = sub.states["a"]
+    assert state.lost >= 1 and state.batches_applied >= 1 and state.malformed == 1  # the hello only
+    assert index.blocks["a"].isdisjoint(range(1000, 1400))
+    with pytest.raises(ValueError, match="max_message_size must be None or an int >= 1"):
+        EventSubscriber(RecordingIndex(), max_message_size=0)
+    with pytest.raises(ValueError, match="max_replay_bytes must be an int >= 1"):
+        EventSubscriber(RecordingIndex(), max_replay_bytes=0)
+
+
 # --------------------------------------------------------------------------- end to end
 def test_manager_events_through_zmq_rebuild_its_prefix_cache(impl, ipc, cleanup):
     """A kvcy KVCacheManager publishes each step's events; the subscriber's index then knows,

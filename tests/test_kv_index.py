@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvcy
-from kvcy import _fast
+from kvcy import _fast, kv_index
 from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventBatch, external_block_hash
 
 
@@ -342,14 +342,50 @@ def test_bad_names_and_queries(KVIndex):
 
 
 def test_too_many_mediums_is_refused_unchanged(KVIndex):
+    """At most MAX_MEDIUMS mediums in use; None, GPU, CPU and STORAGE always find a place."""
+    assert (kv_index.MAX_MEDIUMS, kv_index.MAX_INSTANCE_MEDIUMS) == (256, 8)
     index = KVIndex()
-    index.apply_events("a", [stored([k], f"m{k}") for k in range(250)])
+    for i in range(31):  # 248 other mediums
+        index.apply_events(f"i{i}", [stored([i], f"m{i}.{k}") for k in range(8)])
+    index.apply_events("a", [stored([1], f"a{k}") for k in range(2)])
     before = snapshot(index)
     with pytest.raises(ValueError, match="the index holds at most 256 mediums"):
-        index.apply_events("a", [stored([1], f"n{k}") for k in range(7)])
+        index.apply_events("a", [stored([1], f"n{k}") for k in range(3)])
     assert snapshot(index) == before
-    index.apply_events("a", [stored([1], f"n{k}") for k in range(6)])
-    assert len(index.mediums) == 256
+    index.apply_events("a", [stored([1], f"n{k}") for k in range(2)])
+    with pytest.raises(ValueError, match="the index holds at most 256 mediums"):
+        index.apply_events("b", [stored([1], "one-too-many")])
+    index.apply_events("b", [stored([1], m) for m in ("GPU", "CPU", "STORAGE", None)])
+    assert len(index.mediums) == 256 and index.num_blocks("b") == 4
+
+
+def test_one_instance_cannot_fill_the_medium_table(KVIndex):
+    """One publisher naming ever new mediums took the compiled index from 32 to 542 MiB and
+    refused every other instance's first CPU store until clear(): an instance names at most
+    MAX_INSTANCE_MEDIUMS others, and its mediums (and their memory) go when it is removed."""
+    hashes = list(range(1, 4001))
+    index = KVIndex()
+    index.apply_events("good", [stored(hashes, "GPU")])
+    index.apply_events("evil", [stored([1], f"x{k}") for k in range(8)])
+    before = snapshot(index)
+    with pytest.raises(ValueError, match="^instance 'evil' names more than 8 mediums besides GPU, CPU, STORAGE "
+                                         "and None$"):
+        index.apply_events("evil", [stored([1], "x8")])
+    assert snapshot(index) == before
+    index.apply_events("evil", [stored([1], m) for m in ("GPU", "CPU", "STORAGE", None)])  # not counted
+    index.apply_events("evil", [removed([1], "x0")])  # one it named already
+    index.apply_events("other", [stored([5], "CPU"), stored([6], "x0")])
+    grown = index.memory_bytes
+    index.remove_instance("evil")
+    assert index.mediums == ("GPU", "x0", "CPU")  # x0 is other's too
+    index.remove_instance("other")
+    assert index.mediums == ("GPU",)
+    fresh = KVIndex()
+    fresh.apply_events("good", [stored(hashes, "GPU")])
+    assert index.memory_bytes <= fresh.memory_bytes + 4096 < grown
+    assert index.longest_prefix(hashes) == {"good": 4000} and index.longest_prefix([1], "x1") == {"good": 0}
+    index.apply_events("evil", [stored([1], f"y{k}") for k in range(8)])  # a new life, a new bound
+    assert len(index.mediums) == 9
 
 
 def test_twins_refuse_alike():
@@ -815,3 +851,15 @@ def test_pure_twin_checks_plain_hashes_inline(monkeypatch):
         index.apply_events("a", [stored([1, True])])
     assert calls
     assert index.stats["events_applied"] == 1
+
+
+def test_an_index_is_bounded_by_default(KVIndex):
+    """One batch of millions of hashes took an unbounded ``KVIndex()`` to gigabytes: by default
+    it holds 2**20 entries (the least recently stored go first, counted), unless told otherwise."""
+    index = KVIndex()
+    assert index.max_blocks == 1 << 20 and KVIndex(None).max_blocks is None
+    flood = BlockStored(block_hashes=list(range((1 << 20) + 5)), parent_block_hash=None, token_ids=[],
+                        block_size=16, lora_id=None, medium="GPU", lora_name=None)
+    index.apply_events("a", [flood])
+    assert (index.num_blocks(), index.stats["entries_dropped"]) == (1 << 20, 5)
+    assert index.longest_prefix([5, 6]) == {"a": 2} and index.longest_prefix([4]) == {"a": 0}

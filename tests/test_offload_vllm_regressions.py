@@ -358,11 +358,19 @@ def test_base_names_as_vllm():
     assert base.OffloadingKVEventsConfig(True, False).self_describing_kv_events is False
     assert base.OffloadingSpec.build_metric_definitions({}) == {}
     assert base.OffloadingSpec.config_info_keys({}) == ()
-    for name in ("CanonicalKVCaches", "CanonicalKVCacheRef", "CanonicalKVCacheTensor", "TransferResult",
-                 "OffloadingWorker"):
+    for name in ("CanonicalKVCaches", "CanonicalKVCacheRef", "CanonicalKVCacheTensor"):  # no torch needed
         assert isinstance(getattr(base, name), type), name
     with pytest.raises(AttributeError):
         base.NoSuchName  # noqa: B018
+
+
+def test_base_worker_names_as_vllm():
+    """The transfer worker's names in vllm.v1.kv_offload.base: they load the worker, which needs torch."""
+    pytest.importorskip("torch")
+    from kvcy.kv_offload import base
+
+    for name in ("TransferResult", "OffloadingWorker"):
+        assert isinstance(getattr(base, name), type), name
 
 
 # =============================================================================

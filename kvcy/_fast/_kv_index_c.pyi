@@ -5,15 +5,16 @@ from typing import final
 
 from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
-__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
+__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_INSTANCE_MEDIUMS", "MAX_MEDIUMS", "KVIndex"]
 
 IMPLEMENTATION: str
 MAX_INSTANCES: int
+MAX_INSTANCE_MEDIUMS: int
 MAX_MEDIUMS: int
 
 @final
 class KVIndex:
-    def __init__(self, max_blocks: int | None = None) -> None: ...
+    def __init__(self, max_blocks: int | None = 1048576) -> None: ...
     @property
     def max_blocks(self) -> int | None: ...
     @property

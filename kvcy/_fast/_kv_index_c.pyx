@@ -36,13 +36,21 @@ import sys as _sys
 
 from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, as_kv_event_batch
 
-__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
+__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_INSTANCE_MEDIUMS", "MAX_MEDIUMS", "KVIndex"]
 
 IMPLEMENTATION = "cython"
 #: At most this many instances are known at once (``remove_instance`` frees a place).
 MAX_INSTANCES = 65536
-#: At most this many distinct mediums (``None`` is one) until ``clear()``.
+#: At most this many distinct mediums (``None`` is one) in use at once; ``None``, ``"GPU"``,
+#: ``"CPU"`` and ``"STORAGE"`` always find a place.
 MAX_MEDIUMS = 256
+#: At most this many mediums besides those four may one instance use (until it is removed).
+MAX_INSTANCE_MEDIUMS = 8
+
+#: The mediums vLLM's events name (and None): never refused, counted in no instance's bound.
+_COMMON_MEDIUMS = frozenset((None, "GPU", "CPU", "STORAGE"))
+#: A medium id free for reuse, in ``_mnames`` (``None`` is a medium's name).
+_FREE = object()
 
 cdef extern from "Python.h":
     PyObject **PySequence_Fast_ITEMS(object o)
@@ -150,7 +158,12 @@ cdef class KVIndex:
       as ``BlockStored`` with no removal to match, so an entry can outlive its blocks until
       ``AllBlocksCleared`` or :meth:`remove_instance`.)  ``group_idx`` is not kept otherwise.
     * Mediums are apart: a hash in ``"GPU"`` and ``"CPU"`` is two entries; removing one leaves
-      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.
+      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.  A
+      medium is in use from the first event of an instance that names it until every instance
+      that named one is removed; one instance may name at most ``MAX_INSTANCE_MEDIUMS``
+      mediums besides ``None``, ``"GPU"``, ``"CPU"`` and ``"STORAGE"`` (so that no instance
+      can fill the index's ``MAX_MEDIUMS`` and refuse the others' stores), and those four
+      always find a place.
     * A ``BlockRemoved`` hash not held in that medium is a no-op, counted
       (``stats["removals_unknown"]``).  ``AllBlocksCleared`` forgets all the instance holds,
       in every medium (vLLM sends it when its prefix cache is reset).
@@ -166,8 +179,8 @@ cdef class KVIndex:
     Bad input raises before the call changes anything: ``TypeError`` for a name that is not a
     ``str``, an event not of the three classes, ``block_hashes`` not a list or tuple, a hash
     neither ``int`` nor ``bytes``, a medium neither ``str`` nor ``None``; ``ValueError`` for an
-    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances or
-    ``MAX_MEDIUMS`` mediums.
+    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances,
+    ``MAX_MEDIUMS`` mediums or ``MAX_INSTANCE_MEDIUMS`` other mediums of one instance.
     """
 
     cdef object _max_blocks_obj
@@ -209,9 +222,14 @@ cdef class KVIndex:
     cdef uint64_t *_alive                # W words: the known instances
     cdef Py_ssize_t *_qpos               # query scratch, per iid
     cdef uint64_t *_qcur                 # query scratch, W words
-    # mediums
+    # mediums: name -> mid (those in use, first seen first); mid -> name (_FREE: reusable);
+    # mid -> instances that named it; instance -> the mediums it named; mediums in use besides
+    # the common four
     cdef dict _mids
     cdef list _mnames
+    cdef list _musers
+    cdef dict _imeds
+    cdef Py_ssize_t _mothers
     # counters
     cdef long long _events_applied, _batches_applied, _blocks_stored, _blocks_removed, _removals_unknown
     cdef long long _all_blocks_cleared, _entries_cleared, _entries_dropped, _instances_removed
@@ -220,11 +238,15 @@ cdef class KVIndex:
     def __cinit__(self):
         self._reset()
 
-    def __init__(self, max_blocks: int | None = None) -> None:
+    def __init__(self, max_blocks: int | None = 1048576) -> None:
         """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
 
         Over the bound the least recently stored entry goes first: it is the likeliest to have
         left its instance's cache already, as vLLM evicts its least recently used blocks first.
+        The default bound, 2**20 entries (``memory_bytes`` about 130 MiB in the compiled twin,
+        410 MiB in the pure one), keeps one flood of events from taking gigabytes; a fleet
+        holding more blocks passes its own (``max_blocks`` and ``stats["entries_dropped"]``
+        report it).
 
         Raises:
             TypeError: ``max_blocks`` is not an int or None.
@@ -249,6 +271,7 @@ cdef class KVIndex:
         """Forget everything but the counters: the C arrays first, then the Python containers."""
         self._free_all()
         self._iids, self._order, self._free_iids, self._mids, self._mnames, self._ints = {}, [], [], {}, [], []
+        self._musers, self._imeds, self._mothers = [], {}, 0
         self._template = None
         return 0
 
@@ -345,7 +368,7 @@ cdef class KVIndex:
         if self._hcap:
             memset(bits, 0, <size_t>(self._hcap * stride) * sizeof(uint64_t))
             for h in range(self._hcap):
-                for m in range(self._mcap + 1):
+                for m in range(min(self._mcap, mcap) + 1):
                     memcpy(&bits[h * stride + m * W], &self._bits[h * self._stride + m * self._W],
                            <size_t>self._W * sizeof(uint64_t))
         memset(alive, 0, <size_t>W * sizeof(uint64_t))
@@ -568,8 +591,8 @@ cdef class KVIndex:
 
     @property
     def mediums(self):
-        """The mediums seen since the last ``clear()``, first seen first."""
-        return tuple(self._mnames)
+        """The mediums in use (named by a known instance's events), first seen first."""
+        return tuple(self._mids)
 
     @property
     def memory_bytes(self):
@@ -589,7 +612,10 @@ cdef class KVIndex:
         size += 2 * self._W * <Py_ssize_t>sizeof(uint64_t)
         size += self._bytes_held
         size += _sys.getsizeof(self._iids) + _sys.getsizeof(self._order) + _sys.getsizeof(self._free_iids)
-        size += _sys.getsizeof(self._mids) + _sys.getsizeof(self._mnames)
+        size += _sys.getsizeof(self._mids) + _sys.getsizeof(self._mnames) + _sys.getsizeof(self._musers)
+        size += _sys.getsizeof(self._imeds)
+        for used in self._imeds.values():
+            size += _sys.getsizeof(used)
         for name in self._order:
             size += _sys.getsizeof(name)
         return size
@@ -676,7 +702,8 @@ cdef class KVIndex:
         n = len(<tuple>events)
         staged = []          # the events' hashes, as tuples: they keep the bytes alive
         ev_mediums = []
-        new_mediums = []     # made here: filled below with appends only (no garbage collection)
+        new_mediums = []     # new to the instance; made here: filled below with appends only
+        cdef Py_ssize_t nslots, nfree, fresh = 0
         try:
             info = <Py_ssize_t *>PyMem_Malloc(<size_t>(3 * n + 1) * sizeof(Py_ssize_t))
             if info == NULL:
@@ -723,12 +750,17 @@ cdef class KVIndex:
             # 2. From here on no Python code runs (a finalizer run by the garbage collector while
             # the hashes were copied may have changed the index): count the new mediums, find the
             # instance a place and reserve all the memory the events may take.
+            used = self._imeds.get(instance, ())
             for i in range(n):
                 medium = ev_mediums[i]
-                if info[3 * i] != 2 and medium not in self._mids and medium not in new_mediums:
+                if info[3 * i] != 2 and medium not in used and medium not in new_mediums:
                     new_mediums.append(medium)
-            if len(self._mnames) + len(new_mediums) > MAX_MEDIUMS:
-                raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
+            if new_mediums:
+                self._check_mediums(instance, used, new_mediums)
+                for medium in new_mediums:
+                    fresh += medium not in self._mids
+            nfree = len(self._mnames) - len(self._mids)
+            nslots = len(self._mnames) + (fresh - nfree if fresh > nfree else 0)
             iid_obj = self._iids.get(instance)
             if iid_obj is None:
                 if len(self._order) >= MAX_INSTANCES:
@@ -736,11 +768,22 @@ cdef class KVIndex:
                 iid = self._free_iids[len(self._free_iids) - 1] if self._free_iids else self._inext_new
             else:
                 iid = iid_obj
-            self._reserve(nstore, iid, len(self._mnames) + len(new_mediums))
+            self._reserve(nstore, iid, nslots)
             # 3. Commit: the names first, then the C work, which cannot fail.
-            for medium in new_mediums:
-                self._mids[medium] = len(self._mnames)
-                self._mnames.append(medium)
+            if new_mediums:
+                mine = self._imeds.get(instance)
+                if mine is None:
+                    mine = self._imeds[instance] = set()
+                for medium in new_mediums:
+                    mine.add(medium)
+                    mid_obj = self._mids.get(medium)
+                    if mid_obj is None:
+                        mid_obj = self._new_mid()
+                        self._mids[medium] = mid_obj
+                        self._mnames[mid_obj] = medium
+                        self._musers[mid_obj] = 0
+                        self._mothers += medium not in _COMMON_MEDIUMS
+                    self._musers[mid_obj] += 1
             if iid_obj is None:
                 if self._free_iids:
                     self._free_iids.pop()
@@ -802,6 +845,55 @@ cdef class KVIndex:
         self._template = None
         self._free_iids.append(iid)
         del self._iids[instance]
+        self._release_mediums(self._imeds.pop(instance, ()))
+
+    cdef int _check_mediums(self, str instance, object used, list new) except -1:
+        """Refuse ``new`` (mediums new to ``instance``) past the instance's or the index's bound."""
+        cdef Py_ssize_t mine = 0, others = 0
+        for medium in used:
+            mine += medium not in _COMMON_MEDIUMS
+        for medium in new:
+            mine += medium not in _COMMON_MEDIUMS
+            others += medium not in _COMMON_MEDIUMS and medium not in self._mids
+        if mine > MAX_INSTANCE_MEDIUMS:
+            raise ValueError(f"instance {instance!r} names more than {MAX_INSTANCE_MEDIUMS} mediums "
+                             "besides GPU, CPU, STORAGE and None")
+        if self._mothers + others > MAX_MEDIUMS - len(_COMMON_MEDIUMS):
+            raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
+        return 0
+
+    cdef Py_ssize_t _new_mid(self) except -1:
+        """A medium id: the lowest free one, else a new one (``_reserve`` made room for it)."""
+        cdef Py_ssize_t mid
+        for mid in range(len(self._mnames)):
+            if self._mnames[mid] is _FREE:
+                return mid
+        self._mnames.append(_FREE)
+        self._musers.append(0)
+        return len(self._mnames) - 1
+
+    cdef int _release_mediums(self, object mediums) except -1:
+        """Those of ``mediums`` no instance names any more go, and the bitsets shrink to the
+        mediums left when they can (no entry refers to a medium no instance names)."""
+        cdef Py_ssize_t mid, mcap = 1
+        for medium in mediums:
+            mid = self._mids[medium]
+            self._musers[mid] -= 1
+            if self._musers[mid] == 0:
+                del self._mids[medium]
+                self._mnames[mid] = _FREE
+                self._mothers -= medium not in _COMMON_MEDIUMS
+        while self._mnames and self._mnames[len(self._mnames) - 1] is _FREE:
+            self._mnames.pop()
+            self._musers.pop()
+        while mcap < len(self._mnames):
+            mcap *= 2
+        if mcap < self._mcap:
+            try:
+                self._relayout(self._W, mcap)
+            except MemoryError:  # keep the wider bitsets: nothing is lost
+                pass
+        return 0
 
     def clear(self) -> None:
         """Forget every instance, entry and medium (the counters of ``stats`` are kept)."""

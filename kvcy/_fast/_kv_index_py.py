@@ -19,14 +19,20 @@ from typing import Any
 
 from kvcy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, as_kv_event_batch
 
-__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_MEDIUMS", "KVIndex"]
+__all__ = ["IMPLEMENTATION", "MAX_INSTANCES", "MAX_INSTANCE_MEDIUMS", "MAX_MEDIUMS", "KVIndex"]
 
 IMPLEMENTATION = "python"
 
 #: At most this many instances are known at once (``remove_instance`` frees a place).
 MAX_INSTANCES = 65536
-#: At most this many distinct mediums (``None`` is one) until ``clear()``.
+#: At most this many distinct mediums (``None`` is one) in use at once; ``None``, ``"GPU"``,
+#: ``"CPU"`` and ``"STORAGE"`` always find a place.
 MAX_MEDIUMS = 256
+#: At most this many mediums besides those four may one instance use (until it is removed).
+MAX_INSTANCE_MEDIUMS = 8
+
+#: The mediums vLLM's events name (and None): never refused, counted in no instance's bound.
+_COMMON_MEDIUMS = frozenset((None, "GPU", "CPU", "STORAGE"))
 
 _HASH_LIMIT = 1 << 64
 
@@ -73,6 +79,20 @@ def _check_medium(medium: object, where: str) -> None:
         raise TypeError(f"{where} must be a str or None, got {type(medium).__name__}")
 
 
+def _check_mediums(index: Any, instance: str, new: list[Medium]) -> None:
+    """Refuse ``new`` (mediums new to ``instance``) past the instance's or the index's bound."""
+    if not new:
+        return
+    used = index._mediums_of.get(instance, ())
+    mine = sum(m not in _COMMON_MEDIUMS for m in used) + sum(m not in _COMMON_MEDIUMS for m in new)
+    if mine > MAX_INSTANCE_MEDIUMS:
+        raise ValueError(f"instance {instance!r} names more than {MAX_INSTANCE_MEDIUMS} mediums "
+                         "besides GPU, CPU, STORAGE and None")
+    others = sum(m not in _COMMON_MEDIUMS and m not in index._users for m in new)
+    if index._others + others > MAX_MEDIUMS - len(_COMMON_MEDIUMS):
+        raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
+
+
 def _query_hashes(block_hashes: object) -> Sequence[Any]:
     """``block_hashes`` as a sequence to walk: a list or tuple as is, a buffer of unsigned
     64-bit ints read as ints, any other iterable as a list (``str``/``bytes`` refused)."""
@@ -113,7 +133,12 @@ class KVIndex:
       as ``BlockStored`` with no removal to match, so an entry can outlive its blocks until
       ``AllBlocksCleared`` or :meth:`remove_instance`.)  ``group_idx`` is not kept otherwise.
     * Mediums are apart: a hash in ``"GPU"`` and ``"CPU"`` is two entries; removing one leaves
-      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.
+      the other.  ``None`` is a medium of its own; ``medium=None`` in a query means any.  A
+      medium is in use from the first event of an instance that names it until every instance
+      that named one is removed; one instance may name at most ``MAX_INSTANCE_MEDIUMS``
+      mediums besides ``None``, ``"GPU"``, ``"CPU"`` and ``"STORAGE"`` (so that no instance
+      can fill the index's ``MAX_MEDIUMS`` and refuse the others' stores), and those four
+      always find a place.
     * A ``BlockRemoved`` hash not held in that medium is a no-op, counted
       (``stats["removals_unknown"]``).  ``AllBlocksCleared`` forgets all the instance holds,
       in every medium (vLLM sends it when its prefix cache is reset).
@@ -129,15 +154,19 @@ class KVIndex:
     Bad input raises before the call changes anything: ``TypeError`` for a name that is not a
     ``str``, an event not of the three classes, ``block_hashes`` not a list or tuple, a hash
     neither ``int`` nor ``bytes``, a medium neither ``str`` nor ``None``; ``ValueError`` for an
-    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances or
-    ``MAX_MEDIUMS`` mediums.
+    ``int`` hash outside ``[0, 2**64)`` or more than ``MAX_INSTANCES`` instances,
+    ``MAX_MEDIUMS`` mediums or ``MAX_INSTANCE_MEDIUMS`` other mediums of one instance.
     """
 
-    def __init__(self, max_blocks: int | None = None) -> None:
+    def __init__(self, max_blocks: int | None = 1048576) -> None:
         """Make an empty index, holding at most ``max_blocks`` entries (``None``: no bound).
 
         Over the bound the least recently stored entry goes first: it is the likeliest to have
         left its instance's cache already, as vLLM evicts its least recently used blocks first.
+        The default bound, 2**20 entries (``memory_bytes`` about 130 MiB in the compiled twin,
+        410 MiB in the pure one), keeps one flood of events from taking gigabytes; a fleet
+        holding more blocks passes its own (``max_blocks`` and ``stats["entries_dropped"]``
+        report it).
 
         Raises:
             TypeError: ``max_blocks`` is not an int or None.
@@ -161,6 +190,10 @@ class KVIndex:
         # medium -> hash -> the instances holding it there; hash -> those holding it anywhere.
         self._by_medium: dict[Medium, dict[Hash, int]] = {}
         self._any: dict[Hash, int] = {}
+        # instance -> the mediums its events named; medium -> the instances that named it.
+        self._mediums_of: dict[str, set[Medium]] = {}
+        self._users: dict[Medium, int] = {}
+        self._others = 0  # mediums in use besides the common four
         self._stats = {
             "events_applied": 0,
             "batches_applied": 0,
@@ -189,7 +222,7 @@ class KVIndex:
 
     @property
     def mediums(self) -> tuple[str | None, ...]:
-        """The mediums seen since the last ``clear()``, first seen first."""
+        """The mediums in use (named by a known instance's events), first seen first."""
         return tuple(self._by_medium)
 
     @property
@@ -212,6 +245,8 @@ class KVIndex:
         for h, holders in self._any.items():
             size += sys.getsizeof(h) + sys.getsizeof(holders)
         size += sys.getsizeof(self._bit) + sys.getsizeof(self._names)
+        size += sys.getsizeof(self._mediums_of) + sys.getsizeof(self._users)
+        size += sum(sys.getsizeof(s) for s in self._mediums_of.values())
         return size
 
     @property
@@ -273,7 +308,8 @@ class KVIndex:
         instance = _instance_name(instance)
         if type(events) is not tuple:  # a snapshot, as the compiled twin takes: checks cannot change it
             events = tuple(events)
-        new_mediums: list[Medium] = []
+        used = self._mediums_of.get(instance, ())
+        new_mediums: list[Medium] = []  # new to the instance
         # Each event's hashes and medium, read once (as the compiled twin does): applied as checked.
         staged: list[tuple[int, Medium, Sequence[Hash]]] = []
         for i, ev in enumerate(events):
@@ -291,10 +327,9 @@ class KVIndex:
             medium = ev.medium
             _check_medium(medium, f"events[{i}].medium")
             staged.append((0 if isinstance(ev, BlockStored) else 1, medium, hashes))
-            if medium not in self._by_medium and medium not in new_mediums:
+            if medium not in used and medium not in new_mediums:
                 new_mediums.append(medium)
-        if len(self._by_medium) + len(new_mediums) > MAX_MEDIUMS:
-            raise ValueError(f"the index holds at most {MAX_MEDIUMS} mediums")
+        _check_mediums(self, instance, new_mediums)
         if instance not in self._by_instance:
             if len(self._by_instance) >= MAX_INSTANCES:
                 raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
@@ -303,8 +338,14 @@ class KVIndex:
             self._bit[instance] = bit
             self._names[bit] = instance
             self._alive |= 1 << bit
+        mine = self._mediums_of.setdefault(instance, set())
         for medium in new_mediums:
-            self._by_medium[medium] = {}
+            mine.add(medium)
+            if medium not in self._users:
+                self._by_medium[medium] = {}
+                self._users[medium] = 0
+                self._others += medium not in _COMMON_MEDIUMS
+            self._users[medium] += 1
         for kind, medium, hashes in staged:
             if kind == 0:
                 for h in hashes:
@@ -382,6 +423,12 @@ class KVIndex:
             return
         self._forget(instance)
         del self._by_instance[instance]
+        for medium in self._mediums_of.pop(instance, ()):  # released with the last one to name it
+            self._users[medium] -= 1
+            if not self._users[medium]:
+                del self._users[medium]
+                del self._by_medium[medium]
+                self._others -= medium not in _COMMON_MEDIUMS
         bit = self._bit.pop(instance)
         del self._names[bit]
         self._alive &= ~(1 << bit)
@@ -393,6 +440,9 @@ class KVIndex:
         self._by_instance.clear()
         self._by_medium.clear()
         self._any.clear()
+        self._mediums_of.clear()
+        self._users.clear()
+        self._others = 0
         self._bit.clear()
         self._names.clear()
         self._alive = 0

@@ -20,7 +20,15 @@ Per publisher it keeps an ``InstanceState``:
   published up to or past this subscriber's place before it is heard again (ZeroMQ reconnects
   take a while);
 - a message that does not decode (wrong frame count, a sequence frame that is not 8 bytes, a
-  truncated or foreign payload) is counted in ``malformed`` and skipped;
+  truncated, foreign or too deeply nested payload, a timestamp that is not a finite number) is
+  counted in ``malformed`` and skipped; so is a live number more than ``MAX_SEQ_JUMP`` past the
+  next one expected (no publisher gets there: taken as a gap it would count ~2**64 batches lost
+  and stall the stream), and a replay answer numbered outside what was asked (below the start,
+  or past the live number that caused the request other than as the next of a consecutive run);
+- what a subscriber buffers is bounded: ZeroMQ drops a message over ``max_message_size`` (and
+  the connection that sent it, which is then made again), and one replay answer keeps at most
+  ``max_replay_bytes`` of payload (the rest is dropped as if the answer had timed out, and its
+  numbers count lost);
 - with ``silent_after`` set, an instance that sent nothing for that many seconds is forgotten
   and counted in ``silences``; when it speaks again it is treated as a newcomer (its history is
   replayed from its first batch still buffered).
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -74,7 +83,8 @@ class InstanceState:
         gaps: holes seen in the sequence numbers (a late join counts once).
         replayed: batches applied from the replay socket.
         lost: sequence numbers never applied (not replayable).
-        malformed: messages skipped because they did not decode or the index refused them.
+        malformed: messages skipped because they did not decode, were numbered where no batch
+            can be (see the module doc), or the index refused them.
         restarts: times the publisher restarted: its numbers went back, or its replay held
             another batch under the last number applied (instance forgotten each time).
         silences: times the instance was forgotten for saying nothing for ``silent_after``.
@@ -110,8 +120,9 @@ class _Link:
         self.state = state
         self.sub = sub
         self.dealer: Any = None
-        #: ZeroMQ's events of ``sub`` (with a replay socket only): a lost connection makes the
-        #: next batch ``suspect``, checked against the replay (the publisher may have restarted).
+        #: ZeroMQ's events of ``sub``: a lost connection is made again, and (with a replay
+        #: socket) makes the next batch ``suspect``, checked against the replay (the publisher
+        #: may have restarted).
         self.monitor: Any = None
         self.suspect = False
         #: The encoded batch numbered ``state.last_seq``, as it came: a replay that brings back
@@ -138,6 +149,12 @@ class EventSubscriber:
             takes up to four of its sockets (SUB, the connection monitor's two, a replay
             DEALER): for hundreds of publishers raise its ``zmq.MAX_SOCKETS`` (1023 by default).
         clock: the wall clock lag is measured with (``time.time``).
+        max_message_size: the largest message, in bytes, the sockets accept (ZeroMQ's
+            ``MAXMSGSIZE``: a larger one is dropped with the connection that sent it, which
+            then reconnects); None for no limit.  64 MiB by default, hundreds of times a
+            scheduler step's events.
+        max_replay_bytes: the most payload bytes one replay answer is buffered with before it
+            is applied (256 MiB by default); the rest of a larger answer is dropped.
 
     Raises:
         ValueError, TypeError: a bad setting or publisher entry (no socket is left open).
@@ -146,6 +163,9 @@ class EventSubscriber:
     #: Messages read from one socket per ``poll`` pass, so one busy publisher cannot starve
     #: the others.
     MAX_BATCHES_PER_POLL: int = 1000
+    #: How far past the next expected number a batch may be (once one was applied) and still
+    #: count as a gap: 2**32 batches take a publisher years; beyond, it is malformed.
+    MAX_SEQ_JUMP: int = 1 << 32
 
     def __init__(
         self,
@@ -158,6 +178,8 @@ class EventSubscriber:
         rcvhwm: int = 100_000,
         context: Any = None,
         clock: Callable[[], float] = time.time,
+        max_message_size: int | None = 64 << 20,
+        max_replay_bytes: int = 256 << 20,
     ) -> None:
         for method in ("apply_batch", "remove_instance"):
             if not callable(getattr(index, method, None)):
@@ -170,6 +192,11 @@ class EventSubscriber:
             raise ValueError(f"replay_timeout must be >= 0, got {replay_timeout!r}")
         if not isinstance(rcvhwm, int) or isinstance(rcvhwm, bool) or rcvhwm < 0:
             raise ValueError(f"rcvhwm must be an int >= 0, got {rcvhwm!r}")
+        if max_message_size is not None and (not isinstance(max_message_size, int) or isinstance(max_message_size, bool)
+                                             or max_message_size < 1):
+            raise ValueError(f"max_message_size must be None or an int >= 1, got {max_message_size!r}")
+        if not isinstance(max_replay_bytes, int) or isinstance(max_replay_bytes, bool) or max_replay_bytes < 1:
+            raise ValueError(f"max_replay_bytes must be an int >= 1, got {max_replay_bytes!r}")
         zmq = import_zmq()
         self._zmq = zmq
         self._ctx = context if context is not None else zmq.Context.instance()
@@ -178,6 +205,8 @@ class EventSubscriber:
         self.silent_after = silent_after
         self.replay_timeout = float(replay_timeout)
         self.rcvhwm = rcvhwm
+        self.max_message_size = max_message_size
+        self.max_replay_bytes = max_replay_bytes
         self._clock = clock
         self._decoder = msgspec.msgpack.Decoder(KVEventBatch)
         self._links: dict[str, _Link] = {}
@@ -218,19 +247,19 @@ class EventSubscriber:
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
+            sub.setsockopt(zmq.MAXMSGSIZE, -1 if self.max_message_size is None else self.max_message_size)
             sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode("utf-8"))
             sub.connect(endpoint)
         except BaseException:
             sub.close(linger=0)
             raise
         link = _Link(InstanceState(instance, endpoint, replay_endpoint), sub)
-        if replay_endpoint is not None:
-            try:
-                link.monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            except BaseException:
-                sub.close(linger=0)
-                raise
-            self._poller.register(link.monitor, zmq.POLLIN)
+        try:
+            link.monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        except BaseException:
+            sub.close(linger=0)
+            raise
+        self._poller.register(link.monitor, zmq.POLLIN)
         self._links[instance] = link
         self._poller.register(sub, zmq.POLLIN)
 
@@ -378,12 +407,24 @@ class EventSubscriber:
         if len(frames) != 3 or len(frames[1]) != 8:
             state.malformed += 1
             return None
-        try:
-            batch = self._decoder.decode(frames[2])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            state.malformed += 1
+        batch = self._decode_payload(state, frames[2])
+        if batch is None:
             return None
         return int.from_bytes(frames[1], "big"), batch, frames[2]
+
+    def _decode_payload(self, state: InstanceState, payload: bytes) -> Any:
+        """The batch a payload holds, or None (counted malformed).  Any failure to decode is the
+        sender's fault, a nesting too deep for the decoder (RecursionError) included; and a
+        timestamp that is not finite would make the lag meaningless."""
+        try:
+            batch = self._decoder.decode(payload)
+        except Exception:
+            state.malformed += 1
+            return None
+        if not math.isfinite(batch.ts):
+            state.malformed += 1
+            return None
+        return batch
 
     def _on_message(self, link: _Link, frames: list[bytes]) -> int:
         state = link.state
@@ -392,6 +433,9 @@ class EventSubscriber:
         if decoded is None:
             return 0
         seq, batch, payload = decoded
+        if state.last_seq is not None and seq - state.last_seq > self.MAX_SEQ_JUMP:
+            state.malformed += 1
+            return 0
         applied = 0
         if state.live_seq is not None and seq <= state.live_seq:
             state.restarts += 1
@@ -428,11 +472,15 @@ class EventSubscriber:
             link.dealer = self._ctx.socket(zmq.DEALER)
             link.dealer.setsockopt(zmq.LINGER, 0)
             link.dealer.setsockopt(zmq.RCVHWM, 0)  # a whole replay buffer may come back at once
+            link.dealer.setsockopt(zmq.MAXMSGSIZE, -1 if self.max_message_size is None else self.max_message_size)
             link.dealer.connect(state.replay_endpoint)
-        got: list[tuple[int, Any, bytes]] = []
+        # (number, payload) kept undecoded until applied: decoded batches take several times
+        # their bytes, and the answer's size is bounded in bytes.
+        got: list[tuple[int, bytes]] = []
+        size = 0
         finished = False
+        ask = start if check is None else check
         try:
-            ask = start if check is None else check
             link.dealer.send_multipart((b"", ask.to_bytes(8, "big")), zmq.NOBLOCK)
             deadline = time.monotonic() + self.replay_timeout
             while (left := deadline - time.monotonic()) > 0 and link.dealer.poll(int(left * 1000) + 1):
@@ -443,9 +491,15 @@ class EventSubscriber:
                 if len(frames) == 4 and frames[2] == END_SEQ:
                     finished = True
                     break
-                decoded = self._decode(state, frames[1:])
-                if decoded is not None:
-                    got.append(decoded)
+                if len(frames) != 4 or len(frames[2]) != 8:
+                    state.malformed += 1
+                    continue
+                size += len(frames[3])
+                if size > self.max_replay_bytes:
+                    logger.warning("KV-event replay from %s passed %d bytes: the rest is dropped",
+                                   state.replay_endpoint, self.max_replay_bytes)
+                    break
+                got.append((int.from_bytes(frames[2], "big"), frames[3]))
         except zmq.Again:
             pass
         if not finished:
@@ -455,7 +509,7 @@ class EventSubscriber:
             logger.warning("KV-event replay from %s got no end marker within %.2f s",
                            state.replay_endpoint, self.replay_timeout)
         if finished and check is not None \
-                and any(seq == check and payload != link.last_payload for seq, _, payload in got):
+                and any(seq == check and payload != link.last_payload for seq, payload in got):
             logger.warning("KV-event publisher %s restarted: its batch %d is not the one applied",
                            state.instance, check)
             live = state.live_seq
@@ -463,11 +517,29 @@ class EventSubscriber:
             self._forget(state)
             state.live_seq = live
             return self._replay(link, 0)
-        applied = 0
-        for seq, batch, payload in sorted(got, key=lambda item: item[0]):
+        # What was asked: numbers from ``ask`` up to the live one that caused the request (the
+        # publisher's buffer holds it), then any consecutive run past it (published since).
+        # Anything else is no answer to this request: refused and counted malformed.
+        upper = state.live_seq
+        reach = upper
+        applied = refused = 0
+        for seq, payload in sorted(got, key=lambda item: item[0]):
+            if seq < ask or (reach is not None and seq > reach + 1) or (
+                    state.last_seq is not None and seq - state.last_seq > self.MAX_SEQ_JUMP):
+                refused += 1
+                continue
+            if reach is not None:
+                reach = max(reach, seq)
             if seq >= start and (state.last_seq is None or seq > state.last_seq):
+                batch = self._decode_payload(state, payload)
+                if batch is None:
+                    continue
                 applied += self._apply(link, seq, batch, payload)
                 state.replayed += 1
+        if refused:
+            state.malformed += refused
+            logger.warning("KV-event replay from %s: %d answer(s) numbered outside what was asked, refused",
+                           state.replay_endpoint, refused)
         return applied
 
     def _apply(self, link: _Link, seq: int, batch: Any, payload: bytes) -> int:
@@ -525,7 +597,14 @@ class EventSubscriber:
             except zmq.Again:
                 return
             if event["event"] == zmq.EVENT_DISCONNECTED:
-                link.suspect = True
+                link.suspect = link.state.replay_endpoint is not None
+                # ZeroMQ does not reconnect after a protocol error, a message over
+                # MAXMSGSIZE included: connect again, or this publisher is never heard again.
+                try:
+                    link.sub.disconnect(link.state.endpoint)
+                except zmq.ZMQError:
+                    pass
+                link.sub.connect(link.state.endpoint)
 
     def _unregister(self, link: _Link) -> None:
         self._poller.unregister(link.sub)

@@ -27,12 +27,28 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from kvcy import ops
 from kvcy.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvcy import ops
+else:
+
+    class _TorchOnFirstUse:
+        """Stands for torch until the first attribute is read, then puts torch itself in its
+        place: the dataclasses here import without torch (``kvcy.kv_offload.base`` names them,
+        as vLLM's does), and only using them needs it."""
+
+        def __getattr__(self, name: str) -> Any:
+            import torch
+
+            globals()["torch"] = torch
+            return getattr(torch, name)
+
+    torch = _TorchOnFirstUse()
 
 __all__ = [
     "CanonicalKVCacheRef",
@@ -186,6 +202,8 @@ def _block_view(x: torch.Tensor, layout: ops.Layout, block_dim: int, what: str) 
             raise ValueError(f"{what}: block_dim {block_dim} is out of range for a {x.dim()}-D tensor")
         return x, block_dim % x.dim()
     try:
+        from kvcy import ops
+
         return ops.logical_view(x, layout), 1
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None

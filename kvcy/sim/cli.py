@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvcy.cli import float_arg, int_arg, parse_size, positive_int, size_arg
+from kvcy.cli import dtype_arg, float_arg, int_arg, parse_size, positive_int, size_arg
 from kvcy.sim.fleet import MAX_INSTANCES, ROUTERS, TRANSPORTS
 from kvcy.sim.scheduler import (
     MAX_BLOCK_SIZE,
@@ -36,6 +36,9 @@ __all__ = ["DEFAULT_NUM_BLOCKS", "add_parser", "main", "parse_size", "run"]
 #: Pool size when neither --num-blocks nor --kv-memory is given: 32,768 blocks
 #: (512 Ki tokens at block size 16: a Llama-3-8B-shaped KV cache in 64 GiB).
 DEFAULT_NUM_BLOCKS = 32768
+
+#: Largest --seed: a seed is an unsigned 64-bit number.
+MAX_SEED = (1 << 64) - 1
 
 _DESCRIPTION = (
     "Replay a request trace through kvcy's KVCacheManager with a continuous-batching scheduler loop; "
@@ -105,7 +108,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.set_defaults(func=run)
     p.add_argument("trace", nargs="?", metavar="TRACE", help="trace to replay (default: the bundled trace)")
     p.add_argument("--limit", type=positive_int, metavar="K", help="replay only the first K requests")
-    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed of the synthetic trace (default 0)")
+    p.add_argument("--seed", metavar="N", type=int_arg(0, MAX_SEED), default=0,
+                   help="seed of the synthetic trace (default 0)")
 
     pool = p.add_argument_group("KV-cache pool (default: %d blocks)" % DEFAULT_NUM_BLOCKS)
     size = pool.add_mutually_exclusive_group()
@@ -122,7 +126,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     pool.add_argument("--num-kv-heads", metavar="N", type=positive_int, default=8,
                       help="KV heads per layer (default 8)")
     pool.add_argument("--head-size", metavar="N", type=positive_int, default=128, help="head size (default 128)")
-    pool.add_argument("--dtype", metavar="NAME", default="bfloat16", help="KV-cache dtype (default bfloat16)")
+    pool.add_argument("--dtype", metavar="NAME", type=dtype_arg, default="bfloat16",
+                      help="KV-cache dtype (default bfloat16)")
     pool.add_argument("--block-size", metavar="N", type=int_arg(1, MAX_BLOCK_SIZE), default=16,
                       help="tokens per block (default 16)")
     pool.add_argument("--hash", default="sha256", choices=sorted(_HASH_FNS), metavar="NAME",
@@ -227,11 +232,13 @@ def _num_blocks(args: argparse.Namespace) -> int:
 def _impls(choice: str | None) -> list[str]:
     from kvcy import IMPLEMENTATION, _fast
 
-    have = _fast.available()
     if choice is None:
         return [IMPLEMENTATION]
     wanted = ["cython", "python"] if choice == "both" else [choice]
-    if "cython" in wanted and "cython" not in have:
+    if "cython" in wanted and _fast.NO_EXTENSIONS:
+        raise ValueError(f"KVCY_NO_EXTENSIONS=1 rules out the compiled (cython) twins: --impl {choice} needs it "
+                         "unset; use --impl python")
+    if "cython" in wanted and "cython" not in _fast.available():
         raise ValueError("the compiled (cython) twins are not built in this install; use --impl python")
     return wanted
 
@@ -287,7 +294,8 @@ def _progress_bar(enabled: bool, total: int) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from kvcy.sim.report import build_report, format_report
 
-    impls = _impls(args.impl)
+    if args.instances is None and args.router is None:
+        _impls(args.impl)  # refused before the trace is read (the fleet has its own refusals first)
     plot_path = Path(args.plot) if args.plot else None
     if plot_path is not None:
         if plot_path.suffix.lower() != ".png":
@@ -303,6 +311,7 @@ def _run(args: argparse.Namespace) -> int:
     num_blocks = _num_blocks(args)
     if args.instances is not None or args.router is not None:
         return _run_fleet(args, trace, num_blocks, plot_path)
+    impls = _impls(args.impl)
     cpu_blocks = 0
     bytes_per_block = None
     if args.cpu_offload is not None:

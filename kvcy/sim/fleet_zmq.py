@@ -76,14 +76,18 @@ class ZmqTransport:
             self.close()
             raise
 
-    def _settle(self, timeout: float = 5.0) -> None:
+    def _settle(self, timeout: float | None = None) -> None:
         """Wait until every subscription is live (a ZeroMQ SUB socket misses what is sent before it joined).
 
         One empty probe batch per publisher, until the subscriber has seen one
-        from each (a probe it missed is recovered by replay anyway).
+        from each (a probe it missed is recovered by replay anyway).  The wait
+        allowed grows with the fleet (5 s and 50 ms per instance): hundreds of
+        publisher threads on a busy 2-core machine take seconds to all be heard.
         """
         from kvcy.kv_events import KVEventBatch
 
+        if timeout is None:
+            timeout = 5.0 + 0.05 * len(self.publishers)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for i, pub in enumerate(self.publishers):

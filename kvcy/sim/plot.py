@@ -1,7 +1,7 @@
 """``--plot``: hit rate against cache size, per-step manager time per implementation, and the CPU tier.
 
-matplotlib is optional (``pip install kvcy[plot]``); it is imported only here,
-only when a plot is asked for.
+matplotlib is optional (the ``plot`` extra, or ``pip install matplotlib``); it is imported
+only here, only when a plot is asked for.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def _pyplot():
         import matplotlib
     except ImportError:
         raise MissingMatplotlib(
-            "--plot needs matplotlib, which is not installed: pip install 'kvcy[plot]' (or matplotlib)"
+            # Not ``pip install 'kvcy[plot]'``: in a source checkout (the README's editable
+            # install) that would fetch another kvcy from the package index.
+            "--plot needs matplotlib, which is not installed: pip install matplotlib"
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

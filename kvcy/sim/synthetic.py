@@ -84,7 +84,8 @@ def parse_synthetic_spec(spec: str) -> SyntheticConfig:
     Keys are the :class:`SyntheticConfig` field names.
 
     Raises:
-        ValueError: unknown key or a value that is not a number.
+        ValueError: unknown key, a value that is not a number (a whole one for the counts and
+            lengths: ``1e6`` is one), or out of its range (see :class:`SyntheticConfig`).
     """
     head, _, rest = spec.partition(":")
     if head != "synthetic":
@@ -99,9 +100,18 @@ def parse_synthetic_spec(spec: str) -> SyntheticConfig:
                 f"bad synthetic option {item!r}; use key=value with keys: {', '.join(known)}"
             )
         try:
-            kwargs[key] = float(value) if known[key] in ("float", float) else int(value)
+            number = float(value)
         except ValueError:
             raise ValueError(f"synthetic option {key} needs a number, got {value!r}") from None
+        if known[key] in ("float", float):
+            kwargs[key] = number
+            continue
+        try:
+            kwargs[key] = int(value)
+        except ValueError:  # 1e6 or 200.0: a whole number written as a float
+            if not number.is_integer():
+                raise ValueError(f"synthetic option {key} needs a whole number, got {value!r}") from None
+            kwargs[key] = int(number)
     return SyntheticConfig(**kwargs)  # type: ignore[arg-type]
 
 

@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import io
 import sys
+import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import msgspec
 
 __all__ = [
     "MAX_ARRIVAL_MS",
+    "MAX_LINE_BYTES",
     "MAX_TOKENS_PER_REQUEST",
     "MOONCAKE_BLOCK",
     "BUNDLED_TRACE",
@@ -54,6 +56,10 @@ MAX_ARRIVAL_MS = 1e13
 
 #: Longest prompt, and longest output, a trace request may have (16 Mi tokens).
 MAX_TOKENS_PER_REQUEST = 1 << 24
+
+#: Longest line a trace may have, in bytes: the longest request (16 Mi tokens, 32 Ki hash ids of
+#: up to 19 digits) takes about 650 KB; a longer line is refused before it is held in memory.
+MAX_LINE_BYTES = 1 << 20
 
 #: Largest Mooncake hash id (a signed 64-bit token id: it is a block's first token).
 _MAX_HASH_ID = (1 << 63) - 1
@@ -251,13 +257,17 @@ def read_mooncake(path: str | Path, limit: int | None = None, name: str | None =
     Raises:
         FileNotFoundError: no such file.
         TypeError: ``limit`` is not an int or None.
-        ValueError: a negative ``limit``, or a malformed line: not JSON, or a field of the wrong type or
-            out of range (the message names the line and the field, as msgspec
-            reports it: ``t.jsonl line 7: Expected `int` >= 1 - at `$.input_length```).
+        ValueError: a negative ``limit``; a path that is not a regular file; a ``.gz`` file that
+            is not gzip or is cut short; a line longer than :data:`MAX_LINE_BYTES`; or a malformed
+            line: not JSON, or a field of the wrong type or out of range (the message names the
+            line and the field, as msgspec reports it: ``t.jsonl line 7: Expected `int` >= 1 -
+            at `$.input_length```).  Each message names the file.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"trace file not found: {path}")
+    if not path.is_file():
+        raise ValueError(f"trace {str(path)!r} is not a regular file")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int or None, got {type(limit).__name__}: {limit!r}")
@@ -265,30 +275,46 @@ def read_mooncake(path: str | Path, limit: int | None = None, name: str | None =
             raise ValueError(f"limit must be >= 0, got {limit}")
     requests: list[TraceRequest] = []
     total = 0
-    with _open_binary(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            total += 1
-            if limit is not None and len(requests) >= limit:
-                continue
-            try:
-                row = _decode_row(line)
-            except msgspec.DecodeError as exc:  # and its ValidationError
-                raise ValueError(f"{path.name} line {lineno}: {exc}") from None  # JSON is malformed: ...
-            index = len(requests)
-            requests.append(
-                TraceRequest(
-                    request_id=f"r{index}",
-                    arrival_ms=row.timestamp,
-                    num_prompt_tokens=row.input_length,
-                    num_output_tokens=max(1, row.output_length),
-                    hash_ids=tuple(row.hash_ids),
-                    index=index,
-                )
-            )
+    try:
+        with _open_binary(path) as f:
+            total = _read_rows(f, path, limit, requests)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # a .gz that is not gzip, or cut short
+        raise ValueError(f"{path.name}: not a whole gzip file ({exc})") from None
     # Arrivals come in buckets; a stable sort keeps file order within a bucket.
     requests.sort(key=lambda r: r.arrival_ms)
     if name is None:
         name = path.name.split(".")[0]
     return Trace(name=name, requests=requests, source=str(path), total_in_source=total)
+
+
+def _read_rows(f: io.BufferedIOBase, path: Path, limit: int | None, requests: list[TraceRequest]) -> int:
+    """Append the rows of ``f`` to ``requests`` (up to ``limit``); return the rows in the file."""
+    total = 0
+    lineno = 0
+    while True:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return total
+        lineno += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise ValueError(f"{path.name} line {lineno}: longer than {MAX_LINE_BYTES:,} bytes: not a trace row")
+        if not line.strip():
+            continue
+        total += 1
+        if limit is not None and len(requests) >= limit:
+            continue
+        try:
+            row = _decode_row(line)
+        except msgspec.DecodeError as exc:  # and its ValidationError
+            raise ValueError(f"{path.name} line {lineno}: {exc}") from None  # JSON is malformed: ...
+        index = len(requests)
+        requests.append(
+            TraceRequest(
+                request_id=f"r{index}",
+                arrival_ms=row.timestamp,
+                num_prompt_tokens=row.input_length,
+                num_output_tokens=max(1, row.output_length),
+                hash_ids=tuple(row.hash_ids),
+                index=index,
+            )
+        )
