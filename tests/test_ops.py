@@ -504,6 +504,60 @@ def test_block_op_errors():
                  "dst_stride_order must be a permutation")
 
 
+def _meta_cases(meta: str):
+    """Each op's arguments with the tensor ``meta`` on the meta device (or every tensor, for "all")."""
+
+    def on(name, t):
+        return t.to("meta") if meta in (name, "all") else t
+
+    cache, ids2, ids1 = _small_cache(), torch.tensor([[0, 1]]), torch.tensor([1, 0])
+    staging = torch.zeros(2, 2, 2, 4, 8, dtype=torch.float16)
+    key = torch.ones(2, 2, 8, dtype=torch.float16)
+    return {
+        "copy_blocks": (on("cache", cache), on("block_mapping", ids2), LBHNC),
+        "swap_blocks": (on("src", cache), on("dst", _small_cache()), on("block_mapping", ids2), LBHNC),
+        "gather_blocks": (on("cache", cache), on("block_ids", ids1), on("staging", staging), LBHNC),
+        "scatter_blocks": (on("staging", staging), on("cache", cache), on("block_ids", ids1), LBHNC),
+        "reshape_and_cache": (on("key", key), on("key", key.clone()), on("cache", cache), on("cache", _small_cache()),
+                              on("slot_mapping", torch.tensor([0, 5])), LBHNC, 0, None, None),
+        "convert_layout": (on("src", cache), on("dst", _small_cache()), LBHNC, LBHNC),
+    }
+
+
+@pytest.mark.parametrize("meta", ["block_mapping", "block_ids", "slot_mapping", "cache", "dst", "staging"])
+def test_a_meta_tensor_among_real_ones_is_refused_alike(meta):
+    """The C++ path (dispatched to the meta kernel) copied nothing and raised nothing
+    for meta ids, and gather_blocks returned its buffer unwritten; the reference
+    failed on Tensor.item().  Both now refuse, with one message, changing nothing."""
+    impls = [_ref_op] + ([_ext_op] if ops.HAS_EXTENSION else [])
+    for name, args in _meta_cases(meta).items():
+        if not any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
+            continue
+        messages = []
+        for get_op in impls:
+            args = _meta_cases(meta)[name]
+            real = [a for a in args if isinstance(a, torch.Tensor) and not a.is_meta]
+            before = [a.clone() for a in real]
+            with pytest.raises(ValueError, match=r"is on the meta device but \w+ is not: a meta tensor holds no values") as info:
+                get_op(name)(*args)
+            messages.append(str(info.value).splitlines()[0])
+            for x, y in zip(before, real):
+                assert_same(x, y)
+        assert len(set(messages)) == 1, (name, messages)
+
+
+def test_an_all_meta_call_checks_shapes_and_does_nothing_alike():
+    impls = [_ref_op] + ([_ext_op] if ops.HAS_EXTENSION else [])
+    for name in _meta_cases("all"):
+        for get_op in impls:
+            assert get_op(name)(*_meta_cases("all")[name]) is None, (name, get_op)
+        bad = list(_meta_cases("all")[name])
+        bad[5 if name == "reshape_and_cache" else -1] = [0, 1, 2, 3, 3]  # (the stride order)
+        for get_op in impls:
+            with pytest.raises(ValueError, match="must be a permutation"):
+                get_op(name)(*bad)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_and_zero_sized(device):
     """Zero tokens, layers or mapping rows: a no-op that returns None and leaves every
