@@ -170,6 +170,51 @@ def _meta_only(op: str, **tensors: torch.Tensor | None) -> bool:
     return bool(meta)
 
 
+def _may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share an address: its dims of size > 1,
+    from the smallest stride up, must each step past all the smaller dims reach
+    (a stride-0 or overlapping view fails, padding passes)."""
+    dims = []
+    for size, stride in zip(t.shape, t.stride()):
+        if size == 0:
+            return False
+        if size > 1:
+            dims.append((stride, size))
+    reach = 0
+    for stride, size in sorted(dims):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view one storage with intersecting byte ranges
+    (first element to last)."""
+    if a.numel() == 0 or b.numel() == 0 or not _same_storage(a, b):
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        begin = t.storage_offset() * t.element_size()
+        return begin, begin + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _check_writable(t: torch.Tensor, op: str, name: str) -> None:
+    if _may_overlap_itself(t):
+        raise ValueError(
+            f"{op}: {name} has elements that share memory (an expanded or overlapping view), so it cannot be written"
+        )
+
+
+def _check_apart(a: torch.Tensor, b: torch.Tensor, op: str, an: str, bn: str) -> None:
+    if _may_share_memory(a, b):
+        raise ValueError(f"{op}: {an} and {bn} share memory")
+
+
 def check_reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -314,6 +359,8 @@ def reshape_and_cache(
     )
     if key_cache.device.type == "meta":
         return
+    _check_writable(key_cache, "reshape_and_cache", "key_cache")
+    _check_writable(value_cache, "reshape_and_cache", "value_cache")
     num_blocks, block_size = kl.shape[DIM_B], kl.shape[DIM_N]
     _check_slots(slot_mapping, num_blocks, block_size, "reshape_and_cache")
     valid = slot_mapping >= 0
@@ -333,6 +380,8 @@ def convert_layout(
     ls, ld = check_convert_layout(src, dst, src_stride_order, dst_stride_order)
     if src.device.type == "meta":
         return
+    _check_writable(dst, "convert_layout", "dst")
+    _check_apart(src, dst, "convert_layout", "src", "dst")
     ld.copy_(ls)
 
 
@@ -344,6 +393,7 @@ def copy_blocks(cache: torch.Tensor, block_mapping: torch.Tensor, stride_order: 
     cl = check_copy_blocks(cache, block_mapping, stride_order)
     if cache.device.type == "meta":
         return
+    _check_writable(cache, "copy_blocks", "cache")
     num_blocks = cl.shape[DIM_B]
     _check_block_mapping(block_mapping, num_blocks, num_blocks, True, "copy_blocks")
     if block_mapping.shape[0] == 0:
@@ -373,6 +423,7 @@ def swap_blocks(
     ls, ld = check_swap_blocks(src, dst, block_mapping, stride_order)
     if src.device.type == "meta":
         return
+    _check_writable(dst, "swap_blocks", "dst")
     _check_block_mapping(block_mapping, ls.shape[DIM_B], ld.shape[DIM_B], _same_storage(src, dst), "swap_blocks")
     if block_mapping.shape[0] == 0:
         return
@@ -388,6 +439,8 @@ def gather_blocks(
     cl, sl = check_staging_args(cache, block_ids, staging, stride_order, "gather_blocks")
     if cache.device.type == "meta":
         return
+    _check_writable(staging, "gather_blocks", "staging")
+    _check_apart(cache, staging, "gather_blocks", "cache", "staging")
     _check_block_ids(block_ids, cl.shape[DIM_B], False, "gather_blocks", "block_ids")
     if block_ids.numel() == 0:
         return
@@ -401,6 +454,8 @@ def scatter_blocks(
     cl, sl = check_staging_args(cache, block_ids, staging, stride_order, "scatter_blocks")
     if cache.device.type == "meta":
         return
+    _check_writable(cache, "scatter_blocks", "cache")
+    _check_apart(cache, staging, "scatter_blocks", "cache", "staging")
     _check_block_ids(block_ids, cl.shape[DIM_B], True, "scatter_blocks", "block_ids")
     if block_ids.numel() == 0:
         return
