@@ -63,7 +63,8 @@ std::string dtype_name(c10::ScalarType t) {
 }
 
 bool may_overlap_itself(const at::Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  if (t.is_non_overlapping_and_dense()) return false;  // (torch's cached flag: the common case, free)
+  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;  // (stride, size) of the dims of size > 1
   for (int64_t i = 0; i < t.dim(); ++i) {
     if (t.size(i) == 0) return false;
     if (t.size(i) > 1) dims.emplace_back(t.stride(i), t.size(i));
