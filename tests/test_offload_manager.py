@@ -686,7 +686,15 @@ def test_order_request_keys_refuses_a_position_that_is_not_an_int(offload_impl):
         offload_impl.order_request_keys([ks("a b")], Positions(req_id="r"))
 
 
-def test_a_manager_shared_by_threads_refuses_concurrent_calls_and_loses_no_chunk(offload_impl, policy):
+class _Subclassed(ReqContext):
+    """A context whose positions come through Python code (a thread may switch there)."""
+
+    def get_offload_key_position(self, key):
+        return super().get_offload_key_position(key)
+
+
+@pytest.mark.parametrize("context", [ReqContext, _Subclassed], ids=["plain", "subclassed"])
+def test_a_manager_shared_by_threads_refuses_concurrent_calls_and_loses_no_chunk(offload_impl, policy, context):
     # (threads sharing the pure twin's manager, unlocked, lost about a third of
     # its chunks: each call now enters alone or is refused with nothing changed)
     import random
@@ -716,9 +724,11 @@ def test_a_manager_shared_by_threads_refuses_concurrent_calls_and_loses_no_chunk
     def work(seed):
         rng = random.Random(seed)
         for i in range(250):
-            ctx = ReqContext(req_id=f"{seed}-{i}")
+            ctx = context(req_id=f"{seed}-{i}")
             call(m.on_new_request, ctx)
             offer = [k(n) for n in rng.sample(names, 6)]
+            for position, key in enumerate(offer):
+                ctx.set_offload_key_position(key, 16 * (position + 1))
             out = call(m.prepare_store, offer, ctx)
             if out is not None:
                 call(m.complete_store, out.keys_to_store, ctx)
