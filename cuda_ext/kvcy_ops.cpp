@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -47,8 +48,56 @@ std::string dtype_name(c10::ScalarType t) {
     case at::kChar: return "torch.int8";
     case at::kByte: return "torch.uint8";
     case at::kBool: return "torch.bool";
-    default: return std::string("torch.") + c10::toString(t);
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: {
+      // The rest are spelt in Python as c10's names in lower case (UInt64 ->
+      // uint64, QUInt4x2 -> quint4x2, Float8_e5m2fnuz -> float8_e5m2fnuz).
+      std::string name = c10::toString(t);
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      return "torch." + name;
+    }
   }
+}
+
+bool may_overlap_itself(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) return false;  // (torch's cached flag: the common case, free)
+  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.size(i) == 0) return false;
+    if (t.size(i) > 1) dims.emplace_back(t.stride(i), t.size(i));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the farthest element offset the smaller dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return true;
+    reach += (size - 1) * stride;
+  }
+  return false;
+}
+
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.is_alias_of(b)) return false;
+  auto bytes = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+    const int64_t begin = t.storage_offset() * static_cast<int64_t>(t.element_size());
+    return std::make_pair(begin, begin + (last + 1) * static_cast<int64_t>(t.element_size()));
+  };
+  const auto [a0, a1] = bytes(a);
+  const auto [b0, b1] = bytes(b);
+  return a0 < b1 && b0 < a1;
+}
+
+void check_writable(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(!may_overlap_itself(t), op, ": ", name,
+                    " has elements that share memory (an expanded or overlapping view), so it cannot be written");
+}
+
+void check_apart(const at::Tensor& a, const at::Tensor& b, const char* op, const char* an, const char* bn) {
+  TORCH_CHECK_VALUE(!may_share_memory(a, b), op, ": ", an, " and ", bn, " share memory");
 }
 
 void check_stride_order(c10::IntArrayRef order, const char* op, const char* name) {
@@ -379,6 +428,8 @@ void reshape_and_cache_cpu(const at::Tensor& key, const at::Tensor& value, at::T
                            const std::optional<at::Tensor>& v_scale) {
   ReshapeArgs a = check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, stride_order, layer,
                                           k_scale, v_scale);
+  check_writable(key_cache, "reshape_and_cache", "key_cache");
+  check_writable(value_cache, "reshape_and_cache", "value_cache");
   const at::Tensor slots = slot_mapping.contiguous();
   check_slots(slots, a.key_cache.size[kB], a.key_cache.size[kN], "reshape_and_cache");
   if (a.num_tokens == 0 || a.num_heads == 0 || a.head_size == 0) return;
@@ -413,6 +464,8 @@ void convert_layout_cpu(const at::Tensor& src, at::Tensor& dst, c10::IntArrayRef
   const Logical5 ld = logical_of(dst, dst_order, op, "dst");
   check_same_logical_shape(ls, ld, false, op, "src", "dst");
   check_same_dtype(src, dst, op, "src", "dst");
+  check_writable(dst, op, "dst");
+  check_apart(src, dst, op, "src", "dst");
   const BlockCopyPlan plan = plan_block_copy(ls, ld, src.element_size());
   run_block_copy_cpu(cbytes(src), mbytes(dst), plan, IdView{}, IdView{}, ls.size[kB]);
 }
@@ -422,6 +475,7 @@ void copy_blocks_cpu(at::Tensor& cache, const at::Tensor& block_mapping, c10::In
   check_stride_order(stride_order, op);
   const Logical5 lc = logical_of(cache, stride_order, op, "cache");
   check_index_tensor(block_mapping, 2, op, "block_mapping");
+  check_writable(cache, op, "cache");
   const at::Tensor m = block_mapping.contiguous();
   check_block_mapping(m, lc.size[kB], lc.size[kB], true, op);
   const BlockCopyPlan plan = plan_block_copy(lc, lc, cache.element_size());
@@ -438,6 +492,7 @@ void swap_blocks_cpu(const at::Tensor& src, at::Tensor& dst, const at::Tensor& b
   check_same_logical_shape(ls, ld, true, op, "src", "dst");
   check_same_dtype(src, dst, op, "src", "dst");
   check_index_tensor(block_mapping, 2, op, "block_mapping");
+  check_writable(dst, op, "dst");
   const at::Tensor m = block_mapping.contiguous();
   check_block_mapping(m, ls.size[kB], ld.size[kB], src.is_alias_of(dst), op);
   const BlockCopyPlan plan = plan_block_copy(ls, ld, src.element_size());
@@ -449,6 +504,8 @@ void gather_blocks_cpu(const at::Tensor& cache, const at::Tensor& block_ids, at:
                        c10::IntArrayRef stride_order) {
   const char* op = "gather_blocks";
   auto [lc, lst] = check_staging_args(cache, block_ids, staging, stride_order, op);
+  check_writable(staging, op, "staging");
+  check_apart(cache, staging, op, "cache", "staging");
   const at::Tensor ids = block_ids.contiguous();
   check_block_ids(ids, lc.size[kB], false, op, "block_ids");
   const BlockCopyPlan plan = plan_block_copy(lc, lst, cache.element_size());
@@ -460,6 +517,8 @@ void scatter_blocks_cpu(const at::Tensor& staging, at::Tensor& cache, const at::
                         c10::IntArrayRef stride_order) {
   const char* op = "scatter_blocks";
   auto [lc, lst] = check_staging_args(cache, block_ids, staging, stride_order, op);
+  check_writable(cache, op, "cache");
+  check_apart(cache, staging, op, "cache", "staging");
   const at::Tensor ids = block_ids.contiguous();
   check_block_ids(ids, lc.size[kB], true, op, "block_ids");
   const BlockCopyPlan plan = plan_block_copy(lst, lc, cache.element_size());

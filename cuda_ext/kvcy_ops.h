@@ -103,6 +103,16 @@ void check_index_tensor(const at::Tensor& t, int64_t dim, const char* op, const 
 std::pair<Logical5, Logical5> check_staging_args(const at::Tensor& cache, const at::Tensor& block_ids,
                                                  const at::Tensor& staging, c10::IntArrayRef stride_order,
                                                  const char* op);
+// Memory checks of the tensors an op writes (ValueError, the reference's
+// messages).  A tensor may overlap itself when two of its elements can share
+// an address: its dims of size > 1, from the smallest stride up, must each
+// step past all the smaller dims reach (a stride-0 or overlapping view fails,
+// padding passes).  Two tensors may share memory when they view one storage
+// and the byte ranges from their first to their last element intersect.
+bool may_overlap_itself(const at::Tensor& t);
+bool may_share_memory(const at::Tensor& a, const at::Tensor& b);
+void check_writable(const at::Tensor& t, const char* op, const char* name);
+void check_apart(const at::Tensor& a, const at::Tensor& b, const char* op, const char* an, const char* bn);
 // src/dst logical views equal in every dim except (when `except_b`) B.
 void check_same_logical_shape(const Logical5& a, const Logical5& b, bool except_b, const char* op, const char* an,
                               const char* bn);

@@ -363,6 +363,8 @@ void reshape_and_cache_cuda(const at::Tensor& key, const at::Tensor& value, at::
   const char* op = "reshape_and_cache";
   ReshapeArgs a = check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, stride_order, layer,
                                           k_scale, v_scale);
+  check_writable(key_cache, op, "key_cache");
+  check_writable(value_cache, op, "value_cache");
   const at::Device device = key_cache.device();
   TORCH_CHECK_VALUE(device.is_cuda(), op, ": key_cache must be on a CUDA device, got ", device);
   check_on(value_cache, device, op, "value_cache");
@@ -474,6 +476,8 @@ void convert_layout_cuda(const at::Tensor& src, at::Tensor& dst, c10::IntArrayRe
   const Logical5 ld = logical_of(dst, dst_order, op, "dst");
   check_same_logical_shape(ls, ld, false, op, "src", "dst");
   check_same_dtype(src, dst, op, "src", "dst");
+  check_writable(dst, op, "dst");
+  check_apart(src, dst, op, "src", "dst");
   block_copy_cuda(src, ls, dst, ld, at::Tensor(), at::Tensor(), ls.size[kB], op);
 }
 
@@ -482,6 +486,7 @@ void copy_blocks_cuda(at::Tensor& cache, const at::Tensor& block_mapping, c10::I
   check_stride_order(stride_order, op);
   const Logical5 lc = logical_of(cache, stride_order, op, "cache");
   check_index_tensor(block_mapping, 2, op, "block_mapping");
+  check_writable(cache, op, "cache");
   TORCH_CHECK_VALUE(cache.is_cuda(), op, ": cache must be on a CUDA device, got ", cache.device());
   const at::Tensor m = host_ids(block_mapping);
   check_block_mapping(m, lc.size[kB], lc.size[kB], true, op);
@@ -497,6 +502,7 @@ void swap_blocks_cuda(const at::Tensor& src, at::Tensor& dst, const at::Tensor& 
   check_same_logical_shape(ls, ld, true, op, "src", "dst");
   check_same_dtype(src, dst, op, "src", "dst");
   check_index_tensor(block_mapping, 2, op, "block_mapping");
+  check_writable(dst, op, "dst");
   const at::Tensor m = host_ids(block_mapping);
   check_block_mapping(m, ls.size[kB], ld.size[kB], src.is_alias_of(dst), op);
   block_copy_cuda(src, ls, dst, ld, m.select(1, 0).contiguous(), m.select(1, 1).contiguous(), m.size(0), op);
@@ -506,6 +512,8 @@ void gather_blocks_cuda(const at::Tensor& cache, const at::Tensor& block_ids, at
                         c10::IntArrayRef stride_order) {
   const char* op = "gather_blocks";
   auto [lc, lst] = check_staging_args(cache, block_ids, staging, stride_order, op);
+  check_writable(staging, op, "staging");
+  check_apart(cache, staging, op, "cache", "staging");
   const at::Tensor ids = host_ids(block_ids);
   check_block_ids(ids, lc.size[kB], false, op, "block_ids");
   block_copy_cuda(cache, lc, staging, lst, ids, at::Tensor(), ids.numel(), op);
@@ -515,6 +523,8 @@ void scatter_blocks_cuda(const at::Tensor& staging, at::Tensor& cache, const at:
                          c10::IntArrayRef stride_order) {
   const char* op = "scatter_blocks";
   auto [lc, lst] = check_staging_args(cache, block_ids, staging, stride_order, op);
+  check_writable(cache, op, "cache");
+  check_apart(cache, staging, op, "cache", "staging");
   const at::Tensor ids = host_ids(block_ids);
   check_block_ids(ids, lc.size[kB], true, op, "block_ids");
   block_copy_cuda(staging, lst, cache, lc, at::Tensor(), ids, ids.numel(), op);

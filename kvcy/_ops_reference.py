@@ -158,6 +158,63 @@ def _check_slots(slots: torch.Tensor, num_blocks: int, block_size: int, op: str)
         )
 
 
+def _meta_only(op: str, **tensors: torch.Tensor | None) -> bool:
+    """Whether every tensor is on the meta device: a shape-only call (nothing to
+    check by value, nothing to move).  A mix of meta and real tensors is refused:
+    a meta tensor holds no values, so the call could only do nothing silently."""
+    present = [(name, t) for name, t in tensors.items() if t is not None]
+    meta = [name for name, t in present if t.device.type == "meta"]
+    if meta and len(meta) != len(present):
+        real = next(name for name, t in present if t.device.type != "meta")
+        raise ValueError(f"{op}: {meta[0]} is on the meta device but {real} is not: a meta tensor holds no values")
+    return bool(meta)
+
+
+def _may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share an address: its dims of size > 1,
+    from the smallest stride up, must each step past all the smaller dims reach
+    (a stride-0 or overlapping view fails, padding passes)."""
+    dims = []
+    for size, stride in zip(t.shape, t.stride()):
+        if size == 0:
+            return False
+        if size > 1:
+            dims.append((stride, size))
+    reach = 0
+    for stride, size in sorted(dims):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _may_share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view one storage with intersecting byte ranges
+    (first element to last)."""
+    if a.numel() == 0 or b.numel() == 0 or not _same_storage(a, b):
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        begin = t.storage_offset() * t.element_size()
+        return begin, begin + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _check_writable(t: torch.Tensor, op: str, name: str) -> None:
+    if _may_overlap_itself(t):
+        raise ValueError(
+            f"{op}: {name} has elements that share memory (an expanded or overlapping view), so it cannot be written"
+        )
+
+
+def _check_apart(a: torch.Tensor, b: torch.Tensor, op: str, an: str, bn: str) -> None:
+    if _may_share_memory(a, b):
+        raise ValueError(f"{op}: {an} and {bn} share memory")
+
+
 def check_reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -208,6 +265,8 @@ def check_reshape_and_cache(
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {scale.dtype}")
         if scale.numel() != 1:
             raise ValueError(f"{op}: {name} must hold one value, got shape {list(scale.shape)}")
+    _meta_only(op, key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping,
+               k_scale=k_scale, v_scale=v_scale)
     return kl, vl, fp8
 
 
@@ -225,6 +284,7 @@ def check_staging_args(
         raise ValueError(
             f"{op}: staging has room for {sl.shape[DIM_B]} blocks but block_ids lists {block_ids.numel()}"
         )
+    _meta_only(op, cache=cache, block_ids=block_ids, staging=staging)
     return cl, sl
 
 
@@ -238,6 +298,7 @@ def check_convert_layout(
     ld = logical_view(dst, do, op, "dst")
     _check_same_logical_shape(ls, ld, False, op, "src", "dst")
     _check_same_dtype(src, dst, op, "src", "dst")
+    _meta_only(op, src=src, dst=dst)
     return ls, ld
 
 
@@ -246,6 +307,7 @@ def check_copy_blocks(cache: torch.Tensor, block_mapping: torch.Tensor, stride_o
     order = check_stride_order(stride_order, op)
     cl = logical_view(cache, order, op, "cache")
     _check_index_tensor(block_mapping, 2, op, "block_mapping")
+    _meta_only(op, cache=cache, block_mapping=block_mapping)
     return cl
 
 
@@ -259,6 +321,7 @@ def check_swap_blocks(
     _check_same_logical_shape(ls, ld, True, op, "src", "dst")
     _check_same_dtype(src, dst, op, "src", "dst")
     _check_index_tensor(block_mapping, 2, op, "block_mapping")
+    _meta_only(op, src=src, dst=dst, block_mapping=block_mapping)
     return ls, ld
 
 
@@ -294,6 +357,10 @@ def reshape_and_cache(
     kl, vl, fp8 = check_reshape_and_cache(
         key, value, key_cache, value_cache, slot_mapping, stride_order, layer, k_scale, v_scale
     )
+    if key_cache.device.type == "meta":
+        return
+    _check_writable(key_cache, "reshape_and_cache", "key_cache")
+    _check_writable(value_cache, "reshape_and_cache", "value_cache")
     num_blocks, block_size = kl.shape[DIM_B], kl.shape[DIM_N]
     _check_slots(slot_mapping, num_blocks, block_size, "reshape_and_cache")
     valid = slot_mapping >= 0
@@ -311,6 +378,10 @@ def convert_layout(
 ) -> None:
     """Copy ``src`` (laid out by ``src_stride_order``) into ``dst`` (laid out by ``dst_stride_order``)."""
     ls, ld = check_convert_layout(src, dst, src_stride_order, dst_stride_order)
+    if src.device.type == "meta":
+        return
+    _check_writable(dst, "convert_layout", "dst")
+    _check_apart(src, dst, "convert_layout", "src", "dst")
     ld.copy_(ls)
 
 
@@ -320,6 +391,9 @@ def copy_blocks(cache: torch.Tensor, block_mapping: torch.Tensor, stride_order: 
     Destinations must be distinct and must not be sources.
     """
     cl = check_copy_blocks(cache, block_mapping, stride_order)
+    if cache.device.type == "meta":
+        return
+    _check_writable(cache, "copy_blocks", "cache")
     num_blocks = cl.shape[DIM_B]
     _check_block_mapping(block_mapping, num_blocks, num_blocks, True, "copy_blocks")
     if block_mapping.shape[0] == 0:
@@ -347,6 +421,9 @@ def swap_blocks(
     ``dst`` share storage).
     """
     ls, ld = check_swap_blocks(src, dst, block_mapping, stride_order)
+    if src.device.type == "meta":
+        return
+    _check_writable(dst, "swap_blocks", "dst")
     _check_block_mapping(block_mapping, ls.shape[DIM_B], ld.shape[DIM_B], _same_storage(src, dst), "swap_blocks")
     if block_mapping.shape[0] == 0:
         return
@@ -360,6 +437,10 @@ def gather_blocks(
 ) -> None:
     """Pack blocks ``block_ids`` of ``cache`` into ``staging`` (``[n]`` + physical dims without B)."""
     cl, sl = check_staging_args(cache, block_ids, staging, stride_order, "gather_blocks")
+    if cache.device.type == "meta":
+        return
+    _check_writable(staging, "gather_blocks", "staging")
+    _check_apart(cache, staging, "gather_blocks", "cache", "staging")
     _check_block_ids(block_ids, cl.shape[DIM_B], False, "gather_blocks", "block_ids")
     if block_ids.numel() == 0:
         return
@@ -371,6 +452,10 @@ def scatter_blocks(
 ) -> None:
     """Unpack ``staging`` into blocks ``block_ids`` of ``cache`` (ids must be distinct)."""
     cl, sl = check_staging_args(cache, block_ids, staging, stride_order, "scatter_blocks")
+    if cache.device.type == "meta":
+        return
+    _check_writable(cache, "scatter_blocks", "cache")
+    _check_apart(cache, staging, "scatter_blocks", "cache", "staging")
     _check_block_ids(block_ids, cl.shape[DIM_B], True, "scatter_blocks", "block_ids")
     if block_ids.numel() == 0:
         return

@@ -30,8 +30,11 @@ Tensors on a device the extension has no kernels for (CUDA with a CPU-only
 build, MPS, ...) use the reference.
 
 **Errors.**  Every op checks its arguments before touching memory: ValueError
-for shapes, out-of-range block ids or slots, repeated destinations; TypeError
-for dtypes.  Both implementations raise the same messages.  On CUDA, ids and
+for shapes, out-of-range block ids or slots, repeated destinations, a tensor
+it writes that overlaps itself (an expanded view) or, for gather / scatter /
+convert_layout, shares memory with the other cache argument, and a meta tensor
+among real ones (a call on meta tensors only checks shapes and does nothing);
+TypeError for dtypes.  Both implementations raise the same messages.  On CUDA, ids and
 slots that live on the device are checked on the host, which synchronises.
 
 Needs torch; ``import kvcy`` itself never imports it.

@@ -540,3 +540,220 @@ def test_a_policy_insert_of_a_resident_key_replaces_its_chunk(offload_impl, poli
     other = type(pol)(cache_capacity=4)
     other.insert(k("b"), old, ctx)  # the replaced chunk is held by no policy now
     assert other.get(k("b")) is old
+
+
+# =============================================================================
+# Calls from callbacks and from threads; key positions a context gives
+# =============================================================================
+_BUSY = r"CPUOffloadingManager\.{}\(\) was called while another call into the same manager is running"
+
+
+def _chunk_owners(manager) -> dict[int, list[str]]:
+    """chunk id -> the keys resident (readable or being written) on it."""
+    owners: dict[int, list[str]] = {}
+    for key, chunk_id, _ in offload_check_state(manager)["resident"]:
+        owners.setdefault(chunk_id, []).append(key)
+    return owners
+
+
+class _CallingBack(ReqContext):
+    """A context whose first position read runs ``hook`` (a call back into a manager)."""
+
+    hook = None
+
+    def get_offload_key_position(self, key):
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return super().get_offload_key_position(key)
+
+
+def test_a_callback_that_resets_the_manager_mid_store_is_refused(offload_impl, policy):
+    # (a reset from inside prepare_store left its keys pending with no chunk
+    # counted as allocated: the next store handed out the same chunks again)
+    m = offload_impl.CPUOffloadingManager(8, cache_policy=policy)
+    refused = []
+
+    def reset():
+        try:
+            m.reset_cache()
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    hostile = _CallingBack(req_id="r")
+    hostile.hook = reset
+    first = m.prepare_store(ks("a b c d"), hostile)
+    assert first is not None and first.store_spec.block_ids.tolist() == [0, 1, 2, 3]
+    if policy == "lru":  # (the ARC policy reads no position while storing)
+        assert len(refused) == 1
+        assert refused[0].startswith("CPUOffloadingManager.reset_cache() was called while another call")
+    second = m.prepare_store(ks("e f g h"), ReqContext(req_id="s"))
+    assert second.store_spec.block_ids.tolist() == [4, 5, 6, 7]
+    assert all(len(keys) == 1 for keys in _chunk_owners(m).values())  # never two keys on one chunk
+    assert offload_check_state(m)["num_write_pending"] == 8
+
+
+def test_a_refused_call_back_that_propagates_leaves_the_manager_as_it_was(offload_impl, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy="lru")
+    stored(m, "a", ctx)
+    before = offload_check_state(m)
+    hostile = _CallingBack(req_id="r")
+    hostile.hook = m.reset_cache
+    with pytest.raises(RuntimeError, match=_BUSY.format("reset_cache")):
+        m.prepare_store(ks("b c"), hostile)
+    assert offload_check_state(m) == before
+    assert m.prepare_store(ks("b c"), ctx).store_spec.block_ids.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("call", [
+    "prepare_store", "complete_store", "prepare_load", "complete_load", "touch",
+    "on_new_request", "on_request_finished", "reset_cache", "get_stats", "take_events",
+])
+def test_every_state_changing_call_is_refused_from_a_callback(offload_impl, call, ctx):
+    m = offload_impl.CPUOffloadingManager(4, cache_policy="lru", enable_events=True)
+    stored(m, "a", ctx)
+    other = ReqContext(req_id="o")
+    calls = {
+        "prepare_store": lambda: m.prepare_store(ks("z"), other),
+        "complete_store": lambda: m.complete_store(ks("a"), other),
+        "prepare_load": lambda: m.prepare_load(ks("a"), other),
+        "complete_load": lambda: m.complete_load(ks("a"), other),
+        "touch": lambda: m.touch(ks("a"), other),
+        "on_new_request": lambda: m.on_new_request(other),
+        "on_request_finished": lambda: m.on_request_finished(other),
+        "reset_cache": m.reset_cache,
+        "get_stats": m.get_stats,
+        "take_events": lambda: list(m.take_events()),
+    }
+    seen = []
+
+    def hook():
+        # reading calls are not refused (they change nothing)
+        seen.append((m.lookup(k("a"), other), m.count_hits(ks("a"), other)))
+        with pytest.raises(RuntimeError, match=_BUSY.format(call)):
+            calls[call]()
+
+    hostile = _CallingBack(req_id="r")
+    hostile.hook = hook
+    before = offload_check_state(m)
+    assert m.prepare_store(ks("b"), hostile).keys_to_store == ks("b")
+    assert seen == [(LookupResult.HIT, 1)]
+    after = offload_check_state(m)
+    assert after["resident"] == before["resident"] + [[k("b").hex(), 1, -1]]
+    if call == "complete_load":
+        m.prepare_load(ks("a"), other)
+    calls[call]()  # and outside a call it runs
+
+
+@pytest.mark.parametrize("bad", ["7", 1.5, True])
+def test_a_key_position_that_is_not_an_int_is_refused_before_anything_changes(offload_impl, policy, bad):
+    # (the pure twin stored the key and failed later on '<' or unary -; both twins
+    # had allocated chunks by then, and a refused on_request_finished had already
+    # closed the request)
+    class Positions(ReqContext):
+        answer = bad
+
+        def get_offload_key_position(self, key):
+            return self.answer if key == k("b") else 16
+
+    m = offload_impl.CPUOffloadingManager(4, cache_policy=policy)
+    ctx = Positions(req_id="r")
+    message = f"a key position must be an int, got {type(bad).__name__}"
+    before = offload_check_state(m)
+    if policy == "lru":  # (the ARC policy reads no position while storing)
+        with pytest.raises(TypeError, match=message):
+            m.prepare_store(ks("a b c"), ctx)
+        assert offload_check_state(m) == before
+        ctx.answer = 32
+    stored(m, "a b c", ctx)
+    ctx.answer = bad
+    with pytest.raises(TypeError, match=message):
+        m.on_request_finished(ctx)
+    ctx.answer = 32
+    stored(m, "d", ctx)  # the refused call left the request open
+    m.on_request_finished(ctx)
+    with pytest.raises(AssertionError, match="New cache keys observed after request finalization"):
+        m.prepare_store(ks("e"), ctx)
+    assert offload_check_state(m)["num_allocated_chunks"] == 4
+
+
+def test_order_request_keys_refuses_a_position_that_is_not_an_int(offload_impl):
+    class Positions(ReqContext):
+        def get_offload_key_position(self, key):
+            return 2.5
+
+    with pytest.raises(TypeError, match="a key position must be an int, got float"):
+        offload_impl.order_request_keys([ks("a b")], Positions(req_id="r"))
+
+
+class _Subclassed(ReqContext):
+    """A context whose positions come through Python code (a thread may switch there)."""
+
+    def get_offload_key_position(self, key):
+        return super().get_offload_key_position(key)
+
+
+@pytest.mark.parametrize("context", [ReqContext, _Subclassed], ids=["plain", "subclassed"])
+def test_a_manager_shared_by_threads_refuses_concurrent_calls_and_loses_no_chunk(offload_impl, policy, context):
+    # (threads sharing the pure twin's manager, unlocked, lost about a third of
+    # its chunks: each call now enters alone or is refused with nothing changed)
+    import random
+    import sys
+    import threading
+
+    m = offload_impl.CPUOffloadingManager(32, cache_policy=policy)
+    names = [f"k{i}" for i in range(120)]
+    refused = [0]
+
+    def call(fn, *args):
+        while True:
+            try:
+                return fn(*args)
+            except RuntimeError as exc:
+                assert "was called while another call into the same manager is running" in str(exc)
+                refused[0] += 1
+
+    errors = []
+
+    def worker(seed):
+        try:
+            work(seed)
+        except BaseException as exc:  # (a thread's exception would pass unseen)
+            errors.append(exc)
+
+    def work(seed):
+        rng = random.Random(seed)
+        for i in range(250):
+            ctx = context(req_id=f"{seed}-{i}")
+            call(m.on_new_request, ctx)
+            offer = [k(n) for n in rng.sample(names, 6)]
+            for position, key in enumerate(offer):
+                ctx.set_offload_key_position(key, 16 * (position + 1))
+            out = call(m.prepare_store, offer, ctx)
+            if out is not None:
+                call(m.complete_store, out.keys_to_store, ctx)
+            hits = [key for key in offer if m.lookup(key, ctx) is LookupResult.HIT]
+            try:
+                call(m.prepare_load, hits, ctx)
+            except AssertionError:
+                hits = []  # evicted or reset meanwhile: nothing pinned
+            call(m.complete_load, hits, ctx)
+            call(m.on_request_finished, ctx)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    state = offload_check_state(m)
+    resident = state["resident"]
+    assert state["num_write_pending"] == 0 and all(ref == 0 for _, _, ref in resident)
+    assert len({chunk for _, chunk, _ in resident}) == len(resident)
+    assert len(resident) + len(state["free_list"]) == state["num_allocated_chunks"]  # no chunk lost
+    assert state["num_evictable"] == len(resident)

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -502,6 +503,132 @@ def test_block_op_errors():
                                             LBHNC), ValueError, r"same logical shape \[L, B, H, N, C\]")
     _raises_same("convert_layout", lambda: (cache(), cache(), LBHNC, [5, 1, 2, 3, 4]), ValueError,
                  "dst_stride_order must be a permutation")
+
+
+def _meta_cases(meta: str):
+    """Each op's arguments with the tensor ``meta`` on the meta device (or every tensor, for "all")."""
+
+    def on(name, t):
+        return t.to("meta") if meta in (name, "all") else t
+
+    cache, ids2, ids1 = _small_cache(), torch.tensor([[0, 1]]), torch.tensor([1, 0])
+    staging = torch.zeros(2, 2, 2, 4, 8, dtype=torch.float16)
+    key = torch.ones(2, 2, 8, dtype=torch.float16)
+    return {
+        "copy_blocks": (on("cache", cache), on("block_mapping", ids2), LBHNC),
+        "swap_blocks": (on("src", cache), on("dst", _small_cache()), on("block_mapping", ids2), LBHNC),
+        "gather_blocks": (on("cache", cache), on("block_ids", ids1), on("staging", staging), LBHNC),
+        "scatter_blocks": (on("staging", staging), on("cache", cache), on("block_ids", ids1), LBHNC),
+        "reshape_and_cache": (on("key", key), on("key", key.clone()), on("cache", cache), on("cache", _small_cache()),
+                              on("slot_mapping", torch.tensor([0, 5])), LBHNC, 0, None, None),
+        "convert_layout": (on("src", cache), on("dst", _small_cache()), LBHNC, LBHNC),
+    }
+
+
+@pytest.mark.parametrize("meta", ["block_mapping", "block_ids", "slot_mapping", "cache", "dst", "staging"])
+def test_a_meta_tensor_among_real_ones_is_refused_alike(meta):
+    """The C++ path (dispatched to the meta kernel) copied nothing and raised nothing
+    for meta ids, and gather_blocks returned its buffer unwritten; the reference
+    failed on Tensor.item().  Both now refuse, with one message, changing nothing."""
+    impls = [_ref_op] + ([_ext_op] if ops.HAS_EXTENSION else [])
+    for name, args in _meta_cases(meta).items():
+        if not any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
+            continue
+        messages = []
+        for get_op in impls:
+            args = _meta_cases(meta)[name]
+            real = [a for a in args if isinstance(a, torch.Tensor) and not a.is_meta]
+            before = [a.clone() for a in real]
+            with pytest.raises(ValueError, match=r"is on the meta device but \w+ is not: a meta tensor holds no values") as info:
+                get_op(name)(*args)
+            messages.append(str(info.value).splitlines()[0])
+            for x, y in zip(before, real):
+                assert_same(x, y)
+        assert len(set(messages)) == 1, (name, messages)
+
+
+def test_an_all_meta_call_checks_shapes_and_does_nothing_alike():
+    impls = [_ref_op] + ([_ext_op] if ops.HAS_EXTENSION else [])
+    for name in _meta_cases("all"):
+        for get_op in impls:
+            assert get_op(name)(*_meta_cases("all")[name]) is None, (name, get_op)
+        bad = list(_meta_cases("all")[name])
+        bad[5 if name == "reshape_and_cache" else -1] = [0, 1, 2, 3, 3]  # (the stride order)
+        for get_op in impls:
+            with pytest.raises(ValueError, match="must be a permutation"):
+                get_op(name)(*bad)
+
+
+def _writes_through_a_view(name):
+    """Arguments whose written tensor overlaps itself or shares memory with an input."""
+    cache = _small_cache()
+    expanded = torch.zeros(2, 1, 2, 4, 8, dtype=torch.float16).expand(2, 4, 2, 4, 8)  # every block one memory
+    key = torch.ones(2, 2, 8, dtype=torch.float16)
+    packed = torch.zeros(5, 2, 2, 4, 8, dtype=torch.float16)  # a cache and a staging buffer in one allocation
+    return {
+        "copy_blocks": (expanded, torch.tensor([[0, 1]]), LBHNC),
+        "swap_blocks": (cache, expanded, torch.tensor([[0, 1]]), LBHNC),
+        "reshape_and_cache": (key, key.clone(), expanded, _small_cache(), torch.tensor([0, 5]), LBHNC, 0, None, None),
+        "convert_layout": (cache, cache, LBHNC, LBHNC),
+        "gather_blocks": (packed[:4].transpose(0, 1), torch.tensor([1, 0]), packed[2:4], LBHNC),
+        "scatter_blocks": (packed[2:4], packed[:4].transpose(0, 1), torch.tensor([1, 0]), LBHNC),
+    }[name]
+
+
+@pytest.mark.parametrize("name, match", [
+    ("copy_blocks", "copy_blocks: cache has elements that share memory"),
+    ("swap_blocks", "swap_blocks: dst has elements that share memory"),
+    ("reshape_and_cache", "reshape_and_cache: key_cache has elements that share memory"),
+    ("convert_layout", "convert_layout: src and dst share memory"),
+    ("gather_blocks", "gather_blocks: cache and staging share memory"),
+    ("scatter_blocks", "scatter_blocks: cache and staging share memory"),
+])
+def test_a_written_tensor_that_overlaps_itself_or_an_input_is_refused_alike(name, match):
+    """A staging buffer aliasing the cache gave [1, 1] in C++ and [1, 0] in the reference for
+    gather_blocks([1, 0]); a destination overlapping itself gave order-dependent bytes."""
+    _raises_same(name, lambda: _writes_through_a_view(name), ValueError, match)
+
+
+def test_views_that_only_look_close_are_accepted():
+    """Padding, slices of other blocks and the K / V halves of one packed cache share no element."""
+    padded = torch.zeros(2, 4, 2, 4, 10, dtype=torch.float16)[..., :8]
+    kv = torch.zeros(2, 4, 2, 4, 16, dtype=torch.float16)
+    k_half, v_half = ops.split_kv(kv)
+    key = torch.ones(2, 2, 8, dtype=torch.float16)
+    big = torch.zeros(6, 2, 2, 4, 8, dtype=torch.float16)
+    impls = [_ref_op] + ([_ext_op] if ops.HAS_EXTENSION else [])
+    for get_op in impls:
+        get_op("copy_blocks")(padded, torch.tensor([[0, 1]]), LBHNC)
+        get_op("reshape_and_cache")(key, key.clone(), k_half, v_half, torch.tensor([0, 5]), LBHNC, 0, None, None)
+        get_op("gather_blocks")(big[:4].transpose(0, 1), torch.tensor([1, 0]), big[4:], LBHNC)
+
+
+def _dtypes_to_try():
+    out = []
+    for name in dir(torch):
+        dtype = getattr(torch, name)
+        if isinstance(dtype, torch.dtype) and dtype not in out:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    torch.zeros(2, 4, 2, 4, 8, dtype=dtype).clone().view(torch.uint8)
+            except Exception:  # (sub-byte, bit and quantized dtypes have no plain tensors)
+                continue
+            out.append(dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", _dtypes_to_try(), ids=str)
+def test_dtype_names_in_messages_are_pythons(dtype):
+    """C++ said torch.UInt64 and torch.ComplexFloat where the reference says
+    torch.uint64 and torch.complex64."""
+    if dtype != torch.float16:
+        _raises_same("swap_blocks", lambda: (_small_cache(), torch.zeros(2, 4, 2, 4, 8, dtype=dtype),
+                                             torch.tensor([[0, 1]]), LBHNC), TypeError,
+                     f"same dtype, got torch.float16 and {dtype}$")
+    if dtype != torch.int64:
+        _raises_same("copy_blocks", lambda: (_small_cache(), torch.zeros(1, 2, dtype=dtype), LBHNC), TypeError,
+                     f"must be an int64 tensor, got {dtype}$")
 
 
 @pytest.mark.parametrize("device", DEVICES)

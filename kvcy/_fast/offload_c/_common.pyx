@@ -15,6 +15,13 @@ cdef object _ReqContext = ReqContext
 # as kvcy's once a manager was told of it (CPUOffloadingManager._use_api_types).
 cdef object _OtherReqContext = None
 cdef str _FINALIZED = "New cache keys observed after request finalization"
+# A manager's state is consistent only between its calls, so a call that
+# enters while another is running is refused before it changes anything.
+cdef str _BUSY = (
+    "CPUOffloadingManager.{}() was called while another call into the same manager is running: "
+    "from one of that call's callbacks (a ReqContext's or a cache policy's method), or from another "
+    "thread (threads sharing a manager hold manager.lock around each call)"
+)
 cdef Py_ssize_t _INT_MAX = (<Py_ssize_t>1) << 62
 
 # kvcy.kv_offload.cpu imports the live twin (this module, maybe), so what this
@@ -173,6 +180,36 @@ cdef list _check_keys(object keys):
     return out
 
 
+cdef int _check_no_repeats(list keys) except -1:
+    """1 if a key of ``keys`` (exact bytes) equals an earlier one, else 0: a C
+    table of the keys' (cached) hashes, no set built."""
+    cdef Py_ssize_t n = len(keys), size = 8, i, j
+    cdef Py_hash_t h
+    cdef PyObject *k
+    cdef PyObject *o
+    while size < 2 * n:
+        size *= 2
+    cdef vector[PyObject *] slots
+    cdef vector[Py_hash_t] hashes
+    slots.resize(size, NULL)
+    hashes.resize(size, 0)
+    for i in range(n):
+        k = <PyObject *>keys[i]
+        h = PyObject_Hash(<object>k)
+        j = <Py_ssize_t>(<size_t>h & <size_t>(size - 1))
+        while slots[j] != NULL:
+            o = slots[j]
+            if hashes[j] == h and (o == k or (
+                    PyBytes_GET_SIZE(<object>o) == PyBytes_GET_SIZE(<object>k)
+                    and memcmp(PyBytes_AS_STRING(<object>o), PyBytes_AS_STRING(<object>k),
+                               <size_t>PyBytes_GET_SIZE(<object>k)) == 0)):
+                return 1
+            j = (j + 1) & (size - 1)
+        slots[j] = k
+        hashes[j] = h
+    return 0
+
+
 cdef inline int _check_context(object req_context) except -1:
     if not _is_plain_ctx(req_context) and not isinstance(req_context, _ReqContext):
         # (a ReqContext of vLLM's, or another with the same three methods, serves as well)
@@ -192,6 +229,18 @@ cdef Py_ssize_t _check_int(str name, object value) except -1:
     if value > _INT_MAX:
         return _INT_MAX
     return <Py_ssize_t>value
+
+
+cdef inline int _enter(CPUOffloadingManager manager, KvcyCallMark *mark, str name) except -1:
+    """Mark ``manager`` as in a call until the caller's ``mark`` goes (when the
+    caller returns, by any path), or refuse a second entry: from a callback, or
+    from another thread (the check and the mark run under the GIL, with no
+    Python code between them)."""
+    if manager._in_call:
+        raise RuntimeError(_BUSY.format(name))
+    manager._in_call = 1
+    mark.flag = &manager._in_call
+    return 0
 
 
 cdef inline uint32_t _group_of(bytes key) noexcept:

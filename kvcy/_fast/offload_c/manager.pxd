@@ -9,6 +9,19 @@ cdef enum:
     _REUSED = 2         # it read or re-offered the key, ready, without having inserted it
     _MISSED = 4         # the policy heard of the key as a store miss for this request
 
+cdef extern from *:
+    """
+    /* Clears a flag when the C function that holds it returns, by any path
+       (an exception included): a manager is marked in a call for exactly the
+       call's duration. */
+    struct KvcyCallMark {
+        int *flag = nullptr;
+        ~KvcyCallMark() { if (flag) *flag = 0; }
+    };
+    """
+    cppclass KvcyCallMark:
+        int *flag
+
 
 @cython.final
 cdef class _AccessRecord:
@@ -42,6 +55,7 @@ cdef class CPUOffloadingManager:
     cdef object _info_obj
     cdef int64_t _generation_c
     cdef int64_t _owner_c
+    cdef int _in_call               # 1 while a public call that changes state runs
     cdef dict __dict__              # OffloadingManager.lock keeps its lock here
     # what results are made of: kvcy.kv_offload's classes, or another API's
     # with the same shapes (vLLM's, when the manager serves vLLM's connector)

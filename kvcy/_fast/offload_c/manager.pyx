@@ -69,36 +69,6 @@ cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_
     return i
 
 
-cdef int _check_no_repeats(list keys) except -1:
-    """1 if a key of ``keys`` (exact bytes) equals an earlier one, else 0: a C
-    table of the keys' (cached) hashes, no set built."""
-    cdef Py_ssize_t n = len(keys), size = 8, i, j
-    cdef Py_hash_t h
-    cdef PyObject *k
-    cdef PyObject *o
-    while size < 2 * n:
-        size *= 2
-    cdef vector[PyObject *] slots
-    cdef vector[Py_hash_t] hashes
-    slots.resize(size, NULL)
-    hashes.resize(size, 0)
-    for i in range(n):
-        k = <PyObject *>keys[i]
-        h = PyObject_Hash(<object>k)
-        j = <Py_ssize_t>(<size_t>h & <size_t>(size - 1))
-        while slots[j] != NULL:
-            o = slots[j]
-            if hashes[j] == h and (o == k or (
-                    PyBytes_GET_SIZE(<object>o) == PyBytes_GET_SIZE(<object>k)
-                    and memcmp(PyBytes_AS_STRING(<object>o), PyBytes_AS_STRING(<object>k),
-                               <size_t>PyBytes_GET_SIZE(<object>k)) == 0)):
-                return 1
-            j = (j + 1) & (size - 1)
-        slots[j] = k
-        hashes[j] = h
-    return 0
-
-
 cdef class _AccessRecord:
     """What one request did with one manager, since the manager's last reset."""
 
@@ -501,6 +471,8 @@ cdef class CPUOffloadingManager:
                 request already finished and a key is new to it (vLLM's
                 messages); nothing is changed.
         """
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "prepare_load")
         return self._prepare_load(keys, req_context, record_access=True)
 
     def _prepare_load(self, keys, req_context, *, record_access):
@@ -531,6 +503,8 @@ cdef class CPUOffloadingManager:
                 for key in ks:
                     if key not in rec.keys:
                         raise AssertionError(_FINALIZED)
+            if type(policy) is LRUCachePolicy and not one_pass:
+                _check_positions(ks, _positions(req_context))
         ids.reserve(len(ks))
         for i in range(len(ks)):
             st = <ChunkStatus>chunks[i]
@@ -546,6 +520,8 @@ cdef class CPUOffloadingManager:
 
     def touch(self, keys, req_context):
         """Tell the policy the keys were used (the first key ends most recent)."""
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "touch")
         self._pol.c_touch(_check_keys(keys), req_context)
 
     def complete_load(self, keys, req_context):
@@ -555,6 +531,8 @@ cdef class CPUOffloadingManager:
             AssertionError: a key is not resident, or has no pin left to
                 release (vLLM's messages); nothing is changed.
         """
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "complete_load")
         cdef list ks = _check_keys(keys)
         cdef CachePolicy policy = self._pol
         cdef list chunks = []
@@ -604,6 +582,8 @@ cdef class CPUOffloadingManager:
             AssertionError: the request already finished and a key is new to
                 it (vLLM's message); nothing is changed.
         """
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "prepare_store")
         cdef list offer = _check_keys(keys)
         cdef CachePolicy policy = self._pol
         cdef Py_ssize_t n_offer = len(offer)
@@ -732,6 +712,8 @@ cdef class CPUOffloadingManager:
             if need <= 0 or (need <= self._n_evictable and self._n_evictable - offered_evictable >= need):
                 raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
         pos = _positions(req_context)
+        if type(policy) is LRUCachePolicy:
+            _check_positions(to_record, pos)
 
         # 1. the offer tracker (every occurrence counts)
         if counts is not None:
@@ -839,6 +821,8 @@ cdef class CPUOffloadingManager:
 
         Keys not being written (unknown, already readable, repeated) are ignored.
         """
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "complete_store")
         cdef list ks = _check_keys(keys)
         cdef CachePolicy policy = self._pol
         cdef list done = []
@@ -869,6 +853,8 @@ cdef class CPUOffloadingManager:
 
     def on_new_request(self, req_context):
         """Start the request's access record; every chunk is offloaded as computed."""
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "on_new_request")
         _check_context(req_context)
         self._get_record(req_context, True)
         return self._r_octx()
@@ -879,6 +865,8 @@ cdef class CPUOffloadingManager:
         Nothing happens for a request with no record since the last reset,
         or one already finished.
         """
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "on_request_finished")
         cdef _AccessRecord rec
         cdef list groups, members, ordered, keys
         cdef _Positions pos
@@ -887,18 +875,21 @@ cdef class CPUOffloadingManager:
         rec = self._get_record(req_context, False)
         if rec is None or rec.finished:
             return
-        rec.finished = True
+        # (the record is closed once the positions are read: the policies read
+        # them all before changing anything, so a refused one leaves it open)
         pos = _positions(req_context)
         if type(self._pol) is LRUCachePolicy:
             # the native LRU ranks the keys by position only: no flags (it
             # keeps none), and one group in the common case
             (<LRUCachePolicy>self._pol).c_finish_keys(list(rec.keys), pos, list(rec.keys.values()))
+            rec.finished = True
             return
         rec.fold()
         if type(self._pol) is ARCCachePolicy:
             # one group (the common case): the flags as they are, no sets
             keys = list(rec.keys)
             if _one_group_order(keys, pos, order):
+                rec.finished = True
                 (<ARCCachePolicy>self._pol).c_finish_flags(keys, list(rec.keys.values()), order)
                 return
         by_group = {}
@@ -920,6 +911,7 @@ cdef class CPUOffloadingManager:
             members = <list>by_group[gi]
             ordered = _by_position(members, pos)
             groups.append(members if ordered is None else ordered)
+        rec.finished = True
         self._pol.c_on_request_finished(groups, insertion_only, reused, req_context, pos)
 
     def take_events(self):
@@ -930,6 +922,8 @@ cdef class CPUOffloadingManager:
         """
         if self._events is None:
             return
+        if self._in_call:
+            raise RuntimeError(_BUSY.format("take_events"))
         events = self._events
         self._events = []
         for event in events:
@@ -954,6 +948,8 @@ cdef class CPUOffloadingManager:
         Queued events, the store tracker and the stats accumulators are kept.
         Requests' records from before the reset are abandoned.
         """
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "reset_cache")
         self._pol.c_clear()
         self._generation_c += 1
         self._n_evictable = 0
@@ -967,6 +963,8 @@ cdef class CPUOffloadingManager:
 
     def get_stats(self):
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
+        cdef KvcyCallMark mark
+        _enter(self, &mark, "get_stats")
         if _Metrics is None:
             _load_cpu_common()
         cdef double usage = 0.0, write_usage = 0.0

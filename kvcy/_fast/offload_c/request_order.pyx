@@ -41,6 +41,18 @@ cdef int _as_position(object v, int64_t *out) except -1:
     return 1
 
 
+cdef int _check_positions(list keys, _Positions pos) except -1:
+    """Read the positions the LRU policy will read while it changes its state,
+    so that a bad one (or a context method that fails, or that calls back into
+    the manager) is refused before anything changes."""
+    cdef int64_t position
+    if pos.d is not None:
+        return 0        # (kvcy's own ReqContext checks positions when they are set)
+    for key in keys:
+        pos.get(key, &position)
+    return 0
+
+
 cdef _Positions _positions(object req_context):
     cdef _Positions pos = _Positions.__new__(_Positions)
     if _is_plain_ctx(req_context):
@@ -59,14 +71,20 @@ def order_request_keys(key_groups, req_context):
     Args:
         key_groups: the request's keys, one list per KV cache group.
         req_context: the request, whose recorded positions order the keys.
+
+    Raises:
+        TypeError: a position read is not an int.
     """
     cdef list keys = [key for group in key_groups for key in group]
     cdef list positions = []
+    cdef int64_t checked
     get = req_context.get_offload_key_position
     for key in keys:
         p = get(key)
         if p is None:
             return keys
+        if type(p) is not int:
+            _as_position(p, &checked)
         positions.append(p)
     order = sorted(range(len(keys)), key=positions.__getitem__)
     return [keys[i] for i in order]

@@ -52,6 +52,26 @@ def _check_context(req_context: Any) -> None:
         raise TypeError(f"req_context must be a ReqContext, got {type(req_context).__name__}")
 
 
+def _check_position(position: Any) -> None:
+    """Refuse a key position (from a request context) that is not an int."""
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise TypeError(f"a key position must be an int, got {type(position).__name__}")
+
+
+def _positions_of(keys: list, req_context: ReqContext) -> list[int] | None:
+    """The positions of ``keys``, each checked, or ``None`` at the first key without one."""
+    get = req_context.get_offload_key_position
+    positions = []
+    for key in keys:
+        position = get(key)
+        if position is None:
+            return None
+        if type(position) is not int:
+            _check_position(position)
+        positions.append(position)
+    return positions
+
+
 def _chunk_spec(chunk_ids: list[int]) -> CPULoadStoreSpec:
     """A CPULoadStoreSpec of chunk ids the manager handed out (already valid)."""
     spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)

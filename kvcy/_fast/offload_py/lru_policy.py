@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Sequence
 
-from kvcy._fast.offload_py._common import _check_key, _owner_ids
+from kvcy._fast.offload_py._common import _check_key, _check_position, _owner_ids
 from kvcy._fast.offload_py.cache_policy import CachePolicy, _check_chunk, _check_evict_n, _key_seq
 from kvcy._fast.offload_py.chunk_status import ChunkStatus
 from kvcy._fast.offload_py.request_order import order_request_keys
@@ -87,6 +87,8 @@ class LRUCachePolicy(CachePolicy):
         if position is None:
             rank = self._fresh_rank()
         else:
+            if type(position) is not int:
+                _check_position(position)
             rank = (self._request_rank(req_context), -position)
         self.chunks[key] = chunk
         self._ranks[key] = rank
@@ -118,6 +120,8 @@ class LRUCachePolicy(CachePolicy):
             if key in chunks:
                 position = get_position(key)
                 if position is not None:
+                    if type(position) is not int:
+                        _check_position(position)
                     rank = (request_rank, -position)
                     if rank > ranks[key]:
                         self._set_rank(key, rank)

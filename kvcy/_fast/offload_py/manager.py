@@ -18,8 +18,10 @@ from kvcy._fast.offload_py._common import (
     _check_int,
     _check_key,
     _check_keys,
+    _check_position,
     _chunk_spec_as,
     _owner_ids,
+    _positions_of,
 )
 from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
 from kvcy._fast.offload_py.cache_policy import CachePolicy
@@ -68,6 +70,14 @@ class _AccessRecords(dict):
 
 
 _FINALIZED = "New cache keys observed after request finalization"
+
+# A manager's state is consistent only between its calls, so a call that
+# enters while another is running is refused before it changes anything.
+_BUSY = (
+    "CPUOffloadingManager.{}() was called while another call into the same manager is running: "
+    "from one of that call's callbacks (a ReqContext's or a cache policy's method), or from another "
+    "thread (threads sharing a manager hold manager.lock around each call)"
+)
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -164,6 +174,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._info = labels
         self._generation = 0
         self._owner = next(_owner_ids)
+        # The entry token: each guarded call pops it (atomically) and puts it
+        # back, so an entry during a call finds the list empty.
+        self._entry: list[None] = [None]
 
     # ------------------------------------------------------------------ records
     def _get_record(self, req_context: ReqContext, create: bool) -> _AccessRecord | None:
@@ -203,6 +216,18 @@ class CPUOffloadingManager(OffloadingManager):
             self._policy.on_request_access(new_keys, req_context)
         inserted = record.inserted
         record.reused.update([key for key in reused if key not in inserted])
+
+    @staticmethod
+    def _check_positions(keys: list, req_context: ReqContext) -> None:
+        """Read the positions the LRU policy will read while it changes its state,
+        so that a bad one (or a context method that fails, or that calls back
+        into this manager) is refused before anything changes.  (kvcy's own
+        ReqContext checks positions when they are set.)"""
+        get_position = req_context.get_offload_key_position
+        for key in keys:
+            position = get_position(key)
+            if position is not None and type(position) is not int:
+                _check_position(position)
 
     # ------------------------------------------------------------------ chunk pool
     def _get_num_free_chunks(self) -> int:
@@ -289,7 +314,15 @@ class CPUOffloadingManager(OffloadingManager):
                 request already finished and a key is new to it (vLLM's
                 messages); nothing is changed.
         """
-        return self._prepare_load(keys, req_context, record_access=True)
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("prepare_load")) from None
+        try:
+            return self._prepare_load(keys, req_context, record_access=True)
+        finally:
+            entry.append(None)
 
     def _prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext, *, record_access: bool
@@ -318,6 +351,8 @@ class CPUOffloadingManager(OffloadingManager):
                 for key in keys:
                     if key not in seen:
                         raise AssertionError(_FINALIZED)
+            if type(self._policy) is LRUCachePolicy and type(req_context) is not ReqContext and not one_pass:
+                self._check_positions(keys, req_context)
         policy = self._policy
         for key, chunk in zip(keys, chunks):
             if chunk.ref_cnt == 0:
@@ -330,8 +365,15 @@ class CPUOffloadingManager(OffloadingManager):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Tell the policy the keys were used (the first key ends most recent)."""
-        keys = _check_keys(keys)
-        self._policy.touch(keys, req_context)
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("touch")) from None
+        try:
+            self._policy.touch(_check_keys(keys), req_context)
+        finally:
+            entry.append(None)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin keys pinned by ``prepare_load``; a key unpinned to 0 is evictable again.
@@ -340,6 +382,17 @@ class CPUOffloadingManager(OffloadingManager):
             AssertionError: a key is not resident, or has no pin left to
                 release (vLLM's messages); nothing is changed.
         """
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("complete_load")) from None
+        try:
+            return self._complete_load(keys, req_context)
+        finally:
+            entry.append(None)
+
+    def _complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         keys = _check_keys(keys)
         get = self._policy.get
         chunks = []
@@ -383,6 +436,17 @@ class CPUOffloadingManager(OffloadingManager):
             AssertionError: the request already finished and a key is new to
                 it (vLLM's message); nothing is changed.
         """
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("prepare_store")) from None
+        try:
+            return self._prepare_store(keys, req_context)
+        finally:
+            entry.append(None)
+
+    def _prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         keys = _check_keys(keys)
         _check_context(req_context)
         policy = self._policy
@@ -435,6 +499,9 @@ class CPUOffloadingManager(OffloadingManager):
             offered_evictable = sum(1 for key in ready if get(key).ref_cnt == 0)
             if need <= 0 or (need <= evictable and evictable - offered_evictable >= need):
                 raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
+
+        if type(policy) is LRUCachePolicy and type(req_context) is not ReqContext:
+            self._check_positions(to_record, req_context)
 
         # 1. the offer tracker (every occurrence counts)
         if counts is not None:
@@ -524,6 +591,17 @@ class CPUOffloadingManager(OffloadingManager):
 
         Keys not being written (unknown, already readable, repeated) are ignored.
         """
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("complete_store")) from None
+        try:
+            return self._complete_store(keys, req_context, success)
+        finally:
+            entry.append(None)
+
+    def _complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool) -> None:
         keys = _check_keys(keys)
         policy = self._policy
         get = policy.get
@@ -554,8 +632,16 @@ class CPUOffloadingManager(OffloadingManager):
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Start the request's access record; every chunk is offloaded as computed."""
-        _check_context(req_context)
-        self._get_record(req_context, create=True)
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("on_new_request")) from None
+        try:
+            _check_context(req_context)
+            self._get_record(req_context, create=True)
+        finally:
+            entry.append(None)
         return self._r_octx()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
@@ -564,22 +650,34 @@ class CPUOffloadingManager(OffloadingManager):
         Nothing happens for a request with no record since the last reset,
         or one already finished.
         """
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("on_request_finished")) from None
+        try:
+            return self._on_request_finished(req_context)
+        finally:
+            entry.append(None)
+
+    def _on_request_finished(self, req_context: ReqContext) -> None:
         _check_context(req_context)
         record = self._get_record(req_context, create=False)
         if record is None or record.finished:
             return
-        record.finished = True
-        get_position = req_context.get_offload_key_position
         groups = []
         for group in sorted(record.key_groups):
             members = record.key_groups[group]
-            positions = [get_position(key) for key in members]
-            if None not in positions:
+            positions = _positions_of(members, req_context)
+            if positions is not None:
                 order = sorted(range(len(members)), key=positions.__getitem__)
                 members = [members[i] for i in order]
             else:
                 members = list(members)
             groups.append(members)
+        # (only once every position read is valid: a refused call leaves the
+        # request open, so that it can be finished again)
+        record.finished = True
         self._policy.on_request_finished(groups, record.inserted - record.reused, set(record.reused), req_context)
 
     def take_events(self) -> Iterator[OffloadingEvent]:
@@ -590,7 +688,13 @@ class CPUOffloadingManager(OffloadingManager):
         """
         if self.events is None:
             return
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("take_events")) from None
         events, self.events = self.events, []
+        entry.append(None)
         get = self._policy.get
         for event in events:
             if event.metadata_only:
@@ -614,12 +718,20 @@ class CPUOffloadingManager(OffloadingManager):
         Queued events, the store tracker and the stats accumulators are kept.
         Requests' records from before the reset are abandoned.
         """
-        self._policy.clear()
-        self._generation += 1
-        self._num_evictable_cache_chunks = 0
-        self._num_write_pending_chunks = 0
-        self._free_list.clear()
-        self._num_allocated_chunks = 0
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("reset_cache")) from None
+        try:
+            self._policy.clear()
+            self._generation += 1
+            self._num_evictable_cache_chunks = 0
+            self._num_write_pending_chunks = 0
+            self._free_list.clear()
+            self._num_allocated_chunks = 0
+        finally:
+            entry.append(None)
 
     def on_reset_flushed(self) -> None:
         """Nothing to do."""
@@ -627,6 +739,17 @@ class CPUOffloadingManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingConnectorStats:
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise RuntimeError(_BUSY.format("get_stats")) from None
+        try:
+            return self._get_stats()
+        finally:
+            entry.append(None)
+
+    def _get_stats(self) -> OffloadingConnectorStats:
         stats = self._r_stats()
         num_chunks = self._num_chunks
         used = self._num_allocated_chunks - len(self._free_list) - self._num_evictable_cache_chunks

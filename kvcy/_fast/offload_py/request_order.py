@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvcy._fast.offload_py._common import _positions_of
 from kvcy.kv_offload.base import OffloadKey, ReqContext
 
 
@@ -15,11 +16,13 @@ def order_request_keys(key_groups: Sequence[Sequence[OffloadKey]], req_context: 
     Args:
         key_groups: the request's keys, one list per KV cache group.
         req_context: the request, whose recorded positions order the keys.
+
+    Raises:
+        TypeError: a position read is not an int.
     """
     keys = [key for group in key_groups for key in group]
-    get = req_context.get_offload_key_position
-    positions = [get(key) for key in keys]
-    if None in positions:
+    positions = _positions_of(keys, req_context)
+    if positions is None:
         return keys
     order = sorted(range(len(keys)), key=positions.__getitem__)
     return [keys[i] for i in order]
