@@ -19,7 +19,8 @@ Per side, the CPU time (``time.process_time``) of ``add_request`` (building vLLM
 its block hashes, and the scheduler's call), ``schedule`` and ``update_from_output``, the median
 over ``--rounds`` rounds, and ratios against vLLM's side.  One more round per side (untimed
 for the totals) wraps the scheduler's manager in a proxy that times every call with
-``perf_counter_ns`` (less the timer's own cost): the manager's share of the scheduler and its
+``thread_time_ns`` (CPU time, so other work on a loaded machine does not count; less the timer's
+own cost, measured first): the manager's share of the scheduler and its
 cost per call.  Every round records what each step decided (``SchedulerOutput`` and what
 ``update_from_output`` returned, as tests/test_vllm_scheduler.py records them) and the report
 says whether every side decided exactly what vLLM's did.
@@ -90,7 +91,7 @@ class _TimedManager:
         if not callable(attr) or isinstance(attr, type):
             return attr
         slot = self._by_method.setdefault(name, [0, 0])
-        clock = time.perf_counter_ns
+        clock = time.thread_time_ns
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
@@ -112,18 +113,16 @@ class _TimedManager:
         return calls, max(0, int(ns - calls * self._cost)), dict(self._by_method)
 
 
-def timer_cost_ns(n: int = 200_000) -> float:
-    """What one ``perf_counter_ns`` pair around a call costs, per call (the proxy's own cost)."""
-    clock = time.perf_counter_ns
-    best = float("inf")
-    for _ in range(5):
+def timer_cost_ns(samples: int = 20_001) -> float:
+    """The timer's own cost inside one timed call: the median of ``samples`` empty intervals
+    (the tail of one ``thread_time_ns`` call and the head of the next; as kvcy replay's
+    ``timer_overhead_ns``, a low estimate, so removing it errs towards leaving timer time in)."""
+    clock = time.thread_time_ns
+    out = []
+    for _ in range(samples):
         t0 = clock()
-        for _ in range(n):
-            a = clock()
-            b = clock()
-        best = min(best, (clock() - t0) / n)
-    del a, b
-    return best
+        out.append(clock() - t0)
+    return float(sorted(out)[samples // 2])
 
 
 def load_trace(limit: int | None) -> list[tuple[str, float, list[int], int]]:
