@@ -2,6 +2,13 @@
 # get_computed_blocks, free, ...).  (vLLM: vllm/v1/core/kv_cache_manager.py, KVCacheManager.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+# A token count not read yet, as an upper bound: larger than any count.
+cdef Py_ssize_t _UNREAD = PY_SSIZE_T_MAX
+
+
 cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size, Py_ssize_t have,
                                       bint first, Py_ssize_t n_hits, Py_ssize_t n_evictable) noexcept:
     # Blocks one full-attention group takes from the free pool to hold
@@ -399,7 +406,7 @@ cdef class KVCacheManager:
                     fhashes = _block_hashes_of(request)
                     if type(fhashes) is list:
                         return self._full_slots(
-                            request, None, request_id, num_computed, _num_tokens(request), <list>fhashes, status,
+                            request, None, request_id, num_computed, -1, <list>fhashes, status,
                             n_new, n_new_comp, None if hit_groups is None else hit_groups[0], n_look, n_reserved,
                             False, has_scheduled_reqs, full_sequence_must_fit)
         if type(request) is Request:
@@ -501,9 +508,11 @@ cdef class KVCacheManager:
         # the same order.
         # request: kvcy's compiled Request (then `own` is the same object) or
         # another request object (vLLM's; `own` is None), whose request_id,
-        # num_computed_tokens, num_tokens, block_hashes (a list) and status the
-        # caller read once.  Nothing here reads them again; the block pool's
-        # hash check and caching read the request's hashes, as on the general path.
+        # num_computed_tokens, block_hashes (a list) and status the caller read
+        # once, and num_tokens too, or -1: read here once, only if needed
+        # (vLLM's is a property, a Python call per read).  Nothing here reads
+        # them again; the block pool's hash check and caching read the
+        # request's hashes, as on the general path.
         # hits: the group's new computed blocks (a sequence), or None.
         cdef Py_ssize_t num_local = num_computed + n_new_comp
         cdef FullAttentionManager mgr = self._full
@@ -555,6 +564,8 @@ cdef class KVCacheManager:
         cdef Py_ssize_t needed
         cdef Py_ssize_t bs = mgr.block_size
         if full_sequence_must_fit:
+            if num_tokens < 0:
+                num_tokens = _num_tokens(request)
             needed = _blocks_needed(_within_model_len(self, num_tokens), bs, have, ncached < 0, n_hits, n_evictable)
             if not _fits(pool, needed, watermark_blocks, 0):
                 return None
@@ -566,7 +577,13 @@ cdef class KVCacheManager:
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:
             # What the caching below reads of the request's hashes, checked now.
-            num_full = _full_blocks_to_cache(total_computed, n_new, num_tokens, PyList_GET_SIZE(hashes), bs)
+            # (An unread token count is read only when blocks may be cached:
+            # not when the hashes alone cap them at what is cached already.)
+            num_full = _full_blocks_to_cache(total_computed, n_new, _UNREAD if num_tokens < 0 else num_tokens,
+                                             PyList_GET_SIZE(hashes), bs)
+            if ncached < num_full and num_tokens < 0:
+                num_tokens = _num_tokens(request)
+                num_full = _full_blocks_to_cache(total_computed, n_new, num_tokens, PyList_GET_SIZE(hashes), bs)
             if ncached < num_full:
                 if n_hits > 0:
                     num_cached = n_hits
@@ -604,7 +621,8 @@ cdef class KVCacheManager:
             new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
         if caching:
-            num_full = _full_blocks_to_cache(total_computed, n_new, num_tokens, PyList_GET_SIZE(hashes), bs)
+            num_full = _full_blocks_to_cache(total_computed, n_new, _UNREAD if num_tokens < 0 else num_tokens,
+                                             PyList_GET_SIZE(hashes), bs)
             if ncached < num_full:
                 if fresh:
                     num_cached = ncached if ncached > 0 else 0
