@@ -72,6 +72,8 @@ class RoundResult:
     manager_ns: int = 0  # instrumented rounds only, timer cost removed
     manager_calls: int = 0
     manager_by_method: dict[str, list[int]] = field(default_factory=dict)  # name -> [calls, ns]
+    gc_ns: int = 0  # the cycle collector's CPU time during the round
+    gc_collections: int = 0
 
     @property
     def scheduler_ns(self) -> int:
@@ -199,8 +201,18 @@ def run_round(side: str, trace: list[tuple[str, float, list[int], int]], model_d
     clock_ms = 0.0
     nxt = 0
     step = 0
+    gc_time = [0, 0, 0]  # start, total, collections
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_time[0] = time.thread_time_ns()
+        else:
+            gc_time[1] += time.thread_time_ns() - gc_time[0]
+            gc_time[2] += 1
+
     gc.collect()
     gc.freeze()
+    gc.callbacks.append(on_gc)
     try:
         while nxt < len(trace) or scheduler.requests:
             if nxt < len(trace) and not scheduler.requests and trace[nxt][1] > clock_ms:
@@ -242,8 +254,10 @@ def run_round(side: str, trace: list[tuple[str, float, list[int], int]], model_d
             clock_ms += STEP_MS + TOKEN_US * out.total_num_scheduled_tokens / 1000.0
             step += 1
     finally:
+        gc.callbacks.remove(on_gc)
         gc.unfreeze()
-    result = RoundResult(side, phase, step, nxt, digest.hexdigest(), manager_class)
+    result = RoundResult(side, phase, step, nxt, digest.hexdigest(), manager_class, gc_ns=gc_time[1],
+                         gc_collections=gc_time[2])
     if proxy is not None:
         result.manager_calls, result.manager_ns, result.manager_by_method = proxy.totals()
     return result
@@ -265,12 +279,13 @@ def report(timed: dict[str, list[RoundResult]], instrumented: dict[str, RoundRes
           f"kvcy twin: {kvcy.IMPLEMENTATION}; rounds per side: {len(timed['vllm'])}", file=out)
     med = {side: {ph: statistics.median(r.phase_ns[ph] for r in rounds) for ph in PHASES}
            for side, rounds in timed.items()}
-    for m in med.values():
+    for side, m in med.items():
         m["whole"] = sum(m[ph] for ph in PHASES)
+        m["GC (whole round)"] = statistics.median(r.gc_ns for r in timed[side])
     sides = list(timed)
     header = f"{'median CPU':<24}" + "".join(f"{s:>26}" for s in sides)
     print(header, file=out)
-    for ph in (*PHASES, "whole"):
+    for ph in (*PHASES, "whole", "GC (whole round)"):
         row = f"{ph:<24}"
         for s in sides:
             v = med[s][ph]
@@ -302,6 +317,71 @@ def report(timed: dict[str, list[RoundResult]], instrumented: dict[str, RoundRes
     return same
 
 
+def manager_call_costs(repeats: int = 5) -> dict[str, tuple[float, float, float]]:
+    """Per-call CPU of the manager with vLLM's own ``Request`` objects, timed in batches (thread
+    CPU time around a loop of 200 calls, so the clock's cost is spread thin): 200 requests of
+    1,000-token prompts (10 shared 600-token prefixes) admitted (``get_computed_blocks`` +
+    ``allocate_slots``), then 64 decode steps (a token appended to each, ``allocate_slots(r, 1,
+    num_lookahead_tokens=0)`` as vLLM's scheduler calls it), then ``free``.
+
+    Returns:
+        side -> (admission ns, decode allocate_slots ns, free ns), the minimum over ``repeats``.
+    """
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    import kvcy.vllm
+
+    kv_cache_utils.init_none_hash(sha256)
+    hasher = kv_cache_utils.get_request_block_hasher(BLOCK_SIZE, sha256)
+    clock = time.thread_time_ns
+
+    def one(side: str) -> tuple[float, float, float]:
+        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)
+        cfg = KVCacheConfig(num_blocks=40960, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+        kw = dict(max_model_len=8192, scheduler_block_size=BLOCK_SIZE, hash_block_size=BLOCK_SIZE,
+                  enable_caching=True, log_stats=True)
+        mgr = VllmManager(cfg, **kw) if side == "vllm" else kvcy.vllm.make_kv_cache_manager(cfg, **kw)
+        params = SamplingParams(max_tokens=100)
+        reqs, admit, decode = [], 0, 0
+        for i in range(200):
+            prompt = [(i % 10) * 1000 + j for j in range(600)] + [i * 7 + j for j in range(400)]
+            r = Request(f"r{i}", prompt, params, None, block_hasher=hasher)
+            t0 = clock()
+            blocks, hit = mgr.get_computed_blocks(r)[:2]
+            mgr.allocate_slots(r, r.num_tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                               num_lookahead_tokens=0)
+            admit += clock() - t0
+            r.num_computed_tokens = r.num_tokens
+            r.status = RequestStatus.RUNNING
+            reqs.append(r)
+        alloc = mgr.allocate_slots
+        for step in range(64):
+            for r in reqs:
+                r.append_output_token_ids(step)
+            t0 = clock()
+            for r in reqs:
+                alloc(r, 1, num_lookahead_tokens=0)
+            decode += clock() - t0
+            for r in reqs:
+                r.num_computed_tokens += 1
+        t0 = clock()
+        for r in reqs:
+            mgr.free(r)
+        return admit / 200, decode / (64 * 200), (clock() - t0) / 200
+
+    runs: dict[str, list[tuple[float, float, float]]] = {"vllm": [], "kvcy": []}
+    for _ in range(repeats):
+        for side in runs:
+            runs[side].append(one(side))
+    return {side: tuple(min(r[i] for r in rs) for i in range(3)) for side, rs in runs.items()}  # type: ignore[misc]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=300, help="first N requests of the bundled trace (default 300)")
@@ -309,7 +389,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-blocks", type=int, default=NUM_BLOCKS)
     ap.add_argument("--sides", default="vllm,kvcy", help=f"comma-separated, from {','.join(SIDES)}")
     ap.add_argument("--no-instrument", action="store_true", help="skip the per-call manager timing round")
+    ap.add_argument("--calls", action="store_true",
+                    help="instead: the manager's per-call cost with vLLM's Request, timed in batches")
     args = ap.parse_args(argv)
+    if args.calls:
+        import kvcy
+
+        costs = manager_call_costs()
+        v = costs["vllm"]
+        for side, (a, d, f) in costs.items():
+            ratio = "" if side == "vllm" else f" ({v[0] / a:.1f}x, {v[1] / d:.1f}x, {v[2] / f:.1f}x)"
+            print(f"{side} ({kvcy.IMPLEMENTATION if side == 'kvcy' else 'vLLM 0.33.0'}): admission {a / 1e3:.2f} us, "
+                  f"decode allocate_slots {d:.0f} ns, free {f / 1e3:.2f} us{ratio} (min of 5)")
+        return 0
     sides = [s for s in args.sides.split(",") if s]
     if "vllm" not in sides or any(s not in SIDES for s in sides):
         ap.error(f"--sides must include vllm and name only {SIDES}")
