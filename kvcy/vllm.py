@@ -7,6 +7,13 @@ passes.  Nothing else of vLLM changes: the scheduler keeps vLLM's config, reques
 queues; only the block bookkeeping it delegates is kvcy's.  :func:`uninstall` puts vLLM's
 class back; :func:`installed` does both around a ``with`` block.
 
+:func:`install` also makes the request block hasher vLLM's engine core builds
+(``get_request_block_hasher``, which it imports from ``vllm.v1.core.kv_cache_utils``) kvcy's
+(:func:`make_request_block_hasher`): the same ``BlockHash`` bytes for every algorithm vLLM
+0.33.0 offers and every extra key (LoRA, multimodal, cache salt, prompt embeddings), hashed in
+the selected twin of ``kvcy._fast.hashing``.  ``install(block_hasher=False)`` or
+``KVCY_VLLM_BLOCK_HASHER=vllm`` keeps vLLM's hasher and replaces only the manager.
+
 vLLM loads this module's :func:`load_general_plugin` in every process when kvcy is installed
 (the ``vllm.general_plugins`` entry point ``kvcy``), unless ``VLLM_PLUGINS`` names the
 plugins to load and leaves ``kvcy`` out.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,8 +41,10 @@ __all__ = [
     "install",
     "installed",
     "is_installed",
+    "block_hasher_installed",
     "load_general_plugin",
     "make_kv_cache_manager",
+    "make_request_block_hasher",
     "uninstall",
 ]
 
@@ -46,6 +56,11 @@ _NO_V = {"MLAAttentionSpec": 0, "HiddenStateCacheSpec": 0, "SlidingWindowMLASpec
 
 _lock = threading.Lock()
 _vllm_manager_class: Any = None  # vLLM's KVCacheManager while kvcy is installed
+_vllm_hasher_factory: Any = None  # vLLM's get_request_block_hasher while kvcy's replaces it
+_HASHER_ENV = "KVCY_VLLM_BLOCK_HASHER"  # "vllm": install() keeps vLLM's request block hasher
+# Modules that hold vLLM's get_request_block_hasher under that name: where it is defined, and the
+# engine core that builds the hasher every request of an engine is hashed with.
+_HASHER_MODULES = ("vllm.v1.core.kv_cache_utils", "vllm.v1.engine.core")
 
 
 def _scheduler_module() -> Any:
@@ -240,36 +255,56 @@ def is_installed() -> bool:
     return _vllm_manager_class is not None
 
 
-def install() -> None:
-    """Make vLLM 0.33.0's ``Scheduler`` build kvcy's ``KVCacheManager``.
+def install(*, block_hasher: bool | None = None) -> None:
+    """Make vLLM 0.33.0's ``Scheduler`` build kvcy's ``KVCacheManager``, and vLLM's engine core
+    hash requests with kvcy's block hasher.
 
-    Idempotent.  Schedulers built before the call keep the manager they have.
+    Idempotent.  Schedulers (and hashers) built before the call keep the ones they have.
+
+    Args:
+        block_hasher: whether ``get_request_block_hasher`` becomes kvcy's
+            (:func:`make_request_block_hasher`); ``None`` (the default): yes, unless the
+            environment variable ``KVCY_VLLM_BLOCK_HASHER`` is ``vllm``.  With ``False`` an
+            earlier install's hasher is given back.
 
     Raises:
         ImportError / RuntimeError: vLLM is missing, or is not 0.33.0.
-        RuntimeError: something else has already replaced the scheduler's ``KVCacheManager``.
+        RuntimeError: something else has already replaced the scheduler's ``KVCacheManager``
+            or vLLM's ``get_request_block_hasher``.
+        ValueError: ``KVCY_VLLM_BLOCK_HASHER`` is neither ``kvcy`` nor ``vllm``.
     """
     global _vllm_manager_class
+    if block_hasher is None:
+        choice = os.environ.get(_HASHER_ENV, "kvcy")
+        if choice not in ("kvcy", "vllm"):
+            raise ValueError(f"{_HASHER_ENV} must be 'kvcy' or 'vllm', got {choice!r}")
+        block_hasher = choice == "kvcy"
     scheduler = _scheduler_module()
     with _lock:
         current = scheduler.KVCacheManager
-        if current is make_kv_cache_manager:
-            return
-        from vllm.v1.core.kv_cache_manager import KVCacheManager as vllm_manager
+        if current is not make_kv_cache_manager:
+            from vllm.v1.core.kv_cache_manager import KVCacheManager as vllm_manager
 
-        if current is not vllm_manager:
-            raise RuntimeError(
-                "vllm.v1.core.sched.scheduler.KVCacheManager is neither vLLM's nor kvcy's "
-                f"({current!r}); kvcy will not replace another replacement"
-            )
-        _vllm_manager_class = current
-        scheduler.KVCacheManager = make_kv_cache_manager
+            if current is not vllm_manager:
+                raise RuntimeError(
+                    "vllm.v1.core.sched.scheduler.KVCacheManager is neither vLLM's nor kvcy's "
+                    f"({current!r}); kvcy will not replace another replacement"
+                )
+        if block_hasher:
+            _install_hasher()
+        else:
+            _uninstall_hasher()
+        if current is not make_kv_cache_manager:
+            _vllm_manager_class = current
+            scheduler.KVCacheManager = make_kv_cache_manager
 
 
 def uninstall() -> None:
-    """Give vLLM's scheduler its own ``KVCacheManager`` back (a no-op when kvcy is not installed)."""
+    """Give vLLM's scheduler its own ``KVCacheManager`` back, and vLLM's engine core its own
+    block hasher (a no-op when kvcy is not installed)."""
     global _vllm_manager_class
     with _lock:
+        _uninstall_hasher()
         if _vllm_manager_class is None:
             return
         from vllm.v1.core.sched import scheduler
@@ -306,3 +341,91 @@ def load_general_plugin() -> None:
         from kvcy.kv_offload import vllm_spec
 
         vllm_spec.install()
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's request block hasher on kvcy
+# ---------------------------------------------------------------------------------------------
+
+
+def _vllm_none_hash() -> Any:
+    """vLLM's current ``NONE_HASH`` (set by its ``init_none_hash``), read when a request's first
+    block is hashed, as vLLM's own hasher reads it."""
+    from vllm.v1.core import kv_cache_utils
+
+    return kv_cache_utils.NONE_HASH
+
+
+def _vllm_algorithm(caching_hash_fn: Any) -> str | None:
+    """The name of vLLM's hash function ``caching_hash_fn`` (``vllm.utils.hashing``), if it is one."""
+    from vllm.utils import hashing
+
+    for name in ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"):
+        if caching_hash_fn is getattr(hashing, name, None):
+            return name
+    return None
+
+
+def make_request_block_hasher(hash_block_size: int, caching_hash_fn: Any, num_hash_lookahead_tokens: int = 0) -> Any:
+    """vLLM 0.33.0's ``get_request_block_hasher`` on kvcy: the callable vLLM's ``Request`` calls
+    to hash its not-yet-hashed full blocks, returning the same ``BlockHash`` bytes as vLLM's.
+
+    vLLM's own algorithms (``vllm.utils.hashing``: sha256, sha256_cbor, xxhash, xxhash_cbor)
+    run in the selected twin of ``kvcy._fast.hashing`` (the whole chain and the extra keys in
+    one call), chained to vLLM's ``NONE_HASH``; any other function gets vLLM's own hasher.
+    """
+    algo = _vllm_algorithm(caching_hash_fn)
+    if algo is None:
+        return _vllm_get_request_block_hasher()(hash_block_size, caching_hash_fn, num_hash_lookahead_tokens)
+    from kvcy import _fast
+
+    return _fast.hashing.RequestBlockHasher(hash_block_size, algo, _vllm_none_hash,
+                                            num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+
+
+def _vllm_get_request_block_hasher() -> Any:
+    """vLLM's own ``get_request_block_hasher``, whether or not kvcy's replaces it now."""
+    if _vllm_hasher_factory is not None:
+        return _vllm_hasher_factory
+    from vllm.v1.core import kv_cache_utils
+
+    return kv_cache_utils.get_request_block_hasher
+
+
+def _install_hasher() -> None:
+    """Points every module of :data:`_HASHER_MODULES` that is imported at kvcy's hasher (the
+    engine core, imported later, takes it from ``kv_cache_utils``).  Called with the lock held."""
+    global _vllm_hasher_factory
+    from vllm.v1.core import kv_cache_utils
+
+    current = kv_cache_utils.get_request_block_hasher
+    if current is not make_request_block_hasher:
+        vllms_own = (getattr(current, "__module__", None) == kv_cache_utils.__name__
+                     and getattr(current, "__qualname__", None) == "get_request_block_hasher")
+        if not vllms_own:
+            raise RuntimeError(
+                "vllm.v1.core.kv_cache_utils.get_request_block_hasher is neither vLLM's nor kvcy's "
+                f"({current!r}); kvcy will not replace another replacement"
+            )
+        _vllm_hasher_factory = current
+    for name in _HASHER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "get_request_block_hasher", None) is _vllm_hasher_factory:
+            module.get_request_block_hasher = make_request_block_hasher
+
+
+def _uninstall_hasher() -> None:
+    """Gives every module kvcy's hasher was put into vLLM's back.  Called with the lock held."""
+    global _vllm_hasher_factory
+    if _vllm_hasher_factory is None:
+        return
+    for name in _HASHER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "get_request_block_hasher", None) is make_request_block_hasher:
+            module.get_request_block_hasher = _vllm_hasher_factory
+    _vllm_hasher_factory = None
+
+
+def block_hasher_installed() -> bool:
+    """Whether vLLM's ``get_request_block_hasher`` is kvcy's now (never imports vLLM)."""
+    return _vllm_hasher_factory is not None

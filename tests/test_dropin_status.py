@@ -80,3 +80,31 @@ def test_watermark_by_value_for_a_foreign_status_class(impl, subclass, status_na
         if refused:
             assert mgr.block_pool.get_num_free_blocks() == 10
         assert mgr.allocate_slots(req, 24, has_scheduled_reqs=False) is not None
+
+
+
+@pytest.mark.parametrize("status, refused", [
+    (1, True), (6, True), (2, False), (True, True), (False, False), (1 << 70, False), (-(1 << 70), False),
+    (ForeignStatus.WAITING, True), (ForeignStatus.RUNNING, False),
+], ids=repr)
+def test_watermark_for_other_int_statuses(impl, status, refused):
+    """Statuses of other int types (a plain int, a bool, ints past 64 bits, vLLM-like IntEnums):
+    waiting / preempted as ``==`` with kvcy's members says, in both twins, for kvcy's Request and
+    for a request object of another type."""
+    class Other:  # a vLLM-shaped request object (attributes only)
+        def __init__(self, tokens):
+            self.request_id, self.num_computed_tokens, self.num_in_flight_tokens = "r", 0, 0
+            self.block_hashes, self._tokens, self.num_prompt_tokens = [], tokens, len(tokens)
+            self.skip_reading_prefix_cache = False
+
+        @property
+        def num_tokens(self):
+            return len(self._tokens)
+
+    assert (status == RequestStatus.WAITING or status == RequestStatus.PREEMPTED) == refused
+    for make in (lambda t: impl.kv_cache.Request("r", t), Other):
+        mgr = _manager(impl)
+        req = make(list(range(24)))
+        req.status = status
+        assert (mgr.allocate_slots(req, 24, has_scheduled_reqs=True) is None) == refused, status
+        assert (mgr.allocate_slots(req, 24, has_scheduled_reqs=False) is None) is False

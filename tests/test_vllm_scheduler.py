@@ -76,31 +76,37 @@ SEED = 1234
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """An OPT-125m-shaped ``config.json`` (no weights, no tokenizer): all vLLM needs to configure."""
+    return write_model_config(str(tmp_path_factory.mktemp("opt-config-only")))
+
+
+def write_model_config(path: str, max_position_embeddings: int = 2048) -> str:
+    """Writes the config-only model into ``path`` (also bench/bench_vllm_scheduler.py's model)."""
     from transformers import OPTConfig
 
-    path = tmp_path_factory.mktemp("opt-config-only")
     OPTConfig(
         vocab_size=VOCAB,
         hidden_size=64,
         num_hidden_layers=2,
         ffn_dim=128,
         num_attention_heads=4,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_position_embeddings,
         architectures=["OPTForCausalLM"],
     ).save_pretrained(path)
-    return str(path)
+    return path
 
 
-def make_vllm_config(model_dir: str, num_blocks: int, watermark: float, mamba_align: bool = False) -> Any:
+def make_vllm_config(model_dir: str, num_blocks: int, watermark: float, mamba_align: bool = False, *,
+                     max_num_seqs: int = MAX_NUM_SEQS, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+                     max_model_len: int = MAX_MODEL_LEN) -> Any:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model_config = ModelConfig(
-        model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0, max_model_len=MAX_MODEL_LEN
+        model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0, max_model_len=max_model_len
     )
     scheduler_config = SchedulerConfig(
-        max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
         watermark=watermark,
@@ -112,7 +118,7 @@ def make_vllm_config(model_dir: str, num_blocks: int, watermark: float, mamba_al
     return config
 
 
-def make_kv_cache_config(layout: str) -> Any:
+def make_kv_cache_config(layout: str, num_blocks: int | None = None) -> Any:
     import torch
     from vllm.v1.kv_cache_interface import (CircularBufferSpec, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                             MambaSpec, RSWASpec, SlidingWindowMLASpec, SlidingWindowSpec)
@@ -137,7 +143,8 @@ def make_kv_cache_config(layout: str) -> Any:
             block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16, sliding_window=SLIDING_WINDOW
         )
         groups = [KVCacheGroupSpec(layers[:1], full), KVCacheGroupSpec(layers[1:], sliding)]
-    return KVCacheConfig(num_blocks=LAYOUTS[layout], kv_cache_tensors=[], kv_cache_groups=groups)
+    return KVCacheConfig(num_blocks=LAYOUTS[layout] if num_blocks is None else num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=groups)
 
 
 def make_scheduler(model_dir: str, layout: str, watermark: float) -> Any:

@@ -7,6 +7,9 @@
 cdef object _WAITING = RequestStatus.WAITING
 cdef object _PREEMPTED = RequestStatus.PREEMPTED
 cdef object _STATUS_TYPE = RequestStatus
+cdef long long _WAITING_VALUE = RequestStatus.WAITING.value
+cdef long long _PREEMPTED_VALUE = RequestStatus.PREEMPTED.value
+cdef object _int_status_type = None  # the last other status type whose == is int's
 
 
 cdef inline bint _watermarked(object status) except -1:
@@ -14,11 +17,28 @@ cdef inline bint _watermarked(object status) except -1:
     # compared by value, as vLLM does: one from vLLM's own RequestStatus
     # class counts the same.  kvcy's members are singletons, so for them
     # identity decides without a rich comparison.
+    cdef int overflow = 0
+    cdef long long v
     if status is _WAITING or status is _PREEMPTED:
         return True
     if type(status) is _STATUS_TYPE:
         return False
+    if type(status) is _int_status_type or _compares_as_int(type(status)):
+        # (vLLM's RequestStatus, an IntEnum: its == is int's, so the values decide,
+        # read in C instead of two rich comparisons per call)
+        v = PyLong_AsLongLongAndOverflow(status, &overflow)
+        return overflow == 0 and (v == _WAITING_VALUE or v == _PREEMPTED_VALUE)
     return status == _WAITING or status == _PREEMPTED
+
+
+cdef bint _compares_as_int(object status_type) except -1:
+    # Whether a status of this type compares with kvcy's by int value, as the
+    # int subclasses kvcy's RequestStatus is do; remembered for the next call.
+    global _int_status_type
+    if issubclass(status_type, int) and status_type.__eq__ is int.__eq__:
+        _int_status_type = status_type
+        return True
+    return False
 
 
 cdef inline Py_ssize_t _cdiv(Py_ssize_t a, Py_ssize_t b) noexcept:

@@ -32,6 +32,7 @@ cdef class KVCacheManager:
     cpdef KVCacheBlocks create_kv_cache_blocks(self, tuple blocks)
     cdef object _general_lookup(self, request, Py_ssize_t max_cache_hit_length)
     cdef object _full_lookup(self, Request request)
-    cdef object _full_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_new_comp, object hits,
-                            Py_ssize_t n_look, Py_ssize_t n_reserved, bint delay_cache_blocks,
-                            bint has_scheduled_reqs, bint full_sequence_must_fit)
+    cdef object _full_slots(self, object request, Request own, str request_id, Py_ssize_t num_computed,
+                            Py_ssize_t num_tokens, list hashes, object status, Py_ssize_t n_new,
+                            Py_ssize_t n_new_comp, object hits, Py_ssize_t n_look, Py_ssize_t n_reserved,
+                            bint delay_cache_blocks, bint has_scheduled_reqs, bint full_sequence_must_fit)

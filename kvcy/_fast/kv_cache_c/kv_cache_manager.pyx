@@ -2,6 +2,13 @@
 # get_computed_blocks, free, ...).  (vLLM: vllm/v1/core/kv_cache_manager.py, KVCacheManager.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+# A token count not read yet, as an upper bound: larger than any count.
+cdef Py_ssize_t _UNREAD = PY_SSIZE_T_MAX
+
+
 cdef inline Py_ssize_t _blocks_needed(Py_ssize_t n_tokens, Py_ssize_t block_size, Py_ssize_t have,
                                       bint first, Py_ssize_t n_hits, Py_ssize_t n_evictable) noexcept:
     # Blocks one full-attention group takes from the free pool to hold
@@ -363,23 +370,45 @@ cdef class KVCacheManager:
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
             )
         cdef tuple hit_groups
-        if self._full is not None and n_ext == 0 and type(request) is Request:
-            if new_computed_blocks is None:
-                return self._full_slots(<Request>request, n_new, n_new_comp, None, n_look, n_reserved,
-                                        delay_cache_blocks, has_scheduled_reqs, full_sequence_must_fit)
-            if type(new_computed_blocks) is KVCacheBlocks:
-                hit_groups = (<KVCacheBlocks>new_computed_blocks).blocks
-                # (Hits in a list or tuple only: reading any other sequence
-                # runs its code, which could change the manager under the
-                # fast path's record.)
-                if (hit_groups is not None and PyTuple_GET_SIZE(hit_groups) == 1
-                        and (type(hit_groups[0]) is list or type(hit_groups[0]) is tuple)):
-                    return self._full_slots(<Request>request, n_new, n_new_comp, hit_groups[0], n_look,
-                                            n_reserved, delay_cache_blocks, has_scheduled_reqs,
-                                            full_sequence_must_fit)
+        cdef Request own
+        cdef object fhashes
         cdef str request_id
         cdef Py_ssize_t num_computed, num_in_flight
         cdef object status
+        if self._full is not None and n_ext == 0:
+            hit_groups = None
+            if new_computed_blocks is not None:
+                if type(new_computed_blocks) is KVCacheBlocks:
+                    hit_groups = (<KVCacheBlocks>new_computed_blocks).blocks
+                # (Hits in a list or tuple only: reading any other sequence
+                # runs its code, which could change the manager under the
+                # fast path's record.)
+                if not (hit_groups is not None and PyTuple_GET_SIZE(hit_groups) == 1
+                        and (type(hit_groups[0]) is list or type(hit_groups[0]) is tuple)):
+                    hit_groups = ()
+            if hit_groups is None or PyTuple_GET_SIZE(hit_groups) == 1:
+                if type(request) is Request:
+                    own = <Request>request
+                    return self._full_slots(
+                        request, own, own.request_id, own._num_computed_tokens, PyList_GET_SIZE(own._all_token_ids),
+                        own._block_hashes, own.status, n_new, n_new_comp,
+                        None if hit_groups is None else hit_groups[0], n_look, n_reserved, delay_cache_blocks,
+                        has_scheduled_reqs, full_sequence_must_fit)
+                if self.enable_caching and not delay_cache_blocks:
+                    # Another request object (vLLM's), when the blocks are cached: then
+                    # the general path reads each of these fields too (the in-flight
+                    # count only to drop skipped blocks, which one full-attention group
+                    # never has); here each is read once, its hashes must be a list.
+                    request_id = _rid(request)
+                    num_computed = request.num_computed_tokens
+                    num_in_flight = request.num_in_flight_tokens
+                    status = request.status
+                    fhashes = _block_hashes_of(request)
+                    if type(fhashes) is list:
+                        return self._full_slots(
+                            request, None, request_id, num_computed, -1, <list>fhashes, status,
+                            n_new, n_new_comp, None if hit_groups is None else hit_groups[0], n_look, n_reserved,
+                            False, has_scheduled_reqs, full_sequence_must_fit)
         if type(request) is Request:
             request_id = (<Request>request).request_id
             num_computed = (<Request>request)._num_computed_tokens
@@ -465,9 +494,10 @@ cdef class KVCacheManager:
             return self.empty_kv_cache_blocks
         return self.create_kv_cache_blocks(new_blocks)
 
-    cdef object _full_slots(self, Request request, Py_ssize_t n_new, Py_ssize_t n_new_comp, object hits,
-                            Py_ssize_t n_look, Py_ssize_t n_reserved, bint delay_cache_blocks,
-                            bint has_scheduled_reqs, bint full_sequence_must_fit):
+    cdef object _full_slots(self, object request, Request own, str request_id, Py_ssize_t num_computed,
+                            Py_ssize_t num_tokens, list hashes, object status, Py_ssize_t n_new,
+                            Py_ssize_t n_new_comp, object hits, Py_ssize_t n_look, Py_ssize_t n_reserved,
+                            bint delay_cache_blocks, bint has_scheduled_reqs, bint full_sequence_must_fit):
         # allocate_slots for one plain full-attention group and no external
         # tokens -- admissions with their prefix hits, prefill chunks, decode
         # steps: the general path's steps (_within_model_len, _watermark_for,
@@ -476,32 +506,45 @@ cdef class KVCacheManager:
         # left out, the coordinator's block count specialised (_blocks_needed)
         # and each dict read at most once.  Same decisions, same errors, in
         # the same order.
+        # request: kvcy's compiled Request (then `own` is the same object) or
+        # another request object (vLLM's; `own` is None), whose request_id,
+        # num_computed_tokens, block_hashes (a list) and status the caller read
+        # once, and num_tokens too, or -1: read here once, only if needed
+        # (vLLM's is a property, a Python call per read).  Nothing here reads
+        # them again; the block pool's hash check and caching read the
+        # request's hashes, as on the general path.
         # hits: the group's new computed blocks (a sequence), or None.
-        cdef str request_id = request.request_id
-        cdef Py_ssize_t num_computed = request._num_computed_tokens
         cdef Py_ssize_t num_local = num_computed + n_new_comp
         cdef FullAttentionManager mgr = self._full
         cdef BlockPool pool = self.block_pool
         cdef PyObject *p
         cdef bint fresh = False  # the record was read in this call
-        if (request._kv_owner != <PyObject*>mgr or request._kv_gen != mgr._gen.value
-                or request._kv_blocks is None):
-            # Remember the manager's entries for this request.  The record
-            # stays valid until the manager's _gen moves on (a removal, or any
-            # change outside this path), with two exceptions this path checks
-            # itself: "no entry" is always re-read, and so is the cached count
-            # before caching (another Request object with the same id may have
-            # added or advanced them here).
+        cdef list req_blocks
+        cdef Py_ssize_t ncached  # num_cached_block[request_id], or -1: no entry
+        if (own is not None and own._kv_owner == <PyObject*>mgr and own._kv_gen == mgr._gen.value
+                and own._kv_blocks is not None):
+            req_blocks = own._kv_blocks
+            ncached = own._kv_ncached
+        else:
+            # A compiled Request remembers the manager's entries for itself.
+            # The record stays valid until the manager's _gen moves on (a
+            # removal, or any change outside this path), with two exceptions
+            # this path checks itself: "no entry" is always re-read, and so is
+            # the cached count before caching (another Request object with the
+            # same id may have added or advanced them here).  Any other request
+            # object has its entries read on every call.
             p = PyDict_GetItem(mgr._req_to_blocks, request_id)
-            request._kv_blocks = _held_list(p)
+            req_blocks = _held_list(p)
             p = PyDict_GetItem(mgr._num_cached_block, request_id)
-            request._kv_ncached = -1 if p == NULL else <Py_ssize_t><object>p
-            request._kv_owner = <PyObject*>mgr
-            request._kv_gen = mgr._gen.value
+            ncached = -1 if p == NULL else <Py_ssize_t><object>p
+            if own is not None:
+                own._kv_blocks = req_blocks
+                own._kv_ncached = ncached
+                own._kv_owner = <PyObject*>mgr
+                own._kv_gen = mgr._gen.value
             # (Up to the caching below only this call writes the manager's
             # dicts: touching and allocating run no code that could.)
             fresh = True
-        cdef list req_blocks = request._kv_blocks
         cdef Py_ssize_t have = 0 if req_blocks is None else PyList_GET_SIZE(req_blocks)
         # The hits: every one a block (checked before any change), the free
         # ones counted (touching them takes them out of the free pool).
@@ -517,25 +560,31 @@ cdef class KVCacheManager:
                                          pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
         cdef Py_ssize_t total_computed = _within_model_len(self, num_local)
-        cdef Py_ssize_t watermark_blocks = _watermark_for(self, request.status, has_scheduled_reqs)
+        cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
         cdef Py_ssize_t needed
         cdef Py_ssize_t bs = mgr.block_size
         if full_sequence_must_fit:
-            needed = _blocks_needed(_within_model_len(self, PyList_GET_SIZE(request._all_token_ids)), bs, have,
-                                    request._kv_ncached < 0, n_hits, n_evictable)
+            if num_tokens < 0:
+                num_tokens = _num_tokens(request)
+            needed = _blocks_needed(_within_model_len(self, num_tokens), bs, have, ncached < 0, n_hits, n_evictable)
             if not _fits(pool, needed, watermark_blocks, 0):
                 return None
         cdef Py_ssize_t need_slot = _within_model_len(self, total_computed + n_new + n_look)
-        needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
+        needed = _blocks_needed(need_slot, bs, have, ncached < 0, n_hits, n_evictable)
         if not _fits(pool, needed, watermark_blocks, n_reserved):
             return None
         cdef Py_ssize_t num_full, num_cached
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:
             # What the caching below reads of the request's hashes, checked now.
-            num_full = _full_blocks_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids),
-                                             PyList_GET_SIZE(request._block_hashes), bs)
-            if request._kv_ncached < num_full:
+            # (An unread token count is read only when blocks may be cached:
+            # not when the hashes alone cap them at what is cached already.)
+            num_full = _full_blocks_to_cache(total_computed, n_new, _UNREAD if num_tokens < 0 else num_tokens,
+                                             PyList_GET_SIZE(hashes), bs)
+            if ncached < num_full and num_tokens < 0:
+                num_tokens = _num_tokens(request)
+                num_full = _full_blocks_to_cache(total_computed, n_new, num_tokens, PyList_GET_SIZE(hashes), bs)
+            if ncached < num_full:
                 if n_hits > 0:
                     num_cached = n_hits
                 else:
@@ -544,7 +593,7 @@ cdef class KVCacheManager:
                 pool._check_hashes_to_cache(request, num_cached, num_full, bs)
         # From here on nothing can fail but a broken invariant.
         if n_hits > 0:
-            if request._kv_ncached >= 0:
+            if ncached >= 0:
                 raise RuntimeError(
                     f"request {request_id!r} already holds blocks; it cannot take new prefix-cache hits"
                 )
@@ -557,23 +606,26 @@ cdef class KVCacheManager:
                     pool._touch_one(<KVCacheBlock>bp)
             mgr._req_to_blocks[request_id] = req_blocks
             mgr._num_cached_block[request_id] = n_hits
-            request._kv_blocks = req_blocks
-            request._kv_ncached = n_hits
+            ncached = n_hits
+            if own is not None:
+                own._kv_blocks = req_blocks
+                own._kv_ncached = n_hits
         elif req_blocks is None:
             req_blocks = []
             mgr._req_to_blocks[request_id] = req_blocks
-            request._kv_blocks = req_blocks
+            if own is not None:
+                own._kv_blocks = req_blocks
         cdef list new_blocks = None
         cdef Py_ssize_t n_more = _cdiv(need_slot, bs) - PyList_GET_SIZE(req_blocks)
         if n_more > 0:
             new_blocks = pool._get_new_blocks(n_more)
             req_blocks.extend(new_blocks)
         if caching:
-            num_full = _full_blocks_to_cache(total_computed, n_new, PyList_GET_SIZE(request._all_token_ids),
-                                             PyList_GET_SIZE(request._block_hashes), bs)
-            if request._kv_ncached < num_full:
+            num_full = _full_blocks_to_cache(total_computed, n_new, _UNREAD if num_tokens < 0 else num_tokens,
+                                             PyList_GET_SIZE(hashes), bs)
+            if ncached < num_full:
                 if fresh:
-                    num_cached = request._kv_ncached if request._kv_ncached > 0 else 0
+                    num_cached = ncached if ncached > 0 else 0
                 else:  # (see the record above)
                     p = PyDict_GetItem(mgr._num_cached_block, request_id)
                     num_cached = 0 if p == NULL else <Py_ssize_t><object>p
@@ -581,7 +633,8 @@ cdef class KVCacheManager:
                     pool.cache_full_blocks(request, req_blocks, num_cached, num_full, bs,
                                            mgr.kv_cache_group_id)
                     mgr._num_cached_block[request_id] = num_full
-                request._kv_ncached = num_full if num_cached < num_full else num_cached
+                if own is not None:
+                    own._kv_ncached = num_full if num_cached < num_full else num_cached
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return _one_group(new_blocks)
