@@ -592,11 +592,33 @@ void compute_slot_mapping_cpu(const at::Tensor& query_start_loc, const at::Tenso
   const at::Tensor bt = block_table.stride(1) == 1 ? block_table : block_table.contiguous();
   const int32_t* table = bt.const_data_ptr<int32_t>();
   const int64_t row_stride = bt.stride(0);
-  at::parallel_for(0, num_reqs, 64, [&](int64_t begin, int64_t end) {
+  // A step's few thousand tokens take microseconds on one core; threads pay
+  // off only for much larger batches.
+  const int64_t grain = num_tokens < (int64_t{1} << 16) ? std::max<int64_t>(num_reqs, 1) : 64;
+  // Without context parallelism a slot is row[p / B] * B + p % B: one
+  // division (a shift for the usual power-of-two B) instead of slot_of's five.
+  const bool plain = cp_world_size == 1;
+  const bool pow2 = (block_size & (block_size - 1)) == 0;
+  const int shift = pow2 ? __builtin_ctzll(static_cast<unsigned long long>(block_size)) : 0;
+  at::parallel_for(0, num_reqs, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int32_t* row = table + r * row_stride;
-      for (int64_t t = q[r]; t < q[r + 1]; ++t) {
-        out[t * os] = slot_of(pos[t], row, block_size, cp_world_size, cp_rank, cp_kv_cache_interleave_size);
+      const int64_t stop = q[r + 1];
+      if (plain && pow2) {
+        const int64_t mask = block_size - 1;
+        for (int64_t t = q[r]; t < stop; ++t) {
+          const int64_t p = pos[t];
+          out[t * os] = static_cast<int64_t>(row[p >> shift]) * block_size + (p & mask);
+        }
+      } else if (plain) {
+        for (int64_t t = q[r]; t < stop; ++t) {
+          const int64_t p = pos[t];
+          out[t * os] = static_cast<int64_t>(row[p / block_size]) * block_size + p % block_size;
+        }
+      } else {
+        for (int64_t t = q[r]; t < stop; ++t) {
+          out[t * os] = slot_of(pos[t], row, block_size, cp_world_size, cp_rank, cp_kv_cache_interleave_size);
+        }
       }
     }
   });

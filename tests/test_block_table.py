@@ -352,7 +352,7 @@ def _vllm_formula(qsl, pos, table, n_slots, num_reqs, bs, w, rank, inter):
 
 def _random_batch(rng, cp=True):
     w = rng.randint(1, 4) if cp else 1
-    rank, inter, bs = rng.randrange(w), rng.choice([1, 2, 4, 16]), rng.choice([1, 2, 16, 32])
+    rank, inter, bs = rng.randrange(w), rng.choice([1, 2, 4, 16]), rng.choice([1, 2, 3, 16, 32, 48])
     rows, width = rng.randint(1, 6), rng.randint(1, 9)
     num_reqs = rng.randint(0, rows)
     lens = [rng.randint(0, 12) for _ in range(num_reqs)]
@@ -500,3 +500,15 @@ def test_cuda_block_table_pins_host_buffers_and_maps_slots_like_the_cpu():
         bt.compute_slot_mapping(b["num_reqs"], qsl.cuda(), pos.cuda())
         cpu.compute_slot_mapping(b["num_reqs"], qsl, pos)
         assert torch.equal(bt.slot_mapping.gpu.cpu(), cpu.slot_mapping.gpu)
+
+
+def test_the_readme_example_runs_and_says_what_it_prints():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Block tables and slot mappings"):]
+    code = section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python\n") + 10)]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["slots"].tolist() == list(range(112, 128)) + [48, 49, 50, 51, 84]
+    assert scope["tables"][0].slot_mapping.gpu[21:].eq(PAD_SLOT_ID).all()
