@@ -220,12 +220,11 @@ class BlockTable:
         self._rows = rows
         # The row edits are the twin's own bound methods: no Python frame of
         # this class between the caller and the C loop.  The methods below
-        # are what they do, for help() and for subclasses.
-        self.append_row = rows.append_row  # type: ignore[method-assign]
-        self.add_row = rows.add_row  # type: ignore[method-assign]
-        self.clear_row = rows.clear_row  # type: ignore[method-assign]
-        self.move_row = rows.move_row  # type: ignore[method-assign]
-        self.swap_row = rows.swap_row  # type: ignore[method-assign]
+        # say what they do (help()), and a subclass that overrides one keeps
+        # its override.
+        for name in ("append_row", "add_row", "clear_row", "move_row", "swap_row"):
+            if getattr(type(self), name) is getattr(BlockTable, name):
+                setattr(self, name, getattr(rows, name))
 
     # The buffers are read-only attributes: the row edits hold their memory,
     # so a buffer swapped in from outside would never see them.

@@ -512,3 +512,18 @@ def test_the_readme_example_runs_and_says_what_it_prints():
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["slots"].tolist() == list(range(112, 128)) + [48, 49, 50, 51, 84]
     assert scope["tables"][0].slot_mapping.gpu[21:].eq(PAD_SLOT_ID).all()
+
+
+def test_a_subclass_keeps_its_row_edit_overrides():
+    seen = []
+
+    class Logged(BlockTable):
+        def add_row(self, block_ids, row_idx):
+            seen.append((list(block_ids), row_idx))
+            super().add_row(block_ids, row_idx)
+
+    bt = Logged(4, 2, 4, 8, False, "cpu", 1)
+    bt.add_row([5, 6], 1)
+    bt.append_row([7], 1)
+    assert seen == [([5, 6], 1)] and bt.get_numpy_array()[1].tolist() == [5, 6, 7, 0]
+    assert type(_table().add_row.__self__).__name__ == "BlockTableRows"  # the twin's own method, no wrapper
