@@ -206,7 +206,12 @@ class BlockTable:
         if not 0 <= self.pcp_rank < self.pcp_world_size:
             raise ValueError(f"pcp_rank {self.pcp_rank} is out of range for a world of {self.pcp_world_size}")
         self.pin_memory = bool(pin_memory)
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must name a torch device, got {device!r}") from exc
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device} was asked for, but torch sees no CUDA device")
 
         self._block_table = CpuGpuBuffer(
             self.max_num_reqs, self.max_num_blocks_per_req, dtype=torch.int32,

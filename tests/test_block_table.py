@@ -258,6 +258,9 @@ def test_block_table_refuses_bad_arguments(call, exc, msg):
     (dict(slot_mapping_mode="none"), TypeError, "slot_mapping_mode must be a SlotMappingMode"),
     (dict(dcp_world_size=2, dcp_rank=2), ValueError, "dcp_rank 2 is out of range for a world of 2"),
     (dict(block_size=4.0), TypeError, "block_size must be an int, got float"),
+    (dict(device="nodevice"), ValueError, "device must name a torch device, got 'nodevice'"),
+    pytest.param(dict(device="cuda"), ValueError, "torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is there")),
 ])
 def test_block_table_refuses_bad_construction(kw, exc, msg):
     with pytest.raises(exc, match=msg):
