@@ -234,8 +234,9 @@ def test_uniform_type_specs_are_hashable():
         (lambda: full(attention_chunk_size=-5), "attention_chunk_size"),
         (lambda: swa(window=0), "sliding_window"),
         (lambda: chunked(chunk=0), "attention_chunk_size"),
-        (lambda: MambaSpec(block_size=16, shapes=((0, 4),), dtypes=("float32",)), "shapes"),
-        (lambda: MambaSpec(block_size=16, shapes=((2, 4),), dtypes=("float32", "float16")), "dtypes"),
+        # A Mamba state layout is checked where vLLM's fails: when its page size is computed.
+        (lambda: MambaSpec(block_size=16, shapes=((0, 4),), dtypes=("float32",)).page_size_bytes, "shapes"),
+        (lambda: MambaSpec(block_size=16, shapes=((2, 4),), dtypes=("float32", "float16")).page_size_bytes, "dtypes"),
         (lambda: MambaSpec(block_size=0, shapes=((2, 4),), dtypes=("float32",)), "block_size"),
         (lambda: full(dtype="float13"), "float13"),
     ],
@@ -243,6 +244,22 @@ def test_uniform_type_specs_are_hashable():
 def test_bad_sizes_raise_value_error_naming_the_field(factory, field):
     with pytest.raises(ValueError, match=field):
         factory()
+
+
+def test_mamba_spec_builds_from_any_layout_as_vllm_and_refuses_it_when_sized():
+    # vLLM's own tests build MambaSpec(shapes=(1, 1), ...) for managers that never size a page.
+    spec = MambaSpec(block_size=16, shapes=(1, 1), dtypes=(torch.float32,))
+    assert spec.shapes == (1, 1) and spec.dtypes == (torch.float32,)
+    assert spec == MambaSpec(block_size=16, shapes=(1, 1), dtypes=(torch.float32,))
+    for read in (lambda: spec.page_size_bytes, lambda: spec.real_page_size_bytes,
+                 lambda: spec.state_content_size_bytes):
+        with pytest.raises(TypeError, match="shapes must be a sequence of shapes"):
+            read()
+    with pytest.raises(TypeError, match="dtypes must be a sequence"):
+        MambaSpec(block_size=16, shapes=((2,),), dtypes=7).page_size_bytes
+    # well-formed layouts are still normalised at construction
+    ok = MambaSpec(block_size=16, shapes=[[2, 3]], dtypes=[torch.float32])
+    assert ok.shapes == ((2, 3),) and ok.page_size_bytes == 24
 
 
 def test_wrong_types_raise_type_error():
