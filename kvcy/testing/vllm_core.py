@@ -48,7 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REDIRECTS", "SELECTED", "check", "redirect", "run", "stage", "write_model_configs"]
+__all__ = ["REDIRECTS", "SELECTED", "check", "gaps", "redirect", "run", "stage", "write_model_configs"]
 
 #: vLLM module -> the kvcy module that re-implements it.
 REDIRECTS: dict[str, str] = {
@@ -59,6 +59,15 @@ REDIRECTS: dict[str, str] = {
     "vllm.v1.core.kv_cache_coordinator": "kvcy.kv_cache_coordinator",
     "vllm.v1.core.kv_cache_manager": "kvcy.kv_cache_manager",
     "vllm.v1.core.kv_cache_metrics": "kvcy.kv_cache_metrics",
+    "vllm.distributed.kv_events": "kvcy.kv_events",
+}
+
+# Modules of which only these names are rebound: the events the block pool emits (vLLM's
+# publishers, which the Scheduler builds, stay vLLM's).
+_ONLY: dict[str, tuple[str, ...]] = {
+    "vllm.distributed.kv_events": (
+        "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "KVCacheEvent", "KVEventBatch",
+    ),
 }
 
 # vLLM modules whose import-time bindings must stay vLLM's (its Scheduler and what the tests'
@@ -193,11 +202,20 @@ def redirect() -> dict[str, list[str]]:
         for name in sorted(vars(vllm_module)):
             if name.startswith("__") or not hasattr(kvcy_module, name):
                 continue
+            if vllm_name in _ONLY and name not in _ONLY[vllm_name]:
+                continue
             obj = getattr(kvcy_module, name)
             if not _defined_in_kvcy(obj):
                 continue
             setattr(vllm_module, name, obj)
             names.append(name)
+        # Names kvcy's module computes on each read (kv_cache_utils.NONE_HASH, which kvcy's
+        # init_none_hash sets in kvcy.hashing): read through kvcy's module __getattr__.
+        if hasattr(kvcy_module, "__getattr__") and "__getattr__" not in vars(vllm_module):
+            vllm_module.__getattr__ = kvcy_module.__getattr__  # type: ignore[method-assign]
+            for name in ("NONE_HASH",):
+                vars(vllm_module).pop(name, None)
+            names.append("__getattr__")
         rebound[vllm_name] = names
     _redirected = True
     return rebound
@@ -215,6 +233,7 @@ def pytest_addoption(parser: Any) -> None:
 
 
 _outcomes: dict[str, str] = {}
+_reasons: dict[str, str] = {}
 
 
 def pytest_configure(config: Any) -> None:
@@ -232,12 +251,17 @@ def pytest_runtest_logreport(report: Any) -> None:
         outcome = report.outcome
     if _outcomes.get(report.nodeid) != "failed":
         _outcomes[report.nodeid] = outcome
+        crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+        if outcome == "failed" and crash is not None:
+            message = (crash.message or "").strip().splitlines()
+            _reasons[report.nodeid] = f"{Path(crash.path).name}:{crash.lineno}: {message[0] if message else ''}"[:200]
 
 
 def pytest_sessionfinish(session: Any) -> None:
     path = session.config.getoption("--vllm-core-outcomes")
     if path:
         Path(path).write_text(json.dumps(_outcomes, indent=0, sort_keys=True) + "\n")
+        Path(path + ".reasons").write_text(json.dumps(_reasons, indent=0, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,6 +339,19 @@ def check(baseline: dict[str, list[str]], outcomes: dict[str, str], twin: str) -
     return "\n".join(lines), not lost
 
 
+def gaps(baseline: dict[str, list[str]], outcomes: dict[str, str], reasons: dict[str, str]) -> str:
+    """Each test that passes on vLLM and not here, by file, with where and why it failed."""
+    lines = []
+    for rel, ids in sorted(_by_file(baseline["vllm"]).items()):
+        failing = [t for t in sorted(ids) if outcomes.get(t) != "passed"]
+        if failing:
+            lines.append(f"\n`{rel}` ({len(failing)}):\n")
+            for nodeid in failing:
+                reason = reasons.get(nodeid, outcomes.get(nodeid, "not run")).replace("|", "\\|")
+                lines.append(f"- `{nodeid.split('::', 1)[1]}`: {reason}")
+    return "\n".join(lines)
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvcy.testing.vllm_core", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -332,7 +369,14 @@ def _main(argv: list[str] | None = None) -> int:
     p_rec.add_argument("--outcomes", type=Path, required=True)
     p_rec.add_argument("--key", choices=("vllm", "cython", "python"), required=True)
     p_rec.add_argument("--baseline", type=Path, default=default_baseline)
+    p_gaps = sub.add_parser("gaps", help="markdown: each test passing on vLLM that fails here, with its reason")
+    p_gaps.add_argument("--outcomes", type=Path, required=True)
+    p_gaps.add_argument("--baseline", type=Path, default=default_baseline)
     args = parser.parse_args(argv)
+    if args.cmd == "gaps":
+        print(gaps(json.loads(args.baseline.read_text()), json.loads(args.outcomes.read_text()),
+                   json.loads(Path(str(args.outcomes) + ".reasons").read_text())))
+        return 0
     if args.cmd == "run":
         rc = run(args.tests, args.target, args.out, args.pytest_args)
         return 0 if args.out.exists() else rc or 1
