@@ -53,3 +53,14 @@ def test_stage_copies_the_selected_files_and_a_conftest(tmp_path: Path) -> None:
     assert all((tmp_path / "dest" / f).is_file() for f in files)
     assert "caplog_vllm" in (tmp_path / "dest" / "tests" / "conftest.py").read_text()
     assert (tmp_path / "dest" / "tests" / "v1" / "core" / "__init__.py").is_file()
+
+
+def test_gaps_lists_each_test_passing_on_vllm_that_fails_with_its_reason() -> None:
+    baseline = {"vllm": ["tests/v1/core/test_a.py::t1", "tests/v1/core/test_a.py::t2"]}
+    outcomes = {"tests/v1/core/test_a.py::t1": "passed", "tests/v1/core/test_a.py::t2": "failed",
+                "tests/v1/core/test_a.py::t9": "failed"}
+    reasons = {"tests/v1/core/test_a.py::t2": "x.py:3: NotImplementedError: a|b"}
+    text = vllm_core.gaps(baseline, outcomes, reasons)
+    assert "`v1/core/test_a.py` (1):" in text
+    assert "- `t2`: x.py:3: NotImplementedError: a\\|b" in text
+    assert "t1" not in text and "t9" not in text

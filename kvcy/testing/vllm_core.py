@@ -27,11 +27,14 @@ Command line::
     python -m kvcy.testing.vllm_core check --outcomes OUT.json --twin cython \\
         [--baseline tests/data/vllm_core_baseline.json]
     python -m kvcy.testing.vllm_core record --outcomes OUT.json --key vllm|cython|python
+    python -m kvcy.testing.vllm_core gaps --outcomes OUT.json
 
 ``VLLM_TESTS_DIR`` is the ``tests`` folder of vLLM 0.33.0's sdist.  ``check`` prints, per
 file, the tests that pass on vLLM and how many of those pass now, and exits 1 when a test
 the baseline records as passing on that twin fails now (a ratchet: record after an
-improvement, never after a loss).
+improvement, never after a loss).  ``gaps`` lists, in Markdown, each test that passes on vLLM
+and failed in the run, with where and why (``run`` keeps each failure's message beside the
+outcomes, in ``OUT.json.reasons``).
 """
 
 from __future__ import annotations
