@@ -197,6 +197,14 @@ def redirect() -> dict[str, list[str]]:
     for name in _VLLM_FIRST:
         importlib.import_module(name)
     kvcy.vllm.install()
+    rebound = _rebind()
+    _redirected = True
+    return rebound
+
+
+def _rebind() -> dict[str, list[str]]:
+    # Also run before each test: some of vLLM's tests importlib.reload() a module
+    # (kv_cache_utils), which puts vLLM's own functions and a NONE_HASH of its own back.
     rebound: dict[str, list[str]] = {}
     for vllm_name, kvcy_name in REDIRECTS.items():
         vllm_module = importlib.import_module(vllm_name)
@@ -214,13 +222,11 @@ def redirect() -> dict[str, list[str]]:
             names.append(name)
         # Names kvcy's module computes on each read (kv_cache_utils.NONE_HASH, which kvcy's
         # init_none_hash sets in kvcy.hashing): read through kvcy's module __getattr__.
-        if hasattr(kvcy_module, "__getattr__") and "__getattr__" not in vars(vllm_module):
+        if hasattr(kvcy_module, "__getattr__"):
             vllm_module.__getattr__ = kvcy_module.__getattr__  # type: ignore[method-assign]
-            for name in ("NONE_HASH",):
-                vars(vllm_module).pop(name, None)
+            vars(vllm_module).pop("NONE_HASH", None)
             names.append("__getattr__")
         rebound[vllm_name] = names
-    _redirected = True
     return rebound
 
 
@@ -242,6 +248,11 @@ _reasons: dict[str, str] = {}
 def pytest_configure(config: Any) -> None:
     if config.getoption("--vllm-core-target") == "kvcy":
         redirect()
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    if _redirected:
+        _rebind()
 
 
 def pytest_runtest_logreport(report: Any) -> None:
