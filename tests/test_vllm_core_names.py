@@ -133,3 +133,27 @@ def test_mamba_internals_are_read_only_views(impl):
             setattr(mamba, name, {})
     mgr.free(req)
     assert "r" not in mamba._allocated_block_reqs and "r" not in mamba._checkpoints
+
+
+def test_a_bool_lookahead_counts_as_zero_or_one_as_in_vllm(impl):
+    """vLLM's own tests pass ``num_hash_lookahead_tokens=True`` (one token); a bool is an int."""
+    cfg = _hybrid()
+    for flag in (False, True):
+        mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=BS, hash_block_size=BS,
+                                           num_hash_lookahead_tokens=flag)
+        same = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=BS, hash_block_size=BS,
+                                            num_hash_lookahead_tokens=int(flag))
+        assert mgr.block_pool.num_hash_lookahead_tokens == int(flag)
+        assert type(mgr.block_pool.num_hash_lookahead_tokens) is int
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        tokens = list(range(3 * BS + 1))
+        a = impl.kv_cache.Request("a", tokens, block_hasher=get_request_block_hasher(BS, hash_fn, flag))
+        b = impl.kv_cache.Request("b", tokens, block_hasher=get_request_block_hasher(BS, hash_fn, int(flag)))
+        assert list(a.block_hashes) == list(b.block_hashes)
+        mgr.allocate_slots(a, len(tokens))
+        same.allocate_slots(b, len(tokens))
+        assert mgr.usage == same.usage
+    with pytest.raises(ValueError):
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=BS, hash_block_size=BS,
+                                     num_hash_lookahead_tokens=-1)
