@@ -299,7 +299,7 @@ def test_max_memory_full(settings):
 def test_max_memory_sliding_window(settings):
     # min(128 - 1 + 256, 1000) = 383 tokens -> cdiv(383, 16) = 24 blocks, +1 for an unaligned window
     spec = swa(128)
-    assert spec.max_admission_blocks_per_request(max_num_batched_tokens=256, max_model_len=1000) == 25
+    assert spec.max_admission_blocks_per_request(max_in_flight_tokens=256, max_model_len=1000) == 25
     assert spec.max_memory_usage_bytes(settings) == 25 * 65536
     # a window wider than the model: capped at cdiv(1000, 16) + 1 = 64
     assert swa(4096).max_memory_usage_bytes(settings) == 64 * 65536
@@ -308,7 +308,7 @@ def test_max_memory_sliding_window(settings):
 def test_max_memory_chunked_local(settings):
     # min(512 + 256, 1000) = 768 tokens -> 48 blocks
     spec = chunked(512)
-    assert spec.max_admission_blocks_per_request(max_num_batched_tokens=256, max_model_len=1000) == 48
+    assert spec.max_admission_blocks_per_request(max_in_flight_tokens=256, max_model_len=1000) == 48
     assert spec.max_memory_usage_bytes(settings) == 48 * 65536
 
 
