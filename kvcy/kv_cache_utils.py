@@ -28,7 +28,7 @@ that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``)
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvcy._fast import kv_cache as _impl
 from kvcy.hashing import (
@@ -111,6 +111,35 @@ def trim_null_head(blocks: _BlockSeq) -> _BlockSeq:
     return blocks[n:] if n else blocks
 
 
+def resolve_cache_hit_alignment_tokens(
+    kv_cache_config: Any, vllm_config: Any, scheduler_block_size: int, hash_block_size: int
+) -> int:
+    """The token granularity prefix-cache hits land on, as the coordinator will align them:
+    ``hash_block_size`` when hits may end inside a block (:func:`partial_hash_hits_enabled`
+    for the groups' managers), else ``scheduler_block_size``; always the latter without
+    prefix caching or with one group.  ``vllm_config`` is read for
+    ``cache_config.enable_prefix_caching`` and ``parallel_config.decode_context_parallel_size``.
+
+    Raises:
+        AssertionError: a group's spec (and role) has no registered manager, as in vLLM.
+        NotImplementedError: decode context parallelism (as ``partial_hash_hits_enabled``).
+    """
+    from kvcy.kv_cache_interface import KVCacheSpecRegistry
+
+    groups = kv_cache_config.kv_cache_groups
+    if not vllm_config.cache_config.enable_prefix_caching or len(groups) <= 1:
+        return scheduler_block_size
+    manager_classes = []
+    for group in groups:
+        manager_class = KVCacheSpecRegistry.get_manager_class(group.kv_cache_spec, getattr(group, "role", None))
+        assert manager_class is not None, f"no manager registered for {type(group.kv_cache_spec).__name__}"
+        manager_classes.append(manager_class)
+    dcp_world_size = vllm_config.parallel_config.decode_context_parallel_size
+    if partial_hash_hits_enabled(groups, hash_block_size, dcp_world_size, manager_classes):
+        return hash_block_size
+    return scheduler_block_size
+
+
 def __getattr__(name: str):
     # NONE_HASH is read live from kvcy.hashing: init_none_hash rebinds it there.
     if name == "NONE_HASH":
@@ -168,6 +197,7 @@ __all__ = [
     "need_extra_keys",
     "partial_hash_hits_enabled",
     "resolve_block_hashes",
+    "resolve_cache_hit_alignment_tokens",
     "resolve_none_hash_seed",
     "to_event_extra_keys",
     "trim_null_head",

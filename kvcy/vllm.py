@@ -208,13 +208,16 @@ def convert_kv_cache_config(config: Any) -> Any:
 
     The fields vLLM's engine core resolves for its workers and connectors
     (``kv_cache_layout``, ``hash_block_size``, ``cache_hit_alignment_tokens``,
-    ``kv_tp_replicas``) are carried over as they are; neither manager reads them.
+    ``kv_tp_replicas``) are carried over as they are; neither manager reads them.  A config
+    that is kvcy's already is returned as it is.
 
     Raises:
         NotImplementedError: HiSparse settings, or a group or spec kvcy does not support.
     """
     from kvcy import kv_cache_interface as ki
 
+    if isinstance(config, ki.KVCacheConfig):
+        return config  # already kvcy's (a caller that builds kvcy's specs itself)
     kvcy_fields = {f.name for f in dataclasses.fields(ki.KVCacheConfig)}
     kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(config):

@@ -4,7 +4,8 @@ Run as a script (tests/test_uninitialised_objects.py does, in its own interprete
 a crash fails the test instead of ending the session): ``_uninit_sweep.py MODE`` with MODE
 ``new`` (``cls.__new__(cls)``, where the class allows it) or ``subclass`` (a Python
 subclass whose ``__init__`` does not call the base's).  Each method is called with a fixed
-set of argument tuples, valid-looking and not; exceptions are expected, a signal is not.
+set of argument tuples, valid-looking and not, and each settable attribute is assigned a few
+values; exceptions are expected, a signal is not.
 Prints ``done`` at the end.
 """
 
@@ -28,6 +29,7 @@ ARGS = [(), (1,), (0,), (-1,), (None,), (1, -1), ([],), ([BLOCK],), (BLOCK,), (B
         (REQUEST,), (REQUEST, 8), (REQUEST, 8, 0), (REQUEST, 8, 0, BLOCKS), ("r0",), ("r0", 8), ("r0", 8, 0),
         (REQUEST.block_hashes, 8), (REQUEST.block_hashes, 8, [0]), (8, 8), (ReqContext(req_id="r"),),
         ([b"abcdefgh"], ReqContext(req_id="r"))]
+VALUES = (0, 4, -1, None, "x", 2**63, [], (BLOCK,), BLOCKS, REQUEST)
 DUNDERS = ("__len__", "__iter__", "__repr__", "__getitem__", "__contains__", "__add__", "__eq__")
 
 
@@ -67,4 +69,18 @@ for name, cls in classes():
             repr(obj)
         except Exception:
             pass
+    # Every settable attribute (checked setters such as a coordinator's retention_interval
+    # included) takes a few values, valid-looking and not, on the object that never ran __init__.
+    for attr in sorted(dir(cls)):
+        if attr.startswith("__") or not inspect.isdatadescriptor(inspect.getattr_static(cls, attr, None)):
+            continue
+        for value in VALUES:
+            try:
+                setattr(obj, attr, value)
+            except Exception:
+                pass
+    try:
+        repr(obj)
+    except Exception:
+        pass
 print("done")

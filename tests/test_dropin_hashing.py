@@ -535,9 +535,12 @@ def test_lookahead_twins_agree(impl, algo):
 
 
 def test_lookahead_argument(impl):
-    for bad in (-1, True, 1.0, "2"):
+    for bad in (-1, 1.0, "2"):
         with pytest.raises(ValueError, match="num_hash_lookahead_tokens"):
             impl.hashing.RequestBlockHasher(4, "sha256", lambda: NONE_HASH, None, bad)
+    # a bool is an int (0 or 1), as in vLLM, whose own tests pass lookahead=True
+    flagged = impl.hashing.RequestBlockHasher(4, "sha256", lambda: NONE_HASH, None, True)
+    assert flagged.num_hash_lookahead_tokens == 1 and type(flagged.num_hash_lookahead_tokens) is int
     h = impl.hashing.RequestBlockHasher(4, "sha256", lambda: NONE_HASH, num_hash_lookahead_tokens=2)
     assert h.num_hash_lookahead_tokens == 2
 

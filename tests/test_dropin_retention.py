@@ -524,12 +524,21 @@ def test_retention_validated_as_vllm(impl):
         if exc is None:
             mgr = _manager(impl, specs, r)
             assert mgr.coordinator.retention_interval == r
+            # assignable, as on vLLM's coordinator (its tests set it), never deleted
+            mgr.coordinator.retention_interval = None
+            assert mgr.coordinator.retention_interval is None
             with pytest.raises(AttributeError):
-                mgr.coordinator.retention_interval = None
+                del mgr.coordinator.retention_interval
         else:
             with pytest.raises(exc) as info:
                 _manager(impl, specs, r)
             assert msg in str(info.value)
+            # an assignment is refused with the construction's message, and changes nothing
+            mgr = _manager(impl, specs, None)
+            with pytest.raises(exc) as info:
+                mgr.coordinator.retention_interval = r
+            assert msg in str(info.value)
+            assert mgr.coordinator.retention_interval is None
     # kvcy's own refusals: not an int (vLLM would fail later, or read 16.0 as an interval)
     for bad in (16.0, True, "16"):
         with pytest.raises(TypeError, match="prefix_cache_retention_interval must be an int or None"):

@@ -295,6 +295,24 @@ CRASHERS = {
             pass
         mgr.free(r)
     """,
+    "coordinator.retention_interval = huge or odd, then allocate and cache": """
+        from kvcy.kv_cache_interface import SlidingWindowSpec
+        cfg = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")),
+            KVCacheGroupSpec(["s"], SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                                      sliding_window=8))])
+        mgr = m.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+        for value in (2**62, 2**63, -4, 3, 4, 0, None, "x", 1.5):
+            try:
+                mgr.coordinator.retention_interval = value
+            except (TypeError, ValueError):
+                pass
+            r = m.Request(f"r{value}", list(range(40)), block_hasher=hasher)
+            r.shared_prefix_boundary = 12
+            mgr.allocate_slots(r, 40)
+            r.num_computed_tokens = 40
+            mgr.free(r)
+    """,
     "manager.block_size = 0, then allocate_slots": """
         mgr = m.KVCacheManager(config, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
         try:
@@ -369,9 +387,9 @@ ASSIGNABLE = {
                       "drop_eagle_checkpoint_block"},
     "rswa_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
     "ring_manager": {"use_eagle", "cache_hit_alignment_tokens", "shared_prefix_checkpoint"},
-    "unitary": set(),
-    "hybrid": set(),
-    "no_cache": set(),
+    "unitary": {"retention_interval"},  # (vLLM's tests set it on a live coordinator; checked)
+    "hybrid": {"retention_interval"},
+    "no_cache": {"retention_interval"},
     "kv_cache_blocks": {"blocks"},
     "manager": {"metrics_collector", "prefix_cache_stats", "watermark_blocks"},
 }
@@ -464,6 +482,15 @@ BAD_ASSIGNMENTS = [
     ("mamba_manager", "cache_hit_alignment_tokens", -4, ValueError),
     ("kv_cache_blocks", "blocks", [[]], TypeError),
     ("manager", "watermark_blocks", None, TypeError),
+    # retention_interval: the config's check (an int or None; >= 0, a multiple of the scheduler
+    # block; only 0 without a sliding-window or Mamba group; at most 2**62)
+    ("unitary", "retention_interval", "0", TypeError),
+    ("unitary", "retention_interval", True, TypeError),
+    ("unitary", "retention_interval", 8, ValueError),
+    ("hybrid", "retention_interval", -BS, ValueError),
+    ("hybrid", "retention_interval", BS + 1, ValueError),
+    ("hybrid", "retention_interval", 2**70 * BS, ValueError),
+    ("hybrid", "retention_interval", 0.0, TypeError),
 ]
 
 
@@ -489,6 +516,33 @@ def test_checked_assignments_still_work(impl):
     block.ref_cnt -= 1
     req.extra_field = "free"  # other attributes stay free, as on vLLM's Request
     assert req.extra_field == "free"
+
+
+def test_retention_interval_assigned_on_a_live_coordinator_acts_as_the_configs(impl):
+    """``coordinator.retention_interval = 0`` (as vLLM's tests set it) caches what a manager
+    built with ``prefix_cache_retention_interval=0`` caches; deleting it is refused."""
+    import dataclasses
+
+    def run(mgr):
+        req = impl.kv_cache.Request("r", list(range(6 * BS + 1)), block_hasher=hasher())
+        req.shared_prefix_boundary = 2 * BS
+        mgr.allocate_slots(req, 6 * BS + 1)
+        req.num_computed_tokens = 6 * BS + 1
+        mgr.free(req)
+        return snapshot(mgr)
+
+    configured = manager(impl, config=dataclasses.replace(hybrid_config(), prefix_cache_retention_interval=0))
+    assigned = manager(impl, config=hybrid_config())
+    assigned.coordinator.retention_interval = 0
+    assert assigned.coordinator.retention_interval == 0
+    expected = run(configured)
+    assert run(assigned) == expected
+    assert run(manager(impl, config=hybrid_config())) != expected  # (dense retention caches more)
+    assigned.coordinator.retention_interval = None
+    assert assigned.coordinator.retention_interval is None
+    with pytest.raises(AttributeError):
+        del assigned.coordinator.retention_interval
+    assert assigned.coordinator.retention_interval is None
 
 
 @pytest.mark.parametrize("name", ["retains_longer_hit", "supports_fine_grained_hash_lookup"])

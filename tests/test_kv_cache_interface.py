@@ -234,8 +234,9 @@ def test_uniform_type_specs_are_hashable():
         (lambda: full(attention_chunk_size=-5), "attention_chunk_size"),
         (lambda: swa(window=0), "sliding_window"),
         (lambda: chunked(chunk=0), "attention_chunk_size"),
-        (lambda: MambaSpec(block_size=16, shapes=((0, 4),), dtypes=("float32",)), "shapes"),
-        (lambda: MambaSpec(block_size=16, shapes=((2, 4),), dtypes=("float32", "float16")), "dtypes"),
+        # A Mamba state layout is checked where vLLM's fails: when its page size is computed.
+        (lambda: MambaSpec(block_size=16, shapes=((0, 4),), dtypes=("float32",)).page_size_bytes, "shapes"),
+        (lambda: MambaSpec(block_size=16, shapes=((2, 4),), dtypes=("float32", "float16")).page_size_bytes, "dtypes"),
         (lambda: MambaSpec(block_size=0, shapes=((2, 4),), dtypes=("float32",)), "block_size"),
         (lambda: full(dtype="float13"), "float13"),
     ],
@@ -243,6 +244,22 @@ def test_uniform_type_specs_are_hashable():
 def test_bad_sizes_raise_value_error_naming_the_field(factory, field):
     with pytest.raises(ValueError, match=field):
         factory()
+
+
+def test_mamba_spec_builds_from_any_layout_as_vllm_and_refuses_it_when_sized():
+    # vLLM's own tests build MambaSpec(shapes=(1, 1), ...) for managers that never size a page.
+    spec = MambaSpec(block_size=16, shapes=(1, 1), dtypes=(torch.float32,))
+    assert spec.shapes == (1, 1) and spec.dtypes == (torch.float32,)
+    assert spec == MambaSpec(block_size=16, shapes=(1, 1), dtypes=(torch.float32,))
+    for read in (lambda: spec.page_size_bytes, lambda: spec.real_page_size_bytes,
+                 lambda: spec.state_content_size_bytes):
+        with pytest.raises(TypeError, match="shapes must be a sequence of shapes"):
+            read()
+    with pytest.raises(TypeError, match="dtypes must be a sequence"):
+        MambaSpec(block_size=16, shapes=((2,),), dtypes=7).page_size_bytes
+    # well-formed layouts are still normalised at construction
+    ok = MambaSpec(block_size=16, shapes=[[2, 3]], dtypes=[torch.float32])
+    assert ok.shapes == ((2, 3),) and ok.page_size_bytes == 24
 
 
 def test_wrong_types_raise_type_error():
@@ -282,7 +299,7 @@ def test_max_memory_full(settings):
 def test_max_memory_sliding_window(settings):
     # min(128 - 1 + 256, 1000) = 383 tokens -> cdiv(383, 16) = 24 blocks, +1 for an unaligned window
     spec = swa(128)
-    assert spec.max_admission_blocks_per_request(max_num_batched_tokens=256, max_model_len=1000) == 25
+    assert spec.max_admission_blocks_per_request(max_in_flight_tokens=256, max_model_len=1000) == 25
     assert spec.max_memory_usage_bytes(settings) == 25 * 65536
     # a window wider than the model: capped at cdiv(1000, 16) + 1 = 64
     assert swa(4096).max_memory_usage_bytes(settings) == 64 * 65536
@@ -291,7 +308,7 @@ def test_max_memory_sliding_window(settings):
 def test_max_memory_chunked_local(settings):
     # min(512 + 256, 1000) = 768 tokens -> 48 blocks
     spec = chunked(512)
-    assert spec.max_admission_blocks_per_request(max_num_batched_tokens=256, max_model_len=1000) == 48
+    assert spec.max_admission_blocks_per_request(max_in_flight_tokens=256, max_model_len=1000) == 48
     assert spec.max_memory_usage_bytes(settings) == 48 * 65536
 
 

@@ -339,8 +339,9 @@ class RequestBlockHasher:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         lookahead = num_hash_lookahead_tokens
-        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+        if not isinstance(lookahead, int) or lookahead < 0:  # (a bool counts as 0 or 1, as in vLLM)
             raise ValueError(f"num_hash_lookahead_tokens must be a non-negative int, got {lookahead!r}")
+        lookahead = int(lookahead)
         if algo is None:
             if not callable(hash_fn):
                 raise ValueError("hash_fn must be callable when algo is None")

@@ -59,7 +59,7 @@ def _admission_capped_bytes(spec: Any, config: Any) -> int:
     """Memory one request can hold for a spec whose blocks are capped per
     request (``max_admission_blocks_per_request``): sliding window, chunked local."""
     blocks = spec.max_admission_blocks_per_request(
-        max_num_batched_tokens=_setting(config, "max_num_batched_tokens", "scheduler_config"),
+        max_in_flight_tokens=_setting(config, "max_num_batched_tokens", "scheduler_config"),
         max_model_len=_setting(config, "max_model_len", "model_config"),
     )
     return blocks * spec.page_size_bytes

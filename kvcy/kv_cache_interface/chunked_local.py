@@ -19,7 +19,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     def _post_init_head_sizes(self) -> None:
         _check_int(type(self).__name__, "attention_chunk_size", self.attention_chunk_size)
 
-    def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """Most blocks one request can hold at once.
 
         Used both to size the pool at start-up and to admit requests at run
@@ -27,7 +27,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         one chunk of computed tokens plus one step of new ones, capped at the
         model length.
         """
-        num_tokens = min(self.attention_chunk_size + max_num_batched_tokens, max_model_len)
+        num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
         return cdiv(num_tokens, self.block_size)
 
     def max_memory_usage_bytes(self, config: Any) -> int:

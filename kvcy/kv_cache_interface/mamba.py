@@ -43,20 +43,15 @@ class MambaSpec(KVCacheSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = type(self).__name__
+        # vLLM builds a MambaSpec from any shapes and dtypes and fails only when the page size
+        # is computed; its own tests build specs such as ``shapes=(1, 1)`` that never are.
+        # So do kvcy's: well-formed values are normalised here, anything else is kept as given
+        # and refused, with the reason, by the page-size properties.
         try:
-            shapes = tuple(tuple(int(d) for d in shape) for shape in self.shapes)
-        except TypeError as exc:
-            raise TypeError(f"{owner}.shapes must be a sequence of shapes (sequences of ints)") from exc
-        if isinstance(self.dtypes, str) or not hasattr(self.dtypes, "__iter__"):
-            raise TypeError(f"{owner}.dtypes must be a sequence of dtypes, got {self.dtypes!r}")
-        dtypes = tuple(canonical_dtype(d) for d in self.dtypes)
-        if not shapes:
-            raise ValueError(f"{owner}.shapes must not be empty")
-        if len(shapes) != len(dtypes):
-            raise ValueError(f"{owner}.shapes has {len(shapes)} entries but dtypes has {len(dtypes)}")
-        for shape in shapes:
-            if any(d <= 0 for d in shape):
-                raise ValueError(f"{owner}.shapes must have positive dimensions, got {shape}")
+            shapes, dtypes = _state_layout(owner, self.shapes, self.dtypes)
+        except (TypeError, ValueError):
+            shapes = tuple(self.shapes) if _iterable(self.shapes) else self.shapes
+            dtypes = tuple(self.dtypes) if _iterable(self.dtypes) else self.dtypes
         object.__setattr__(self, "shapes", shapes)
         object.__setattr__(self, "dtypes", dtypes)
         _check_int(owner, "num_speculative_blocks", self.num_speculative_blocks, minimum=0)
@@ -70,7 +65,7 @@ class MambaSpec(KVCacheSpec):
         if not isinstance(self.mamba_cache_mode, str):
             raise TypeError(f"{owner}.mamba_cache_mode must be a string, got {self.mamba_cache_mode!r}")
         _check_int(owner, "page_size_padded", self.page_size_padded, optional=True)
-        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
+        if self.page_size_padded is not None and self.page_size_padded < _padding_floor(owner, self):
             raise ValueError(
                 f"{owner}.page_size_padded ({self.page_size_padded}) is smaller than "
                 f"the real page size ({self.real_page_size_bytes} bytes)"
@@ -86,14 +81,18 @@ class MambaSpec(KVCacheSpec):
 
     @property
     def real_page_size_bytes(self) -> int:
-        """Bytes of one full state, without padding."""
-        return sum(prod(shape) * _DTYPE_SIZES[dtype] for shape, dtype in zip(self.shapes, self.dtypes))
+        """Bytes of one full state, without padding.
+
+        Raises:
+            TypeError / ValueError: the shapes or dtypes do not describe state tensors.
+        """
+        shapes, dtypes = _state_layout(type(self).__name__, self.shapes, self.dtypes)
+        return sum(prod(shape) * _DTYPE_SIZES[dtype] for shape, dtype in zip(shapes, dtypes))
 
     @property
     def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.real_page_size_bytes
+        real = self.real_page_size_bytes  # validates the state layout, padded or not
+        return real if self.page_size_padded is None else self.page_size_padded
 
     def max_memory_usage_bytes(self, config: Any) -> int:
         """One state plus the speculative blocks; in align mode one more state and
@@ -129,6 +128,42 @@ class MambaSpec(KVCacheSpec):
             and spec.tp_replicated == self.tp_replicated
             for spec in kv_cache_specs.values()
         )
+
+
+def _iterable(value: Any) -> bool:
+    return not isinstance(value, str) and hasattr(value, "__iter__")
+
+
+def _state_layout(owner: str, shapes: Any, dtypes: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]:
+    """``shapes`` and ``dtypes`` normalised (tuples of int tuples, canonical dtypes).
+
+    Raises:
+        TypeError / ValueError: they do not describe one or more state tensors.
+    """
+    try:
+        norm_shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
+    except TypeError as exc:
+        raise TypeError(f"{owner}.shapes must be a sequence of shapes (sequences of ints)") from exc
+    if not _iterable(dtypes):
+        raise TypeError(f"{owner}.dtypes must be a sequence of dtypes, got {dtypes!r}")
+    norm_dtypes = tuple(canonical_dtype(d) for d in dtypes)
+    if not norm_shapes:
+        raise ValueError(f"{owner}.shapes must not be empty")
+    if len(norm_shapes) != len(norm_dtypes):
+        raise ValueError(f"{owner}.shapes has {len(norm_shapes)} entries but dtypes has {len(norm_dtypes)}")
+    for shape in norm_shapes:
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"{owner}.shapes must have positive dimensions, got {shape}")
+    return norm_shapes, norm_dtypes
+
+
+def _padding_floor(owner: str, spec: MambaSpec) -> int:
+    """The real page size a padded page must cover; 0 (no check) while the layout is malformed,
+    whose error the page-size properties raise when they are read."""
+    try:
+        return spec.real_page_size_bytes
+    except (TypeError, ValueError):
+        return 0
 
 
 # vLLM 0.33.0's MambaAttentionBackendEnum: member name -> value (the backend's class path).

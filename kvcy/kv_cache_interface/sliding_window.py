@@ -31,7 +31,7 @@ class SlidingWindowSpec(AttentionSpec):
         """Tokens below a request's first scheduled position that must stay readable."""
         return self.sliding_window - 1 + self.extra_retained_tokens
 
-    def max_admission_blocks_per_request(self, max_num_batched_tokens: int, max_model_len: int) -> int:
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """Most blocks one request can hold at once.
 
         The manager frees blocks that fell out of the window before each
@@ -39,7 +39,7 @@ class SlidingWindowSpec(AttentionSpec):
         tokens plus one step of new ones (capped at the model length), plus
         one block because the window need not start on a block boundary.
         """
-        num_tokens = min(self.num_retained_tokens + max_num_batched_tokens, max_model_len)
+        num_tokens = min(self.num_retained_tokens + max_in_flight_tokens, max_model_len)
         return cdiv(num_tokens, self.block_size) + 1
 
     def max_memory_usage_bytes(self, config: Any) -> int:

@@ -85,8 +85,9 @@ cdef inline Py_ssize_t _check_count(str name, object value) except -1:
 
 
 def _lookahead_count(str name, object value):
-    # A lookahead token count (the constructors' keywords): a non-negative int.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+    # A lookahead token count (the constructors' keywords): a non-negative int (a bool is one,
+    # as in vLLM, whose own tests pass lookahead=True for one token).
+    if not isinstance(value, int) or not 0 <= value <= 2**62:
         raise ValueError(f"{name} must be a non-negative int (at most 2**62), got {value!r}")
     return int(value)
 

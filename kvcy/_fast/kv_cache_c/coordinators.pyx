@@ -141,10 +141,12 @@ cdef class KVCacheCoordinator:
             for manager in self.single_type_managers:
                 if isinstance(manager, MambaManager):
                     (<MambaManager>manager).drop_eagle_checkpoint_block = True
-        retention_interval = kv_cache_config.prefix_cache_retention_interval
-        _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
+        self._set_retention_interval(kv_cache_config.prefix_cache_retention_interval)
+
+    def _set_retention_interval(self, retention_interval):
+        _validate_prefix_cache_retention_interval(retention_interval, self.scheduler_block_size, self.kv_cache_config)
         # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
-        self.retention_interval = retention_interval
+        self._retention_interval = retention_interval
         # What cache_blocks acts on: only sliding-window and Mamba align masks are
         # sparse (the other managers' masks are None whatever the interval), so
         # without such a group the interval changes nothing and the request's
@@ -154,6 +156,22 @@ cdef class KVCacheCoordinator:
             for m in self.single_type_managers
         ) else retention_interval
 
+    @property
+    def retention_interval(self):
+        """The config's ``prefix_cache_retention_interval``: None (dense), 0 (only the replay
+        boundaries) or a positive multiple of the scheduler block.  Assignable, as on vLLM's
+        coordinator (its tests set it on a live manager), and checked as the config's value
+        is (TypeError / ValueError, nothing changed)."""
+        return self._retention_interval
+
+    @retention_interval.setter
+    def retention_interval(self, value):
+        self._set_retention_interval(value)
+
+    @retention_interval.deleter
+    def retention_interval(self):
+        raise AttributeError(f"attribute 'retention_interval' of '{type(self).__name__}' objects is not writable")
+
     cpdef Py_ssize_t get_num_blocks_to_allocate(
         self, str request_id, Py_ssize_t num_tokens, tuple new_computed_blocks, Py_ssize_t num_encoder_tokens,
         Py_ssize_t total_computed_tokens, Py_ssize_t num_local_computed_tokens,
@@ -162,7 +180,7 @@ cdef class KVCacheCoordinator:
         """Blocks all groups must take from the free pool.  ``prefill_end`` (where the
         request's prefill ends) matters only when the retention interval is 0: Mamba
         then reserves a prefill checkpoint only for the chunk reaching it."""
-        if self.retention_interval is None or self.retention_interval != 0:
+        if self._retention_interval is None or self._retention_interval != 0:
             prefill_end = 0
         cdef Py_ssize_t total = 0, i
         cdef SingleTypeKVCacheManager manager
@@ -589,6 +607,32 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                     length_by_group[gid] = hit_length
         blocks = tuple([b if b is not None else [] for b in blocks_by_group])
         return blocks, hit_length, longest - hit_length
+
+    def find_longest_cache_hit_per_group(self, block_hashes, Py_ssize_t max_cache_hit_length):
+        """Each lookup group's own longest hit, not cut to the hit all groups share as in
+        ``find_longest_cache_hit``: ``(blocks per group, hit length per group)``, with
+        ``[]`` and 0 for groups out of prefix caching.  EAGLE groups look one block past
+        ``max_cache_hit_length`` and drop it, as in the shared search."""
+        cdef Py_ssize_t num_groups = len(self.kv_cache_config.kv_cache_groups)
+        cdef list blocks_by_group = [[] for _ in range(num_groups)]
+        cdef list length_by_group = [0] * num_groups
+        cdef tuple managers = self.single_type_managers
+        cdef SingleTypeKVCacheManager first_manager
+        cdef Py_ssize_t max_len
+        cdef tuple res
+        for spec, group_ids, klass, use_eagle in self.attention_groups:
+            first_manager = <SingleTypeKVCacheManager>managers[group_ids[0]]
+            max_len = max_cache_hit_length
+            if use_eagle and not isinstance(spec, MambaSpec):
+                max_len = min(max_cache_hit_length + (
+                    self.hash_block_size if self.enable_partial_hash_hits and klass.supports_fine_grained_hash_lookup
+                    and first_manager.block_size > self.hash_block_size else first_manager.block_size
+                ), len(block_hashes) * self.hash_block_size)
+            res = first_manager._find_hit(block_hashes, max_len, group_ids, use_eagle, self._alignment)
+            for gid, blks in zip(group_ids, res[0]):
+                blocks_by_group[gid] = blks
+                length_by_group[gid] = res[1]
+        return tuple(blocks_by_group), tuple(length_by_group)
 
 
 def get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens, use_eagle, enable_caching,

@@ -450,7 +450,7 @@ cdef class KVCacheManager:
         cdef Py_ssize_t total_computed_tokens = _within_model_len(self, num_local_computed_tokens + n_ext)
         cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
         cdef Py_ssize_t needed, full_num_tokens, prefill_end = 0
-        if coordinator.retention_interval is not None and coordinator.retention_interval == 0:
+        if coordinator._retention_interval is not None and coordinator._retention_interval == 0:
             # (where the scheduler ends the prefill; a resumed request replays its output)
             prefill_end = max(_check_count("num_prompt_tokens", request.num_prompt_tokens), _num_tokens(request) - 1)
         if full_sequence_must_fit:

@@ -13,8 +13,8 @@ cdef class MambaManager(SingleTypeKVCacheManager):
     cdef readonly set cached_blocks_this_step
     cdef readonly dict last_state_block_idx
     cdef dict _num_retired_blocks
-    cdef set _allocated_block_reqs
-    cdef dict _checkpoints
+    cdef set _allocated_reqs  # (Python: the _allocated_block_reqs view)
+    cdef dict _checkpoint_at  # (Python: the _checkpoints view)
     cdef dict _producer_partial_tail_reqs
 
     cdef tuple _find_hit(self, object block_hashes, Py_ssize_t max_length, list group_ids,

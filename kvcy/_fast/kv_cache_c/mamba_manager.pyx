@@ -147,9 +147,20 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         self.cached_blocks_this_step = set()
         self.last_state_block_idx = {}
         self._num_retired_blocks = {}
-        self._allocated_block_reqs = set()
-        self._checkpoints = {}
+        self._allocated_reqs = set()
+        self._checkpoint_at = {}
         self._producer_partial_tail_reqs = {}
+
+    @property
+    def _checkpoints(self):
+        """Read-only view of the prefill checkpoint each request reserved, by request id:
+        ``(position, block index)`` (vLLM's tests read it)."""
+        return MappingProxyType(self._checkpoint_at)
+
+    @property
+    def _allocated_block_reqs(self):
+        """The requests that have allocated their running blocks (a frozen copy: vLLM's tests read it)."""
+        return frozenset(self._allocated_reqs)
 
     @property
     def has_positionally_stable_blocks(self):
@@ -219,7 +230,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
             return False
         blocks = self._req_to_blocks.get(request_id, ())
         return (checkpoint_idx >= len(blocks) or blocks[checkpoint_idx].is_null
-                or (request_id in self._allocated_block_reqs
+                or (request_id in self._allocated_reqs
                     and checkpoint_idx >= len(blocks) - self.num_speculative_blocks))
 
     cpdef Py_ssize_t get_num_blocks_to_allocate(
@@ -268,13 +279,13 @@ cdef class MambaManager(SingleTypeKVCacheManager):
             position = 0
         if not apply_admission_cap:
             if position > 0:
-                self._checkpoints[request_id] = (position, _cdiv(num_tokens, self.block_size) - 2)
+                self._checkpoint_at[request_id] = (position, _cdiv(num_tokens, self.block_size) - 2)
             else:
-                self._checkpoints.pop(request_id, None)
+                self._checkpoint_at.pop(request_id, None)
         cdef Py_ssize_t cap
         if num_new > 0:
             cap = 1 + has_partial_hit + (position > 0)
-            if request_id not in self._allocated_block_reqs:
+            if request_id not in self._allocated_reqs:
                 cap += nspec
             if cap < num_new:
                 num_new = cap
@@ -305,14 +316,14 @@ cdef class MambaManager(SingleTypeKVCacheManager):
             req_blocks = []
             self._req_to_blocks[request_id] = req_blocks
         cdef Py_ssize_t num_required = _cdiv(num_tokens_main_model, self.block_size) + nspec
-        cdef bint checkpoint_block = request_id in self._checkpoints
+        cdef bint checkpoint_block = request_id in self._checkpoint_at
         partial = self._partial_hit_reqs.get(request_id)
         if num_required <= len(req_blocks) and partial is None and not checkpoint_block:
-            self._allocated_block_reqs.add(request_id)
+            self._allocated_reqs.add(request_id)
             return None
         self._gen.value = _next_gen()
         cdef Py_ssize_t prev_len = len(req_blocks)
-        cdef bint allocated = request_id in self._allocated_block_reqs
+        cdef bint allocated = request_id in self._allocated_reqs
         if allocated:  # (the running state sits before the speculative blocks)
             self.last_state_block_idx[request_id] = prev_len - 1 - nspec
         elif prev_len > 0:  # (a hit: its last block holds the state)
@@ -361,7 +372,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
                 self._apply_cow(request_id, block_idx, source, cow)
                 returned.insert(0, cow)
         req_blocks.extend(new_blocks)
-        self._allocated_block_reqs.add(request_id)
+        self._allocated_reqs.add(request_id)
         self._partial_hit_reqs.pop(request_id, None)
         returned.extend(new_blocks)
         return returned
@@ -426,10 +437,10 @@ cdef class MambaManager(SingleTypeKVCacheManager):
     cdef int _forget(self, str request_id) except -1:
         # The align-mode records of a request whose blocks go back now (its boundary
         # states not yet handed off go too).
-        self._allocated_block_reqs.discard(request_id)
+        self._allocated_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
         self._num_retired_blocks.pop(request_id, None)
-        self._checkpoints.pop(request_id, None)
+        self._checkpoint_at.pop(request_id, None)
         self._producer_partial_tail_reqs.pop(request_id, None)
         if self._pending_boundary_state_offloads:
             self._pending_boundary_state_offloads = [
@@ -504,7 +515,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         cdef str request_id = _rid(request)
         cdef Py_ssize_t position, idx, block_idx, boundary
         cdef KVCacheBlock block
-        checkpoint = self._checkpoints.get(request_id)
+        checkpoint = self._checkpoint_at.get(request_id)
         if checkpoint is not None:
             position, idx = checkpoint
             blocks = self._req_to_blocks[request_id]

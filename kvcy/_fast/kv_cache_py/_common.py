@@ -122,8 +122,9 @@ def _request_id(request: Any) -> str:
 
 
 def _lookahead_count(name: str, value: Any) -> int:
-    # A lookahead token count (the constructors' keywords): a non-negative int.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**62:
+    # A lookahead token count (the constructors' keywords): a non-negative int (a bool is one,
+    # as in vLLM, whose own tests pass lookahead=True for one token).
+    if not isinstance(value, int) or not 0 <= value <= 2**62:
         raise ValueError(f"{name} must be a non-negative int (at most 2**62), got {value!r}")
     return int(value)
 

@@ -99,7 +99,7 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
             (vLLM's, from ``MambaManager``).
     """
 
-    # All fixed when made.
+    # All fixed when made (retention_interval: assigned through its check, see __setattr__; never deleted).
     _RULES = dict.fromkeys(
         ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
          "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention", "num_reprefillable_tokens",
@@ -183,18 +183,28 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
             for manager in self.single_type_managers:
                 if isinstance(manager, MambaManager):
                     manager.drop_eagle_checkpoint_block = True
-        retention_interval = kv_cache_config.prefix_cache_retention_interval
-        _validate_prefix_cache_retention_interval(retention_interval, scheduler_block_size, kv_cache_config)
+        self._set_retention_interval(kv_cache_config.prefix_cache_retention_interval)
+
+    def _set_retention_interval(self, retention_interval: int | None) -> None:
+        _validate_prefix_cache_retention_interval(retention_interval, self.scheduler_block_size, self.kv_cache_config)
         # None: dense; 0: only the replay boundaries; > 0: one checkpoint per interval.
-        self.retention_interval = retention_interval
+        object.__setattr__(self, "retention_interval", retention_interval)
         # What cache_blocks acts on: only sliding-window and Mamba align masks are
         # sparse (the other managers' masks are None whatever the interval), so
         # without such a group the interval changes nothing and the request's
         # shared_prefix_boundary is not read.
-        self._retention = retention_interval if any(
+        object.__setattr__(self, "_retention", retention_interval if any(
             isinstance(m, SlidingWindowManager) or (isinstance(m, MambaManager) and m._align)
             for m in self.single_type_managers
-        ) else None
+        ) else None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # retention_interval is assignable, as on vLLM's coordinator (its tests set it on a
+        # live manager), and checked as the config's value is (nothing changes on an error).
+        if name == "retention_interval":
+            self._set_retention_interval(value)
+        else:
+            super().__setattr__(name, value)
 
     def get_num_blocks_to_allocate(
         self,
@@ -615,6 +625,30 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     length_by_group[gid] = hit_length
         blocks = tuple(b if b is not None else [] for b in blocks_by_group)
         return blocks, hit_length, longest - hit_length
+
+    def find_longest_cache_hit_per_group(self, block_hashes, max_cache_hit_length):
+        """Each lookup group's own longest hit, not cut to the hit all groups share as in
+        ``find_longest_cache_hit``: ``(blocks per group, hit length per group)``, with
+        ``[]`` and 0 for groups out of prefix caching.  EAGLE groups look one block past
+        ``max_cache_hit_length`` and drop it, as in the shared search."""
+        num_groups = len(self.kv_cache_config.kv_cache_groups)
+        blocks_by_group: list = [[] for _ in range(num_groups)]
+        length_by_group = [0] * num_groups
+        managers = self.single_type_managers
+        for spec, group_ids, klass, use_eagle in self.attention_groups:
+            first = group_ids[0]
+            max_len = max_cache_hit_length
+            if use_eagle and not isinstance(spec, MambaSpec):
+                margin = eagle_proof_margin(managers[first].block_size, self.hash_block_size,
+                                            self.enable_partial_hash_hits and klass.supports_fine_grained_hash_lookup)
+                max_len = min(max_cache_hit_length + margin, len(block_hashes) * self.hash_block_size)
+            hit_blocks, hit_length = klass.find_longest_cache_hit(
+                block_hashes, max_len, group_ids, self.block_pool, spec, use_eagle, self._cache_hit_alignment_tokens
+            )
+            for gid, blks in zip(group_ids, hit_blocks):
+                blocks_by_group[gid] = blks
+                length_by_group[gid] = hit_length
+        return tuple(blocks_by_group), tuple(length_by_group)
 
 
 def get_kv_cache_coordinator(

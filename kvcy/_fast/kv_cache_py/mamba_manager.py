@@ -16,6 +16,7 @@ state block before writing it (copy-on-write, ``take_pending_cow_copies``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import KVCacheSpec, MambaSpec, iter_layer_specs
@@ -156,8 +157,8 @@ class MambaManager(SingleTypeKVCacheManager):
         **SingleTypeKVCacheManager._RULES,
         **dict.fromkeys(
             ("mamba_cache_mode", "num_speculative_blocks", "has_prefill_checkpoint_blocks",
-             "cached_blocks_this_step", "last_state_block_idx", "_num_retired_blocks", "_allocated_block_reqs",
-             "_checkpoints", "_producer_partial_tail_reqs", "_align"),
+             "cached_blocks_this_step", "last_state_block_idx", "_num_retired_blocks", "_allocated_reqs",
+             "_allocated_block_reqs", "_checkpoints", "_checkpoint_at", "_producer_partial_tail_reqs", "_align"),
             _READ_ONLY,
         ),
         "drop_eagle_checkpoint_block": _as_flag,
@@ -186,9 +187,20 @@ class MambaManager(SingleTypeKVCacheManager):
         # that were allocated blocks.
         self.last_state_block_idx: dict[str, int] = {}
         self._num_retired_blocks: dict[str, int] = {}
-        self._allocated_block_reqs: set[str] = set()
-        self._checkpoints: dict[str, tuple[int, int]] = {}
+        self._allocated_reqs: set[str] = set()
+        self._checkpoint_at: dict[str, tuple[int, int]] = {}
         self._producer_partial_tail_reqs: dict[str, tuple[KVCacheBlock, int]] = {}
+
+    @property
+    def _checkpoints(self) -> MappingProxyType:
+        """Read-only view of the prefill checkpoint each request reserved, by request id:
+        ``(position, block index)`` (vLLM's tests read it)."""
+        return MappingProxyType(self._checkpoint_at)
+
+    @property
+    def _allocated_block_reqs(self) -> frozenset[str]:
+        """The requests that have allocated their running blocks (a frozen copy: vLLM's tests read it)."""
+        return frozenset(self._allocated_reqs)
 
     @property
     def has_positionally_stable_blocks(self) -> bool:
@@ -288,7 +300,7 @@ class MambaManager(SingleTypeKVCacheManager):
             and (
                 checkpoint_idx >= len(blocks)
                 or blocks[checkpoint_idx]._is_null
-                or (request_id in self._allocated_block_reqs
+                or (request_id in self._allocated_reqs
                     and checkpoint_idx >= len(blocks) - self.num_speculative_blocks)
             )
         )
@@ -345,12 +357,12 @@ class MambaManager(SingleTypeKVCacheManager):
             position = 0
         if not apply_admission_cap:
             if position > 0:
-                self._checkpoints[request_id] = (position, cdiv(num_tokens, self.block_size) - 2)
+                self._checkpoint_at[request_id] = (position, cdiv(num_tokens, self.block_size) - 2)
             else:
-                self._checkpoints.pop(request_id, None)
+                self._checkpoint_at.pop(request_id, None)
         if num_new_blocks > 0:
             cap = 1 + int(has_partial_hit) + int(position > 0)
-            if request_id not in self._allocated_block_reqs:
+            if request_id not in self._allocated_reqs:
                 cap += nspec
             num_new_blocks = min(num_new_blocks, cap)
         return num_new_blocks + num_evictable
@@ -381,13 +393,13 @@ class MambaManager(SingleTypeKVCacheManager):
         nspec = self.num_speculative_blocks
         req_blocks = self._req_to_blocks.setdefault(request_id, [])
         num_required = cdiv(num_tokens_main_model, self.block_size) + nspec
-        checkpoint_block = int(request_id in self._checkpoints)
+        checkpoint_block = int(request_id in self._checkpoint_at)
         partial = self._partial_hit_reqs.get(request_id)
         if num_required <= len(req_blocks) and partial is None and not checkpoint_block:
-            self._allocated_block_reqs.add(request_id)
+            self._allocated_reqs.add(request_id)
             return []
         prev_len = len(req_blocks)
-        allocated = request_id in self._allocated_block_reqs
+        allocated = request_id in self._allocated_reqs
         if allocated:  # (the running state sits before the speculative blocks)
             self.last_state_block_idx[request_id] = prev_len - 1 - nspec
         elif prev_len > 0:  # (a hit: its last block holds the state)
@@ -430,7 +442,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 self._apply_cow(request_id, block_idx, source, cow)
                 returned = [cow] + returned
         req_blocks.extend(new_blocks)
-        self._allocated_block_reqs.add(request_id)
+        self._allocated_reqs.add(request_id)
         self._partial_hit_reqs.pop(request_id, None)
         returned.extend(new_blocks)
         return returned
@@ -481,10 +493,10 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         if self._align:
-            self._allocated_block_reqs.discard(request_id)
+            self._allocated_reqs.discard(request_id)
             self.last_state_block_idx.pop(request_id, None)
             self._num_retired_blocks.pop(request_id, None)
-            self._checkpoints.pop(request_id, None)
+            self._checkpoint_at.pop(request_id, None)
             self._producer_partial_tail_reqs.pop(request_id, None)
             # (its blocks go back now: its boundary states not yet handed off go too)
             if self._pending_boundary_state_offloads:
@@ -549,7 +561,7 @@ class MambaManager(SingleTypeKVCacheManager):
         # with shared-prefix checkpoints, its junction).  The entry's key, or None.
         pool = self.block_pool
         request_id = request.request_id
-        checkpoint = self._checkpoints.get(request_id)
+        checkpoint = self._checkpoint_at.get(request_id)
         if checkpoint is not None:
             position, idx = checkpoint
             blocks = self._req_to_blocks[request_id]
