@@ -581,6 +581,7 @@ class KVCacheManager:
     empty_kv_cache_blocks: KVCacheBlocks
     mamba_shared_prefix_checkpoint: bool
     retained_hit_group_ids: tuple[int, ...]
+    refuse_unservable: bool
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,

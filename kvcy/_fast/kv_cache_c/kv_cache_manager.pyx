@@ -82,6 +82,97 @@ cdef bint _skips_reading(object request) except -1:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
+cdef int _check_hits_fresh(KVCacheCoordinator coordinator, object request, str request_id,
+                           tuple hit_groups) except -1:
+    # (Off the hot paths: _fresh_full_hits is the fast path's.)  The
+    # prefix-cache hits handed to allocate_slots still hold the prefix
+    # get_computed_blocks found them for: each block (not null) is still
+    # cached under the request's hash at its position, or -- with partial hits,
+    # which match finer hashes -- still cached at all.  A hit that went stale
+    # in between (the block evicted, reused or re-keyed by another request)
+    # would give the request someone else's KV; it is refused before any change.
+    cdef BlockPool pool = coordinator.block_pool
+    cdef bint exact = not coordinator.enable_partial_hash_hits
+    cdef object hashes = _block_hashes_of(request)
+    cdef object view = None, group, block
+    cdef Py_ssize_t i, n = 0
+    cdef KVCacheBlock b
+    cdef SingleTypeKVCacheManager manager
+    for group, manager in zip(hit_groups, coordinator.single_type_managers):
+        if not group:
+            continue
+        if exact:
+            view = resolve_block_hashes(hashes, pool.hash_block_size, manager.block_size)
+            n = len(view)
+        i = 0
+        for block in group:
+            b = <KVCacheBlock?>block
+            if not b.is_null:
+                if exact:
+                    if not (i < n and _keyed(b, view[i], <uint32_t>manager.kv_cache_group_id)):
+                        _refuse_stale_hit(request_id, b.block_id, manager.kv_cache_group_id, i)
+                elif b._hash is None and b.block_id not in pool._partial_keys:
+                    _refuse_stale_hit(request_id, b.block_id, manager.kv_cache_group_id, i)
+            i += 1
+    return 0
+
+
+cdef inline bint _keyed(KVCacheBlock b, object block_hash, uint32_t gid) except -1:
+    # The block is cached under block_hash in group gid (the hash object is
+    # most often the very one the block was cached with).
+    return b._hash is not None and b._group == gid and (b._hash is block_hash or b._hash == block_hash)
+
+
+cdef int _fresh_full_hits(KVCacheManager mgr, Request request, list hit_list) except -1:
+    # _check_hits_fresh for the fast path's one full-attention group.
+    cdef FullAttentionManager full = mgr._full
+    cdef object hashes = request._block_hashes
+    cdef Py_ssize_t i, n
+    cdef uint32_t gid
+    cdef KVCacheBlock b
+    if (type(hashes) is not list or full.block_size != mgr.block_pool.hash_block_size
+            or mgr.coordinator.enable_partial_hash_hits or full.kv_cache_group_id > 0xFFFFFFFF):
+        return _check_hits_fresh(mgr.coordinator, request, request.request_id, (hit_list,))
+    n = PyList_GET_SIZE(<list>hashes)
+    gid = <uint32_t>full.kv_cache_group_id
+    for i in range(PyList_GET_SIZE(hit_list)):
+        b = <KVCacheBlock>_PyList_GET_ITEM_RAW(hit_list, i)
+        if not (b.is_null or (i < n and _keyed(b, <object>_PyList_GET_ITEM_RAW(<list>hashes, i), gid))):
+            _refuse_stale_hit(request.request_id, b.block_id, full.kv_cache_group_id, i)
+    return 0
+
+
+cdef int _refuse_stale_hit(str request_id, Py_ssize_t block_id, Py_ssize_t group_id, Py_ssize_t index) except -1:
+    raise ValueError(
+        f"stale prefix-cache hit for request {request_id!r}: block {block_id} (group {group_id}, "
+        f"position {index}) no longer holds the request's prefix (evicted, reused or re-keyed since "
+        "get_computed_blocks); look the hits up again"
+    )
+
+
+cdef int _refuse_if_never_fits(str request_id, Py_ssize_t total, Py_ssize_t num_gpu_blocks,
+                               Py_ssize_t max_model_len, object kv_cache_config) except -1:
+    # (allocate_slots found too few free blocks.)  total: the blocks the
+    # allocation needs in all -- those it takes from the free pool, those the
+    # request holds, and its hits that other requests hold; every other block
+    # but the null one could come free.
+    cdef Py_ssize_t usable = num_gpu_blocks - 1  # (block 0 is the null block)
+    if total <= usable:
+        return 0
+    hint = ""
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if (isinstance(spec, FullAttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
+                and usable * spec.block_size < max_model_len):
+            hint = (f"; the pool holds {usable * spec.block_size} tokens, fewer than max_model_len "
+                    f"{max_model_len} (vLLM's engine refuses to start with such a pool)")
+            break
+    raise ValueError(
+        f"request {request_id!r} needs {total} blocks, more than the {usable} usable blocks of the whole "
+        f"pool: it can never be scheduled{hint}"
+    )
+
+
 @cython.nonecheck(True)
 cdef class KVCacheManager:
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
@@ -189,6 +280,11 @@ cdef class KVCacheManager:
             and not (<UnitaryKVCacheCoordinator>self.coordinator).use_eagle
             and self._full.block_size == self.block_pool.hash_block_size
         )
+        # allocate_slots raises ValueError for a request that needs more
+        # blocks than the whole pool holds, where vLLM returns None (and a loop
+        # would wait for it forever).  A kvcy extension: the vLLM drop-in
+        # (kvcy.vllm) turns it off, so that vLLM's Scheduler sees None.
+        self.refuse_unservable = True
 
     # ------------------------------------------------------------------ info
     @property
@@ -417,6 +513,8 @@ cdef class KVCacheManager:
                     _refuse_hits_when_held(request_id)
                 for g in new_blocks_list:
                     _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
+                if self.enable_caching:
+                    _check_hits_fresh(coordinator, request, request_id, new_blocks_list)
 
         cdef Py_ssize_t total_computed_tokens = _within_model_len(self, num_local_computed_tokens + n_ext)
         cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
@@ -431,6 +529,8 @@ cdef class KVCacheManager:
                 total_computed_tokens, num_local_computed_tokens, full_num_tokens, True, prefill_end,
             )
             if not _fits(self.block_pool, needed, watermark_blocks, 0):
+                if self.refuse_unservable:
+                    self._check_can_ever_fit(request_id, needed, new_blocks_list)
                 return None
 
         cdef Py_ssize_t num_tokens_main_model = total_computed_tokens + n_new
@@ -452,6 +552,8 @@ cdef class KVCacheManager:
             num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False, prefill_end,
         )
         if not _fits(self.block_pool, needed, watermark_blocks, n_reserved):
+            if self.refuse_unservable:
+                self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
@@ -516,6 +618,8 @@ cdef class KVCacheManager:
             hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
                                          pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
+            if mgr.enable_caching:
+                _fresh_full_hits(self, request, hit_list)
         cdef Py_ssize_t total_computed = _within_model_len(self, num_local)
         cdef Py_ssize_t watermark_blocks = _watermark_for(self, request.status, has_scheduled_reqs)
         cdef Py_ssize_t needed
@@ -524,10 +628,16 @@ cdef class KVCacheManager:
             needed = _blocks_needed(_within_model_len(self, PyList_GET_SIZE(request._all_token_ids)), bs, have,
                                     request._kv_ncached < 0, n_hits, n_evictable)
             if not _fits(pool, needed, watermark_blocks, 0):
+                if self.refuse_unservable:
+                    _refuse_if_never_fits(request_id, needed + have + n_hits - n_evictable, pool.num_gpu_blocks,
+                                          self.max_model_len, self.kv_cache_config)
                 return None
         cdef Py_ssize_t need_slot = _within_model_len(self, total_computed + n_new + n_look)
         needed = _blocks_needed(need_slot, bs, have, request._kv_ncached < 0, n_hits, n_evictable)
         if not _fits(pool, needed, watermark_blocks, n_reserved):
+            if self.refuse_unservable:
+                _refuse_if_never_fits(request_id, needed + have + n_hits - n_evictable, pool.num_gpu_blocks,
+                                      self.max_model_len, self.kv_cache_config)
             return None
         cdef Py_ssize_t num_full, num_cached
         cdef bint caching = self.enable_caching and not delay_cache_blocks
@@ -585,6 +695,23 @@ cdef class KVCacheManager:
         if new_blocks is None:
             return self.empty_kv_cache_blocks
         return _one_group(new_blocks)
+
+    cdef int _check_can_ever_fit(self, str request_id, Py_ssize_t needed, tuple hit_groups) except -1:
+        # (allocate_slots found too few free blocks: _refuse_if_never_fits
+        # with the blocks the request holds and its hits other requests hold.)
+        cdef set held = set()
+        cdef object group
+        cdef KVCacheBlock b
+        for group in self.coordinator.get_blocks(request_id):
+            for b in group:
+                if not b.is_null:
+                    held.add(b.block_id)
+        for group in hit_groups:
+            for b in group:
+                if not b.is_null and b._ref_cnt > 0:
+                    held.add(b.block_id)
+        return _refuse_if_never_fits(request_id, needed + len(held), self.block_pool.num_gpu_blocks,
+                                     self.max_model_len, self.kv_cache_config)
 
     def free(self, request):
         """Free the request's blocks, tail first, group by group.

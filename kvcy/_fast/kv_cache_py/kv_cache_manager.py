@@ -32,6 +32,7 @@ from kvcy._fast.kv_cache_py._common import (
     _request_id,
     cdiv,
 )
+from kvcy._fast.kv_cache_py.block_map import _group_key, resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import _check_touchable
 from kvcy._fast.kv_cache_py.coordinators import (
     HybridKVCacheCoordinator,
@@ -42,7 +43,7 @@ from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
 from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
 from kvcy._fast.kv_cache_py.request import Request
-from kvcy._fast.kv_cache_py.single_type_managers import _check_no_context_parallel
+from kvcy._fast.kv_cache_py.single_type_managers import _as_flag, _check_no_context_parallel
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -96,6 +97,7 @@ class KVCacheManager(_NeedsArguments, _Checked):
             _READ_ONLY,
         ),
         "watermark_blocks": _as_index,
+        "refuse_unservable": _as_flag,
     }
 
     def __init__(
@@ -172,6 +174,11 @@ class KVCacheManager(_NeedsArguments, _Checked):
         managers = self.coordinator.single_type_managers
         # The only manager, when the coordinator hands it the tokens to cache unchanged.
         self._single = managers[0] if len(managers) == 1 and type(self.coordinator) is UnitaryKVCacheCoordinator else None
+        #: allocate_slots raises ValueError for a request that needs more blocks
+        #: than the whole pool holds, where vLLM returns None (and a loop would
+        #: wait for it forever).  A kvcy extension: the vLLM drop-in
+        #: (``kvcy.vllm``) turns it off, so that vLLM's Scheduler sees None.
+        self.refuse_unservable = True
 
     # ------------------------------------------------------------------ info
     @property
@@ -341,6 +348,8 @@ class KVCacheManager(_NeedsArguments, _Checked):
                 )
             for g in new_blocks_list:
                 _check_touchable(g, None, self.block_pool.blocks)
+            if self.enable_caching:
+                _check_hits_fresh(self.coordinator, request, request_id, new_blocks_list)
 
         total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
@@ -359,6 +368,8 @@ class KVCacheManager(_NeedsArguments, _Checked):
                 total_computed_tokens, num_local_computed_tokens, full_num_tokens, True, prefill_end,
             )
             if needed + watermark_blocks > self.block_pool.get_num_free_blocks():
+                if self.refuse_unservable:
+                    self._check_can_ever_fit(request_id, needed, new_blocks_list)
                 return None
 
         num_tokens_main_model = total_computed_tokens + num_new_tokens
@@ -386,6 +397,8 @@ class KVCacheManager(_NeedsArguments, _Checked):
             num_tokens_main_model, False, prefill_end,
         )
         if needed + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
+            if self.refuse_unservable:
+                self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
         if has_new_computed or num_external_computed_tokens > 0:
             coordinator._allocate_new_computed_blocks(
@@ -398,6 +411,19 @@ class KVCacheManager(_NeedsArguments, _Checked):
         if caching:
             coordinator.cache_blocks(request, n_cache)
         return self.create_kv_cache_blocks(new_blocks)
+
+    def _check_can_ever_fit(self, request_id: str, needed: int, hit_groups: tuple) -> None:
+        # (allocate_slots found too few free blocks.)  Whether it ever can:
+        # every block but the null one, the request's own and the hits other
+        # requests hold could come free, so the allocation needs, in all, the
+        # blocks it takes from the free pool, those it holds and those hits.
+        held: set[int] = set()
+        for group in self.coordinator.get_blocks(request_id):
+            held.update(b._block_id for b in group if not b._is_null)
+        for group in hit_groups:
+            held.update(b._block_id for b in group if not b._is_null and b._ref_cnt > 0)
+        _refuse_if_never_fits(request_id, needed + len(held), self.block_pool.num_gpu_blocks,
+                              self.max_model_len, self.kv_cache_config)
 
     def free(self, request: Request) -> None:
         """Free the request's blocks, tail first, group by group.
@@ -629,3 +655,58 @@ class KVCacheManager(_NeedsArguments, _Checked):
     def new_step_starts(self) -> None:
         """A new scheduler step begins: the coordinator tells every single-type manager."""
         self.coordinator.new_step_starts()
+
+
+def _check_hits_fresh(coordinator: Any, request: Any, request_id: str, hit_groups: tuple) -> None:
+    # The prefix-cache hits handed to allocate_slots still hold the prefix
+    # get_computed_blocks found them for: each block (not null) is still
+    # cached under the request's hash at its position, or -- with partial hits,
+    # which match finer hashes -- still cached at all.  A hit that went stale
+    # in between (the block evicted, reused or re-keyed by another request)
+    # would give the request someone else's KV; it is refused before any change.
+    pool = coordinator.block_pool
+    exact = not coordinator.enable_partial_hash_hits
+    hashes = request.block_hashes
+    for group, manager in zip(hit_groups, coordinator.single_type_managers):
+        if not group:
+            continue
+        gid = manager.kv_cache_group_id
+        if exact:
+            view = resolve_block_hashes(hashes, pool.hash_block_size, manager.block_size)
+            n = len(view)
+        for i, block in enumerate(group):
+            if block._is_null:
+                continue
+            if exact:
+                if i < n and block._key == _group_key(view[i], gid):
+                    continue
+            elif block._key is not None or block._block_id in pool._partial_keys:
+                continue
+            _refuse_stale_hit(request_id, block._block_id, gid, i)
+
+
+def _refuse_stale_hit(request_id: str, block_id: int, group_id: int, index: int) -> None:
+    raise ValueError(
+        f"stale prefix-cache hit for request {request_id!r}: block {block_id} (group {group_id}, "
+        f"position {index}) no longer holds the request's prefix (evicted, reused or re-keyed since "
+        "get_computed_blocks); look the hits up again"
+    )
+
+
+def _refuse_if_never_fits(request_id: str, total: int, num_gpu_blocks: int, max_model_len: int,
+                          kv_cache_config: Any) -> None:
+    usable = num_gpu_blocks - 1  # (block 0 is the null block)
+    if total <= usable:
+        return
+    hint = ""
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if (isinstance(spec, FullAttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
+                and usable * spec.block_size < max_model_len):
+            hint = (f"; the pool holds {usable * spec.block_size} tokens, fewer than max_model_len "
+                    f"{max_model_len} (vLLM's engine refuses to start with such a pool)")
+            break
+    raise ValueError(
+        f"request {request_id!r} needs {total} blocks, more than the {usable} usable blocks of the whole "
+        f"pool: it can never be scheduled{hint}"
+    )
