@@ -338,7 +338,11 @@ cdef class KVCacheManager:
                 ``request.num_tokens - 1`` (the last token is always computed).
 
         Returns:
-            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
+            is good until the pool changes: hand it to ``allocate_slots`` (as
+            ``new_computed_blocks``, with ``num_new_computed_tokens``) for this
+            request before any other allocation, free or eviction, or look it up
+            again.  A hit that went stale meanwhile is refused there.
 
         Raises:
             ValueError / TypeError: ``max_cache_hit_length`` is not a non-negative int.
@@ -428,7 +432,11 @@ cdef class KVCacheManager:
         Raises:
             ValueError: a negative count; no tokens at all.  (Tokens past
                 ``max_model_len`` are not an error: the counts are clamped to
-                it, as in vLLM.)
+                it, as in vLLM.)  A prefix-cache hit that went stale since
+                ``get_computed_blocks`` (a block evicted, reused or re-keyed).
+                With ``refuse_unservable`` (the default): an allocation that
+                needs more blocks than the whole pool holds, which ``None``
+                would leave waiting forever.
             TypeError: a count that is not an int.
             AssertionError: prefix hits handed to a request that already holds
                 blocks (vLLM's coordinator asserts this too; here nothing changes).
@@ -716,6 +724,10 @@ cdef class KVCacheManager:
     def free(self, request):
         """Free the request's blocks, tail first, group by group.
 
+        A serving loop calls it when the request finishes and when it preempts
+        it.  The freed full blocks stay cached (evictable, least recently used
+        first) for later hits, a re-admitted request's own among them.
+
         A request that holds no blocks (never allocated, or freed already) is
         left as it is, as in vLLM.
 
@@ -745,9 +757,31 @@ cdef class KVCacheManager:
         self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
+        """Forget the request and return its blocks, unfreed, for the caller to free.
+
+        For a caller that frees a request's blocks itself, later (``free`` does
+        both at once): every group's blocks in allocation order, leading null
+        blocks left out.  Free them last block first, as ``free`` does, so that
+        the tail is evicted first.
+
+        Raises:
+            TypeError: not a request, or its ``request_id`` is not a str.
+        """
         return self.coordinator.pop_blocks_for_free(_rid(request))
 
     def evict_blocks(self, block_ids):
+        """Drop these blocks from the prefix cache: their KV cannot be trusted
+        (a failed load from a KV connector, a worker that lost them).
+
+        Only the cache keys go: a block in use stays with its request, a free one
+        stays free, and no later ``get_computed_blocks`` finds them.  Ids of
+        blocks that are not cached are ignored.
+
+        Raises:
+            TypeError: an id is not an int.
+            ValueError: a negative id.
+            AssertionError: an id past the pool (as vLLM asserts).
+        """
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self):
@@ -791,6 +825,16 @@ cdef class KVCacheManager:
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id):
+        """The request's block table: its block ids per KV-cache group.
+
+        What the worker's block-table row for the request holds (hit blocks
+        included); a sliding-window group has the null block's id 0 where it
+        freed blocks that left the window.  ``allocate_slots`` returns only the
+        blocks it added.  Empty groups for a request that holds no blocks.
+
+        Raises:
+            TypeError: ``request_id`` is not a str.
+        """
         return self.get_blocks(request_id).get_block_ids()
 
     def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):
