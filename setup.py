@@ -128,6 +128,7 @@ CYTHON_MODULES: dict[str, dict] = {
     "kvcy._fast._hashing_c": _hashing_build_options(),
     "kvcy._fast._offload_c": {"depends": _included_sources("kvcy/_fast/offload_c")},
     "kvcy._fast._kv_index_c": {"depends": ["kvcy/_fast/_kv_index.h"]},
+    "kvcy._fast._block_table_c": {},
 }
 
 CYTHON_DIRECTIVES = {

@@ -499,3 +499,139 @@ PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "kvcy torch ops (torch.ops.kvcy)", -1, nullptr};
   return PyModule_Create(&module);
 }
+
+// ---------------------------------------------------------------------------
+// compute_slot_mapping (schema, shared checks, CPU kernel)
+// ---------------------------------------------------------------------------
+#include "kvcy_slot_mapping.h"
+
+namespace kvcy {
+
+void check_compute_slot_mapping(const at::Tensor& query_start_loc, const at::Tensor& positions,
+                                const at::Tensor& block_table, const at::Tensor& slot_mapping, int64_t num_reqs,
+                                int64_t block_size, int64_t cp_world_size, int64_t cp_rank,
+                                int64_t cp_kv_cache_interleave_size) {
+  const char* op = "compute_slot_mapping";
+  TORCH_CHECK_VALUE(block_size >= 1, op, ": block_size must be positive, got ", block_size);
+  TORCH_CHECK_VALUE(cp_world_size >= 1, op, ": cp_world_size must be positive, got ", cp_world_size);
+  TORCH_CHECK_VALUE(cp_rank >= 0 && cp_rank < cp_world_size, op, ": cp_rank ", cp_rank,
+                    " is out of range for a context-parallel world of ", cp_world_size);
+  TORCH_CHECK_VALUE(cp_kv_cache_interleave_size >= 1, op, ": cp_kv_cache_interleave_size must be positive, got ",
+                    cp_kv_cache_interleave_size);
+  const auto qt = query_start_loc.scalar_type();
+  TORCH_CHECK_TYPE(qt == at::kInt || qt == at::kLong, op, ": query_start_loc must be an int32 or int64 tensor, got ",
+                   dtype_name(qt));
+  const at::Tensor* typed[3] = {&positions, &block_table, &slot_mapping};
+  const char* typed_names[3] = {"positions", "block_table", "slot_mapping"};
+  const c10::ScalarType types[3] = {at::kLong, at::kInt, at::kLong};
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK_TYPE(typed[i]->scalar_type() == types[i], op, ": ", typed_names[i], " must be an ",
+                     types[i] == at::kLong ? "int64" : "int32", " tensor, got ", dtype_name(typed[i]->scalar_type()));
+  }
+  const at::Tensor* all[4] = {&query_start_loc, &positions, &block_table, &slot_mapping};
+  const char* names[4] = {"query_start_loc", "positions", "block_table", "slot_mapping"};
+  const int64_t dims[4] = {1, 1, 2, 1};
+  for (int i = 0; i < 4; ++i) {
+    TORCH_CHECK_VALUE(all[i]->dim() == dims[i], op, ": ", names[i], " must be ", dims[i], "-D, got shape ",
+                      all[i]->sizes());
+  }
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK_VALUE(all[i]->device() == slot_mapping.device(), op, ": ", names[i], " is on ", all[i]->device().str(),
+                      " but slot_mapping is on ", slot_mapping.device().str());
+  }
+  TORCH_CHECK_VALUE(num_reqs >= 0 && num_reqs <= block_table.size(0), op, ": num_reqs ", num_reqs,
+                    " is out of range for a block table of ", block_table.size(0), " rows");
+  TORCH_CHECK_VALUE(num_reqs == 0 || query_start_loc.numel() >= num_reqs + 1, op, ": query_start_loc has ",
+                    query_start_loc.numel(), " entries; num_reqs ", num_reqs, " needs ", num_reqs + 1);
+  TORCH_CHECK_VALUE(positions.numel() <= slot_mapping.numel(), op, ": ", positions.numel(),
+                    " positions do not fit in a slot_mapping of ", slot_mapping.numel());
+}
+
+int64_t check_slot_mapping_values(const int64_t* qsl, int64_t num_reqs, const int64_t* pos, int64_t num_tokens,
+                                  int64_t width, int64_t virtual_block_size) {
+  const char* op = "compute_slot_mapping";
+  if (num_reqs == 0 && qsl == nullptr) return 0;
+  TORCH_CHECK_VALUE(qsl[0] >= 0, op, ": query_start_loc[0] = ", qsl[0], " is negative");
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    TORCH_CHECK_VALUE(qsl[r + 1] >= qsl[r], op, ": query_start_loc[", r + 1, "] = ", qsl[r + 1],
+                      " is less than query_start_loc[", r, "] = ", qsl[r]);
+  }
+  const int64_t first = qsl[0], last = qsl[num_reqs];
+  TORCH_CHECK_VALUE(last <= num_tokens, op, ": query_start_loc[", num_reqs, "] = ", last, " is beyond the ",
+                    num_tokens, " positions");
+  const int64_t limit = width * virtual_block_size;
+  for (int64_t t = first; t < last; ++t) {
+    TORCH_CHECK_VALUE(pos[t] >= 0 && pos[t] < limit, op, ": positions[", t, "] = ", pos[t],
+                      " is out of range for a block table row of ", width, " blocks x ", virtual_block_size,
+                      " tokens");
+  }
+  return first;
+}
+
+namespace {
+
+void compute_slot_mapping_cpu(const at::Tensor& query_start_loc, const at::Tensor& positions,
+                              const at::Tensor& block_table, at::Tensor& slot_mapping, int64_t num_reqs,
+                              int64_t block_size, int64_t cp_world_size, int64_t cp_rank,
+                              int64_t cp_kv_cache_interleave_size) {
+  check_compute_slot_mapping(query_start_loc, positions, block_table, slot_mapping, num_reqs, block_size,
+                             cp_world_size, cp_rank, cp_kv_cache_interleave_size);
+  const int64_t num_tokens = positions.numel();
+  const at::Tensor qsl = num_reqs > 0 ? query_start_loc.slice(0, 0, num_reqs + 1).to(at::kLong).contiguous()
+                                      : at::Tensor();
+  const int64_t* q = num_reqs > 0 ? qsl.const_data_ptr<int64_t>() : nullptr;
+  const at::Tensor pos_c = positions.contiguous();
+  const int64_t* pos = pos_c.const_data_ptr<int64_t>();
+  check_slot_mapping_values(q, num_reqs, pos, num_tokens, block_table.size(1), block_size * cp_world_size);
+
+  int64_t* out = slot_mapping.data_ptr<int64_t>();
+  const int64_t os = slot_mapping.stride(0);
+  for (int64_t t = num_tokens, n = slot_mapping.numel(); t < n; ++t) out[t * os] = kPadSlotId;
+  if (num_reqs == 0) return;
+  // slot_of reads a row as consecutive int32s; vLLM's tables are contiguous.
+  const at::Tensor bt = block_table.stride(1) == 1 ? block_table : block_table.contiguous();
+  const int32_t* table = bt.const_data_ptr<int32_t>();
+  const int64_t row_stride = bt.stride(0);
+  // A step's few thousand tokens take microseconds on one core; threads pay
+  // off only for much larger batches.
+  const int64_t grain = num_tokens < (int64_t{1} << 16) ? std::max<int64_t>(num_reqs, 1) : 64;
+  // Without context parallelism a slot is row[p / B] * B + p % B: one
+  // division (a shift for the usual power-of-two B) instead of slot_of's five.
+  const bool plain = cp_world_size == 1;
+  const bool pow2 = (block_size & (block_size - 1)) == 0;
+  const int shift = pow2 ? __builtin_ctzll(static_cast<unsigned long long>(block_size)) : 0;
+  at::parallel_for(0, num_reqs, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int32_t* row = table + r * row_stride;
+      const int64_t stop = q[r + 1];
+      if (plain && pow2) {
+        const int64_t mask = block_size - 1;
+        for (int64_t t = q[r]; t < stop; ++t) {
+          const int64_t p = pos[t];
+          out[t * os] = static_cast<int64_t>(row[p >> shift]) * block_size + (p & mask);
+        }
+      } else if (plain) {
+        for (int64_t t = q[r]; t < stop; ++t) {
+          const int64_t p = pos[t];
+          out[t * os] = static_cast<int64_t>(row[p / block_size]) * block_size + p % block_size;
+        }
+      } else {
+        for (int64_t t = q[r]; t < stop; ++t) {
+          out[t * os] = slot_of(pos[t], row, block_size, cp_world_size, cp_rank, cp_kv_cache_interleave_size);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvcy, m) {
+  m.def(
+      "compute_slot_mapping(Tensor query_start_loc, Tensor positions, Tensor block_table, Tensor(a!) slot_mapping, "
+      "int num_reqs, int block_size, int cp_world_size=1, int cp_rank=0, int cp_kv_cache_interleave_size=1) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(kvcy, CPU, m) { m.impl("compute_slot_mapping", &compute_slot_mapping_cpu); }
+
+}  // namespace kvcy

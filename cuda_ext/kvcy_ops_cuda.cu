@@ -532,3 +532,66 @@ TORCH_LIBRARY_IMPL(kvcy, CUDA, m) {
 }
 
 }  // namespace kvcy
+
+// ---------------------------------------------------------------------------
+// compute_slot_mapping: one CTA per request, and one more for the padding.
+// The value checks (offsets ordered, positions inside their rows) read the
+// offsets and positions back to the host first, which synchronises: the
+// price of never reading a block table out of bounds.
+// ---------------------------------------------------------------------------
+#include "kvcy_slot_mapping.h"
+
+namespace kvcy {
+namespace {
+
+__global__ void compute_slot_mapping_kernel(const int64_t* qsl, const int64_t* pos, const int32_t* table,
+                                            int64_t row_stride, int64_t* out, int64_t out_stride, int64_t num_reqs,
+                                            int64_t num_tokens, int64_t max_tokens, int64_t block_size,
+                                            int64_t cp_world_size, int64_t cp_rank, int64_t interleave) {
+  const int64_t r = blockIdx.x;
+  if (r == num_reqs) {
+    for (int64_t t = num_tokens + threadIdx.x; t < max_tokens; t += blockDim.x) out[t * out_stride] = kPadSlotId;
+    return;
+  }
+  const int32_t* row = table + r * row_stride;
+  const int64_t end = qsl[r + 1];
+  for (int64_t t = qsl[r] + threadIdx.x; t < end; t += blockDim.x) {
+    out[t * out_stride] = slot_of(pos[t], row, block_size, cp_world_size, cp_rank, interleave);
+  }
+}
+
+void compute_slot_mapping_cuda(const at::Tensor& query_start_loc, const at::Tensor& positions,
+                               const at::Tensor& block_table, at::Tensor& slot_mapping, int64_t num_reqs,
+                               int64_t block_size, int64_t cp_world_size, int64_t cp_rank,
+                               int64_t cp_kv_cache_interleave_size) {
+  check_compute_slot_mapping(query_start_loc, positions, block_table, slot_mapping, num_reqs, block_size,
+                             cp_world_size, cp_rank, cp_kv_cache_interleave_size);
+  const c10::cuda::CUDAGuard guard(slot_mapping.device());
+  const int64_t num_tokens = positions.numel();
+  const at::Tensor qsl =
+      num_reqs > 0 ? query_start_loc.slice(0, 0, num_reqs + 1).to(at::kLong).contiguous() : at::Tensor();
+  const at::Tensor pos = positions.contiguous();
+  {
+    const at::Tensor qsl_host = num_reqs > 0 ? qsl.cpu() : at::Tensor();
+    const at::Tensor pos_host = pos.cpu();
+    check_slot_mapping_values(num_reqs > 0 ? qsl_host.const_data_ptr<int64_t>() : nullptr, num_reqs,
+                              pos_host.const_data_ptr<int64_t>(), num_tokens, block_table.size(1),
+                              block_size * cp_world_size);
+  }
+  const int64_t max_tokens = slot_mapping.numel();
+  if (num_reqs == 0 && num_tokens >= max_tokens) return;
+  const at::Tensor bt = block_table.stride(1) == 1 ? block_table : block_table.contiguous();
+  const int threads = 256;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  compute_slot_mapping_kernel<<<static_cast<unsigned>(num_reqs + 1), threads, 0, stream>>>(
+      num_reqs > 0 ? qsl.const_data_ptr<int64_t>() : nullptr, pos.const_data_ptr<int64_t>(),
+      bt.const_data_ptr<int32_t>(), bt.stride(0), slot_mapping.data_ptr<int64_t>(), slot_mapping.stride(0),
+      num_reqs, num_tokens, max_tokens, block_size, cp_world_size, cp_rank, cp_kv_cache_interleave_size);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kvcy, CUDA, m) { m.impl("compute_slot_mapping", &compute_slot_mapping_cuda); }
+
+}  // namespace kvcy

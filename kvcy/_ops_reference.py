@@ -375,3 +375,135 @@ def scatter_blocks(
     if block_ids.numel() == 0:
         return
     _bytes(cl).index_copy_(DIM_B, block_ids.to(cache.device), _bytes(sl).to(cache.device))
+
+
+# ---------------------------------------------------------------------------
+# Slot mapping (the worker's block table -> one cache slot per scheduled token)
+# ---------------------------------------------------------------------------
+
+#: The slot of a token whose K/V is not written here (vLLM's ``PAD_SLOT_ID``):
+#: padding past the scheduled tokens, and tokens another context-parallel
+#: rank stores.  ``reshape_and_cache`` skips negative slots.
+PAD_SLOT_ID = -1
+
+__all__ += ["PAD_SLOT_ID", "check_compute_slot_mapping", "compute_slot_mapping"]
+
+
+def check_compute_slot_mapping(
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_reqs: int,
+    block_size: int,
+    cp_world_size: int,
+    cp_rank: int,
+    cp_kv_cache_interleave_size: int,
+) -> None:
+    """The op's checks of arguments, shapes, dtypes and devices (never of tensor values)."""
+    op = "compute_slot_mapping"
+    if block_size < 1:
+        raise ValueError(f"{op}: block_size must be positive, got {block_size}")
+    if cp_world_size < 1:
+        raise ValueError(f"{op}: cp_world_size must be positive, got {cp_world_size}")
+    if not 0 <= cp_rank < cp_world_size:
+        raise ValueError(f"{op}: cp_rank {cp_rank} is out of range for a context-parallel world of {cp_world_size}")
+    if cp_kv_cache_interleave_size < 1:
+        raise ValueError(f"{op}: cp_kv_cache_interleave_size must be positive, got {cp_kv_cache_interleave_size}")
+    if query_start_loc.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: query_start_loc must be an int32 or int64 tensor, got {query_start_loc.dtype}")
+    for t, name, dtype in ((positions, "positions", torch.int64), (block_table, "block_table", torch.int32),
+                           (slot_mapping, "slot_mapping", torch.int64)):
+        if t.dtype != dtype:
+            raise TypeError(f"{op}: {name} must be an {str(dtype)[6:]} tensor, got {t.dtype}")
+    for t, name, dim in ((query_start_loc, "query_start_loc", 1), (positions, "positions", 1),
+                         (block_table, "block_table", 2), (slot_mapping, "slot_mapping", 1)):
+        if t.dim() != dim:
+            raise ValueError(f"{op}: {name} must be {dim}-D, got shape {list(t.shape)}")
+    for t, name in ((query_start_loc, "query_start_loc"), (positions, "positions"), (block_table, "block_table")):
+        if t.device != slot_mapping.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but slot_mapping is on {slot_mapping.device}")
+    if not 0 <= num_reqs <= block_table.shape[0]:
+        raise ValueError(f"{op}: num_reqs {num_reqs} is out of range for a block table of {block_table.shape[0]} rows")
+    if num_reqs > 0 and query_start_loc.numel() < num_reqs + 1:
+        raise ValueError(
+            f"{op}: query_start_loc has {query_start_loc.numel()} entries; num_reqs {num_reqs} needs {num_reqs + 1}"
+        )
+    if positions.numel() > slot_mapping.numel():
+        raise ValueError(f"{op}: {positions.numel()} positions do not fit in a slot_mapping of {slot_mapping.numel()}")
+
+
+def _check_slot_mapping_values(
+    qsl: torch.Tensor, positions: torch.Tensor, num_tokens: int, width: int, virtual_block_size: int
+) -> tuple[int, int]:
+    """Value checks (host tensors); returns the covered token range ``[first, last)``."""
+    op = "compute_slot_mapping"
+    n = qsl.numel() - 1
+    if n < 0:
+        return 0, 0
+    if int(qsl[0]) < 0:
+        raise ValueError(f"{op}: query_start_loc[0] = {int(qsl[0])} is negative")
+    if n > 0:
+        down = qsl[1:] < qsl[:-1]
+        if bool(down.any()):
+            r = _first_true(down)
+            raise ValueError(
+                f"{op}: query_start_loc[{r + 1}] = {int(qsl[r + 1])} is less than query_start_loc[{r}] = {int(qsl[r])}"
+            )
+    first, last = int(qsl[0]), int(qsl[n])
+    if last > num_tokens:
+        raise ValueError(f"{op}: query_start_loc[{n}] = {last} is beyond the {num_tokens} positions")
+    pos = positions[first:last]
+    bad = (pos < 0) | (pos >= width * virtual_block_size)
+    if bool(bad.any()):
+        t = _first_true(bad)
+        raise ValueError(
+            f"{op}: positions[{first + t}] = {int(pos[t])} is out of range for a block table row of "
+            f"{width} blocks x {virtual_block_size} tokens"
+        )
+    return first, last
+
+
+def compute_slot_mapping(
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_reqs: int,
+    block_size: int,
+    cp_world_size: int = 1,
+    cp_rank: int = 0,
+    cp_kv_cache_interleave_size: int = 1,
+) -> None:
+    """Fill ``slot_mapping`` with each scheduled token's cache slot.
+
+    Request ``r`` (row ``r`` of ``block_table``) owns tokens
+    ``query_start_loc[r] <= t < query_start_loc[r + 1]``; token ``t`` sits at
+    position ``p = positions[t]`` of its request.  Without context
+    parallelism its slot is ``block_table[r, p // block_size] * block_size +
+    p % block_size``.  With a context-parallel world of ``W`` ranks, a row's
+    blocks are virtual blocks of ``W * block_size`` positions dealt out to the
+    ranks in runs of ``cp_kv_cache_interleave_size``: a position another rank
+    stores gets :data:`PAD_SLOT_ID`, one this rank stores gets its offset
+    within the rank's share of the block.  Entries from ``positions.numel()``
+    to the end of ``slot_mapping`` become :data:`PAD_SLOT_ID`; tokens outside
+    every request's range are left as they are.
+    """
+    check_compute_slot_mapping(query_start_loc, positions, block_table, slot_mapping, num_reqs, block_size,
+                               cp_world_size, cp_rank, cp_kv_cache_interleave_size)
+    num_tokens = positions.numel()
+    vbs = block_size * cp_world_size
+    qsl = query_start_loc[: num_reqs + 1].to("cpu", torch.int64) if num_reqs > 0 else query_start_loc[:0].cpu()
+    first, last = _check_slot_mapping_values(qsl, positions.cpu(), num_tokens, block_table.shape[1], vbs)
+    slot_mapping[num_tokens:] = PAD_SLOT_ID
+    if last == first:
+        return
+    dev = slot_mapping.device
+    rows = torch.repeat_interleave(torch.arange(num_reqs), qsl[1:] - qsl[:-1]).to(dev)
+    pos = positions[first:last]
+    vblock, voffset = pos // vbs, pos % vbs
+    interleave = cp_kv_cache_interleave_size
+    local = (voffset // interleave) % cp_world_size == cp_rank
+    offset = (voffset // (cp_world_size * interleave)) * interleave + voffset % interleave
+    blocks = block_table[rows, vblock].to(torch.int64)
+    slot_mapping[first:last] = torch.where(local, blocks * block_size + offset, PAD_SLOT_ID)

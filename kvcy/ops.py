@@ -451,3 +451,107 @@ if HAS_EXTENSION:
     @torch.library.register_fake("kvcy::scatter_blocks")
     def _scatter_blocks_fake(staging, cache, block_ids, stride_order):
         _ref.check_staging_args(cache, block_ids, staging, stride_order, "scatter_blocks")
+
+
+# ---------------------------------------------------------------------------
+# Slot mapping: the worker's block table -> one cache slot per scheduled token
+# ---------------------------------------------------------------------------
+
+import operator  # noqa: E402
+
+#: The slot of a token whose K/V is not written (vLLM's ``PAD_SLOT_ID``).
+PAD_SLOT_ID = _ref.PAD_SLOT_ID
+
+__all__ += ["PAD_SLOT_ID", "compute_slot_mapping"]
+
+
+def _has_op_kernel(name: str, key: str) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"kvcy::{name}", key))
+    except RuntimeError:  # an older kvcy._C without the op
+        return False
+
+
+#: Whether kvcy._C has the slot-mapping op (CPU kernel; CUDA kernel too when built with CUDA).
+HAS_SLOT_MAPPING_KERNEL = HAS_EXTENSION and _has_op_kernel("compute_slot_mapping", "CPU")
+_SLOT_MAPPING_CUDA = HAS_SLOT_MAPPING_KERNEL and _has_op_kernel("compute_slot_mapping", "CUDA")
+
+
+def _slot_mapping_native(*tensors: torch.Tensor) -> bool:
+    if not HAS_SLOT_MAPPING_KERNEL:
+        return False
+    for t in tensors:
+        kind = t.device.type
+        if not (kind in ("cpu", "meta") or (kind == "cuda" and _SLOT_MAPPING_CUDA)):
+            return False
+    return True
+
+
+def compute_slot_mapping(
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_reqs: int,
+    block_size: int,
+    *,
+    cp_world_size: int = 1,
+    cp_rank: int = 0,
+    cp_kv_cache_interleave_size: int = 1,
+) -> None:
+    """Fill ``slot_mapping`` with the cache slot of every scheduled token.
+
+    Request ``r`` is row ``r`` of ``block_table`` and owns tokens
+    ``query_start_loc[r] <= t < query_start_loc[r + 1]``; token ``t`` is at
+    position ``positions[t]`` of its request and goes to slot
+    ``block_table[r, p // block_size] * block_size + p % block_size``.  With
+    decode context parallelism (``cp_world_size`` ranks), each block-table
+    entry covers ``cp_world_size * block_size`` positions dealt out to the
+    ranks in runs of ``cp_kv_cache_interleave_size``; positions this rank
+    (``cp_rank``) does not store get :data:`PAD_SLOT_ID`.  So do the entries
+    of ``slot_mapping`` past ``positions.numel()`` (padding for a captured
+    graph); tokens outside every request's range are left as they are.
+
+    Args:
+        query_start_loc: ``[>= num_reqs + 1]`` int32 or int64 token offsets.
+        positions: ``[num_tokens]`` int64 positions.
+        block_table: ``[rows, columns]`` int32 block ids.
+        slot_mapping: ``[>= num_tokens]`` int64 output, same device.
+        num_reqs: requests (rows) in the batch.
+        block_size: tokens per cache block.
+        cp_world_size: decode context-parallel world size.
+        cp_rank: this rank in it.
+        cp_kv_cache_interleave_size: positions a rank stores in a row.
+
+    Raises:
+        ValueError: shapes, devices or values out of range (a position past
+            its row's blocks, ``query_start_loc`` decreasing...); nothing is
+            written.  On CUDA the value checks read the offsets and positions
+            back to the host, which synchronises.
+        TypeError: wrong dtypes.
+    """
+    for t, name in ((query_start_loc, "query_start_loc"), (positions, "positions"),
+                    (block_table, "block_table"), (slot_mapping, "slot_mapping")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"compute_slot_mapping: {name} must be a torch.Tensor, got {type(t).__name__}")
+    ints = []
+    for value, name in ((num_reqs, "num_reqs"), (block_size, "block_size"), (cp_world_size, "cp_world_size"),
+                        (cp_rank, "cp_rank"), (cp_kv_cache_interleave_size, "cp_kv_cache_interleave_size")):
+        try:
+            ints.append(operator.index(value))
+        except TypeError:
+            raise TypeError(f"compute_slot_mapping: {name} must be an int, got {type(value).__name__}") from None
+    args = (query_start_loc, positions, block_table, slot_mapping, *ints)
+    if _slot_mapping_native(query_start_loc, positions, block_table, slot_mapping):
+        torch.ops.kvcy.compute_slot_mapping(*args)
+    else:
+        _ref.compute_slot_mapping(*args)
+
+
+if HAS_SLOT_MAPPING_KERNEL:
+
+    @torch.library.register_fake("kvcy::compute_slot_mapping")
+    def _compute_slot_mapping_fake(query_start_loc, positions, block_table, slot_mapping, num_reqs, block_size,
+                                   cp_world_size=1, cp_rank=0, cp_kv_cache_interleave_size=1):
+        _ref.check_compute_slot_mapping(query_start_loc, positions, block_table, slot_mapping, num_reqs, block_size,
+                                        cp_world_size, cp_rank, cp_kv_cache_interleave_size)

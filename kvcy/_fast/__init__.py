@@ -17,7 +17,8 @@ live twin back from this module (and numpy), which ``import kvcy`` should not pa
 for.  Whether its compiled twin exists still counts towards the choice above.
 The KV-aware routing index's twin (``kv_index``, for routers, not engines) is
 imported on first use of ``kvcy._fast.kv_index`` too, so that ``import kvcy``
-does not pay for it either.
+does not pay for it either, nor for the worker's block-table rows (``block_table``,
+which needs numpy).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from types import ModuleType
 __all__ = ["IMPLEMENTATION", "NO_EXTENSIONS", "REQUIRE_EXTENSIONS", "TWINS", "load", "available"]
 
 #: The twin modules, by concept.  Each has ``_<name>_c`` and ``_<name>_py``.
-TWINS = ("hashing", "kv_cache", "offload", "kv_index")
+TWINS = ("hashing", "kv_cache", "offload", "kv_index", "block_table")
 
 #: Twins imported on first use (see the module docstring).
-_LAZY = ("offload", "kv_index")
+_LAZY = ("offload", "kv_index", "block_table")
 
 
 def _flag(name: str) -> bool:
@@ -123,3 +124,4 @@ hashing: ModuleType = _modules["hashing"]
 kv_cache: ModuleType = _modules["kv_cache"]
 offload: ModuleType  # bound on first use, by __getattr__ above
 kv_index: ModuleType  # likewise
+block_table: ModuleType  # likewise
