@@ -87,23 +87,44 @@ def _reuse_all_blocks(impl, mgr, subclass, **kw):
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["full", "full+swa"])
 @pytest.mark.parametrize("subclass", [False, True], ids=["request", "subclass"])
-@pytest.mark.parametrize("how", ["evicted", "reused", "rekeyed", "reused_freed"])
+@pytest.mark.parametrize("how", ["evicted", "reused_freed", "rekeyed_freed"])
 def test_stale_hit_is_refused_and_nothing_changes(impl, hybrid, subclass, how):
     mgr = make_manager(impl, num_blocks=13 if hybrid else 9, hybrid=hybrid)
     c, hits, n = _cached_prompt(impl, mgr, subclass)
     if how == "evicted":  # dropped from the cache, still free
         mgr.evict_blocks({b.block_id for g in hits.blocks for b in g})
     else:
-        # rekeyed: the new owner caches its own tokens in them; reused: it does not (yet);
-        # reused_freed: and then gives them back (free, but holding other KV or none).
-        b = _reuse_all_blocks(impl, mgr, subclass, delay_cache_blocks=how != "rekeyed")
-        if how == "reused_freed":
-            mgr.free(b)
+        # Another request takes every block, caching its own tokens in them (rekeyed) or
+        # not, and gives them back: free again, holding other KV or none.
+        mgr.free(_reuse_all_blocks(impl, mgr, subclass, delay_cache_blocks=how == "reused_freed"))
     before = snapshot(mgr)
     with pytest.raises(ValueError, match=STALE):
         mgr.allocate_slots(c, c.num_tokens - n, num_new_computed_tokens=n, new_computed_blocks=hits)
     assert snapshot(mgr) == before
     assert mgr.get_block_ids("c") == tuple([] for _ in hits.blocks)
+
+
+@pytest.mark.parametrize("subclass", [False, True], ids=["request", "subclass"])
+@pytest.mark.parametrize("cache", [False, True], ids=["reused", "rekeyed"])
+def test_hit_held_by_its_new_owner_is_refused(impl, subclass, cache):
+    """Two of the hit blocks evicted and now held by another request (with its own tokens
+    cached in them, or not yet): refused once the allocation would go ahead; while it
+    cannot, None (nothing is taken either way)."""
+    mgr = make_manager(impl, num_blocks=12)  # 11 usable
+    c, hits, n = _cached_prompt(impl, mgr, subclass)  # hits: the 4 blocks 'a' freed (queue tail)
+    x = make_request(impl, "x", list(range(300, 328)), subclass)
+    assert mgr.allocate_slots(x, 28) is not None  # the 7 never-used blocks
+    b = make_request(impl, "b", list(range(500, 508)), subclass)
+    assert mgr.allocate_slots(b, 8, delay_cache_blocks=not cache) is not None  # evicts 2 of the hits
+    assert {blk.block_id for blk in mgr.get_blocks("b").blocks[0]} < {blk.block_id for blk in hits.blocks[0]}
+    before = snapshot(mgr)
+    assert mgr.allocate_slots(c, 1, num_new_computed_tokens=n, new_computed_blocks=hits) is None
+    assert snapshot(mgr) == before
+    mgr.free(x)
+    before = snapshot(mgr)
+    with pytest.raises(ValueError, match=STALE):
+        mgr.allocate_slots(c, 1, num_new_computed_tokens=n, new_computed_blocks=hits)
+    assert snapshot(mgr) == before
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["full", "full+swa"])

@@ -124,21 +124,36 @@ cdef inline bint _keyed(KVCacheBlock b, object block_hash, uint32_t gid) except 
 
 
 cdef int _fresh_full_hits(KVCacheManager mgr, Request request, list hit_list) except -1:
-    # _check_hits_fresh for the fast path's one full-attention group.
+    # _check_hits_fresh for the fast path's one full-attention group, on
+    # borrowed pointers: the block's hash is most often the request's own
+    # object (or an equal sha256 digest, compared as words).
     cdef FullAttentionManager full = mgr._full
     cdef object hashes = request._block_hashes
     cdef Py_ssize_t i, n
     cdef uint32_t gid
-    cdef KVCacheBlock b
+    cdef PyObject *bp
+    cdef PyObject *kp
+    cdef PyObject *hp
     if (type(hashes) is not list or full.block_size != mgr.block_pool.hash_block_size
             or mgr.coordinator.enable_partial_hash_hits or full.kv_cache_group_id > 0xFFFFFFFF):
         return _check_hits_fresh(mgr.coordinator, request, request.request_id, (hit_list,))
     n = PyList_GET_SIZE(<list>hashes)
     gid = <uint32_t>full.kv_cache_group_id
     for i in range(PyList_GET_SIZE(hit_list)):
-        b = <KVCacheBlock>_PyList_GET_ITEM_RAW(hit_list, i)
-        if not (b.is_null or (i < n and _keyed(b, <object>_PyList_GET_ITEM_RAW(<list>hashes, i), gid))):
-            _refuse_stale_hit(request.request_id, b.block_id, full.kv_cache_group_id, i)
+        bp = _PyList_GET_ITEM_RAW(hit_list, i)
+        if (<KVCacheBlock>bp).is_null:
+            continue
+        if i < n and (<KVCacheBlock>bp)._group == gid:
+            kp = <PyObject*>(<KVCacheBlock>bp)._hash
+            hp = _PyList_GET_ITEM_RAW(<list>hashes, i)
+            if kp == hp:
+                continue
+            if Py_TYPE_RAW(kp) == &PyBytes_Type and Py_TYPE_RAW(hp) == &PyBytes_Type:
+                if kvcy_bytes_eq(kp, hp):
+                    continue
+            elif _keyed(<KVCacheBlock>bp, <object>hp, gid):
+                continue
+        _refuse_stale_hit(request.request_id, (<KVCacheBlock>bp).block_id, full.kv_cache_group_id, i)
     return 0
 
 
@@ -521,8 +536,6 @@ cdef class KVCacheManager:
                     _refuse_hits_when_held(request_id)
                 for g in new_blocks_list:
                     _check_hit_blocks(g, NULL, None, self.block_pool.blocks)
-                if self.enable_caching:
-                    _check_hits_fresh(coordinator, request, request_id, new_blocks_list)
 
         cdef Py_ssize_t total_computed_tokens = _within_model_len(self, num_local_computed_tokens + n_ext)
         cdef Py_ssize_t watermark_blocks = _watermark_for(self, status, has_scheduled_reqs)
@@ -563,6 +576,8 @@ cdef class KVCacheManager:
             if self.refuse_unservable:
                 self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
+        if has_new_computed and self.enable_caching:  # (only an allocation that goes ahead takes its hits)
+            _check_hits_fresh(coordinator, request, request_id, new_blocks_list)
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext, skip_zeroing_group_ids
@@ -626,8 +641,6 @@ cdef class KVCacheManager:
             hit_list = _check_hit_blocks(hits, &n_evictable, pool.free_block_queue if mgr.enable_caching else None,
                                          pool.blocks)
             n_hits = PyList_GET_SIZE(hit_list)
-            if mgr.enable_caching:
-                _fresh_full_hits(self, request, hit_list)
         cdef Py_ssize_t total_computed = _within_model_len(self, num_local)
         cdef Py_ssize_t watermark_blocks = _watermark_for(self, request.status, has_scheduled_reqs)
         cdef Py_ssize_t needed
@@ -647,6 +660,8 @@ cdef class KVCacheManager:
                 _refuse_if_never_fits(request_id, needed + have + n_hits - n_evictable, pool.num_gpu_blocks,
                                       self.max_model_len, self.kv_cache_config)
             return None
+        if n_hits > 0 and mgr.enable_caching:  # (only an allocation that goes ahead takes its hits)
+            _fresh_full_hits(self, request, hit_list)
         cdef Py_ssize_t num_full, num_cached
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:
@@ -757,31 +772,16 @@ cdef class KVCacheManager:
         self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
-        """Forget the request and return its blocks, unfreed, for the caller to free.
-
-        For a caller that frees a request's blocks itself, later (``free`` does
-        both at once): every group's blocks in allocation order, leading null
-        blocks left out.  Free them last block first, as ``free`` does, so that
-        the tail is evicted first.
-
-        Raises:
-            TypeError: not a request, or its ``request_id`` is not a str.
-        """
+        """Forget the request and return its blocks unfreed (every group's, in
+        allocation order, leading null blocks left out), for a caller that frees
+        them itself later, last block first as ``free`` does.  TypeError: not a request."""
         return self.coordinator.pop_blocks_for_free(_rid(request))
 
     def evict_blocks(self, block_ids):
-        """Drop these blocks from the prefix cache: their KV cannot be trusted
-        (a failed load from a KV connector, a worker that lost them).
-
-        Only the cache keys go: a block in use stays with its request, a free one
-        stays free, and no later ``get_computed_blocks`` finds them.  Ids of
-        blocks that are not cached are ignored.
-
-        Raises:
-            TypeError: an id is not an int.
-            ValueError: a negative id.
-            AssertionError: an id past the pool (as vLLM asserts).
-        """
+        """Drop these blocks from the prefix cache, their KV not to be trusted (a failed
+        load, a lost worker): only the cache keys go, a block in use stays with its request;
+        uncached ids are ignored.  TypeError / ValueError: a bad id; AssertionError: an id
+        past the pool (as vLLM asserts)."""
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self):
@@ -825,16 +825,9 @@ cdef class KVCacheManager:
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id):
-        """The request's block table: its block ids per KV-cache group.
-
-        What the worker's block-table row for the request holds (hit blocks
-        included); a sliding-window group has the null block's id 0 where it
-        freed blocks that left the window.  ``allocate_slots`` returns only the
-        blocks it added.  Empty groups for a request that holds no blocks.
-
-        Raises:
-            TypeError: ``request_id`` is not a str.
-        """
+        """The request's block ids per group, as the worker's block-table row holds them
+        (hits included; a sliding window's dropped blocks read as the null block, 0; empty
+        groups for a request that holds none).  TypeError: ``request_id`` is not a str."""
         return self.get_blocks(request_id).get_block_ids()
 
     def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):

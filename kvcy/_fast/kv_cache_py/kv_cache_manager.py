@@ -356,8 +356,6 @@ class KVCacheManager(_NeedsArguments, _Checked):
                 )
             for g in new_blocks_list:
                 _check_touchable(g, None, self.block_pool.blocks)
-            if self.enable_caching:
-                _check_hits_fresh(self.coordinator, request, request_id, new_blocks_list)
 
         total_computed_tokens = min(num_local_computed_tokens + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
@@ -408,6 +406,8 @@ class KVCacheManager(_NeedsArguments, _Checked):
             if self.refuse_unservable:
                 self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
+        if has_new_computed and self.enable_caching:  # (only an allocation that goes ahead takes its hits)
+            _check_hits_fresh(self.coordinator, request, request_id, new_blocks_list)
         if has_new_computed or num_external_computed_tokens > 0:
             coordinator._allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, num_external_computed_tokens,
@@ -464,31 +464,16 @@ class KVCacheManager(_NeedsArguments, _Checked):
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
-        """Forget the request and return its blocks, unfreed, for the caller to free.
-
-        For a caller that frees a request's blocks itself, later (``free`` does
-        both at once): every group's blocks in allocation order, leading null
-        blocks left out.  Free them last block first, as ``free`` does, so that
-        the tail is evicted first.
-
-        Raises:
-            TypeError: not a request, or its ``request_id`` is not a str.
-        """
+        """Forget the request and return its blocks unfreed (every group's, in
+        allocation order, leading null blocks left out), for a caller that frees
+        them itself later, last block first as ``free`` does.  TypeError: not a request."""
         return self.coordinator.pop_blocks_for_free(_request_id(request))
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Drop these blocks from the prefix cache: their KV cannot be trusted
-        (a failed load from a KV connector, a worker that lost them).
-
-        Only the cache keys go: a block in use stays with its request, a free one
-        stays free, and no later ``get_computed_blocks`` finds them.  Ids of
-        blocks that are not cached are ignored.
-
-        Raises:
-            TypeError: an id is not an int.
-            ValueError: a negative id.
-            AssertionError: an id past the pool (as vLLM asserts).
-        """
+        """Drop these blocks from the prefix cache, their KV not to be trusted (a failed
+        load, a lost worker): only the cache keys go, a block in use stays with its request;
+        uncached ids are ignored.  TypeError / ValueError: a bad id; AssertionError: an id
+        past the pool (as vLLM asserts)."""
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
@@ -532,16 +517,9 @@ class KVCacheManager(_NeedsArguments, _Checked):
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block table: its block ids per KV-cache group.
-
-        What the worker's block-table row for the request holds (hit blocks
-        included); a sliding-window group has the null block's id 0 where it
-        freed blocks that left the window.  ``allocate_slots`` returns only the
-        blocks it added.  Empty groups for a request that holds no blocks.
-
-        Raises:
-            TypeError: ``request_id`` is not a str.
-        """
+        """The request's block ids per group, as the worker's block-table row holds them
+        (hits included; a sliding window's dropped blocks read as the null block, 0; empty
+        groups for a request that holds none).  TypeError: ``request_id`` is not a str."""
         return self.get_blocks(request_id).get_block_ids()
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
