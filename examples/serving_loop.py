@@ -122,9 +122,9 @@ class Worker:
             self.tables.move_row(last_row, row)
 
     @torch.inference_mode()
-    def execute(self, batch: list[tuple[int, list[int], int]]) -> list[int]:
-        """One forward pass over ``(row, token ids, first position)`` per request; the
-        greedy next token after each request's last scheduled token."""
+    def execute(self, batch: list[tuple[int, list[int], int]]) -> dict[int, int]:
+        """One forward pass over ``(row, token ids, first position)`` per request; by row,
+        the greedy next token after each request's last scheduled token."""
         num_reqs = max(row for row, _, _ in batch) + 1
         counts = [0] * num_reqs
         tokens_by_row: dict[int, tuple[list[int], int]] = {}
@@ -164,9 +164,10 @@ class Worker:
             out = self._paged_attention(q, pos, query_start_loc, layer_idx, group)
             hidden = residual + attn.o_proj(out.reshape(-1, HEADS * HEAD_SIZE))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        last = query_start_loc[1:].long() - 1
+        rows = sorted(tokens_by_row)
+        last = query_start_loc[1:].long()[rows] - 1
         logits = self.model.lm_head(m.norm(hidden[last]))
-        return logits.argmax(-1).tolist()
+        return dict(zip(rows, logits.argmax(-1).tolist()))
 
     def _paged_attention(self, q, pos, query_start_loc, layer_idx, group):
         """Each request's queries against the keys of its positions ``0..p`` (or the
@@ -288,13 +289,13 @@ class Scheduler:
             if n:
                 start = request.num_computed_tokens
                 batch.append((row, request.all_token_ids[start:start + n], start))
-        next_tokens = iter(self.worker.execute(batch))
+        next_tokens = self.worker.execute(batch)
         self.steps += 1
-        for request in list(self.running):
+        for row, request in enumerate(list(self.running)):  # (rows as the batch had them)
             n = scheduled.get(request.request_id, 0)
             if not n:
                 continue
-            token = next(next_tokens)
+            token = next_tokens[row]
             # The caller advances the computed count: the manager never does.
             request.num_computed_tokens += n
             self.computed_tokens += n
