@@ -206,7 +206,12 @@ class BlockTable:
         if not 0 <= self.pcp_rank < self.pcp_world_size:
             raise ValueError(f"pcp_rank {self.pcp_rank} is out of range for a world of {self.pcp_world_size}")
         self.pin_memory = bool(pin_memory)
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must name a torch device, got {device!r}") from exc
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device} was asked for, but torch sees no CUDA device")
 
         self._block_table = CpuGpuBuffer(
             self.max_num_reqs, self.max_num_blocks_per_req, dtype=torch.int32,
@@ -220,12 +225,11 @@ class BlockTable:
         self._rows = rows
         # The row edits are the twin's own bound methods: no Python frame of
         # this class between the caller and the C loop.  The methods below
-        # are what they do, for help() and for subclasses.
-        self.append_row = rows.append_row  # type: ignore[method-assign]
-        self.add_row = rows.add_row  # type: ignore[method-assign]
-        self.clear_row = rows.clear_row  # type: ignore[method-assign]
-        self.move_row = rows.move_row  # type: ignore[method-assign]
-        self.swap_row = rows.swap_row  # type: ignore[method-assign]
+        # say what they do (help()), and a subclass that overrides one keeps
+        # its override.
+        for name in ("append_row", "add_row", "clear_row", "move_row", "swap_row"):
+            if getattr(type(self), name) is getattr(BlockTable, name):
+                setattr(self, name, getattr(rows, name))
 
     # The buffers are read-only attributes: the row edits hold their memory,
     # so a buffer swapped in from outside would never see them.

@@ -258,6 +258,9 @@ def test_block_table_refuses_bad_arguments(call, exc, msg):
     (dict(slot_mapping_mode="none"), TypeError, "slot_mapping_mode must be a SlotMappingMode"),
     (dict(dcp_world_size=2, dcp_rank=2), ValueError, "dcp_rank 2 is out of range for a world of 2"),
     (dict(block_size=4.0), TypeError, "block_size must be an int, got float"),
+    (dict(device="nodevice"), ValueError, "device must name a torch device, got 'nodevice'"),
+    pytest.param(dict(device="cuda"), ValueError, "torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is there")),
 ])
 def test_block_table_refuses_bad_construction(kw, exc, msg):
     with pytest.raises(exc, match=msg):
@@ -512,3 +515,18 @@ def test_the_readme_example_runs_and_says_what_it_prints():
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["slots"].tolist() == list(range(112, 128)) + [48, 49, 50, 51, 84]
     assert scope["tables"][0].slot_mapping.gpu[21:].eq(PAD_SLOT_ID).all()
+
+
+def test_a_subclass_keeps_its_row_edit_overrides():
+    seen = []
+
+    class Logged(BlockTable):
+        def add_row(self, block_ids, row_idx):
+            seen.append((list(block_ids), row_idx))
+            super().add_row(block_ids, row_idx)
+
+    bt = Logged(4, 2, 4, 8, False, "cpu", 1)
+    bt.add_row([5, 6], 1)
+    bt.append_row([7], 1)
+    assert seen == [([5, 6], 1)] and bt.get_numpy_array()[1].tolist() == [5, 6, 7, 0]
+    assert type(_table().add_row.__self__).__name__ == "BlockTableRows"  # the twin's own method, no wrapper

@@ -17,6 +17,7 @@ were.  Both twins raise the same exceptions with the same messages.
 from __future__ import annotations
 
 import operator
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,15 +106,15 @@ class BlockTableRows:
         return n
 
     def _ids(self, block_ids: Sequence[int], op: str) -> np.ndarray:
+        # array("i") converts in C and refuses what is not an int (TypeError)
+        # or does not fit an int32 (OverflowError); only negatives are left.
         try:
-            arr = np.asarray(block_ids)
+            ids = array("i", block_ids)
         except (TypeError, ValueError, OverflowError):
             raise _bad_block_id(block_ids, op) from None
-        if arr.ndim != 1 or arr.dtype.kind not in "iub":
+        if min(ids) < 0:
             raise _bad_block_id(block_ids, op)
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > MAX_BLOCK_ID):
-            raise _bad_block_id(block_ids, op)
-        return arr
+        return np.frombuffer(ids, dtype=np.int32)
 
     @staticmethod
     def _len(block_ids: Sequence[int], op: str) -> int:
@@ -140,8 +141,9 @@ class BlockTableRows:
         """Append ``block_ids`` to row ``row_idx``'s blocks (no-op for no ids, as in vLLM)."""
         row, start, ids = self._prepare(block_ids, row_idx, True)
         if ids is not None:
-            self._table[row, start : start + ids.shape[0]] = ids
-            self._counts[row] = start + ids.shape[0]
+            end = start + len(ids)
+            self._table[row, start:end] = ids
+            self._counts[row] = end
 
     def add_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """Make ``block_ids`` row ``row_idx``'s blocks (cells past them are left as they are)."""
@@ -149,8 +151,8 @@ class BlockTableRows:
         if ids is None:
             self._counts[row] = 0
         else:
-            self._table[row, : ids.shape[0]] = ids
-            self._counts[row] = ids.shape[0]
+            self._table[row, : len(ids)] = ids
+            self._counts[row] = len(ids)
 
     def clear_row(self, row_idx: int) -> None:
         """Zero row ``row_idx``'s blocks and set its block count to 0."""
