@@ -246,11 +246,16 @@ def make_kv_cache_manager(kv_cache_config: Any, *args: Any, **kwargs: Any) -> An
     """kvcy's ``KVCacheManager`` built from vLLM's config and the scheduler's arguments.
 
     This is what ``vllm.v1.core.sched.scheduler.KVCacheManager`` names while kvcy is
-    installed; every argument but the config passes through unchanged.
+    installed; every argument but the config passes through unchanged.  A request that
+    can never fit gets None from ``allocate_slots``, as from vLLM's manager (vLLM's engine
+    sizes its pool so that none occurs), not kvcy's ValueError: the scheduler sees what
+    vLLM's manager would give it.
     """
     from kvcy.kv_cache_manager import KVCacheManager
 
-    return KVCacheManager(convert_kv_cache_config(kv_cache_config), *args, **kwargs)
+    manager = KVCacheManager(convert_kv_cache_config(kv_cache_config), *args, **kwargs)
+    manager.refuse_unservable = False
+    return manager
 
 
 def is_installed() -> bool:

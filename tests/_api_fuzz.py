@@ -67,6 +67,7 @@ def run(seed: int, iterations: int) -> dict:
         cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups)
         mgr = kv.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
                                 enable_kv_cache_events=rng.random() < 0.5, log_stats=rng.random() < 0.5)
+        mgr.refuse_unservable = False  # (the set-up admits what fits; the rest waits, as in vLLM)
         reqs = [kv.Request(f"r{i}", [rng.randrange(6) for _ in range(rng.randrange(1, 30))], block_hasher=hasher)
                 for i in range(3)]
         for req in reqs[:2]:

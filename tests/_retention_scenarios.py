@@ -115,9 +115,11 @@ def kvcy_api(impl) -> SimpleNamespace:
         cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                             kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
                             prefix_cache_retention_interval=retention)
-        return kv.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=scheduler_block_size,
-                                 hash_block_size=hash_block_size, use_eagle=use_eagle, max_in_flight_tokens=256,
-                                 use_int_block_hashes=False)
+        mgr = kv.KVCacheManager(cfg, max_model_len=4096, scheduler_block_size=scheduler_block_size,
+                                hash_block_size=hash_block_size, use_eagle=use_eagle, max_in_flight_tokens=256,
+                                use_int_block_hashes=False)
+        mgr.refuse_unservable = False  # (the cases replay vLLM's manager: None for what can never fit)
+        return mgr
 
     return SimpleNamespace(
         full=lambda bs: FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16"),

@@ -391,7 +391,7 @@ ASSIGNABLE = {
     "hybrid": {"retention_interval"},
     "no_cache": {"retention_interval"},
     "kv_cache_blocks": {"blocks"},
-    "manager": {"metrics_collector", "prefix_cache_stats", "watermark_blocks"},
+    "manager": {"metrics_collector", "prefix_cache_stats", "watermark_blocks", "refuse_unservable"},
 }
 
 
@@ -794,5 +794,8 @@ def test_num_speculative_blocks_too_large_to_compute_with_is_refused(impl, mode)
     mgr = impl.kv_cache.KVCacheManager(KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
         cfg.kv_cache_groups[0], KVCacheGroupSpec(["m"], ok)]), 4096, 16, 16, enable_caching=mode == "align")
     req = impl.kv_cache.Request("r", list(range(40)), block_hasher=hasher(16))
-    assert mgr.allocate_slots(req, 40) is None  # (more blocks than the pool has: refused, as in vLLM)
+    with pytest.raises(ValueError, match="can never be scheduled"):  # (more blocks than the pool has)
+        mgr.allocate_slots(req, 40)
+    mgr.refuse_unservable = False
+    assert mgr.allocate_slots(req, 40) is None  # (as in vLLM)
 

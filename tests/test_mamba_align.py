@@ -88,10 +88,13 @@ class _Api:
         extra = {} if case["retention"] is None else {"prefix_cache_retention_interval": case["retention"]}
         cfg = self._Cfg(num_blocks=case["num_blocks"], kv_cache_tensors=[],
                         kv_cache_groups=[self._Group([f"l{i}"], s) for i, s in enumerate(specs)], **extra)
-        return self._Manager(
+        mgr = self._Manager(
             cfg, max_model_len=4096, scheduler_block_size=math.lcm(case["full_bs"], case["mamba_bs"]),
             hash_block_size=case["hbs"], use_eagle=case["eagle"], enable_kv_cache_events=True,
             enable_mamba_shared_prefix_checkpoint=case["shared_checkpoint"])
+        if hasattr(mgr, "refuse_unservable"):  # (kvcy's: None where vLLM's gives None, as the recording)
+            mgr.refuse_unservable = False
+        return mgr
 
     def request(self, rid, tokens):
         return self._request(rid, tokens, self._hasher(self.hbs, self._sha))

@@ -91,10 +91,13 @@ class _Api:
         ki = self.ki
         groups = [ki.KVCacheGroupSpec([f"l{i}"], self.spec(g)) for i, g in enumerate(case["groups"])]
         cfg = ki.KVCacheConfig(num_blocks=case["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
-        return self._manager_cls(
+        mgr = self._manager_cls(
             cfg, max_model_len=4096, scheduler_block_size=_scheduler_block_size(case),
             hash_block_size=case["hbs"], enable_caching=case["caching"], enable_kv_cache_events=True,
             use_eagle=case.get("eagle", False))
+        if hasattr(mgr, "refuse_unservable"):  # (kvcy's: None where vLLM's gives None, as the recording)
+            mgr.refuse_unservable = False
+        return mgr
 
     def request(self, case: dict, rid: str, tokens: list):
         return self._request(rid, tokens, case["hbs"], self._sha)

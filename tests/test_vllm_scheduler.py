@@ -452,6 +452,17 @@ def test_scheduler_outputs_identical_on_kvcy(model_dir: str, layout: str, vllm_r
     assert kvcy_records == vllm_records, _first_difference(vllm_records, kvcy_records)
 
 
+def test_dropin_manager_gives_vllms_none_for_what_never_fits(model_dir: str) -> None:
+    """Under vLLM's Scheduler an allocation bigger than the whole pool gets None, as from vLLM's
+    manager, not kvcy's ValueError (the scheduler's engine sizes pools so that none occurs)."""
+    with kvcy.vllm.installed():
+        scheduler = make_scheduler(model_dir, "full-attention", 0.0)
+    manager = scheduler.kv_cache_manager
+    assert manager.refuse_unservable is False
+    request = kvcy.Request("too-long", list(range(LAYOUTS["full-attention"] * 64)))
+    assert manager.allocate_slots(request, request.num_tokens) is None
+
+
 # ---------------------------------------------------------------------------------------------
 # kvcy.vllm's switch and conversions
 # ---------------------------------------------------------------------------------------------

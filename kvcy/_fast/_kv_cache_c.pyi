@@ -37,9 +37,15 @@ class Request:
     skip_reading_prefix_cache: bool
     session_id: str | None
     shared_prefix_boundary: int
+    #: The serving loop's: RUNNING once admitted, PREEMPTED, a FINISHED_* one
+    #: (allocate_slots keeps the watermark for WAITING / PREEMPTED requests).
     status: RequestStatus
+    #: Tokens whose KV is in the cache: the hit length on admission, advanced by
+    #: the serving loop after each forward pass, 0 again on preemption.
     num_computed_tokens: int
+    #: Scheduled tokens whose KV is not written yet (asynchronous scheduling).
     num_in_flight_tokens: int
+    #: The serving loop adds 1 at each preemption.
     num_preemptions: int
     num_prompt_tokens: int
     spec_token_ids: list[int]
@@ -584,6 +590,9 @@ class KVCacheManager:
     empty_kv_cache_blocks: KVCacheBlocks
     mamba_shared_prefix_checkpoint: bool
     retained_hit_group_ids: tuple[int, ...]
+    #: allocate_slots raises ValueError (instead of returning None) for an
+    #: allocation bigger than the whole pool; the vLLM drop-in turns it off.
+    refuse_unservable: bool
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,

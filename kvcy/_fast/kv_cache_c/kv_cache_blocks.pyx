@@ -68,3 +68,90 @@ cdef inline KVCacheBlocks _one_group(list blocks):
     cdef KVCacheBlocks out = KVCacheBlocks.__new__(KVCacheBlocks)
     out.blocks = (blocks,)
     return out
+
+
+# Whether the hits a caller hands back to allocate_slots are still good: the
+# blocks get_computed_blocks found may have been evicted, reused or re-keyed
+# since (by other requests' allocations, frees or evictions).
+cdef int _check_hits_fresh(KVCacheCoordinator coordinator, object request, str request_id,
+                           tuple hit_groups) except -1:
+    # (Off the hot paths: _fresh_full_hits is the fast path's.)  The
+    # prefix-cache hits handed to allocate_slots still hold the prefix
+    # get_computed_blocks found them for: each block (not null) is still
+    # cached under the request's hash at its position, or -- with partial hits,
+    # which match finer hashes -- still cached at all.  A hit that went stale
+    # in between (the block evicted, reused or re-keyed by another request)
+    # would give the request someone else's KV; it is refused before any change.
+    cdef BlockPool pool = coordinator.block_pool
+    cdef bint exact = not coordinator.enable_partial_hash_hits
+    cdef object hashes = _block_hashes_of(request)
+    cdef object view = None, group, block
+    cdef Py_ssize_t i, n = 0
+    cdef KVCacheBlock b
+    cdef SingleTypeKVCacheManager manager
+    for group, manager in zip(hit_groups, coordinator.single_type_managers):
+        if not group:
+            continue
+        if exact:
+            view = resolve_block_hashes(hashes, pool.hash_block_size, manager.block_size)
+            n = len(view)
+        i = 0
+        for block in group:
+            b = <KVCacheBlock?>block
+            if not b.is_null:
+                if exact:
+                    if not (i < n and _keyed(b, view[i], <uint32_t>manager.kv_cache_group_id)):
+                        _refuse_stale_hit(request_id, b.block_id, manager.kv_cache_group_id, i)
+                elif b._hash is None and b.block_id not in pool._partial_keys:
+                    _refuse_stale_hit(request_id, b.block_id, manager.kv_cache_group_id, i)
+            i += 1
+    return 0
+
+
+cdef inline bint _keyed(KVCacheBlock b, object block_hash, uint32_t gid) except -1:
+    # The block is cached under block_hash in group gid (the hash object is
+    # most often the very one the block was cached with).
+    return b._hash is not None and b._group == gid and (b._hash is block_hash or b._hash == block_hash)
+
+
+cdef int _fresh_full_hits(KVCacheManager mgr, object request, str request_id, list hashes,
+                          list hit_list) except -1:
+    # _check_hits_fresh for the fast path's one full-attention group, on
+    # borrowed pointers: the block's hash is most often the request's own
+    # object (or an equal sha256 digest, compared as words).  hashes: the
+    # request's block hashes, as the fast path read them.
+    cdef FullAttentionManager full = mgr._full
+    cdef Py_ssize_t i, n
+    cdef uint32_t gid
+    cdef PyObject *bp
+    cdef PyObject *kp
+    cdef PyObject *hp
+    if (hashes is None or full.block_size != mgr.block_pool.hash_block_size
+            or mgr.coordinator.enable_partial_hash_hits or full.kv_cache_group_id > 0xFFFFFFFF):
+        return _check_hits_fresh(mgr.coordinator, request, request_id, (hit_list,))
+    n = PyList_GET_SIZE(<list>hashes)
+    gid = <uint32_t>full.kv_cache_group_id
+    for i in range(PyList_GET_SIZE(hit_list)):
+        bp = _PyList_GET_ITEM_RAW(hit_list, i)
+        if (<KVCacheBlock>bp).is_null:
+            continue
+        if i < n and (<KVCacheBlock>bp)._group == gid:
+            kp = <PyObject*>(<KVCacheBlock>bp)._hash
+            hp = _PyList_GET_ITEM_RAW(<list>hashes, i)
+            if kp == hp:
+                continue
+            if Py_TYPE_RAW(kp) == &PyBytes_Type and Py_TYPE_RAW(hp) == &PyBytes_Type:
+                if kvcy_bytes_eq(kp, hp):
+                    continue
+            elif _keyed(<KVCacheBlock>bp, <object>hp, gid):
+                continue
+        _refuse_stale_hit(request_id, (<KVCacheBlock>bp).block_id, full.kv_cache_group_id, i)
+    return 0
+
+
+cdef int _refuse_stale_hit(str request_id, Py_ssize_t block_id, Py_ssize_t group_id, Py_ssize_t index) except -1:
+    raise ValueError(
+        f"stale prefix-cache hit for request {request_id!r}: block {block_id} (group {group_id}, "
+        f"position {index}) no longer holds the request's prefix (evicted, reused or re-keyed since "
+        "get_computed_blocks); look the hits up again"
+    )

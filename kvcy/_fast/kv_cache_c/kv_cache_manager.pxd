@@ -22,6 +22,7 @@ cdef class KVCacheManager:
     cdef readonly tuple _group_block_sizes
     cdef readonly bint mamba_shared_prefix_checkpoint
     cdef readonly tuple retained_hit_group_ids
+    cdef public bint refuse_unservable  # allocate_slots raises for a request that can never fit
     cdef tuple _no_blocks  # no block per group: what allocate_slots works with when there are no hits
     # The only manager, when it is plain full attention caching every computed
     # token and recording no block ids: the decode fast path.
@@ -32,6 +33,7 @@ cdef class KVCacheManager:
     cpdef KVCacheBlocks create_kv_cache_blocks(self, tuple blocks)
     cdef object _general_lookup(self, request, Py_ssize_t max_cache_hit_length)
     cdef object _full_lookup(self, Request request)
+    cdef int _check_can_ever_fit(self, str request_id, Py_ssize_t needed, tuple hit_groups) except -1
     cdef object _full_slots(self, object request, Request own, str request_id, Py_ssize_t num_computed,
                             Py_ssize_t num_tokens, list hashes, object status, Py_ssize_t n_new,
                             Py_ssize_t n_new_comp, object hits, Py_ssize_t n_look, Py_ssize_t n_reserved,

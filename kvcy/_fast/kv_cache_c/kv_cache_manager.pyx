@@ -89,6 +89,29 @@ cdef bint _skips_reading(object request) except -1:
         raise TypeError(f"expected a Request, got {type(request).__name__}") from None
 
 
+cdef int _refuse_if_never_fits(str request_id, Py_ssize_t total, Py_ssize_t num_gpu_blocks,
+                               Py_ssize_t max_model_len, object kv_cache_config) except -1:
+    # (allocate_slots found too few free blocks.)  total: the blocks the
+    # allocation needs in all -- those it takes from the free pool, those the
+    # request holds, and its hits that other requests hold; every other block
+    # but the null one could come free.
+    cdef Py_ssize_t usable = num_gpu_blocks - 1  # (block 0 is the null block)
+    if total <= usable:
+        return 0
+    hint = ""
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if (isinstance(spec, FullAttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
+                and usable * spec.block_size < max_model_len):
+            hint = (f"; the pool holds {usable * spec.block_size} tokens, fewer than max_model_len "
+                    f"{max_model_len} (vLLM's engine refuses to start with such a pool)")
+            break
+    raise ValueError(
+        f"request {request_id!r} needs {total} blocks, more than the {usable} usable blocks of the whole "
+        f"pool: it can never be scheduled{hint}"
+    )
+
+
 @cython.nonecheck(True)
 cdef class KVCacheManager:
     """The KV-cache manager a scheduler drives: vLLM 0.33.0's constructor and methods.
@@ -196,6 +219,11 @@ cdef class KVCacheManager:
             and not (<UnitaryKVCacheCoordinator>self.coordinator).use_eagle
             and self._full.block_size == self.block_pool.hash_block_size
         )
+        # allocate_slots raises ValueError for a request that needs more
+        # blocks than the whole pool holds, where vLLM returns None (and a loop
+        # would wait for it forever).  A kvcy extension: the vLLM drop-in
+        # (kvcy.vllm) turns it off, so that vLLM's Scheduler sees None.
+        self.refuse_unservable = True
 
     # ------------------------------------------------------------------ info
     @property
@@ -249,7 +277,11 @@ cdef class KVCacheManager:
                 ``request.num_tokens - 1`` (the last token is always computed).
 
         Returns:
-            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
+            is good until the pool changes: hand it to ``allocate_slots`` (as
+            ``new_computed_blocks``, with ``num_new_computed_tokens``) for this
+            request before any other allocation, free or eviction, or look it up
+            again.  A hit that went stale meanwhile is refused there.
 
         Raises:
             ValueError / TypeError: ``max_cache_hit_length`` is not a non-negative int.
@@ -339,7 +371,11 @@ cdef class KVCacheManager:
         Raises:
             ValueError: a negative count; no tokens at all.  (Tokens past
                 ``max_model_len`` are not an error: the counts are clamped to
-                it, as in vLLM.)
+                it, as in vLLM.)  A prefix-cache hit that went stale since
+                ``get_computed_blocks`` (a block evicted, reused or re-keyed).
+                With ``refuse_unservable`` (the default): an allocation that
+                needs more blocks than the whole pool holds, which ``None``
+                would leave waiting forever.
             TypeError: a count that is not an int.
             AssertionError: prefix hits handed to a request that already holds
                 blocks (vLLM's coordinator asserts this too; here nothing changes).
@@ -460,6 +496,8 @@ cdef class KVCacheManager:
                 total_computed_tokens, num_local_computed_tokens, full_num_tokens, True, prefill_end,
             )
             if not _fits(self.block_pool, needed, watermark_blocks, 0):
+                if self.refuse_unservable:
+                    self._check_can_ever_fit(request_id, needed, new_blocks_list)
                 return None
 
         cdef Py_ssize_t num_tokens_main_model = total_computed_tokens + n_new
@@ -481,7 +519,11 @@ cdef class KVCacheManager:
             num_local_computed_tokens + n_ext, num_local_computed_tokens, num_tokens_main_model, False, prefill_end,
         )
         if not _fits(self.block_pool, needed, watermark_blocks, n_reserved):
+            if self.refuse_unservable:
+                self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
+        if has_new_computed and self.enable_caching:  # (only an allocation that goes ahead takes its hits)
+            _check_hits_fresh(coordinator, request, request_id, new_blocks_list)
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, n_ext, skip_zeroing_group_ids
@@ -568,11 +610,19 @@ cdef class KVCacheManager:
                 num_tokens = _num_tokens(request)
             needed = _blocks_needed(_within_model_len(self, num_tokens), bs, have, ncached < 0, n_hits, n_evictable)
             if not _fits(pool, needed, watermark_blocks, 0):
+                if self.refuse_unservable:
+                    _refuse_if_never_fits(request_id, needed + have + n_hits - n_evictable, pool.num_gpu_blocks,
+                                          self.max_model_len, self.kv_cache_config)
                 return None
         cdef Py_ssize_t need_slot = _within_model_len(self, total_computed + n_new + n_look)
         needed = _blocks_needed(need_slot, bs, have, ncached < 0, n_hits, n_evictable)
         if not _fits(pool, needed, watermark_blocks, n_reserved):
+            if self.refuse_unservable:
+                _refuse_if_never_fits(request_id, needed + have + n_hits - n_evictable, pool.num_gpu_blocks,
+                                      self.max_model_len, self.kv_cache_config)
             return None
+        if n_hits > 0 and mgr.enable_caching:  # (only an allocation that goes ahead takes its hits)
+            _fresh_full_hits(self, request, request_id, hashes, hit_list)
         cdef Py_ssize_t num_full, num_cached
         cdef bint caching = self.enable_caching and not delay_cache_blocks
         if caching:
@@ -639,8 +689,29 @@ cdef class KVCacheManager:
             return self.empty_kv_cache_blocks
         return _one_group(new_blocks)
 
+    cdef int _check_can_ever_fit(self, str request_id, Py_ssize_t needed, tuple hit_groups) except -1:
+        # (allocate_slots found too few free blocks: _refuse_if_never_fits
+        # with the blocks the request holds and its hits other requests hold.)
+        cdef set held = set()
+        cdef object group
+        cdef KVCacheBlock b
+        for group in self.coordinator.get_blocks(request_id):
+            for b in group:
+                if not b.is_null:
+                    held.add(b.block_id)
+        for group in hit_groups:
+            for b in group:
+                if not b.is_null and b._ref_cnt > 0:
+                    held.add(b.block_id)
+        return _refuse_if_never_fits(request_id, needed + len(held), self.block_pool.num_gpu_blocks,
+                                     self.max_model_len, self.kv_cache_config)
+
     def free(self, request):
         """Free the request's blocks, tail first, group by group.
+
+        A serving loop calls it when the request finishes and when it preempts
+        it.  The freed full blocks stay cached (evictable, least recently used
+        first) for later hits, a re-admitted request's own among them.
 
         A request that holds no blocks (never allocated, or freed already) is
         left as it is, as in vLLM.
@@ -671,9 +742,16 @@ cdef class KVCacheManager:
         self.coordinator.remove_skipped_blocks(request_id, n, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request):
+        """Forget the request and return its blocks unfreed (every group's, in
+        allocation order, leading null blocks left out), for a caller that frees
+        them itself later, last block first as ``free`` does.  TypeError: not a request."""
         return self.coordinator.pop_blocks_for_free(_rid(request))
 
     def evict_blocks(self, block_ids):
+        """Drop these blocks from the prefix cache, their KV not to be trusted (a failed
+        load, a lost worker): only the cache keys go, a block in use stays with its request;
+        uncached ids are ignored.  TypeError / ValueError: a bad id; AssertionError: an id
+        past the pool (as vLLM asserts)."""
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self):
@@ -717,6 +795,9 @@ cdef class KVCacheManager:
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id):
+        """The request's block ids per group, as the worker's block-table row holds them
+        (hits included; a sliding window's dropped blocks read as the null block, 0; empty
+        groups for a request that holds none).  TypeError: ``request_id`` is not a str."""
         return self.get_blocks(request_id).get_block_ids()
 
     def get_block_ids_for_computed_tokens(self, request_id, num_computed_tokens):

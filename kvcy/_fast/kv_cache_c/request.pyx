@@ -45,10 +45,27 @@ cdef class Request:
         session_id: the streaming session the request belongs to, if any; the
             ``BlockStored`` events of its blocks carry it.
 
-    Besides the counts a scheduler moves (``num_computed_tokens``,
-    ``num_in_flight_tokens``, ``num_preemptions``) it has vLLM's
-    ``shared_prefix_boundary`` (0: none), which a scheduler sets from
-    ``get_computed_blocks``' third value and sparse-retention managers read.
+    The serving loop (the scheduler) owns these; the manager reads them and
+    never writes them:
+
+    - ``num_computed_tokens``: tokens whose KV is in the cache.  Set it to the
+      hit length on admission (``get_computed_blocks``' second value) and add
+      the step's scheduled tokens once the forward pass has written their KV.
+      ``allocate_slots`` sizes every allocation from it: a loop that does not
+      advance it gets no new blocks for decode.  0 again on preemption.
+    - ``status``: a ``RequestStatus``.  ``allocate_slots`` keeps the watermark
+      free while admitting a WAITING or PREEMPTED request; set RUNNING once
+      admitted, PREEMPTED when preempted, a FINISHED_* one when done.
+    - ``num_preemptions``: add 1 at each preemption (``record_prefix_cache_stats``
+      counts the lookups of preempted requests apart).
+    - ``num_in_flight_tokens``: scheduled tokens whose KV is not written yet
+      (asynchronous scheduling; 0 otherwise): sliding-window groups keep
+      their blocks.
+    - ``shared_prefix_boundary``: vLLM's, from ``get_computed_blocks``' third
+      value (0: none); sparse-retention managers read it.
+
+    Output tokens go in through ``append_output_token_ids``, which also hashes
+    the blocks they complete.
     """
 
     def __init__(self, request_id, prompt_token_ids, max_tokens=None, *, lora_request=None,
@@ -96,6 +113,8 @@ cdef class Request:
     # ------------------------------------------------------------------ checked fields
     @property
     def num_computed_tokens(self):
+        """Tokens whose KV is in the cache; the serving loop advances it each step
+        and sets it to 0 on preemption (see the class docstring)."""
         return self._num_computed_tokens
 
     @num_computed_tokens.setter
@@ -104,6 +123,7 @@ cdef class Request:
 
     @property
     def num_in_flight_tokens(self):
+        """Scheduled tokens whose KV is not written yet (asynchronous scheduling; 0 otherwise)."""
         return self._num_in_flight_tokens
 
     @num_in_flight_tokens.setter
@@ -112,6 +132,7 @@ cdef class Request:
 
     @property
     def num_preemptions(self):
+        """How many times the request was preempted; the serving loop adds 1 at each."""
         return self._num_preemptions
 
     @num_preemptions.setter

@@ -6,8 +6,10 @@ From vLLM 0.33.0's ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheBlocks``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kvcy._fast.kv_cache_py._common import _Checked, _tuple_or_none
+from kvcy._fast.kv_cache_py.block_map import _group_key, resolve_block_hashes
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
 
 
@@ -70,3 +72,42 @@ class KVCacheBlocks(_Checked):
 
     def __repr__(self) -> str:
         return f"KVCacheBlocks({self.get_block_ids()})"
+
+
+# Whether the hits a caller hands back to allocate_slots are still good: the
+# blocks get_computed_blocks found may have been evicted, reused or re-keyed
+# since (by other requests' allocations, frees or evictions).
+def _check_hits_fresh(coordinator: Any, request: Any, request_id: str, hit_groups: tuple) -> None:
+    # The prefix-cache hits handed to allocate_slots still hold the prefix
+    # get_computed_blocks found them for: each block (not null) is still
+    # cached under the request's hash at its position, or -- with partial hits,
+    # which match finer hashes -- still cached at all.  A hit that went stale
+    # in between (the block evicted, reused or re-keyed by another request)
+    # would give the request someone else's KV; it is refused before any change.
+    pool = coordinator.block_pool
+    exact = not coordinator.enable_partial_hash_hits
+    hashes = request.block_hashes
+    for group, manager in zip(hit_groups, coordinator.single_type_managers):
+        if not group:
+            continue
+        gid = manager.kv_cache_group_id
+        if exact:
+            view = resolve_block_hashes(hashes, pool.hash_block_size, manager.block_size)
+            n = len(view)
+        for i, block in enumerate(group):
+            if block._is_null:
+                continue
+            if exact:
+                if i < n and block._key == _group_key(view[i], gid):
+                    continue
+            elif block._key is not None or block._block_id in pool._partial_keys:
+                continue
+            _refuse_stale_hit(request_id, block._block_id, gid, i)
+
+
+def _refuse_stale_hit(request_id: str, block_id: int, group_id: int, index: int) -> None:
+    raise ValueError(
+        f"stale prefix-cache hit for request {request_id!r}: block {block_id} (group {group_id}, "
+        f"position {index}) no longer holds the request's prefix (evicted, reused or re-keyed since "
+        "get_computed_blocks); look the hits up again"
+    )

@@ -39,10 +39,10 @@ from kvcy._fast.kv_cache_py.coordinators import (
     get_kv_cache_coordinator,
 )
 from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
-from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
+from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks, _check_hits_fresh
 from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
 from kvcy._fast.kv_cache_py.request import Request
-from kvcy._fast.kv_cache_py.single_type_managers import _check_no_context_parallel
+from kvcy._fast.kv_cache_py.single_type_managers import _as_flag, _check_no_context_parallel
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -96,6 +96,7 @@ class KVCacheManager(_NeedsArguments, _Checked):
             _READ_ONLY,
         ),
         "watermark_blocks": _as_index,
+        "refuse_unservable": _as_flag,
     }
 
     def __init__(
@@ -172,6 +173,11 @@ class KVCacheManager(_NeedsArguments, _Checked):
         managers = self.coordinator.single_type_managers
         # The only manager, when the coordinator hands it the tokens to cache unchanged.
         self._single = managers[0] if len(managers) == 1 and type(self.coordinator) is UnitaryKVCacheCoordinator else None
+        #: allocate_slots raises ValueError for a request that needs more blocks
+        #: than the whole pool holds, where vLLM returns None (and a loop would
+        #: wait for it forever).  A kvcy extension: the vLLM drop-in
+        #: (``kvcy.vllm``) turns it off, so that vLLM's Scheduler sees None.
+        self.refuse_unservable = True
 
     # ------------------------------------------------------------------ info
     @property
@@ -223,7 +229,11 @@ class KVCacheManager(_NeedsArguments, _Checked):
                 ``request.num_tokens - 1`` (the last token is always computed).
 
         Returns:
-            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.
+            ``(blocks, num_computed_tokens, shared_prefix_boundary)``.  The hit
+            is good until the pool changes: hand it to ``allocate_slots`` (as
+            ``new_computed_blocks``, with ``num_new_computed_tokens``) for this
+            request before any other allocation, free or eviction, or look it up
+            again.  A hit that went stale meanwhile is refused there.
 
         Raises:
             ValueError / TypeError: ``max_cache_hit_length`` is not a non-negative int.
@@ -303,7 +313,11 @@ class KVCacheManager(_NeedsArguments, _Checked):
         Raises:
             ValueError: a negative count; no tokens at all.  (Tokens past
                 ``max_model_len`` are not an error: the counts are clamped to
-                it, as in vLLM.)
+                it, as in vLLM.)  A prefix-cache hit that went stale since
+                ``get_computed_blocks`` (a block evicted, reused or re-keyed).
+                With ``refuse_unservable`` (the default): an allocation that
+                needs more blocks than the whole pool holds, which ``None``
+                would leave waiting forever.
             TypeError: a count that is not an int.
             AssertionError: prefix hits handed to a request that already holds
                 blocks (vLLM's coordinator asserts this too; here nothing changes).
@@ -359,6 +373,8 @@ class KVCacheManager(_NeedsArguments, _Checked):
                 total_computed_tokens, num_local_computed_tokens, full_num_tokens, True, prefill_end,
             )
             if needed + watermark_blocks > self.block_pool.get_num_free_blocks():
+                if self.refuse_unservable:
+                    self._check_can_ever_fit(request_id, needed, new_blocks_list)
                 return None
 
         num_tokens_main_model = total_computed_tokens + num_new_tokens
@@ -386,7 +402,11 @@ class KVCacheManager(_NeedsArguments, _Checked):
             num_tokens_main_model, False, prefill_end,
         )
         if needed + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
+            if self.refuse_unservable:
+                self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
+        if has_new_computed and self.enable_caching:  # (only an allocation that goes ahead takes its hits)
+            _check_hits_fresh(self.coordinator, request, request_id, new_blocks_list)
         if has_new_computed or num_external_computed_tokens > 0:
             coordinator._allocate_new_computed_blocks(
                 request_id, new_blocks_list, num_local_computed_tokens, num_external_computed_tokens,
@@ -399,8 +419,25 @@ class KVCacheManager(_NeedsArguments, _Checked):
             coordinator.cache_blocks(request, n_cache)
         return self.create_kv_cache_blocks(new_blocks)
 
+    def _check_can_ever_fit(self, request_id: str, needed: int, hit_groups: tuple) -> None:
+        # (allocate_slots found too few free blocks.)  Whether it ever can:
+        # every block but the null one, the request's own and the hits other
+        # requests hold could come free, so the allocation needs, in all, the
+        # blocks it takes from the free pool, those it holds and those hits.
+        held: set[int] = set()
+        for group in self.coordinator.get_blocks(request_id):
+            held.update(b._block_id for b in group if not b._is_null)
+        for group in hit_groups:
+            held.update(b._block_id for b in group if not b._is_null and b._ref_cnt > 0)
+        _refuse_if_never_fits(request_id, needed + len(held), self.block_pool.num_gpu_blocks,
+                              self.max_model_len, self.kv_cache_config)
+
     def free(self, request: Request) -> None:
         """Free the request's blocks, tail first, group by group.
+
+        A serving loop calls it when the request finishes and when it preempts
+        it.  The freed full blocks stay cached (evictable, least recently used
+        first) for later hits, a re-admitted request's own among them.
 
         A request that holds no blocks (never allocated, or freed already) is
         left as it is, as in vLLM.
@@ -426,9 +463,16 @@ class KVCacheManager(_NeedsArguments, _Checked):
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Forget the request and return its blocks unfreed (every group's, in
+        allocation order, leading null blocks left out), for a caller that frees
+        them itself later, last block first as ``free`` does.  TypeError: not a request."""
         return self.coordinator.pop_blocks_for_free(_request_id(request))
 
     def evict_blocks(self, block_ids: set[int]) -> None:
+        """Drop these blocks from the prefix cache, their KV not to be trusted (a failed
+        load, a lost worker): only the cache keys go, a block in use stays with its request;
+        uncached ids are ignored.  TypeError / ValueError: a bad id; AssertionError: an id
+        past the pool (as vLLM asserts)."""
         self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
@@ -472,6 +516,9 @@ class KVCacheManager(_NeedsArguments, _Checked):
         return KVCacheBlocks(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids per group, as the worker's block-table row holds them
+        (hits included; a sliding window's dropped blocks read as the null block, 0; empty
+        groups for a request that holds none).  TypeError: ``request_id`` is not a str."""
         return self.get_blocks(request_id).get_block_ids()
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
@@ -629,3 +676,22 @@ class KVCacheManager(_NeedsArguments, _Checked):
     def new_step_starts(self) -> None:
         """A new scheduler step begins: the coordinator tells every single-type manager."""
         self.coordinator.new_step_starts()
+
+
+def _refuse_if_never_fits(request_id: str, total: int, num_gpu_blocks: int, max_model_len: int,
+                          kv_cache_config: Any) -> None:
+    usable = num_gpu_blocks - 1  # (block 0 is the null block)
+    if total <= usable:
+        return
+    hint = ""
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if (isinstance(spec, FullAttentionSpec) and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
+                and usable * spec.block_size < max_model_len):
+            hint = (f"; the pool holds {usable * spec.block_size} tokens, fewer than max_model_len "
+                    f"{max_model_len} (vLLM's engine refuses to start with such a pool)")
+            break
+    raise ValueError(
+        f"request {request_id!r} needs {total} blocks, more than the {usable} usable blocks of the whole "
+        f"pool: it can never be scheduled{hint}"
+    )

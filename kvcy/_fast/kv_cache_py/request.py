@@ -69,10 +69,27 @@ class Request(_Checked):
         session_id: the streaming session the request belongs to, if any; the
             ``BlockStored`` events of its blocks carry it.
 
-    Besides the counts a scheduler moves (``num_computed_tokens``,
-    ``num_in_flight_tokens``, ``num_preemptions``) it has vLLM's
-    ``shared_prefix_boundary`` (0: none), which a scheduler sets from
-    ``get_computed_blocks``' third value and sparse-retention managers read.
+    The serving loop (the scheduler) owns these; the manager reads them and
+    never writes them:
+
+    - ``num_computed_tokens``: tokens whose KV is in the cache.  Set it to the
+      hit length on admission (``get_computed_blocks``' second value) and add
+      the step's scheduled tokens once the forward pass has written their KV.
+      ``allocate_slots`` sizes every allocation from it: a loop that does not
+      advance it gets no new blocks for decode.  0 again on preemption.
+    - ``status``: a ``RequestStatus``.  ``allocate_slots`` keeps the watermark
+      free while admitting a WAITING or PREEMPTED request; set RUNNING once
+      admitted, PREEMPTED when preempted, a FINISHED_* one when done.
+    - ``num_preemptions``: add 1 at each preemption (``record_prefix_cache_stats``
+      counts the lookups of preempted requests apart).
+    - ``num_in_flight_tokens``: scheduled tokens whose KV is not written yet
+      (asynchronous scheduling; 0 otherwise): sliding-window groups keep
+      their blocks.
+    - ``shared_prefix_boundary``: vLLM's, from ``get_computed_blocks``' third
+      value (0: none); sparse-retention managers read it.
+
+    Output tokens go in through ``append_output_token_ids``, which also hashes
+    the blocks they complete.
     """
 
     # What shapes the request's hashes or the manager's bookkeeping is set
