@@ -249,12 +249,14 @@ def make_kv_cache_manager(kv_cache_config: Any, *args: Any, **kwargs: Any) -> An
     installed; every argument but the config passes through unchanged.  A request that
     can never fit gets None from ``allocate_slots``, as from vLLM's manager (vLLM's engine
     sizes its pool so that none occurs), not kvcy's ValueError: the scheduler sees what
-    vLLM's manager would give it.
+    vLLM's manager would give it.  Hits handed to ``allocate_slots`` are taken as they
+    are, as vLLM's manager takes them, without kvcy's stale-hit check.
     """
     from kvcy.kv_cache_manager import KVCacheManager
 
     manager = KVCacheManager(convert_kv_cache_config(kv_cache_config), *args, **kwargs)
     manager.refuse_unservable = False
+    manager.refuse_stale_hits = False
     return manager
 
 

@@ -391,7 +391,7 @@ ASSIGNABLE = {
     "hybrid": {"retention_interval"},
     "no_cache": {"retention_interval"},
     "kv_cache_blocks": {"blocks"},
-    "manager": {"metrics_collector", "prefix_cache_stats", "watermark_blocks", "refuse_unservable"},
+    "manager": {"metrics_collector", "prefix_cache_stats", "watermark_blocks", "refuse_unservable", "refuse_stale_hits"},
 }
 
 

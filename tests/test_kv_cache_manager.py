@@ -152,6 +152,18 @@ def test_hit_of_another_request_is_refused(impl):
     assert snapshot(mgr) == before
 
 
+@pytest.mark.parametrize("subclass", [False, True], ids=["request", "subclass"])
+def test_stale_hits_are_taken_as_handed_with_the_check_off(impl, subclass):
+    """refuse_stale_hits = False: any block handed over is taken, as vLLM's manager takes it
+    (the drop-in's setting; vLLM's own tests hand free, uncached blocks as hits)."""
+    mgr = make_manager(impl, num_blocks=9)
+    c, hits, n = _cached_prompt(impl, mgr, subclass)
+    mgr.evict_blocks({b.block_id for g in hits.blocks for b in g})
+    mgr.refuse_stale_hits = False
+    assert mgr.allocate_slots(c, c.num_tokens - n, num_new_computed_tokens=n, new_computed_blocks=hits) is not None
+    assert mgr.get_block_ids("c")[0][:4] == [b.block_id for b in hits.blocks[0]]
+
+
 @pytest.mark.parametrize("hybrid", [False, True], ids=["full", "full+swa"])
 @pytest.mark.parametrize("subclass", [False, True], ids=["request", "subclass"])
 def test_request_that_can_never_fit_is_an_error(impl, hybrid, subclass):
@@ -203,3 +215,10 @@ def test_flag_is_a_bool_in_both_twins(impl):
     assert mgr.refuse_unservable is True
     mgr.refuse_unservable = 0
     assert mgr.refuse_unservable is False
+
+
+def test_stale_hit_flag_is_a_bool_in_both_twins(impl):
+    mgr = make_manager(impl, num_blocks=9)
+    assert mgr.refuse_stale_hits is True
+    mgr.refuse_stale_hits = 0
+    assert mgr.refuse_stale_hits is False

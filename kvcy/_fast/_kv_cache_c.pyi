@@ -593,6 +593,9 @@ class KVCacheManager:
     #: allocate_slots raises ValueError (instead of returning None) for an
     #: allocation bigger than the whole pool; the vLLM drop-in turns it off.
     refuse_unservable: bool
+    #: allocate_slots raises ValueError for prefix hits no longer cached as
+    #: get_computed_blocks found them; the vLLM drop-in turns it off.
+    refuse_stale_hits: bool
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,

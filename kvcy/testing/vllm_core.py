@@ -180,6 +180,26 @@ def write_model_configs(hf_home: Path) -> None:
         config.save_pretrained(folder / "snapshots" / revision)
 
 
+_as_vllm_classes: dict[type, type] = {}
+
+
+def _as_vllm(manager_class: type) -> type:
+    """kvcy's ``KVCacheManager`` as vLLM's tests build it by hand: with the drop-in's settings
+    (:func:`kvcy.vllm.make_kv_cache_manager`), so that an allocation that can never fit gets
+    vLLM's ``None`` and hits are taken as handed over (vLLM's tests hand free, uncached blocks
+    as hits), where kvcy's own default for a serving loop is a ``ValueError``."""
+    if manager_class not in _as_vllm_classes:
+
+        class KVCacheManager(manager_class):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.refuse_unservable = False
+                self.refuse_stale_hits = False
+
+        _as_vllm_classes[manager_class] = KVCacheManager
+    return _as_vllm_classes[manager_class]
+
+
 def _defined_in_kvcy(obj: Any) -> bool:
     return callable(obj) and (getattr(obj, "__module__", None) or "").startswith("kvcy")
 
@@ -218,6 +238,8 @@ def _rebind() -> dict[str, list[str]]:
             obj = getattr(kvcy_module, name)
             if not _defined_in_kvcy(obj):
                 continue
+            if vllm_name == "vllm.v1.core.kv_cache_manager" and name == "KVCacheManager":
+                obj = _as_vllm(obj)
             setattr(vllm_module, name, obj)
             names.append(name)
         # Names kvcy's module computes on each read (kv_cache_utils.NONE_HASH, which kvcy's

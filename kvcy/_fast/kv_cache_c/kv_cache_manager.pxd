@@ -23,6 +23,7 @@ cdef class KVCacheManager:
     cdef readonly bint mamba_shared_prefix_checkpoint
     cdef readonly tuple retained_hit_group_ids
     cdef public bint refuse_unservable  # allocate_slots raises for a request that can never fit
+    cdef public bint refuse_stale_hits  # allocate_slots raises for hits no longer cached as found
     cdef tuple _no_blocks  # no block per group: what allocate_slots works with when there are no hits
     # The only manager, when it is plain full attention caching every computed
     # token and recording no block ids: the decode fast path.

@@ -224,6 +224,11 @@ cdef class KVCacheManager:
         # would wait for it forever).  A kvcy extension: the vLLM drop-in
         # (kvcy.vllm) turns it off, so that vLLM's Scheduler sees None.
         self.refuse_unservable = True
+        # allocate_slots raises ValueError for prefix hits whose blocks are no
+        # longer cached as get_computed_blocks found them, where vLLM takes any
+        # block it is handed (its own tests hand it free, uncached blocks as
+        # hits).  The vLLM drop-in turns it off too.
+        self.refuse_stale_hits = True
 
     # ------------------------------------------------------------------ info
     @property
@@ -522,7 +527,7 @@ cdef class KVCacheManager:
             if self.refuse_unservable:
                 self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
-        if has_new_computed and self.enable_caching:  # (only an allocation that goes ahead takes its hits)
+        if has_new_computed and self.enable_caching and self.refuse_stale_hits:  # (only an allocation that goes ahead takes its hits)
             _check_hits_fresh(coordinator, request, request_id, new_blocks_list)
         if has_new_computed or n_ext > 0:
             coordinator.allocate_new_computed_blocks(
@@ -621,7 +626,7 @@ cdef class KVCacheManager:
                 _refuse_if_never_fits(request_id, needed + have + n_hits - n_evictable, pool.num_gpu_blocks,
                                       self.max_model_len, self.kv_cache_config)
             return None
-        if n_hits > 0 and mgr.enable_caching:  # (only an allocation that goes ahead takes its hits)
+        if n_hits > 0 and mgr.enable_caching and self.refuse_stale_hits:  # (only an allocation that goes ahead takes its hits)
             _fresh_full_hits(self, request, request_id, hashes, hit_list)
         cdef Py_ssize_t num_full, num_cached
         cdef bint caching = self.enable_caching and not delay_cache_blocks

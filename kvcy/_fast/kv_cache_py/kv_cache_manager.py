@@ -97,6 +97,7 @@ class KVCacheManager(_NeedsArguments, _Checked):
         ),
         "watermark_blocks": _as_index,
         "refuse_unservable": _as_flag,
+        "refuse_stale_hits": _as_flag,
     }
 
     def __init__(
@@ -178,6 +179,11 @@ class KVCacheManager(_NeedsArguments, _Checked):
         #: wait for it forever).  A kvcy extension: the vLLM drop-in
         #: (``kvcy.vllm``) turns it off, so that vLLM's Scheduler sees None.
         self.refuse_unservable = True
+        #: allocate_slots raises ValueError for prefix hits whose blocks are no
+        #: longer cached as get_computed_blocks found them, where vLLM takes any
+        #: block it is handed (its own tests hand it free, uncached blocks as
+        #: hits).  The vLLM drop-in turns it off too.
+        self.refuse_stale_hits = True
 
     # ------------------------------------------------------------------ info
     @property
@@ -405,7 +411,7 @@ class KVCacheManager(_NeedsArguments, _Checked):
             if self.refuse_unservable:
                 self._check_can_ever_fit(request_id, needed, new_blocks_list)
             return None
-        if has_new_computed and self.enable_caching:  # (only an allocation that goes ahead takes its hits)
+        if has_new_computed and self.enable_caching and self.refuse_stale_hits:  # (only an allocation that goes ahead takes its hits)
             _check_hits_fresh(self.coordinator, request, request_id, new_blocks_list)
         if has_new_computed or num_external_computed_tokens > 0:
             coordinator._allocate_new_computed_blocks(
