@@ -170,6 +170,10 @@ class Side:
             self.status = RequestStatus
             config = kvcy.vllm.convert_kv_cache_config(vllm_config(cfg))
             self.mgr = kv.KVCacheManager(config, **cfg.manager_kwargs())
+            # Compared with vLLM's manager: vLLM's semantics, as the drop-in builds it (None for
+            # what can never fit, hits taken as handed over).
+            self.mgr.refuse_unservable = False
+            self.mgr.refuse_stale_hits = False
 
             def request(rid, toks, salt=None, session=None, report="incremental"):
                 return kv.Request(rid, toks, cache_salt=salt, session_id=session, kv_cache_report_mode=report,
