@@ -222,3 +222,34 @@ def test_stale_hit_flag_is_a_bool_in_both_twins(impl):
     assert mgr.refuse_stale_hits is True
     mgr.refuse_stale_hits = 0
     assert mgr.refuse_stale_hits is False
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["full", "full+swa"])
+@pytest.mark.parametrize("subclass", [False, True], ids=["request", "subclass"])
+def test_hit_check_runs_no_hash_eq(impl, hybrid, subclass):
+    """The freshness check compares hashes as bytes: a bytes subclass whose __eq__ empties
+    the request's hashes mid-check is never called (the compiled twin read the list on
+    borrowed pointers), and equal bytes are the same prefix."""
+    calls = []
+
+    class Evil(bytes):
+        __hash__ = bytes.__hash__
+
+        def __eq__(self, other):
+            calls.append(1)
+            del c.block_hashes[:]
+            return bytes.__eq__(self, other)
+
+    mgr = make_manager(impl, num_blocks=24, hybrid=hybrid)
+    c, hits, n = _cached_prompt(impl, mgr, subclass)
+    try:
+        for i, h in enumerate(list(c.block_hashes)):
+            c.block_hashes[i] = Evil(h)
+    except TypeError:
+        pytest.skip("this twin's request takes no bytes subclass as a block hash")
+    try:
+        mgr.allocate_slots(c, 1, num_new_computed_tokens=n, new_computed_blocks=hits)
+    except (TypeError, ValueError):
+        pass  # (refusing the hashes is fine; reading freed memory is not)
+    if impl.name == "cython":
+        assert calls == []

@@ -108,10 +108,18 @@ cdef int _check_hits_fresh(KVCacheCoordinator coordinator, object request, str r
     return 0
 
 
-cdef inline bint _keyed(KVCacheBlock b, object block_hash, uint32_t gid) except -1:
+cdef inline bint _keyed(KVCacheBlock b, object block_hash, uint32_t gid) noexcept:
     # The block is cached under block_hash in group gid (the hash object is
-    # most often the very one the block was cached with).
-    return b._hash is not None and b._group == gid and (b._hash is block_hash or b._hash == block_hash)
+    # most often the very one the block was cached with).  Compared as bytes,
+    # never through a Python __eq__ (a bytes subclass could define one, and
+    # change the pool or the request's hashes mid-check); block hashes are
+    # bytes, anything else never matches.
+    if b._hash is None or b._group != gid:
+        return False
+    if b._hash is block_hash:
+        return True
+    return (isinstance(b._hash, bytes) and isinstance(block_hash, bytes)
+            and kvcy_bytes_eq(<PyObject*>b._hash, <PyObject*>block_hash))
 
 
 cdef int _fresh_full_hits(KVCacheManager mgr, object request, str request_id, list hashes,
@@ -143,7 +151,7 @@ cdef int _fresh_full_hits(KVCacheManager mgr, object request, str request_id, li
             if Py_TYPE_RAW(kp) == &PyBytes_Type and Py_TYPE_RAW(hp) == &PyBytes_Type:
                 if kvcy_bytes_eq(kp, hp):
                     continue
-            elif _keyed(<KVCacheBlock>bp, <object>hp, gid):
+            elif _keyed(<KVCacheBlock>bp, <object>hp, gid):  # (runs no Python code)
                 continue
         _refuse_stale_hit(request_id, (<KVCacheBlock>bp).block_id, full.kv_cache_group_id, i)
     return 0
