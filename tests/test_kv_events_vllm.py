@@ -27,14 +27,9 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-if os.environ.get("KVCY_REQUIRE_VLLM") == "1":
-    import vllm
+from _vllm_live import require_vllm  # noqa: E402
 
-    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
-else:
-    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/run for the vLLM step)")
-    if vllm.__version__ != "0.33.0":
-        pytest.skip(f"kvcy.kv_events targets vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
+vllm = require_vllm()
 
 from test_kv_events_zmq import (  # noqa: E402
     RecordingIndex,

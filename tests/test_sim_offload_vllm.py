@@ -13,17 +13,13 @@ step); skips elsewhere.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
-if os.environ.get("KVCY_REQUIRE_VLLM") == "1":
-    import vllm
+from _vllm_live import require_vllm  # noqa: E402
 
-    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
-elif importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM 0.33.0 is not importable here (see .ci/run's vLLM step)", allow_module_level=True)
+vllm = require_vllm()
 
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUOffloadingManager  # noqa: E402

@@ -20,15 +20,9 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests._vllm_live import vllm_importable  # noqa: E402
+from _vllm_live import require_vllm  # noqa: E402
 
-if not vllm_importable() and os.environ.get("KVCY_REQUIRE_VLLM") != "1":
-    pytest.skip("vLLM is not installed (see .ci/run for the vLLM step)", allow_module_level=True)
-
-import vllm  # noqa: E402
-
-if vllm.__version__ != "0.33.0":
-    pytest.skip(f"kvcy.vllm targets vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
+vllm = require_vllm()
 
 import kvcy.vllm  # noqa: E402
 

@@ -36,14 +36,9 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-if os.environ.get("KVCY_REQUIRE_VLLM") == "1":  # CI's vLLM step: a broken install fails, never skips
-    import vllm
+from _vllm_live import require_vllm  # noqa: E402
 
-    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
-else:
-    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/run for the vLLM step)")
-    if vllm.__version__ != "0.33.0":
-        pytest.skip(f"kvcy.vllm targets vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
+vllm = require_vllm()
 
 import kvcy  # noqa: E402
 import kvcy.vllm  # noqa: E402

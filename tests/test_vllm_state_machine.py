@@ -32,17 +32,13 @@ tests/test_dropin_retention.py ``test_live_sink``), Mamba prefix caching outside
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
-if os.environ.get("KVCY_REQUIRE_VLLM") == "1":  # CI's vLLM step: a broken install fails, never skips
-    import vllm
+from _vllm_live import require_vllm  # noqa: E402
 
-    assert vllm.__version__ == "0.33.0", f"KVCY_REQUIRE_VLLM=1 but vLLM is {vllm.__version__}"
-elif importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM 0.33.0 is not importable here (see .ci/run's vLLM step)", allow_module_level=True)
+vllm = require_vllm()
 
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
