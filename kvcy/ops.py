@@ -51,7 +51,8 @@ try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised without torch
     raise ImportError(
-        "kvcy.ops needs torch (pip install 'kvcy[torch]'); the rest of kvcy works without it"
+        "kvcy.ops needs torch (pip install torch, then rebuild kvcy with "
+        "pip install --no-build-isolation -e . for its kernels); the rest of kvcy works without it"
     ) from exc
 
 from kvcy import _ops_reference as _ref
