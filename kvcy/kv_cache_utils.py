@@ -55,7 +55,7 @@ from kvcy.hashing import (
     resolve_none_hash_seed,
     to_event_extra_keys,
 )
-from kvcy.kv_cache_sizing import (  # the sizing layer, seed 002
+from kvcy.kv_cache_sizing import (  # the memory-planning layer
     check_enough_kv_cache_memory,
     create_kv_cache_group_specs,
     estimate_max_model_len,

@@ -153,5 +153,5 @@ class KVCacheEvictionEvent:
     reuse_gaps_seconds: tuple[float, ...]
 
 
-#: The name seed 002 uses.
+#: An alias kept for callers that import ``CachingMetrics`` by its older vLLM name.
 PrefixCachingMetrics = CachingMetrics
