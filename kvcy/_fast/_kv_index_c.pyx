@@ -138,6 +138,16 @@ cdef object _buffer_error(Py_buffer *view):
                      f"(format 'Q' or 'L'), got format {fmt!r} with {view.ndim} dimension(s)")
 
 
+cdef struct _Staged:
+    # The events of one apply_events call, checked and copied aside before any is applied.
+    Py_ssize_t n                 # events
+    Py_ssize_t total, cap        # hashes copied, room for
+    Py_ssize_t nstore            # of them in BlockStored events
+    uint64_t *keys               # per hash: the int, or the digest of the bytes
+    PyObject **objs              # per hash: the bytes object (borrowed from the staged tuples), or NULL
+    Py_ssize_t *info             # per event: kind (0 stored, 1 removed, 2 cleared), medium id, count
+
+
 @cython.final
 cdef class KVIndex:
     """Which instance of a fleet holds which KV-cache block, from their KV events.
@@ -688,137 +698,168 @@ cdef class KVIndex:
         Raises:
             TypeError, ValueError: bad input (see the class docstring); nothing is applied then.
         """
-        cdef Py_ssize_t n, i, j, m, total = 0, cap = 0, nstore = 0, iid, k
-        cdef uint64_t *keys = NULL
-        cdef PyObject **objs = NULL
-        cdef Py_ssize_t *info = NULL     # per event: kind (0 stored, 1 removed, 2 cleared), mid, count
-        cdef PyObject **items
-        cdef int code
+        cdef _Staged st
+        cdef Py_ssize_t n, iid
         instance = _instance_name(instance, "instance")
         # A tuple: Python code run while checking (a hash list's ``__iter__``) cannot shrink it
-        # under the unchecked ``events[i]`` reads below.
+        # under the unchecked ``events[i]`` reads of ``_stage_events``.
         if type(events) is not tuple:
             events = tuple(events)
         n = len(<tuple>events)
+        memset(&st, 0, sizeof(_Staged))
         staged = []          # the events' hashes, as tuples: they keep the bytes alive
         ev_mediums = []
-        new_mediums = []     # new to the instance; made here: filled below with appends only
-        cdef Py_ssize_t nslots, nfree, fresh = 0
         try:
-            info = <Py_ssize_t *>PyMem_Malloc(<size_t>(3 * n + 1) * sizeof(Py_ssize_t))
-            if info == NULL:
-                raise MemoryError()
-            # 1. Check every event and copy its hashes (keys, and the bytes objects) aside.
-            for i in range(n):
-                ev = events[i]
-                if isinstance(ev, AllBlocksCleared):
-                    info[3 * i] = 2
-                    info[3 * i + 2] = 0
-                    ev_mediums.append(None)
-                    continue
-                if isinstance(ev, BlockStored):
-                    info[3 * i] = 0
-                elif isinstance(ev, BlockRemoved):
-                    info[3 * i] = 1
-                else:
-                    raise TypeError(f"events[{i}] is not a BlockStored, BlockRemoved or AllBlocksCleared: "
-                                    f"{type(ev).__name__}")
-                hashes = ev.block_hashes
-                if not isinstance(hashes, (list, tuple)):
-                    raise TypeError(f"events[{i}].block_hashes must be a list of block hashes, "
-                                    f"got {type(hashes).__name__}")
-                hashes = tuple(hashes)
-                staged.append(hashes)
-                m = len(<tuple>hashes)
-                if total + m > cap:
-                    k = max(2 * cap, total + m, 64)
-                    keys = <uint64_t *>_grow(keys, cap, k, sizeof(uint64_t))
-                    objs = <PyObject **>_grow(objs, cap, k, sizeof(PyObject *))
-                    cap = k
-                items = PySequence_Fast_ITEMS(hashes)
-                for j in range(m):
-                    code = _read_hash(items[j], &keys[total + j], &objs[total + j])
-                    if code:
-                        raise _hash_error(code, <object>items[j], f"events[{i}].block_hashes[{j}]")
-                total += m
-                if info[3 * i] == 0:
-                    nstore += m
-                info[3 * i + 2] = m
-                medium = ev.medium
-                _check_medium(medium, f"events[{i}].medium")
-                ev_mediums.append(medium)
-            # 2. From here on no Python code runs (a finalizer run by the garbage collector while
-            # the hashes were copied may have changed the index): count the new mediums, find the
-            # instance a place and reserve all the memory the events may take.
-            used = self._imeds.get(instance, ())
-            for i in range(n):
-                medium = ev_mediums[i]
-                if info[3 * i] != 2 and medium not in used and medium not in new_mediums:
-                    new_mediums.append(medium)
-            if new_mediums:
-                self._check_mediums(instance, used, new_mediums)
-                for medium in new_mediums:
-                    fresh += medium not in self._mids
-            nfree = len(self._mnames) - len(self._mids)
-            nslots = len(self._mnames) + (fresh - nfree if fresh > nfree else 0)
-            iid_obj = self._iids.get(instance)
-            if iid_obj is None:
-                if len(self._order) >= MAX_INSTANCES:
-                    raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
-                iid = self._free_iids[len(self._free_iids) - 1] if self._free_iids else self._inext_new
-            else:
-                iid = iid_obj
-            self._reserve(nstore, iid, nslots)
-            # 3. Commit: the names first, then the C work, which cannot fail.
-            if new_mediums:
-                mine = self._imeds.get(instance)
-                if mine is None:
-                    mine = self._imeds[instance] = set()
-                for medium in new_mediums:
-                    mine.add(medium)
-                    mid_obj = self._mids.get(medium)
-                    if mid_obj is None:
-                        mid_obj = self._new_mid()
-                        self._mids[medium] = mid_obj
-                        self._mnames[mid_obj] = medium
-                        self._musers[mid_obj] = 0
-                        self._mothers += medium not in _COMMON_MEDIUMS
-                    self._musers[mid_obj] += 1
-            if iid_obj is None:
-                if self._free_iids:
-                    self._free_iids.pop()
-                else:
-                    self._inext_new += 1
-                self._iids[instance] = iid
-                self._order.append(instance)
-                self._template = None
-                self._oiid[len(self._order) - 1] = <uint32_t>iid
-                self._alive[iid >> 6] |= (<uint64_t>1) << (iid & 63)
-                self._ihead[iid] = NIL
-                self._icount[iid] = 0
-            for i in range(n):
-                if info[3 * i] != 2:
-                    info[3 * i + 1] = self._mids[ev_mediums[i]]
-            k = 0
-            for i in range(n):
-                m = info[3 * i + 2]
-                if info[3 * i] == 0:
-                    for j in range(k, k + m):
-                        self._store(<uint32_t>iid, <uint32_t>info[3 * i + 1], keys[j], objs[j])
-                    self._blocks_stored += m
-                elif info[3 * i] == 1:
-                    for j in range(k, k + m):
-                        self._remove(<uint32_t>iid, <uint32_t>info[3 * i + 1], keys[j], objs[j])
-                else:
-                    self._all_blocks_cleared += 1
-                    self._entries_cleared += self._forget(<uint32_t>iid)
-                k += m
+            self._stage_events(<tuple>events, &st, staged, ev_mediums)
+            # From here on no Python code runs (a finalizer run by the garbage collector while
+            # the hashes were copied may have changed the index): what can fail is checked and
+            # all the memory the events may take is reserved before anything changes.
+            new_mediums = self._mediums_new_to(instance, &st, ev_mediums)
+            iid = self._make_room(instance, new_mediums, st.nstore)
+            self._commit_names(instance, iid, new_mediums)
+            self._apply_staged(<uint32_t>iid, &st, ev_mediums)
             self._events_applied += n
             return n
         finally:
-            PyMem_Free(keys)
-            PyMem_Free(objs)
-            PyMem_Free(info)
+            PyMem_Free(st.keys)
+            PyMem_Free(st.objs)
+            PyMem_Free(st.info)
+
+    # The phases of apply_events, with the pure twin's names: everything that can fail runs
+    # before anything changes.
+    cdef int _stage_events(self, tuple events, _Staged *st, list staged, list ev_mediums) except -1:
+        """Check every event and copy its hashes (keys, and the bytes objects) aside, with each
+        event's kind and count in ``st.info`` and its medium in ``ev_mediums``."""
+        cdef Py_ssize_t n = len(events), i, j, m, k
+        cdef PyObject **items
+        cdef int code
+        st.n = n
+        st.info = <Py_ssize_t *>PyMem_Malloc(<size_t>(3 * n + 1) * sizeof(Py_ssize_t))
+        if st.info == NULL:
+            raise MemoryError()
+        for i in range(n):
+            ev = events[i]
+            if isinstance(ev, AllBlocksCleared):
+                st.info[3 * i] = 2
+                st.info[3 * i + 2] = 0
+                ev_mediums.append(None)
+                continue
+            if isinstance(ev, BlockStored):
+                st.info[3 * i] = 0
+            elif isinstance(ev, BlockRemoved):
+                st.info[3 * i] = 1
+            else:
+                raise TypeError(f"events[{i}] is not a BlockStored, BlockRemoved or AllBlocksCleared: "
+                                f"{type(ev).__name__}")
+            hashes = ev.block_hashes
+            if not isinstance(hashes, (list, tuple)):
+                raise TypeError(f"events[{i}].block_hashes must be a list of block hashes, "
+                                f"got {type(hashes).__name__}")
+            hashes = tuple(hashes)
+            staged.append(hashes)
+            m = len(<tuple>hashes)
+            if st.total + m > st.cap:
+                k = max(2 * st.cap, st.total + m, 64)
+                st.keys = <uint64_t *>_grow(st.keys, st.cap, k, sizeof(uint64_t))
+                st.objs = <PyObject **>_grow(st.objs, st.cap, k, sizeof(PyObject *))
+                st.cap = k
+            items = PySequence_Fast_ITEMS(hashes)
+            for j in range(m):
+                code = _read_hash(items[j], &st.keys[st.total + j], &st.objs[st.total + j])
+                if code:
+                    raise _hash_error(code, <object>items[j], f"events[{i}].block_hashes[{j}]")
+            st.total += m
+            if st.info[3 * i] == 0:
+                st.nstore += m
+            st.info[3 * i + 2] = m
+            medium = ev.medium
+            _check_medium(medium, f"events[{i}].medium")
+            ev_mediums.append(medium)
+        return 0
+
+    cdef list _mediums_new_to(self, str instance, _Staged *st, list ev_mediums):
+        """The mediums the events name that ``instance`` has not named yet, in order of first
+        appearance; refused if they take the instance or the index past its bound."""
+        cdef Py_ssize_t i
+        new_mediums = []
+        used = self._imeds.get(instance, ())
+        for i in range(st.n):
+            medium = ev_mediums[i]
+            if st.info[3 * i] != 2 and medium not in used and medium not in new_mediums:
+                new_mediums.append(medium)
+        if new_mediums:
+            self._check_mediums(instance, used, new_mediums)
+        return new_mediums
+
+    cdef Py_ssize_t _make_room(self, str instance, list new_mediums, Py_ssize_t nstore) except -1:
+        """Refuse a new instance past ``MAX_INSTANCES``, and reserve the memory the events may
+        take (``nstore`` new entries, the new mediums); returns the instance's id (to be)."""
+        cdef Py_ssize_t nslots, nfree, fresh = 0, iid
+        for medium in new_mediums:
+            fresh += medium not in self._mids
+        nfree = len(self._mnames) - len(self._mids)
+        nslots = len(self._mnames) + (fresh - nfree if fresh > nfree else 0)
+        iid_obj = self._iids.get(instance)
+        if iid_obj is None:
+            if len(self._order) >= MAX_INSTANCES:
+                raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
+            iid = self._free_iids[len(self._free_iids) - 1] if self._free_iids else self._inext_new
+        else:
+            iid = iid_obj
+        self._reserve(nstore, iid, nslots)
+        return iid
+
+    cdef int _commit_names(self, str instance, Py_ssize_t iid, list new_mediums) except -1:
+        """Register ``instance`` (id ``iid``) if it is new, and its new mediums."""
+        if new_mediums:
+            mine = self._imeds.get(instance)
+            if mine is None:
+                mine = self._imeds[instance] = set()
+            for medium in new_mediums:
+                mine.add(medium)
+                mid_obj = self._mids.get(medium)
+                if mid_obj is None:
+                    mid_obj = self._new_mid()
+                    self._mids[medium] = mid_obj
+                    self._mnames[mid_obj] = medium
+                    self._musers[mid_obj] = 0
+                    self._mothers += medium not in _COMMON_MEDIUMS
+                self._musers[mid_obj] += 1
+        if instance not in self._iids:
+            if self._free_iids:
+                self._free_iids.pop()
+            else:
+                self._inext_new += 1
+            self._iids[instance] = iid
+            self._order.append(instance)
+            self._template = None
+            self._oiid[len(self._order) - 1] = <uint32_t>iid
+            self._alive[iid >> 6] |= (<uint64_t>1) << (iid & 63)
+            self._ihead[iid] = NIL
+            self._icount[iid] = 0
+        return 0
+
+    cdef int _apply_staged(self, uint32_t iid, _Staged *st, list ev_mediums) except -1:
+        """Apply the checked events, in order: C work that cannot fail."""
+        cdef Py_ssize_t i, j, m, k = 0
+        cdef Py_ssize_t *info = st.info
+        for i in range(st.n):
+            if info[3 * i] != 2:
+                info[3 * i + 1] = self._mids[ev_mediums[i]]
+        for i in range(st.n):
+            m = info[3 * i + 2]
+            if info[3 * i] == 0:
+                for j in range(k, k + m):
+                    self._store(iid, <uint32_t>info[3 * i + 1], st.keys[j], st.objs[j])
+                self._blocks_stored += m
+            elif info[3 * i] == 1:
+                for j in range(k, k + m):
+                    self._remove(iid, <uint32_t>info[3 * i + 1], st.keys[j], st.objs[j])
+            else:
+                self._all_blocks_cleared += 1
+                self._entries_cleared += self._forget(iid)
+            k += m
+        return 0
 
     def remove_instance(self, instance: str) -> None:
         """Forget ``instance`` and all it holds (it restarted, or fell silent); unknown: a no-op.

@@ -308,9 +308,19 @@ class KVIndex:
         instance = _instance_name(instance)
         if type(events) is not tuple:  # a snapshot, as the compiled twin takes: checks cannot change it
             events = tuple(events)
-        used = self._mediums_of.get(instance, ())
-        new_mediums: list[Medium] = []  # new to the instance
-        # Each event's hashes and medium, read once (as the compiled twin does): applied as checked.
+        staged = self._stage_events(events)
+        new_mediums = self._mediums_new_to(instance, staged)
+        self._make_room(instance)
+        self._commit_names(instance, new_mediums)
+        self._apply_staged(instance, staged)
+        self._stats["events_applied"] += len(events)
+        return len(events)
+
+    # The phases of apply_events, with the compiled twin's names: everything that can fail runs
+    # before anything changes.
+    def _stage_events(self, events: tuple) -> list[tuple[int, Medium, Sequence[Hash]]]:
+        """Check every event; each one's kind (0 stored, 1 removed, 2 cleared), medium and hashes,
+        read once (as the compiled twin does), so that they are applied as checked."""
         staged: list[tuple[int, Medium, Sequence[Hash]]] = []
         for i, ev in enumerate(events):
             if isinstance(ev, AllBlocksCleared):
@@ -327,12 +337,27 @@ class KVIndex:
             medium = ev.medium
             _check_medium(medium, f"events[{i}].medium")
             staged.append((0 if isinstance(ev, BlockStored) else 1, medium, hashes))
-            if medium not in used and medium not in new_mediums:
+        return staged
+
+    def _mediums_new_to(self, instance: str, staged: list[tuple[int, Medium, Sequence[Hash]]]) -> list[Medium]:
+        """The mediums the events name that ``instance`` has not named yet, in order of first
+        appearance; refused if they take the instance past its bound."""
+        used = self._mediums_of.get(instance, ())
+        new_mediums: list[Medium] = []
+        for kind, medium, _ in staged:
+            if kind != 2 and medium not in used and medium not in new_mediums:
                 new_mediums.append(medium)
         _check_mediums(self, instance, new_mediums)
+        return new_mediums
+
+    def _make_room(self, instance: str) -> None:
+        """Refuse a new instance past ``MAX_INSTANCES`` (the compiled twin also reserves memory here)."""
+        if instance not in self._by_instance and len(self._by_instance) >= MAX_INSTANCES:
+            raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
+
+    def _commit_names(self, instance: str, new_mediums: list[Medium]) -> None:
+        """Register ``instance`` if it is new, and its new mediums."""
         if instance not in self._by_instance:
-            if len(self._by_instance) >= MAX_INSTANCES:
-                raise ValueError(f"the index holds at most {MAX_INSTANCES} instances")
             self._by_instance[instance] = {}
             bit = next(b for b in range(len(self._names) + 1) if b not in self._names)
             self._bit[instance] = bit
@@ -346,6 +371,9 @@ class KVIndex:
                 self._users[medium] = 0
                 self._others += medium not in _COMMON_MEDIUMS
             self._users[medium] += 1
+
+    def _apply_staged(self, instance: str, staged: list[tuple[int, Medium, Sequence[Hash]]]) -> None:
+        """Apply the checked events, in order."""
         for kind, medium, hashes in staged:
             if kind == 0:
                 for h in hashes:
@@ -358,8 +386,6 @@ class KVIndex:
                 self._stats["all_blocks_cleared"] += 1
                 self._stats["entries_cleared"] += len(self._by_instance[instance])
                 self._forget(instance)
-        self._stats["events_applied"] += len(events)
-        return len(events)
 
     def _store(self, instance: str, medium: Medium, h: Hash) -> None:
         key = (instance, medium, h)
