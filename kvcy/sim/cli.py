@@ -292,10 +292,43 @@ def _progress_bar(enabled: bool, total: int) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvcy.sim.report import build_report, format_report
+    from kvcy.sim.report import build_report
 
     if args.instances is None and args.router is None:
         _impls(args.impl)  # refused before the trace is read (the fleet has its own refusals first)
+    plot_path = _checked_plot_path(args)
+    trace = _load_trace(args)
+    if not len(trace):
+        raise ValueError("the trace has no requests")
+    num_blocks = _num_blocks(args)
+    if args.instances is not None or args.router is not None:
+        return _run_fleet(args, trace, num_blocks, plot_path)
+    impls = _impls(args.impl)
+    config, bytes_per_block = _replay_config(args, num_blocks)
+    # Every run (each implementation, then the --plot sweep) is built before
+    # the first starts, so that a bad sweep size fails in a second, not after
+    # the main replay; one progress bar covers them all.
+    sweep_configs = _sweep_configs(args, config) if plot_path is not None else []
+    outcome = _replay_runs(args, trace, config, impls, sweep_configs)
+    if outcome is None:
+        return 1
+    results, sweep, offload_sweep = outcome
+    identical: bool | None = None
+    if len(results) > 1:
+        identical = all(r.step_digests == results[0].step_digests for r in results[1:])
+        if not identical:  # pragma: no cover - replay raises Divergence first
+            print("DECISIONS DIFFER between implementations", file=sys.stderr)
+            return 1
+
+    rep = build_report(trace, results, identical, bytes_per_block=bytes_per_block)
+    if plot_path is not None:
+        _plot(rep, plot_path, trace, config, results, sweep, offload_sweep)
+    _print_report(rep, args, plot_path)
+    return 0
+
+
+def _checked_plot_path(args: argparse.Namespace) -> Path | None:
+    """``--plot``'s file, refused before the replay when it cannot be written (or matplotlib is missing)."""
     plot_path = Path(args.plot) if args.plot else None
     if plot_path is not None:
         if plot_path.suffix.lower() != ".png":
@@ -305,13 +338,11 @@ def _run(args: argparse.Namespace) -> int:
         from kvcy.sim.plot import _pyplot
 
         _pyplot()  # fail early, before the replay, when matplotlib is missing
-    trace = _load_trace(args)
-    if not len(trace):
-        raise ValueError("the trace has no requests")
-    num_blocks = _num_blocks(args)
-    if args.instances is not None or args.router is not None:
-        return _run_fleet(args, trace, num_blocks, plot_path)
-    impls = _impls(args.impl)
+    return plot_path
+
+
+def _replay_config(args: argparse.Namespace, num_blocks: int) -> tuple[ReplayConfig, int | None]:
+    """The replay's configuration, and the bytes of one block when a CPU tier is sized from them."""
     cpu_blocks = 0
     bytes_per_block = None
     if args.cpu_offload is not None:
@@ -335,31 +366,47 @@ def _run(args: argparse.Namespace) -> int:
         cpu_offload_blocks=cpu_blocks,
         offload_policy=args.offload_policy,
     )
-    # Every run (each implementation, then the --plot sweep) is built before
-    # the first starts, so that a bad sweep size fails in a second, not after
-    # the main replay; one progress bar covers them all.
+    return config, bytes_per_block
+
+
+def _sweep_configs(args: argparse.Namespace, config: ReplayConfig) -> list[ReplayConfig]:
+    """The --plot sweep's runs: GPU pool sizes, then (with a CPU tier) CPU-tier sizes per policy."""
+    cpu_blocks = config.cpu_offload_blocks
     sweep_configs: list[ReplayConfig] = []
-    if plot_path is not None:
-        # With a CPU tier the run's own GPU hit rate is not a GPU-only one:
-        # the sweep then replays the run's pool size without the tier too.
-        sizes = set() if cpu_blocks else {config.num_blocks}
-        for f in args.sweep:
-            n = max(2, int(round(config.num_blocks * f)))
-            if n > MAX_NUM_BLOCKS:
-                raise ValueError(
-                    f"--sweep {f:g} x {config.num_blocks:,} blocks is more than the replay takes ({MAX_NUM_BLOCKS:,})"
-                )
-            if n not in sizes:
-                sizes.add(n)
-                # the GPU sweep is GPU-only: hit rate against the GPU pool's size
-                sweep_configs.append(ReplayConfig(**{**config.__dict__, "num_blocks": n, "cpu_offload_blocks": 0}))
-        if cpu_blocks:
-            # total hit rate against the CPU tier's size, for both policies
-            for policy in ("lru", "arc"):
-                for f in sorted(set(args.offload_sweep)):
-                    n = max(1, int(round((config.num_blocks - 1) * f)))
-                    sweep_configs.append(ReplayConfig(**{**config.__dict__, "cpu_offload_blocks": n,
-                                                         "offload_policy": policy}))
+    # With a CPU tier the run's own GPU hit rate is not a GPU-only one:
+    # the sweep then replays the run's pool size without the tier too.
+    sizes = set() if cpu_blocks else {config.num_blocks}
+    for f in args.sweep:
+        n = max(2, int(round(config.num_blocks * f)))
+        if n > MAX_NUM_BLOCKS:
+            raise ValueError(
+                f"--sweep {f:g} x {config.num_blocks:,} blocks is more than the replay takes ({MAX_NUM_BLOCKS:,})"
+            )
+        if n not in sizes:
+            sizes.add(n)
+            # the GPU sweep is GPU-only: hit rate against the GPU pool's size
+            sweep_configs.append(ReplayConfig(**{**config.__dict__, "num_blocks": n, "cpu_offload_blocks": 0}))
+    if cpu_blocks:
+        # total hit rate against the CPU tier's size, for both policies
+        for policy in ("lru", "arc"):
+            for f in sorted(set(args.offload_sweep)):
+                n = max(1, int(round((config.num_blocks - 1) * f)))
+                sweep_configs.append(ReplayConfig(**{**config.__dict__, "cpu_offload_blocks": n,
+                                                     "offload_policy": policy}))
+    return sweep_configs
+
+
+def _replay_runs(
+    args: argparse.Namespace, trace: Trace, config: ReplayConfig, impls: list[str], sweep_configs: list[ReplayConfig]
+) -> tuple[list[ReplayResult], list[tuple[int, float, int]], list[tuple[str, int, float, float]]] | None:
+    """Replay once per implementation (each checked step by step against the first), then the sweep.
+
+    Returns:
+        The implementations' results, the GPU sweep ``(num_blocks, hit rate, rejected)`` and the
+        CPU-tier sweep ``(policy, cpu blocks, total hit rate, GPU hit rate)``; None when the
+        implementations' decisions diverged (said on stderr).
+    """
+    cpu_blocks = config.cpu_offload_blocks
     runs = [(impl, config) for impl in impls] + [(impls[0], cfg) for cfg in sweep_configs]
     bar = _progress_bar(not args.no_progress and sys.stderr.isatty(), total=len(trace) * len(runs))
     progress = bar if bar is not None else False
@@ -385,7 +432,7 @@ def _run(args: argparse.Namespace) -> int:
                 if bar is not None:
                     bar.close()
                 print(_divergence_message(trace, config, results[0].impl, err), file=sys.stderr)
-                return 1
+                return None
         if not cpu_blocks:
             sweep.append((config.num_blocks, results[0].hit_rate, results[0].rejected))
         for k, (impl, cfg) in enumerate(runs[len(impls):], len(impls) + 1):
@@ -398,39 +445,48 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    identical: bool | None = None
-    if len(results) > 1:
-        identical = all(r.step_digests == results[0].step_digests for r in results[1:])
-        if not identical:  # pragma: no cover - replay raises Divergence first
-            print("DECISIONS DIFFER between implementations", file=sys.stderr)
-            return 1
+    return results, sweep, offload_sweep
 
-    rep = build_report(trace, results, identical, bytes_per_block=bytes_per_block)
-    if plot_path is not None:
-        from kvcy.sim.plot import plot_replay
-        from kvcy.sim.traces import hit_rate_upper_bound
 
-        gpu_only_rate = next((h for n, h, _ in sweep if n == config.num_blocks), None)
-        plot_replay(
-            plot_path,
-            [(n, h) for n, h, _ in sweep],
-            {r.impl: r.step_ns for r in results},
-            block_size=config.block_size,
-            chosen_blocks=config.num_blocks,
-            upper_bound=hit_rate_upper_bound(trace, config.block_size),
-            title=f"kvcy replay: {trace.name}, {len(trace):,} requests, block size {config.block_size}",
-            offload_sweep=[(p, n, t) for p, n, t, _ in offload_sweep] if cpu_blocks else None,
-            chosen_cpu_blocks=cpu_blocks or None,
-            gpu_only_rate=gpu_only_rate,
-        )
-        rep["plot"] = {"path": str(plot_path), "sweep": [
-            {"num_blocks": n, "hit_rate": h, "rejected": rej} for n, h, rej in sorted(sweep)
-        ]}
-        if cpu_blocks:
-            rep["plot"]["offload_sweep"] = [
-                {"policy": p, "cpu_blocks": n, "total_hit_rate": t, "gpu_hit_rate": g}
-                for p, n, t, g in offload_sweep
-            ]
+def _plot(
+    rep: dict[str, Any],
+    plot_path: Path,
+    trace: Trace,
+    config: ReplayConfig,
+    results: list[ReplayResult],
+    sweep: list[tuple[int, float, int]],
+    offload_sweep: list[tuple[str, int, float, float]],
+) -> None:
+    """Write the --plot PNG and record its sweeps in the report."""
+    from kvcy.sim.plot import plot_replay
+    from kvcy.sim.traces import hit_rate_upper_bound
+
+    cpu_blocks = config.cpu_offload_blocks
+    gpu_only_rate = next((h for n, h, _ in sweep if n == config.num_blocks), None)
+    plot_replay(
+        plot_path,
+        [(n, h) for n, h, _ in sweep],
+        {r.impl: r.step_ns for r in results},
+        block_size=config.block_size,
+        chosen_blocks=config.num_blocks,
+        upper_bound=hit_rate_upper_bound(trace, config.block_size),
+        title=f"kvcy replay: {trace.name}, {len(trace):,} requests, block size {config.block_size}",
+        offload_sweep=[(p, n, t) for p, n, t, _ in offload_sweep] if cpu_blocks else None,
+        chosen_cpu_blocks=cpu_blocks or None,
+        gpu_only_rate=gpu_only_rate,
+    )
+    rep["plot"] = {"path": str(plot_path), "sweep": [
+        {"num_blocks": n, "hit_rate": h, "rejected": rej} for n, h, rej in sorted(sweep)
+    ]}
+    if cpu_blocks:
+        rep["plot"]["offload_sweep"] = [
+            {"policy": p, "cpu_blocks": n, "total_hit_rate": t, "gpu_hit_rate": g}
+            for p, n, t, g in offload_sweep
+        ]
+
+
+def _print_report(rep: dict[str, Any], args: argparse.Namespace, plot_path: Path | None) -> None:
+    from kvcy.sim.report import format_report
 
     if args.json:
         print(json.dumps(rep, indent=2, allow_nan=False))
@@ -438,7 +494,6 @@ def _run(args: argparse.Namespace) -> int:
         print(format_report(rep))
         if plot_path is not None:
             print(f"\nplot written to {plot_path}")
-    return 0
 
 
 def _run_fleet(args: argparse.Namespace, trace: Trace, num_blocks: int, plot_path: Path | None) -> int:
