@@ -202,7 +202,7 @@ def replay_fleet(
             :func:`~kvcy.sim.scheduler.replay`.
         RuntimeError: an instance's loop stopped making progress.
     """
-    from kvcy.kv_events import KVEventBatch, external_block_hash
+    from kvcy.kv_events import KVEventBatch
     from kvcy.kv_index import KVIndex
     from kvcy.sim.scheduler import _prepare, _progress_bar
 
@@ -215,23 +215,10 @@ def replay_fleet(
     names = [f"instance-{i}" for i in range(n)]
     bar, own_bar = _progress_bar(progress, impl, len(trace))
 
-    loops: list[_ReplayLoop] = []
-    for i in range(n):
-        mgr = build_manager(impl, config, max_model_len, kv_events=True)
-        res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
-        res.timer_overhead_ns = timer_overhead
-        loops.append(_ReplayLoop(res, mgr, [], hasher, request_class(mgr), None, bar=bar, names=None,
-                                 capture_step=None, expected_digests=None))
+    loops = [_instance_loop(trace, config, impl, hasher, max_model_len, timer_overhead, bar) for _ in range(n)]
     use_int = bool(loops[0].mgr.block_pool.use_int_block_hashes)
-
     index = KVIndex(max_blocks=fleet.index_max_blocks)
-    transport: Any
-    if fleet.transport == "direct":
-        transport = _DirectTransport(index, names)
-    else:
-        from kvcy.sim.fleet_zmq import ZmqTransport
-
-        transport = ZmqTransport(index, names)
+    transport = _make_transport(fleet, index, names)
 
     out = FleetResult(impl=impl, trace=trace.name, config=config, fleet=fleet,
                       instances=[lp.res for lp in loops], routed=[0] * n, routed_tokens=[0] * n)
@@ -239,49 +226,19 @@ def replay_fleet(
     rejected = len(trace) - len(accepted)
     if bar is not None and rejected:
         bar.update(rejected)
-    router = fleet.router
-    block_size = config.block_size
-    perf = time.perf_counter_ns
     wall0 = time.perf_counter()
     k = 0
     try:
         while True:
-            # The instance whose next step starts first (an idle one with a
-            # routed request starts at that request's arrival).
-            t_next, nxt = None, -1
-            for i, lp in enumerate(loops):
-                if lp.waiting or lp.running:
-                    t = lp.clock
-                elif lp.pending:
-                    t = max(lp.clock, lp.pending[0].arrival_ms)
-                else:
-                    continue
-                if t_next is None or t < t_next:
-                    t_next, nxt = t, i
+            t_next, nxt = _next_instance(loops)
             if accepted and (t_next is None or accepted[0].arrival_ms <= t_next):
                 tr = accepted.popleft()
                 # (the request is built, and its prompt hashed, once: the
                 # chosen instance takes it over)
                 req = loops[0].request_cls(tr.request_id, tr.prompt_token_ids(), max_tokens=tr.num_output_tokens,
                                            block_hasher=hasher, arrival_time=tr.arrival_ms / 1000.0)
-                t0 = perf()
-                transport.drain()
-                t1 = perf()
-                out.apply_ns += t1 - t0
-                hashes = [external_block_hash(h, use_int) for h in req.block_hashes]
-                held = index.longest_prefix(hashes)
-                if router == "round-robin":
-                    choice = k % n
-                else:  # (loads only where the router reads them)
-                    loads = [_outstanding(lp) for lp in loops]
-                    if router == "least-loaded":
-                        choice = min(range(n), key=lambda j: (loads[j][0], loads[j][1], j))
-                    else:
-                        prompt = tr.num_prompt_tokens
-                        choice = min(range(n), key=lambda j: (
-                            prompt - min(prompt, held.get(names[j], 0) * block_size) + loads[j][1], j))
-                out.route_ns += perf() - t1
-                out.predicted_hit_tokens += min(tr.num_prompt_tokens, held.get(names[choice], 0) * block_size)
+                choice = _route(out, fleet.router, k, tr, req, loops, names, transport, index, use_int,
+                                config.block_size)
                 k += 1
                 out.routed[choice] += 1
                 out.routed_tokens[choice] += tr.num_prompt_tokens
@@ -308,10 +265,90 @@ def replay_fleet(
     if rejected:
         out.instances[0].rejected = rejected
     out.events = transport.stats()
-    # What the index says each instance holds, beside what its pool caches
-    # (distinct cache keys): equal once every batch has been applied.
-    out.index = {"instances": len(index.instances), "blocks": index.num_blocks(), "memory_bytes": index.memory_bytes,
-                 "per_instance_blocks": [index.num_blocks(name) if name in index.instances else 0 for name in names],
-                 "per_instance_cached": [len(lp.mgr.block_pool.cached_block_hash_to_block) for lp in loops],
-                 "stats": dict(index.stats)}
+    out.index = _index_summary(index, names, loops)
     return out
+
+
+def _instance_loop(
+    trace: Trace, config: ReplayConfig, impl: str, hasher: Any, max_model_len: int, timer_overhead: int, bar: Any
+) -> _ReplayLoop:
+    """One instance: the replay's scheduler loop around its own manager, KV events on."""
+    mgr = build_manager(impl, config, max_model_len, kv_events=True)
+    res = ReplayResult(impl=impl, trace=trace.name, config=config, max_model_len=max_model_len)
+    res.timer_overhead_ns = timer_overhead
+    return _ReplayLoop(res, mgr, [], hasher, request_class(mgr), None, bar=bar, names=None,
+                       capture_step=None, expected_digests=None)
+
+
+def _make_transport(fleet: FleetConfig, index: Any, names: list[str]) -> Any:
+    """How the instances' event batches reach the router's index: at once, or over ZeroMQ."""
+    if fleet.transport == "direct":
+        return _DirectTransport(index, names)
+    from kvcy.sim.fleet_zmq import ZmqTransport
+
+    return ZmqTransport(index, names)
+
+
+def _next_instance(loops: list[_ReplayLoop]) -> tuple[float | None, int]:
+    """The instance whose next step starts first, and when (an idle one with a routed request
+    starts at that request's arrival); ``(None, -1)`` when every instance is done."""
+    t_next, nxt = None, -1
+    for i, lp in enumerate(loops):
+        if lp.waiting or lp.running:
+            t = lp.clock
+        elif lp.pending:
+            t = max(lp.clock, lp.pending[0].arrival_ms)
+        else:
+            continue
+        if t_next is None or t < t_next:
+            t_next, nxt = t, i
+    return t_next, nxt
+
+
+def _route(
+    out: FleetResult,
+    router: str,
+    k: int,
+    tr: TraceRequest,
+    req: Any,
+    loops: list[_ReplayLoop],
+    names: list[str],
+    transport: Any,
+    index: Any,
+    use_int: bool,
+    block_size: int,
+) -> int:
+    """The instance for the ``k``-th routed request: the index first takes in the batches that
+    have arrived, then the router chooses (both timed into ``out``)."""
+    from kvcy.kv_events import external_block_hash
+
+    perf = time.perf_counter_ns
+    n = len(loops)
+    t0 = perf()
+    transport.drain()
+    t1 = perf()
+    out.apply_ns += t1 - t0
+    hashes = [external_block_hash(h, use_int) for h in req.block_hashes]
+    held = index.longest_prefix(hashes)
+    if router == "round-robin":
+        choice = k % n
+    else:  # (loads only where the router reads them)
+        loads = [_outstanding(lp) for lp in loops]
+        if router == "least-loaded":
+            choice = min(range(n), key=lambda j: (loads[j][0], loads[j][1], j))
+        else:
+            prompt = tr.num_prompt_tokens
+            choice = min(range(n), key=lambda j: (
+                prompt - min(prompt, held.get(names[j], 0) * block_size) + loads[j][1], j))
+    out.route_ns += perf() - t1
+    out.predicted_hit_tokens += min(tr.num_prompt_tokens, held.get(names[choice], 0) * block_size)
+    return choice
+
+
+def _index_summary(index: Any, names: list[str], loops: list[_ReplayLoop]) -> dict[str, Any]:
+    """What the index says each instance holds, beside what its pool caches (distinct cache
+    keys): equal once every batch has been applied."""
+    return {"instances": len(index.instances), "blocks": index.num_blocks(), "memory_bytes": index.memory_bytes,
+            "per_instance_blocks": [index.num_blocks(name) if name in index.instances else 0 for name in names],
+            "per_instance_cached": [len(lp.mgr.block_pool.cached_block_hash_to_block) for lp in loops],
+            "stats": dict(index.stats)}
