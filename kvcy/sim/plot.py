@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["MissingMatplotlib", "plot_fleet", "plot_replay"]
 
@@ -79,32 +80,56 @@ def plot_replay(
         fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(18, 4.6))
     else:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    _plot_cache_sweep(plt, ax1, sweep, block_size, chosen_blocks, upper_bound)
+    _plot_step_times(ax2, step_ns)
+    if offload_sweep:
+        _plot_offload_sweep(plt, ax3, offload_sweep, block_size, chosen_cpu_blocks, gpu_only_rate, upper_bound)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
+
+def _plot_cache_sweep(
+    plt: Any,
+    ax: Any,
+    sweep: Sequence[tuple[int, float]],
+    block_size: int,
+    chosen_blocks: int | None,
+    upper_bound: float | None,
+) -> None:
+    """The first panel: hit rate against the GPU pool's size."""
     pts = sorted(sweep)
     if pts:
         xs = [n * block_size for n, _ in pts]
         ys = [100.0 * h for _, h in pts]
-        ax1.plot(xs, ys, "o-", color="tab:blue")
+        ax.plot(xs, ys, "o-", color="tab:blue")
         for x, y in zip(xs, ys):
-            ax1.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
-        ax1.set_xscale("log", base=2)
-        ax1.set_xticks(xs)
-        ax1.xaxis.set_major_formatter(_token_formatter())
-        ax1.xaxis.set_minor_formatter(plt.NullFormatter())
+            ax.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs)
+        ax.xaxis.set_major_formatter(_token_formatter())
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         if chosen_blocks is not None:
-            ax1.axvline(chosen_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
+            ax.axvline(chosen_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
         top = max(ys)
         if upper_bound is not None:
-            ax1.axhline(100.0 * upper_bound, color="tab:red", ls=":", lw=1.2,
-                        label=f"every earlier block cached: {100.0 * upper_bound:.1f}%")
+            ax.axhline(100.0 * upper_bound, color="tab:red", ls=":", lw=1.2,
+                       label=f"every earlier block cached: {100.0 * upper_bound:.1f}%")
             top = max(top, 100.0 * upper_bound)
-        ax1.legend(loc="upper left", fontsize=8)
-        ax1.set_ylim(0, max(5.0, top * 1.2))
-    ax1.set_xlabel(f"KV-cache size (tokens; block size {block_size})")
-    ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
-    ax1.set_title("hit rate against cache size")
-    ax1.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+        ax.set_ylim(0, max(5.0, top * 1.2))
+    ax.set_xlabel(f"KV-cache size (tokens; block size {block_size})")
+    ax.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
+    ax.set_title("hit rate against cache size")
+    ax.grid(True, alpha=0.3)
 
+
+def _plot_step_times(ax: Any, step_ns: Mapping[str, Sequence[int]]) -> None:
+    """The second panel: histograms of per-step manager time, one per implementation."""
     colors = {"cython": "tab:orange", "python": "tab:green"}
     positive = [v for series in step_ns.values() for v in series if v > 0]
     if positive:
@@ -120,58 +145,60 @@ def plot_replay(
             p50 = s[len(s) // 2]
             p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
             color = colors.get(name, None)
-            ax2.hist(us, bins=bins, histtype="step", lw=1.6, color=color,
-                     label=f"{name}: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs")
-            ax2.axvline(p50, color=color, ls=":", lw=1)
-        ax2.set_xscale("log")
-        ax2.legend(fontsize=8)
-    ax2.set_xlabel("manager CPU time per scheduler step (µs)")
-    ax2.set_ylabel("steps")
-    ax2.set_title("per-step manager time")
-    ax2.grid(True, alpha=0.3)
+            ax.hist(us, bins=bins, histtype="step", lw=1.6, color=color,
+                    label=f"{name}: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs")
+            ax.axvline(p50, color=color, ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("manager CPU time per scheduler step (µs)")
+    ax.set_ylabel("steps")
+    ax.set_title("per-step manager time")
+    ax.grid(True, alpha=0.3)
 
-    if offload_sweep:
-        policy_colors = {"lru": "tab:purple", "arc": "tab:brown"}
-        tops = []
-        for k, policy in enumerate(sorted({p for p, _, _ in offload_sweep})):
-            pts = sorted((n, h) for p, n, h in offload_sweep if p == policy)
-            xs = [n * block_size for n, _ in pts]
-            ys = [100.0 * h for _, h in pts]
-            tops += ys
-            color = policy_colors.get(policy)
-            ax3.plot(xs, ys, "o-", color=color, label=f"GPU + CPU, {policy}")
-            for x, y in zip(xs, ys):  # one policy's labels above its points, the other's below
-                ax3.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7 if k == 0 else -13),
-                             ha="center", fontsize=7, color=color)
-        xs = sorted({n * block_size for _, n, _ in offload_sweep})
-        ax3.set_xscale("log", base=2)
-        ax3.set_xticks(xs)
-        ax3.xaxis.set_major_formatter(_token_formatter())
-        ax3.xaxis.set_minor_formatter(plt.NullFormatter())
-        if chosen_cpu_blocks is not None:
-            ax3.axvline(chosen_cpu_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
-        if gpu_only_rate is not None:
-            ax3.axhline(100.0 * gpu_only_rate, color="tab:blue", ls="--", lw=1.2,
-                        label=f"GPU only: {100.0 * gpu_only_rate:.1f}%")
-            tops.append(100.0 * gpu_only_rate)
-        if upper_bound is not None:
-            ax3.axhline(100.0 * upper_bound, color="tab:red", ls=":", lw=1.2,
-                        label=f"every earlier block cached: {100.0 * upper_bound:.1f}%")
-            tops.append(100.0 * upper_bound)
-        ax3.set_ylim(0, max(5.0, max(tops) * 1.2))
-        ax3.legend(loc="upper left", fontsize=8)
-        ax3.set_xlabel(f"CPU-tier size (tokens; block size {block_size})")
-        ax3.set_ylabel("total hit rate (% of prompt tokens)")
-        ax3.set_title("GPU + CPU hit rate against CPU-tier size")
-        ax3.grid(True, alpha=0.3)
 
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+def _plot_offload_sweep(
+    plt: Any,
+    ax: Any,
+    offload_sweep: Sequence[tuple[str, int, float]],
+    block_size: int,
+    chosen_cpu_blocks: int | None,
+    gpu_only_rate: float | None,
+    upper_bound: float | None,
+) -> None:
+    """The third panel: total (GPU + CPU) hit rate against the CPU tier's size, per policy."""
+    policy_colors = {"lru": "tab:purple", "arc": "tab:brown"}
+    tops = []
+    for k, policy in enumerate(sorted({p for p, _, _ in offload_sweep})):
+        pts = sorted((n, h) for p, n, h in offload_sweep if p == policy)
+        xs = [n * block_size for n, _ in pts]
+        ys = [100.0 * h for _, h in pts]
+        tops += ys
+        color = policy_colors.get(policy)
+        ax.plot(xs, ys, "o-", color=color, label=f"GPU + CPU, {policy}")
+        for x, y in zip(xs, ys):  # one policy's labels above its points, the other's below
+            ax.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(0, 7 if k == 0 else -13),
+                        ha="center", fontsize=7, color=color)
+    xs = sorted({n * block_size for _, n, _ in offload_sweep})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.xaxis.set_major_formatter(_token_formatter())
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    if chosen_cpu_blocks is not None:
+        ax.axvline(chosen_cpu_blocks * block_size, color="gray", ls="--", lw=1, label="this run")
+    if gpu_only_rate is not None:
+        ax.axhline(100.0 * gpu_only_rate, color="tab:blue", ls="--", lw=1.2,
+                   label=f"GPU only: {100.0 * gpu_only_rate:.1f}%")
+        tops.append(100.0 * gpu_only_rate)
+    if upper_bound is not None:
+        ax.axhline(100.0 * upper_bound, color="tab:red", ls=":", lw=1.2,
+                   label=f"every earlier block cached: {100.0 * upper_bound:.1f}%")
+        tops.append(100.0 * upper_bound)
+    ax.set_ylim(0, max(5.0, max(tops) * 1.2))
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_xlabel(f"CPU-tier size (tokens; block size {block_size})")
+    ax.set_ylabel("total hit rate (% of prompt tokens)")
+    ax.set_title("GPU + CPU hit rate against CPU-tier size")
+    ax.grid(True, alpha=0.3)
 
 
 def plot_fleet(
