@@ -51,52 +51,10 @@ def build_report(
         raise ValueError("no replay results to report")
     r = results[0]
     cfg = r.config
-    impls: dict[str, Any] = {}
-    for res in results:
-        impls[res.impl] = {
-            "manager_cpu_s": res.manager_ns / 1e9,
-            "manager_cpu_s_timer_included": res.manager_ns_raw / 1e9,
-            "timer_overhead_ns_per_call": res.timer_overhead_ns,
-            "manager_calls": res.manager_calls,
-            "per_step": _per_step(res),
-            "replay_wall_s": res.wall_s,
-            "decisions_digest": res.decisions_digest,
-        }
-        if res.offload_impl is not None:
-            impls[res.impl]["offload"] = {
-                "twin": res.offload_impl,
-                "cpu_s": res.offload_ns / 1e9,
-                "cpu_s_timer_included": res.offload_ns_raw / 1e9,
-                "timed_calls": res.offload_calls,
-                "per_step": _offload_per_step(res),
-            }
-    speedup = speedup_raw = None
-    by = {res.impl: res for res in results}
-    if "cython" in by and "python" in by and by["cython"].manager_ns > 0:
-        speedup = by["python"].manager_ns / by["cython"].manager_ns
-        if by["cython"].manager_ns_raw > 0:
-            speedup_raw = by["python"].manager_ns_raw / by["cython"].manager_ns_raw
+    impls = {res.impl: _timings(res) for res in results}
+    speedup, speedup_raw = _speedups(results)
     upper_bound = hit_rate_upper_bound(trace, cfg.block_size)
-    offload = None
-    if cfg.cpu_offload_blocks:
-        offload = {
-            "cpu_blocks": cfg.cpu_offload_blocks,
-            "cpu_tokens": cfg.cpu_offload_blocks * cfg.block_size,
-            "times_gpu_pool": cfg.cpu_offload_blocks / (cfg.num_blocks - 1),
-            "policy": cfg.offload_policy,
-            "cpu_hit_tokens": r.cpu_hit_tokens,
-            "cpu_hit_rate": r.cpu_hit_tokens / r.query_tokens if r.query_tokens else 0.0,
-            "total_hit_rate": r.total_hit_rate,
-            "hit_rate_upper_bound": upper_bound,
-            "recompute_cpu_hit_tokens": r.recompute_cpu_hit_tokens,
-            "blocks_stored": r.cpu_blocks_stored,
-            "blocks_loaded": r.cpu_blocks_loaded,
-            "bytes_per_block": bytes_per_block,
-            "bytes_stored": None if bytes_per_block is None else r.cpu_blocks_stored * bytes_per_block,
-            "bytes_loaded": None if bytes_per_block is None else r.cpu_blocks_loaded * bytes_per_block,
-            "evictions": r.cpu_evictions,
-            "stores_refused": r.cpu_stores_refused,
-        }
+    offload = _offload_summary(r, upper_bound, bytes_per_block) if cfg.cpu_offload_blocks else None
     return {
         "trace": {
             "name": trace.name,
@@ -104,21 +62,7 @@ def build_report(
             "requests_in_source": trace.total_in_source,
             "requests_replayed": len(trace),
         },
-        "config": {
-            "num_blocks": cfg.num_blocks,
-            "block_size": cfg.block_size,
-            "pool_tokens": cfg.pool_tokens,
-            "hash": cfg.hash_algo,
-            "max_num_seqs": cfg.max_num_seqs,
-            "max_num_batched_tokens": cfg.max_num_batched_tokens,
-            "max_model_len": r.max_model_len,
-            "step_ms": cfg.step_ms,
-            "token_us": cfg.token_us,
-            "enable_caching": cfg.enable_caching,
-            "reserve_full_isl": cfg.reserve_full_isl,
-            "cpu_offload_blocks": cfg.cpu_offload_blocks,
-            "offload_policy": cfg.offload_policy if cfg.cpu_offload_blocks else None,
-        },
+        "config": _config_summary(r),
         "requests": {"admitted": r.requests, "finished": r.finished, "rejected": r.rejected},
         "tokens": {"prompt": r.prompt_tokens, "output": r.output_tokens},
         "prefix_cache": {
@@ -141,6 +85,82 @@ def build_report(
         "speedup": speedup,
         "speedup_timer_included": speedup_raw,
         "identical_decisions": identical,
+    }
+
+
+def _timings(res: ReplayResult) -> dict[str, Any]:
+    """One implementation's manager (and offloading) timings."""
+    out: dict[str, Any] = {
+        "manager_cpu_s": res.manager_ns / 1e9,
+        "manager_cpu_s_timer_included": res.manager_ns_raw / 1e9,
+        "timer_overhead_ns_per_call": res.timer_overhead_ns,
+        "manager_calls": res.manager_calls,
+        "per_step": _per_step(res),
+        "replay_wall_s": res.wall_s,
+        "decisions_digest": res.decisions_digest,
+    }
+    if res.offload_impl is not None:
+        out["offload"] = {
+            "twin": res.offload_impl,
+            "cpu_s": res.offload_ns / 1e9,
+            "cpu_s_timer_included": res.offload_ns_raw / 1e9,
+            "timed_calls": res.offload_calls,
+            "per_step": _offload_per_step(res),
+        }
+    return out
+
+
+def _speedups(results: list[ReplayResult]) -> tuple[float | None, float | None]:
+    """Python's manager CPU time over Cython's, without and with the timer's cost; None unless both ran."""
+    speedup = speedup_raw = None
+    by = {res.impl: res for res in results}
+    if "cython" in by and "python" in by and by["cython"].manager_ns > 0:
+        speedup = by["python"].manager_ns / by["cython"].manager_ns
+        if by["cython"].manager_ns_raw > 0:
+            speedup_raw = by["python"].manager_ns_raw / by["cython"].manager_ns_raw
+    return speedup, speedup_raw
+
+
+def _offload_summary(r: ReplayResult, upper_bound: float, bytes_per_block: int | None) -> dict[str, Any]:
+    """What the CPU tier did."""
+    cfg = r.config
+    return {
+        "cpu_blocks": cfg.cpu_offload_blocks,
+        "cpu_tokens": cfg.cpu_offload_blocks * cfg.block_size,
+        "times_gpu_pool": cfg.cpu_offload_blocks / (cfg.num_blocks - 1),
+        "policy": cfg.offload_policy,
+        "cpu_hit_tokens": r.cpu_hit_tokens,
+        "cpu_hit_rate": r.cpu_hit_tokens / r.query_tokens if r.query_tokens else 0.0,
+        "total_hit_rate": r.total_hit_rate,
+        "hit_rate_upper_bound": upper_bound,
+        "recompute_cpu_hit_tokens": r.recompute_cpu_hit_tokens,
+        "blocks_stored": r.cpu_blocks_stored,
+        "blocks_loaded": r.cpu_blocks_loaded,
+        "bytes_per_block": bytes_per_block,
+        "bytes_stored": None if bytes_per_block is None else r.cpu_blocks_stored * bytes_per_block,
+        "bytes_loaded": None if bytes_per_block is None else r.cpu_blocks_loaded * bytes_per_block,
+        "evictions": r.cpu_evictions,
+        "stores_refused": r.cpu_stores_refused,
+    }
+
+
+def _config_summary(r: ReplayResult) -> dict[str, Any]:
+    """The replay's configuration (``max_model_len`` as the replay resolved it)."""
+    cfg = r.config
+    return {
+        "num_blocks": cfg.num_blocks,
+        "block_size": cfg.block_size,
+        "pool_tokens": cfg.pool_tokens,
+        "hash": cfg.hash_algo,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "max_model_len": r.max_model_len,
+        "step_ms": cfg.step_ms,
+        "token_us": cfg.token_us,
+        "enable_caching": cfg.enable_caching,
+        "reserve_full_isl": cfg.reserve_full_isl,
+        "cpu_offload_blocks": cfg.cpu_offload_blocks,
+        "offload_policy": cfg.offload_policy if cfg.cpu_offload_blocks else None,
     }
 
 
