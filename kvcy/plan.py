@@ -415,24 +415,7 @@ def make_plan(
         kind = get_kv_cache_spec_kind(spec).value
         kinds[kind] = kinds.get(kind, 0) + 1
     config: KVCacheConfig = get_kv_cache_config(settings, dict(specs), available_memory)
-
-    groups = []
-    for gid, group in enumerate(config.kv_cache_groups):
-        spec = group.kv_cache_spec
-        one = next(iter(spec.kv_cache_specs.values())) if isinstance(spec, UniformTypeKVCacheSpecs) else spec
-        groups.append(
-            {
-                "group_id": gid,
-                "kind": get_kv_cache_spec_kind(spec).value,
-                "num_layers": len(group.layer_names),
-                "block_size": spec.block_size,
-                "page_size_bytes": spec.page_size_bytes,
-                "sliding_window": getattr(one, "sliding_window", None),
-                "attention_chunk_size": getattr(one, "attention_chunk_size", None),
-                "blocks_per_request": _blocks_per_request(settings, spec),
-                "layer_names": list(group.layer_names),
-            }
-        )
+    groups = [_group_summary(settings, gid, group) for gid, group in enumerate(config.kv_cache_groups)]
     concurrency = get_max_concurrency_for_kv_cache_config(settings, config) if config.kv_cache_groups else None
     # every tensor places layers in the one allocation the groups alias
     allocated = max((t.size for t in config.kv_cache_tensors), default=0)
@@ -458,16 +441,35 @@ def make_plan(
         "kv_bytes_per_token": attention_token_bytes,
         "groups": groups,
         "kv_cache_layout": config.kv_cache_layout,
-        "kv_cache_tensors": [
-            {
-                "size": t.size,
-                "layers": list(t.layers),
-                "layer_stride": t.layer_stride,
-                "block_stride": t.block_stride,
-                "offset": t.offset,
-            }
-            for t in config.kv_cache_tensors
-        ],
+        "kv_cache_tensors": [_tensor_summary(t) for t in config.kv_cache_tensors],
+    }
+
+
+def _group_summary(settings: KVCacheSettings, gid: int, group: Any) -> dict[str, Any]:
+    """One KV-cache group of the plan: its kind, layers, block and page sizes, and blocks per request."""
+    spec = group.kv_cache_spec
+    one = next(iter(spec.kv_cache_specs.values())) if isinstance(spec, UniformTypeKVCacheSpecs) else spec
+    return {
+        "group_id": gid,
+        "kind": get_kv_cache_spec_kind(spec).value,
+        "num_layers": len(group.layer_names),
+        "block_size": spec.block_size,
+        "page_size_bytes": spec.page_size_bytes,
+        "sliding_window": getattr(one, "sliding_window", None),
+        "attention_chunk_size": getattr(one, "attention_chunk_size", None),
+        "blocks_per_request": _blocks_per_request(settings, spec),
+        "layer_names": list(group.layer_names),
+    }
+
+
+def _tensor_summary(t: Any) -> dict[str, Any]:
+    """One planned ``KVCacheTensor``: where its layers sit in the allocation."""
+    return {
+        "size": t.size,
+        "layers": list(t.layers),
+        "layer_stride": t.layer_stride,
+        "block_stride": t.block_stride,
+        "offset": t.offset,
     }
 
 
