@@ -467,24 +467,50 @@ class EventSubscriber:
             return 0
         check = start - 1 if state.last_seq is not None and start == state.last_seq + 1 \
             and link.last_payload is not None else None
+        ask = start if check is None else check
+        got, finished = self._ask_replay(link, ask)
+        if finished and check is not None \
+                and any(seq == check and payload != link.last_payload for seq, payload in got):
+            logger.warning("KV-event publisher %s restarted: its batch %d is not the one applied",
+                           state.instance, check)
+            live = state.live_seq
+            state.restarts += 1
+            self._forget(state)
+            state.live_seq = live
+            return self._replay(link, 0)
+        return self._apply_replayed(link, got, ask, start)
+
+    def _replay_dealer(self, link: _Link) -> Any:
+        """``link``'s socket to its publisher's replay endpoint, made on first use."""
         zmq = self._zmq
         if link.dealer is None:
             link.dealer = self._ctx.socket(zmq.DEALER)
             link.dealer.setsockopt(zmq.LINGER, 0)
             link.dealer.setsockopt(zmq.RCVHWM, 0)  # a whole replay buffer may come back at once
             link.dealer.setsockopt(zmq.MAXMSGSIZE, -1 if self.max_message_size is None else self.max_message_size)
-            link.dealer.connect(state.replay_endpoint)
-        # (number, payload) kept undecoded until applied: decoded batches take several times
-        # their bytes, and the answer's size is bounded in bytes.
+            link.dealer.connect(link.state.replay_endpoint)
+        return link.dealer
+
+    def _ask_replay(self, link: _Link, ask: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """Ask for the batches from ``ask`` on and collect the answer until its end marker, the
+        timeout or ``max_replay_bytes``.
+
+        Returns:
+            The ``(number, payload)`` pairs received, kept undecoded until applied (decoded
+            batches take several times their bytes, and the answer's size is bounded in bytes),
+            and whether the end marker came.
+        """
+        state = link.state
+        zmq = self._zmq
+        dealer = self._replay_dealer(link)
         got: list[tuple[int, bytes]] = []
         size = 0
         finished = False
-        ask = start if check is None else check
         try:
-            link.dealer.send_multipart((b"", ask.to_bytes(8, "big")), zmq.NOBLOCK)
+            dealer.send_multipart((b"", ask.to_bytes(8, "big")), zmq.NOBLOCK)
             deadline = time.monotonic() + self.replay_timeout
-            while (left := deadline - time.monotonic()) > 0 and link.dealer.poll(int(left * 1000) + 1):
-                frames = link.dealer.recv_multipart()
+            while (left := deadline - time.monotonic()) > 0 and dealer.poll(int(left * 1000) + 1):
+                frames = dealer.recv_multipart()
                 if frames[:1] != [b""]:
                     state.malformed += 1
                     continue
@@ -504,22 +530,20 @@ class EventSubscriber:
             pass
         if not finished:
             # A late answer must not end the next replay early: start over with a new socket.
-            link.dealer.close(linger=0)
+            dealer.close(linger=0)
             link.dealer = None
             logger.warning("KV-event replay from %s got no end marker within %.2f s",
                            state.replay_endpoint, self.replay_timeout)
-        if finished and check is not None \
-                and any(seq == check and payload != link.last_payload for seq, payload in got):
-            logger.warning("KV-event publisher %s restarted: its batch %d is not the one applied",
-                           state.instance, check)
-            live = state.live_seq
-            state.restarts += 1
-            self._forget(state)
-            state.live_seq = live
-            return self._replay(link, 0)
-        # What was asked: numbers from ``ask`` up to the live one that caused the request (the
-        # publisher's buffer holds it), then any consecutive run past it (published since).
-        # Anything else is no answer to this request: refused and counted malformed.
+        return got, finished
+
+    def _apply_replayed(self, link: _Link, got: list[tuple[int, bytes]], ask: int, start: int) -> int:
+        """Apply, in order, the replayed batches from ``start`` on that this subscriber lacks.
+
+        What was asked: numbers from ``ask`` up to the live one that caused the request (the
+        publisher's buffer holds it), then any consecutive run past it (published since).
+        Anything else is no answer to this request: refused and counted malformed.
+        """
+        state = link.state
         upper = state.live_seq
         reach = upper
         applied = refused = 0
