@@ -99,8 +99,6 @@ def _counts(text: str) -> list[int]:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``replay`` to the ``kvcy`` sub-parsers; return its parser."""
-    from kvcy.hashing import _HASH_FNS
-
     p = subparsers.add_parser(
         "replay", help="replay a request trace through the KV-cache manager",
         description=_DESCRIPTION, epilog=_EPILOG,
@@ -110,6 +108,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=positive_int, metavar="K", help="replay only the first K requests")
     p.add_argument("--seed", metavar="N", type=int_arg(0, MAX_SEED), default=0,
                    help="seed of the synthetic trace (default 0)")
+    _add_pool_options(p)
+    _add_scheduler_options(p)
+    _add_offload_options(p)
+    _add_fleet_options(p)
+    _add_output_options(p)
+    return p
+
+
+def _add_pool_options(p: argparse.ArgumentParser) -> None:
+    from kvcy.hashing import _HASH_FNS
 
     pool = p.add_argument_group("KV-cache pool (default: %d blocks)" % DEFAULT_NUM_BLOCKS)
     size = pool.add_mutually_exclusive_group()
@@ -134,6 +142,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help=f"prefix-cache hash: {', '.join(sorted(_HASH_FNS))} (default sha256)")
     pool.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
 
+
+def _add_scheduler_options(p: argparse.ArgumentParser) -> None:
     sched = p.add_argument_group("scheduler")
     sched.add_argument("--max-num-seqs", metavar="N", type=positive_int, default=256,
                        help="cap on running requests (default 256)")
@@ -149,6 +159,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     sched.add_argument("--token-us", metavar="US", type=float_arg(0.0, MAX_TOKEN_US), default=12.5,
                        help="simulated time per scheduled token (default 12.5 µs)")
 
+
+def _add_offload_options(p: argparse.ArgumentParser) -> None:
     off = p.add_argument_group("CPU offloading (a CPU tier behind the GPU pool, as vLLM's offloading connector)")
     off.add_argument("--cpu-offload", metavar="SIZE|Nx",
                      help="add a CPU tier of this size: a memory size (e.g. 64GiB, turned into blocks with the "
@@ -159,6 +171,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="CPU-tier sizes of the --plot offloading panel, as multiples of the GPU pool, each run "
                      "with lru and with arc (default 1,2,4,8,16)")
 
+
+def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     fl = p.add_argument_group("fleet (N instances behind a router; their KV events feed a routing index)")
     fl.add_argument("--instances", type=int_arg(1, MAX_INSTANCES), metavar="N",
                     help="split the trace across N simulated instances, each with the pool above and KV events "
@@ -171,6 +185,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     fl.add_argument("--instances-sweep", type=_counts, default=[1, 2, 4, 8], metavar="N,N,...",
                     help="fleet sizes of the --plot fleet panel, each run with every router (default 1,2,4,8)")
 
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("implementation and output")
     out.add_argument("--impl", choices=["cython", "python", "both"],
                      help="manager implementation (default: the live one); 'both' runs each and checks "
@@ -182,7 +198,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      metavar="F,F,...", help="pool sizes of the --plot sweep, as multiples of this run's "
                      "(default 0.25,0.5,1,2,4,8,16)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
 def _load_trace(args: argparse.Namespace) -> Trace:
