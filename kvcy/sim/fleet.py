@@ -240,12 +240,7 @@ def replay_fleet(
                 choice = _route(out, fleet.router, k, tr, req, loops, names, transport, index, use_int,
                                 config.block_size)
                 k += 1
-                out.routed[choice] += 1
-                out.routed_tokens[choice] += tr.num_prompt_tokens
-                lp = loops[choice]
-                lp.prebuilt[tr.index] = req
-                lp.pending.append(tr)
-                lp.res.requests += 1
+                _hand_over(out, loops[choice], choice, tr, req)
                 continue
             if nxt < 0:
                 break
@@ -343,6 +338,15 @@ def _route(
     out.route_ns += perf() - t1
     out.predicted_hit_tokens += min(tr.num_prompt_tokens, held.get(names[choice], 0) * block_size)
     return choice
+
+
+def _hand_over(out: FleetResult, lp: _ReplayLoop, choice: int, tr: TraceRequest, req: Any) -> None:
+    """Give the routed request (built and hashed once, by the router) to instance ``choice``."""
+    out.routed[choice] += 1
+    out.routed_tokens[choice] += tr.num_prompt_tokens
+    lp.prebuilt[tr.index] = req
+    lp.pending.append(tr)
+    lp.res.requests += 1
 
 
 def _index_summary(index: Any, names: list[str], loops: list[_ReplayLoop]) -> dict[str, Any]:
