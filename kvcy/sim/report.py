@@ -205,20 +205,36 @@ def _offload_rows(off: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 def format_report(rep: dict[str, Any]) -> str:
     """The report as an aligned text table."""
-    t, c, pc = rep["trace"], rep["config"], rep["prefix_cache"]
-    lines: list[str] = []
+    rows = _workload_rows(rep)
+    width = max(len(k) for k, _ in rows) + 2
+    lines = _header_lines(rep)
+    lines += [f"{k:<{width}}{v}" for k, v in rows]
+    lines.append("")
+    lines += _timing_lines(rep, width)
+    lines += _verdict_lines(rep, width)
+    return "\n".join(lines)
+
+
+def _header_lines(rep: dict[str, Any]) -> list[str]:
+    """The trace and the pool, then a blank line."""
+    t, c = rep["trace"], rep["config"]
     subset = ""
     if t["requests_replayed"] != t["requests_in_source"]:
         subset = f" (first {t['requests_replayed']:,} of {t['requests_in_source']:,} requests)"
-    lines.append(f"kvcy replay: {t['name']}{subset}")
-    lines.append(
+    return [
+        f"kvcy replay: {t['name']}{subset}",
         f"  pool {c['num_blocks']:,} blocks x {c['block_size']} tokens ({c['pool_tokens']:,} tokens), "
         f"hash {c['hash']}, max {c['max_num_seqs']} running, {c['max_num_batched_tokens']:,} tokens/step, "
-        f"max_model_len {c['max_model_len']:,}"
-    )
-    lines.append("")
+        f"max_model_len {c['max_model_len']:,}",
+        "",
+    ]
+
+
+def _workload_rows(rep: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the replay did: requests, tokens, hits, the CPU tier, evictions, preemptions, usage."""
+    pc = rep["prefix_cache"]
     rq = rep["requests"]
-    rows = [
+    return [
         ("requests", f"{rq['finished']:,} finished of {rq['admitted']:,}"
          + (f" ({rq['rejected']:,} rejected: longer than max_model_len)" if rq["rejected"] else "")),
         ("prompt tokens", f"{rep['tokens']['prompt']:,}"),
@@ -235,14 +251,13 @@ def format_report(rep: dict[str, Any]) -> str:
         ("KV-cache usage", f"peak {_pct(rep['usage']['peak'])}, mean {_pct(rep['usage']['mean'])}"),
         ("steps", f"{rep['steps']:,} ({rep['simulated_time_s']:,.1f} s simulated)"),
     ]
-    width = max(len(k) for k, _ in rows) + 2
-    lines += [f"{k:<{width}}{v}" for k, v in rows]
-    lines.append("")
 
+
+def _timing_lines(rep: dict[str, Any], width: int) -> list[str]:
+    """Manager (and offloading) CPU time, one column per implementation."""
     impls = rep["implementations"]
     names = list(impls)
-    head = f"{'manager CPU time':<{width}}" + "".join(f"{n:>14}" for n in names)
-    lines.append(head)
+    lines = [f"{'manager CPU time':<{width}}" + "".join(f"{n:>14}" for n in names)]
 
     def row(label: str, fn) -> str:
         return f"{'  ' + label:<{width}}" + "".join(f"{fn(impls[n]):>14}" for n in names)
@@ -267,6 +282,12 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(row("  per step, p99", off(lambda o: format_duration(
             o["per_step"]["manager_and_offload_p99_us"] / 1e6))))
     lines.append(row("replay wall time", lambda d: format_duration(d["replay_wall_s"])))
+    return lines
+
+
+def _verdict_lines(rep: dict[str, Any], width: int) -> list[str]:
+    """The speedup and whether the implementations decided the same, when both ran."""
+    lines = []
     if rep["speedup"] is not None:
         raw = rep.get("speedup_timer_included")
         lines.append(
@@ -274,7 +295,8 @@ def format_report(rep: dict[str, Any]) -> str:
             + (f" ({raw:.1f}x with the timer's cost left in)" if raw is not None else "")
         )
     if rep["identical_decisions"] is not None:
-        digest = impls[names[0]]["decisions_digest"]
+        impls = rep["implementations"]
+        digest = impls[next(iter(impls))]["decisions_digest"]
         verdict = "identical" if rep["identical_decisions"] else "DIFFERENT"
         lines.append(f"{'decisions':<{width}}{verdict} (block ids per request per step; digest {digest[:16]})")
-    return "\n".join(lines)
+    return lines
