@@ -39,7 +39,8 @@ pure-Python twin has one module per stem under ``offload_py/``:
 * ``cache_policy.pyx``: CachePolicy (the interface the manager calls)
 * ``lru_policy.pyx``: LRUCachePolicy
 * ``arc_policy.pyx``: ARCCachePolicy
-* ``manager.pyx``: CPUOffloadingManager and its access records
+* ``access_record.pyx``: a request's access record on its ReqContext
+* ``manager.pyx``: CPUOffloadingManager
 * ``connector.pyx``: ReplayConnector and ConnectorRequest, the replay's
   offloading connector (``kvcy replay --cpu-offload``)
 """
@@ -95,5 +96,6 @@ include "offload_c/chunk_status.pyx"
 include "offload_c/cache_policy.pyx"
 include "offload_c/lru_policy.pyx"
 include "offload_c/arc_policy.pyx"
+include "offload_c/access_record.pyx"
 include "offload_c/manager.pyx"
 include "offload_c/connector.pyx"

@@ -200,3 +200,61 @@ cdef object _evict_native(CachePolicy policy, Py_ssize_t num_resident, object n,
     if got is None:
         return None
     return [((<ChunkStatus>st).key, st) for st in got]
+
+
+# -- count_hits over a native policy's map (the manager's admission loop) -----
+
+cdef enum:
+    _AHEAD = 8      # count_hits looks this many keys ahead (a power of 2)
+    _SMALL_MAP = 1 << 15    # below this many keys a map's lookups mostly hit the cache
+
+
+cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
+    """count_hits' loop over a native policy's map, from ``i``: the index of
+    the first key that is not a HIT, or of the first key that is not exact
+    bytes of 4 bytes or more (the caller's loop takes over there).
+
+    The map is read ``_AHEAD`` keys ahead of the key being decided, each
+    found chunk prefetched, so that the memory reads of several keys
+    overlap.  Reading ahead is safe: only exact bytes are looked up (nothing
+    runs Python code, nothing changes the map or the list), and a key past
+    the first miss is read but never decided.
+    """
+    cdef PyObject *ahead[_AHEAD]
+    cdef PyObject *k
+    cdef PyObject *p
+    cdef Py_ssize_t j = i, end = len(ks)
+    if last < end:
+        end = last
+    if PyDict_Size(chunks) < _SMALL_MAP:
+        # a map that stays in cache: the plain loop (the pipeline's
+        # bookkeeping would only cost here)
+        while i < end:
+            k = _list_item(ks, i)
+            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
+                return i        # decided by the caller's checks
+            p = kvcy_offload_bytes_get(chunks, k)
+            if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+                return i
+            i += 1
+        return i
+    while i < end:
+        while j < end and j < i + _AHEAD:
+            k = _list_item(ks, j)
+            if j + _AHEAD < end:
+                kvcy_offload_prefetch(_list_item(ks, j + _AHEAD))
+            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
+                end = j         # decided by the caller's checks
+                break
+            p = kvcy_offload_bytes_get(chunks, k)
+            if p != NULL:
+                kvcy_offload_prefetch(p)
+            ahead[j & (_AHEAD - 1)] = p
+            j += 1
+        if i >= end:
+            break
+        p = ahead[i & (_AHEAD - 1)]
+        if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
+            return i
+        i += 1
+    return i

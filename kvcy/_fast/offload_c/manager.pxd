@@ -1,13 +1,6 @@
-# offload_c/manager.pxd: the declarations of CPUOffloadingManager and its per-request records:
-# C fields and cdef method signatures (implemented in manager.pyx), and the record's flags.
+# offload_c/manager.pxd: the declarations of CPUOffloadingManager: C fields and cdef method
+# signatures (implemented in manager.pyx).
 # Included by kvcy/_fast/_offload_c.pxd.
-
-# What a request did with a key, as flags in its record (one dict op per key
-# instead of one per set; ARC's c_finish_flags reads them too).
-cdef enum:
-    _INSERTED = 1       # the request caused the key to be stored
-    _REUSED = 2         # it read or re-offered the key, ready, without having inserted it
-    _MISSED = 4         # the policy heard of the key as a store miss for this request
 
 cdef extern from *:
     """
@@ -21,21 +14,6 @@ cdef extern from *:
     """
     cppclass KvcyCallMark:
         int *flag
-
-
-@cython.final
-cdef class _AccessRecord:
-    cdef int64_t generation
-    cdef dict keys              # every key seen, first seen first -> flags (_INSERTED...)
-    cdef list inserted_log      # keys inserted for the request, not yet in the flags
-    cdef bint finished
-
-    cdef int fold(self) except -1
-
-
-@cython.final
-cdef class _AccessRecords:
-    cdef dict records
 
 
 @cython.final
@@ -67,3 +45,17 @@ cdef class CPUOffloadingManager:
                      _Positions pos, list statuses, bint track_missed=*,
                      list hints=*) except -1
     cdef int _update_tracker(self, list keys, bint repeated=*) except -1
+    # prepare_store's phases
+    cdef list _drop_repeats(self, list full_offer, list stored_twice,
+                            Py_ssize_t *extra_stored, Py_ssize_t *extra_skipped)
+    cdef set _classify_offer(self, list offer, list new, list ready, list statuses,
+                             list new_ghosts, list stored_twice)
+    cdef int _check_offer(self, _AccessRecord rec, list to_record, list new, set kept,
+                          list statuses, list stored_twice, Py_ssize_t extra_stored) except -1
+    cdef list _track_offer(self, list offer, list full_offer, list new, set kept,
+                           Py_ssize_t extra_skipped)
+    cdef list _note_store_misses(self, _AccessRecord rec, list new, list new_ghosts,
+                                 list full_offer, list stored_twice, object ctx)
+    cdef list _evict_for_store(self, Py_ssize_t n, list ready, set offered)
+    cdef int _allocate_chunks(self, list new, vector[Py_ssize_t]& ids, list new_ghosts,
+                              list pre_new, object ctx, _Positions pos) except -1

@@ -1,5 +1,5 @@
-# offload_c/manager.pyx: CPUOffloadingManager, the CPU tier's scheduler-side manager, and the
-# per-request access records it keeps on a ReqContext.  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
+# offload_c/manager.pyx: CPUOffloadingManager, the CPU tier's scheduler-side manager (its
+# per-request access records are in access_record.pyx).  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 
 from collections.abc import Iterator as _Iterator
@@ -8,90 +8,9 @@ from dataclasses import replace as _dc_replace
 #: The policies every manager knows without the factory.
 _BUILTIN_POLICIES = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
 
-# The record flags (manager.pxd) as Python ints, for the records' dicts.
+# The record flags (access_record.pxd) as Python ints, for the records' dicts.
 cdef object _FLAG_NONE = 0
 cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
-
-
-cdef enum:
-    _AHEAD = 8      # count_hits looks this many keys ahead (a power of 2)
-    _SMALL_MAP = 1 << 15    # below this many keys a map's lookups mostly hit the cache
-
-
-cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
-    """count_hits' loop over a native policy's map, from ``i``: the index of
-    the first key that is not a HIT, or of the first key that is not exact
-    bytes of 4 bytes or more (the caller's loop takes over there).
-
-    The map is read ``_AHEAD`` keys ahead of the key being decided, each
-    found chunk prefetched, so that the memory reads of several keys
-    overlap.  Reading ahead is safe: only exact bytes are looked up (nothing
-    runs Python code, nothing changes the map or the list), and a key past
-    the first miss is read but never decided.
-    """
-    cdef PyObject *ahead[_AHEAD]
-    cdef PyObject *k
-    cdef PyObject *p
-    cdef Py_ssize_t j = i, end = len(ks)
-    if last < end:
-        end = last
-    if PyDict_Size(chunks) < _SMALL_MAP:
-        # a map that stays in cache: the plain loop (the pipeline's
-        # bookkeeping would only cost here)
-        while i < end:
-            k = _list_item(ks, i)
-            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
-                return i        # decided by the caller's checks
-            p = kvcy_offload_bytes_get(chunks, k)
-            if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
-                return i
-            i += 1
-        return i
-    while i < end:
-        while j < end and j < i + _AHEAD:
-            k = _list_item(ks, j)
-            if j + _AHEAD < end:
-                kvcy_offload_prefetch(_list_item(ks, j + _AHEAD))
-            if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
-                end = j         # decided by the caller's checks
-                break
-            p = kvcy_offload_bytes_get(chunks, k)
-            if p != NULL:
-                kvcy_offload_prefetch(p)
-            ahead[j & (_AHEAD - 1)] = p
-            j += 1
-        if i >= end:
-            break
-        p = ahead[i & (_AHEAD - 1)]
-        if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
-            return i
-        i += 1
-    return i
-
-
-cdef class _AccessRecord:
-    """What one request did with one manager, since the manager's last reset."""
-
-    def __cinit__(self):
-        self.keys = {}
-        self.inserted_log = []
-
-    cdef int fold(self) except -1:
-        """Move the logged insertions into the flags (each key is in ``keys``)."""
-        cdef PyObject *f
-        if self.inserted_log:
-            for key in self.inserted_log:
-                f = _map_get(self.keys, key)
-                self.keys[key] = (0 if f == NULL else <Py_ssize_t><object>f) | _INSERTED
-            self.inserted_log = []
-        return 0
-
-
-cdef class _AccessRecords:
-    """Kept on a ReqContext: manager owner id -> its _AccessRecord for the request."""
-
-    def __cinit__(self):
-        self.records = {}
 
 
 cdef class CPUOffloadingManager:
@@ -586,56 +505,140 @@ cdef class CPUOffloadingManager:
         _enter(self, &mark, "prepare_store")
         cdef list offer = _check_keys(keys)
         cdef CachePolicy policy = self._pol
-        cdef Py_ssize_t n_offer = len(offer)
         cdef list new = []
         cdef list ready = []
         cdef list statuses = []         # per offered key: its chunk, or None
         cdef list new_ghosts = None     # native ARC, per new key: its ghost node, or None
         cdef list pre_new = None        # native LRU, per new key: the status it will get
         cdef list record_hints = None
-        cdef list miss_ghosts = None
-        cdef bint is_arc = type(policy) is ARCCachePolicy
-        cdef PyObject *p
-        cdef list to_record, misses, evicted_keys, evicted, record_statuses
-        cdef set offered, kept = None
-        cdef dict flags
+        cdef list to_record, record_statuses, misses, evicted_keys, filtered
+        cdef list full_offer = None, stored_twice = None
+        cdef set offered, kept
         cdef ChunkStatus st
-        cdef Py_ssize_t n, need, i, num_fresh, threshold = self._threshold
+        cdef Py_ssize_t n, i, n_offer, extra_skipped = 0, extra_stored = 0
         cdef _AccessRecord rec
         cdef _Positions pos
-        cdef PyObject *f
         cdef vector[Py_ssize_t] ids
-        cdef list full_offer = None, stored_twice = None
         cdef bint repeated
-        cdef Py_ssize_t extra_skipped = 0, extra_stored = 0, offered_evictable
-        counts = self._counts
         _check_context(req_context)
         if policy._native:
             offered = None      # (the native policies are told what to protect)
             repeated = _check_no_repeats(offer)
         else:
             offered = set(offer)
-            repeated = len(offered) != n_offer
+            repeated = len(offered) != len(offer)
         if repeated:
-            # A repeat changes only the tracker counts and the skip count, unless
-            # vLLM would store the key twice (two chunks, one of them lost): that
-            # is refused.  The rest runs on the offer without repeats.
             full_offer = offer
-            occurrences = {}
-            for key in full_offer:
-                occurrences[key] = occurrences.get(key, 0) + 1
-            offer = list(occurrences)
-            n_offer = len(offer)
             stored_twice = []
-            for key, occ in occurrences.items():
-                if occ > 1 and policy.c_get(key) is None:
-                    if counts is None or (key in counts and counts[key] + occ >= threshold):
-                        stored_twice.append(key)
-                        extra_stored += occ - 1
-                    else:
-                        extra_skipped += occ - 1
-        if is_arc:
+            offer = self._drop_repeats(full_offer, stored_twice, &extra_stored, &extra_skipped)
+        n_offer = len(offer)
+        if type(policy) is ARCCachePolicy:
             new_ghosts = []
+        kept = self._classify_offer(offer, new, ready, statuses, new_ghosts, stored_twice)
+        rec = self._get_record(req_context, True)
+        if self._counts is None and len(new) + len(ready) == n_offer:
+            to_record = offer
+            record_statuses = statuses
+            if type(policy) is LRUCachePolicy and new:
+                # the chunks the new keys will get, made now, so that the
+                # record notes them (on_request_finished reads them) as it
+                # notes the resident keys' chunks
+                pre_new = []
+                record_hints = []
+                for i in range(n_offer):
+                    st = <ChunkStatus>statuses[i]
+                    if st is None:
+                        st = _new_status(-1)
+                        pre_new.append(st)
+                    record_hints.append(st)
+        else:
+            # offered keys that are kept (new, past the threshold) or ready
+            if kept is None:
+                kept = set() if self._counts is not None else set(new)
+            to_record = []
+            record_statuses = []
+            for i in range(n_offer):
+                st = <ChunkStatus>statuses[i]
+                if (st is None and offer[i] in kept) or (st is not None and st.ref_cnt >= 0):
+                    to_record.append(offer[i])
+                    record_statuses.append(st)
+        self._check_offer(rec, to_record, new, kept, statuses, stored_twice, extra_stored)
+        pos = _positions(req_context)
+        if type(policy) is LRUCachePolicy:
+            _check_positions(to_record, pos)
+
+        # 1. the offer tracker (every occurrence counts)
+        if self._counts is not None:
+            filtered = self._track_offer(offer, full_offer, new, kept, extra_skipped)
+            if filtered is not new:
+                new = filtered
+                new_ghosts = None       # (no longer parallel to new)
+        # 2. the policy hears of each miss once per request
+        misses = self._note_store_misses(rec, new, new_ghosts, full_offer, stored_twice, req_context)
+        # 3. the access record (and the misses, in it)
+        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
+                     record_hints)
+        if stored_twice:  # (vLLM's eviction fails)
+            self._alloc_sizes.append(len(new) + extra_stored)
+            return None
+        n = len(new)
+        if n == 0:
+            return self._r_store(keys_to_store=[], store_spec=_chunk_spec(ids, self._r_spec), evicted_keys=[])
+        # 4. room: evict what the free chunks do not cover
+        self._alloc_sizes.append(n)
+        evicted_keys = self._evict_for_store(n, ready, offered)
+        if evicted_keys is None:
+            return None
+        # 5. allocate: fresh chunks first, then freed ones, last freed first
+        self._allocate_chunks(new, ids, new_ghosts, pre_new, req_context, pos)
+        if type(policy) is not LRUCachePolicy:
+            rec.inserted_log.extend(new)     # (the native LRU reads no flags)
+        return self._r_store(keys_to_store=new, store_spec=_chunk_spec(ids, self._r_spec), evicted_keys=evicted_keys)
+
+    # -- prepare_store's phases ------------------------------------------------
+    cdef list _drop_repeats(self, list full_offer, list stored_twice,
+                            Py_ssize_t *extra_stored, Py_ssize_t *extra_skipped):
+        """The offer without its repeats, first occurrence first.
+
+        A repeat changes only the tracker counts and the skip count, unless
+        vLLM would store the key twice (two chunks, one of them lost): such
+        keys go to ``stored_twice`` (the offer is refused later), and their
+        extra occurrences count in ``extra_stored``; the other repeats of
+        keys to store count in ``extra_skipped``.
+        """
+        counts = self._counts
+        occurrences = {}
+        for key in full_offer:
+            occurrences[key] = occurrences.get(key, 0) + 1
+        offer = list(occurrences)
+        for key, occ in occurrences.items():
+            if occ > 1 and self._pol.c_get(key) is None:
+                if counts is None or (key in counts and counts[key] + occ >= self._threshold):
+                    stored_twice.append(key)
+                    extra_stored[0] += occ - 1
+                else:
+                    extra_skipped[0] += occ - 1
+        return offer
+
+    cdef set _classify_offer(self, list offer, list new, list ready, list statuses,
+                             list new_ghosts, list stored_twice):
+        """Look each offered key up once.
+
+        ``statuses`` gets each key's chunk (``None``: not resident), ``new``
+        the keys not resident, ``ready`` the readable ones; for the native ARC
+        policy ``new_ghosts`` gets each new key's ghost node (or ``None``).
+
+        Returns:
+            With a store tracker, the new keys it will let through (``None``
+            when none); without one, ``None``.
+        """
+        cdef CachePolicy policy = self._pol
+        cdef bint is_arc = type(policy) is ARCCachePolicy
+        cdef PyObject *p
+        cdef ChunkStatus st
+        cdef set kept = None
+        cdef Py_ssize_t i, n_offer = len(offer), threshold = self._threshold
+        counts = self._counts
         if policy._native:
             _ahead_prime(policy._chunks, offer)
         for i in range(n_offer):
@@ -644,7 +647,7 @@ cdef class CPUOffloadingManager:
                 kvcy_dict_ahead(policy._chunks, offer, i)
             if is_arc:
                 # one lookup says resident, ghost (kept for the store miss
-                # and the insert below) or neither
+                # and the insert) or neither
                 p = _map_get(policy._chunks, key)
                 if p == NULL:
                     st = None
@@ -669,34 +672,15 @@ cdef class CPUOffloadingManager:
                         kept.add(key)
             elif st.ref_cnt >= 0:
                 ready.append(key)
-        rec = self._get_record(req_context, True)
-        flags = rec.keys
-        if counts is None and len(new) + len(ready) == n_offer:
-            to_record = offer
-            record_statuses = statuses
-            if type(policy) is LRUCachePolicy and new:
-                # the chunks the new keys will get, made now, so that the
-                # record notes them (on_request_finished reads them) as it
-                # notes the resident keys' chunks
-                pre_new = []
-                record_hints = []
-                for i in range(n_offer):
-                    st = <ChunkStatus>statuses[i]
-                    if st is None:
-                        st = _new_status(-1)
-                        pre_new.append(st)
-                    record_hints.append(st)
-        else:
-            # offered keys that are kept (new, past the threshold) or ready
-            if kept is None:
-                kept = set() if counts is not None else set(new)
-            to_record = []
-            record_statuses = []
-            for i in range(n_offer):
-                st = <ChunkStatus>statuses[i]
-                if (st is None and offer[i] in kept) or (st is not None and st.ref_cnt >= 0):
-                    to_record.append(offer[i])
-                    record_statuses.append(st)
+        return kept
+
+    cdef int _check_offer(self, _AccessRecord rec, list to_record, list new, set kept,
+                          list statuses, list stored_twice, Py_ssize_t extra_stored) except -1:
+        """Refuse, before anything changes, an offer vLLM refuses (a finished
+        request's new key) or would get wrong (a key stored twice)."""
+        cdef dict flags = rec.keys
+        cdef ChunkStatus st
+        cdef Py_ssize_t need, offered_evictable
         if rec.finished:
             for key in to_record:
                 if key not in flags:
@@ -711,20 +695,39 @@ cdef class CPUOffloadingManager:
                     offered_evictable += 1
             if need <= 0 or (need <= self._n_evictable and self._n_evictable - offered_evictable >= need):
                 raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
-        pos = _positions(req_context)
-        if type(policy) is LRUCachePolicy:
-            _check_positions(to_record, pos)
+        return 0
 
-        # 1. the offer tracker (every occurrence counts)
-        if counts is not None:
-            self._update_tracker(offer if full_offer is None else full_offer, full_offer is not None)
-            if len(kept) != len(new):
-                self._skipped += len(new) - len(kept) + extra_skipped
-                new = [k for k in new if k in kept]
-                new_ghosts = None       # (no longer parallel to new)
-        # 2. the policy hears of each miss once per request
-        misses = None
-        if stored_twice and type(policy) is not LRUCachePolicy:
+    cdef list _track_offer(self, list offer, list full_offer, list new, set kept,
+                           Py_ssize_t extra_skipped):
+        """Phase 1: count the offer in the tracker (every occurrence counts).
+
+        Returns:
+            The new keys it lets through: ``new`` itself when that is all of
+            them, else a new list (the others count as skipped stores).
+        """
+        self._update_tracker(offer if full_offer is None else full_offer, full_offer is not None)
+        if len(kept) == len(new):
+            return new
+        self._skipped += len(new) - len(kept) + extra_skipped
+        return [k for k in new if k in kept]
+
+    cdef list _note_store_misses(self, _AccessRecord rec, list new, list new_ghosts,
+                                 list full_offer, list stored_twice, object ctx):
+        """Phase 2: the policy hears of each store miss once per request.
+
+        Returns:
+            The misses it heard of (for the record's flags), or ``None`` for
+            the native LRU policy, which ignores store misses.
+        """
+        cdef CachePolicy policy = self._pol
+        cdef dict flags = rec.keys
+        cdef list misses, miss_ghosts = None
+        cdef set kept
+        cdef PyObject *f
+        cdef Py_ssize_t i
+        if type(policy) is LRUCachePolicy:
+            return None
+        if stored_twice:
             # (vLLM's eviction will fail: before that it tells the policy of every
             # occurrence of a repeated miss, e.g. two ARC ghost hits)
             kept = set(new)
@@ -734,69 +737,77 @@ cdef class CPUOffloadingManager:
                 if key in kept and (f == NULL or not ((<Py_ssize_t><object>f) & _MISSED)):
                     misses.append(key)
             if misses:
-                policy.c_on_store_miss(misses, req_context)
-        elif new and type(policy) is not LRUCachePolicy and PyDict_Size(flags) == 0:
+                policy.c_on_store_miss(misses, ctx)
+            return misses
+        if not new:
+            return None
+        if PyDict_Size(flags) == 0:
             # the request's first keys: each new key is a miss
-            misses = new
             if new_ghosts is not None:
                 (<ARCCachePolicy>policy).c_ghost_hits(new_ghosts)
             else:
-                policy.c_on_store_miss(list(new), req_context)
-        elif new and type(policy) is not LRUCachePolicy:
-            # (the native LRU policy ignores store misses: nothing to track)
-            misses = []
-            if new_ghosts is not None:
-                miss_ghosts = []
-            for i in range(len(new)):
-                key = new[i]
-                f = _map_get(flags, key)
-                if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
-                    misses.append(key)
-                    if miss_ghosts is not None:
-                        miss_ghosts.append(new_ghosts[i])
-            if miss_ghosts is not None:
-                # the ghost hits of these misses, from the nodes found above
-                (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
-                miss_ghosts = None      # (c_insert_new_ghosts counts who holds a ghost)
-            elif misses:
-                policy.c_on_store_miss(misses, req_context)
-        # 3. the access record (and the misses, in it)
-        self._record(rec, to_record, ready, req_context, pos, record_statuses, misses is not None,
-                     record_hints)
-        if stored_twice:  # (vLLM's eviction fails)
-            self._alloc_sizes.append(len(new) + extra_stored)
+                policy.c_on_store_miss(list(new), ctx)
+            return new
+        misses = []
+        if new_ghosts is not None:
+            miss_ghosts = []
+        for i in range(len(new)):
+            key = new[i]
+            f = _map_get(flags, key)
+            if f == NULL or not ((<Py_ssize_t><object>f) & _MISSED):
+                misses.append(key)
+                if miss_ghosts is not None:
+                    miss_ghosts.append(new_ghosts[i])
+        if miss_ghosts is not None:
+            # the ghost hits of these misses, from the nodes found by _classify_offer
+            (<ARCCachePolicy>policy).c_ghost_hits(miss_ghosts)
+        elif misses:
+            policy.c_on_store_miss(misses, ctx)
+        return misses
+
+    cdef list _evict_for_store(self, Py_ssize_t n, list ready, set offered):
+        """Phase 4: evict what the free chunks do not cover for ``n`` new keys.
+
+        Only resident, ready keys of the offer could be evicted: they are the
+        ones protected (new keys are not resident, pending ones not
+        evictable); a Python policy is given the whole offer (``offered``).
+
+        Returns:
+            The evicted keys (empty when the free chunks suffice), or
+            ``None`` when not enough chunks can be evicted.
+        """
+        cdef CachePolicy policy = self._pol
+        cdef Py_ssize_t need = n - (<Py_ssize_t>self._free.size() + self._n_chunks - self._n_allocated)
+        cdef list evicted_keys = []
+        cdef list evicted
+        if need <= 0:
+            return evicted_keys
+        if need > self._n_evictable:
             return None
-        n = len(new)
-        if n == 0:
-            return self._r_store(keys_to_store=[], store_spec=_chunk_spec(ids, self._r_spec), evicted_keys=[])
+        if type(policy) is ARCCachePolicy:
+            evicted = (<ARCCachePolicy>policy).c_evict_in_place(need, set(ready) if ready else None)
+        elif policy._native:
+            evicted = policy.c_evict(need, set(ready) if ready else None)
+        else:
+            evicted = policy.c_evict(need, offered)
+        if evicted is None:
+            return None
+        self._n_evictable -= need
+        for s in evicted:
+            self._free.push_back((<ChunkStatus>s).chunk_id)
+            evicted_keys.append((<ChunkStatus>s).key)
+        if self._events is not None:
+            self._events.append(self._r_event(keys=list(evicted_keys), medium=self._r_cpu, removed=True))
+        return evicted_keys
 
-        # 4. room: evict what the free chunks do not cover
-        self._alloc_sizes.append(n)
-        need = n - (<Py_ssize_t>self._free.size() + self._n_chunks - self._n_allocated)
-        evicted_keys = []
-        if need > 0:
-            if need > self._n_evictable:
-                return None
-            # only resident, ready keys of the offer could be evicted: they are
-            # the ones to protect (new keys are not resident, pending ones not evictable)
-            if is_arc:
-                evicted = (<ARCCachePolicy>policy).c_evict_in_place(need, set(ready) if ready else None)
-            elif policy._native:
-                evicted = policy.c_evict(need, set(ready) if ready else None)
-            else:
-                evicted = policy.c_evict(need, offered)
-            if evicted is None:
-                return None
-            self._n_evictable -= need
-            for s in evicted:
-                self._free.push_back((<ChunkStatus>s).chunk_id)
-                evicted_keys.append((<ChunkStatus>s).key)
-            if self._events is not None:
-                self._events.append(self._r_event(keys=list(evicted_keys), medium=self._r_cpu, removed=True))
-
-        # 5. allocate: fresh chunks first, then freed ones, last freed first
+    cdef int _allocate_chunks(self, list new, vector[Py_ssize_t]& ids, list new_ghosts,
+                              list pre_new, object ctx, _Positions pos) except -1:
+        """Phase 5: give the new keys chunks (fresh ones first, then freed
+        ones, last freed first, into ``ids``) and insert them write-pending."""
+        cdef CachePolicy policy = self._pol
+        cdef Py_ssize_t i, n = len(new)
+        cdef Py_ssize_t num_fresh = self._n_chunks - self._n_allocated
         ids.reserve(n)
-        num_fresh = self._n_chunks - self._n_allocated
         if num_fresh > n:
             num_fresh = n
         for i in range(num_fresh):
@@ -808,13 +819,11 @@ cdef class CPUOffloadingManager:
         if new_ghosts is not None:
             (<ARCCachePolicy>policy).c_insert_new_ghosts(new, ids, new_ghosts)
         elif pre_new is not None:
-            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, req_context, pos, pre_new)
+            (<LRUCachePolicy>policy).c_insert_new_noted(new, ids, ctx, pos, pre_new)
         else:
-            policy.c_insert_new(new, ids, req_context, pos)
+            policy.c_insert_new(new, ids, ctx, pos)
         self._n_pending += n
-        if type(policy) is not LRUCachePolicy:
-            rec.inserted_log.extend(new)     # (the native LRU reads no flags)
-        return self._r_store(keys_to_store=new, store_spec=_chunk_spec(ids, self._r_spec), evicted_keys=evicted_keys)
+        return 0
 
     def complete_store(self, keys, req_context, success=True):
         """Finish the writes of keys being written: readable on success, dropped on failure.

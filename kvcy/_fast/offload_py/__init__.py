@@ -10,7 +10,8 @@ which assembles them into the twin module the selector loads.
 * ``cache_policy``: ``CachePolicy`` and the policies' argument checks;
 * ``lru_policy``: ``LRUCachePolicy``;
 * ``arc_policy``: ``ARCCachePolicy``;
-* ``manager``: ``CPUOffloadingManager`` and its access records;
+* ``access_record``: a request's access record on its ReqContext;
+* ``manager``: ``CPUOffloadingManager``;
 * ``connector``: ``ReplayConnector`` and ``ConnectorRequest``, the replay's
   offloading connector (``kvcy replay --cpu-offload``).
 """

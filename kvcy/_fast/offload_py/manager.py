@@ -1,5 +1,5 @@
-"""``CPUOffloadingManager``: the CPU tier's scheduler-side manager, and the per-request
-access records it keeps on a ``ReqContext`` (``vllm.v1.kv_offload.cpu.manager``)."""
+"""``CPUOffloadingManager``: the CPU tier's scheduler-side manager
+(``vllm.v1.kv_offload.cpu.manager``); its per-request records are in ``access_record``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from kvcy._fast.offload_py._common import (
     _owner_ids,
     _positions_of,
 )
+from kvcy._fast.offload_py.access_record import _AccessRecord, _AccessRecords
 from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
 from kvcy._fast.offload_py.cache_policy import CachePolicy
 from kvcy._fast.offload_py.chunk_status import ChunkStatus
@@ -45,28 +46,6 @@ from kvcy.kv_offload.metrics import OffloadingConnectorStats
 
 #: The policies every manager knows without the factory.
 _BUILTIN_POLICIES: dict[str, type[CachePolicy]] = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
-
-
-class _AccessRecord:
-    """What one request did with one manager, since the manager's last reset."""
-
-    __slots__ = ("generation", "key_groups", "seen", "inserted", "reused", "store_missed", "finished")
-
-    def __init__(self, generation: int):
-        self.generation = generation
-        # group suffix (4 bytes, big-endian: sorts like the index) -> keys, first seen first
-        self.key_groups: dict[bytes, list[OffloadKey]] = {}
-        self.seen: set[OffloadKey] = set()
-        self.inserted: set[OffloadKey] = set()
-        self.reused: set[OffloadKey] = set()
-        self.store_missed: set[OffloadKey] = set()
-        self.finished = False
-
-
-class _AccessRecords(dict):
-    """Kept on a ReqContext: manager id -> its _AccessRecord for the request."""
-
-    __slots__ = ()
 
 
 _FINALIZED = "New cache keys observed after request finalization"
@@ -450,31 +429,86 @@ class CPUOffloadingManager(OffloadingManager):
         keys = _check_keys(keys)
         _check_context(req_context)
         policy = self._policy
-        get = policy.get
-        counts = self.counts
-        threshold = self.store_threshold
         offer = keys
         stored_twice: list[OffloadKey] = []
         extra_skipped = extra_stored = 0
         if len(set(keys)) != len(keys):
-            # A repeat changes only the tracker counts and the skip count, unless
-            # vLLM would store the key twice (two chunks, one of them lost): that
-            # is refused.  The rest runs on the offer without repeats.
-            occurrences: dict[OffloadKey, int] = {}
-            for key in keys:
-                occurrences[key] = occurrences.get(key, 0) + 1
-            keys = list(occurrences)
-            for key, occ in occurrences.items():
-                if occ > 1 and get(key) is None:
-                    if counts is None or (key in counts and counts[key] + occ >= threshold):
-                        stored_twice.append(key)
-                        extra_stored += occ - 1
-                    else:
-                        extra_skipped += occ - 1
+            keys, stored_twice, extra_stored, extra_skipped = self._drop_repeats(offer)
+        new, ready, kept = self._classify_offer(keys, stored_twice)
+        record = self._get_record(req_context, create=True)
+        ready_set = set(ready)
+        to_record = [key for key in keys if key in kept or key in ready_set]
+        self._check_offer(record, to_record, ready, kept, stored_twice, extra_stored)
+        if type(policy) is LRUCachePolicy and type(req_context) is not ReqContext:
+            self._check_positions(to_record, req_context)
+
+        # 1. the offer tracker (every occurrence counts)
+        if self.counts is not None:
+            new = self._track_offer(offer, offer is not keys, new, kept, extra_skipped)
+        # 2. the policy hears of each miss once per request
+        self._note_store_misses(record, offer, new, kept, stored_twice, req_context)
+        # 3. the access record
+        self._record(record, to_record, ready, req_context)
+        if stored_twice:  # (vLLM's eviction fails)
+            self.allocation_sizes_in_current_batch.append(len(new) + extra_stored)
+            return None
+        if not new:
+            return self._r_store(keys_to_store=[], store_spec=_chunk_spec_as(self._r_spec, []), evicted_keys=[])
+        # 4. room: evict what the free chunks do not cover
+        self.allocation_sizes_in_current_batch.append(len(new))
+        evicted_keys = self._evict_for_store(len(new), keys)
+        if evicted_keys is None:
+            return None
+        # 5. allocate: fresh chunks first, then freed ones, last freed first
+        chunk_ids = self._allocate_chunks(new, req_context)
+        record.inserted.update(new)
+        return self._r_store(keys_to_store=new, store_spec=_chunk_spec_as(self._r_spec, chunk_ids), evicted_keys=evicted_keys)
+
+    # -- prepare_store's phases ------------------------------------------------
+    def _drop_repeats(self, full_offer: list) -> tuple[list, list, int, int]:
+        """The offer without its repeats, first occurrence first.
+
+        A repeat changes only the tracker counts and the skip count, unless
+        vLLM would store the key twice (two chunks, one of them lost): such
+        keys are returned as ``stored_twice`` (the offer is refused later),
+        their extra occurrences counted in ``extra_stored``; the other
+        repeats of keys to store count in ``extra_skipped``.
+
+        Returns:
+            ``(offer, stored_twice, extra_stored, extra_skipped)``.
+        """
+        counts = self.counts
+        get = self._policy.get
+        stored_twice: list[OffloadKey] = []
+        extra_skipped = extra_stored = 0
+        occurrences: dict[OffloadKey, int] = {}
+        for key in full_offer:
+            occurrences[key] = occurrences.get(key, 0) + 1
+        offer = list(occurrences)
+        for key, occ in occurrences.items():
+            if occ > 1 and get(key) is None:
+                if counts is None or (key in counts and counts[key] + occ >= self.store_threshold):
+                    stored_twice.append(key)
+                    extra_stored += occ - 1
+                else:
+                    extra_skipped += occ - 1
+        return offer, stored_twice, extra_stored, extra_skipped
+
+    def _classify_offer(self, offer: list, stored_twice: list) -> tuple[list, list, set]:
+        """Look each offered key up once.
+
+        Returns:
+            ``(new, ready, kept)``: the keys not resident, the readable ones,
+            and the new keys the store tracker will let through (all of them
+            without a tracker).
+        """
+        get = self._policy.get
+        counts = self.counts
+        threshold = self.store_threshold
         new: list[OffloadKey] = []
         ready: list[OffloadKey] = []
         kept: set[OffloadKey] = set()
-        for key in keys:
+        for key in offer:
             chunk = get(key)
             if chunk is None:
                 new.append(key)
@@ -484,9 +518,12 @@ class CPUOffloadingManager(OffloadingManager):
                     kept.add(key)
             elif chunk.ref_cnt >= 0:
                 ready.append(key)
-        record = self._get_record(req_context, create=True)
-        ready_set = set(ready)
-        to_record = [key for key in keys if key in kept or key in ready_set]
+        return new, ready, kept
+
+    def _check_offer(self, record: _AccessRecord, to_record: list, ready: list, kept: set,
+                     stored_twice: list, extra_stored: int) -> None:
+        """Refuse, before anything changes, an offer vLLM refuses (a finished
+        request's new key) or would get wrong (a key stored twice)."""
         if record.finished:
             seen = record.seen
             for key in to_record:
@@ -494,59 +531,73 @@ class CPUOffloadingManager(OffloadingManager):
                     raise AssertionError(_FINALIZED)
         if stored_twice:
             # vLLM allocates (and loses a chunk) unless its eviction fails first
+            get = self._policy.get
             need = len(kept) + extra_stored - self._get_num_free_chunks()
             evictable = self._num_evictable_cache_chunks
             offered_evictable = sum(1 for key in ready if get(key).ref_cnt == 0)
             if need <= 0 or (need <= evictable and evictable - offered_evictable >= need):
                 raise ValueError(f"prepare_store got key {stored_twice[0]!r} more than once")
 
-        if type(policy) is LRUCachePolicy and type(req_context) is not ReqContext:
-            self._check_positions(to_record, req_context)
+    def _track_offer(self, full_offer: list, repeated: bool, new: list, kept: set, extra_skipped: int) -> list:
+        """Phase 1: count the offer in the tracker (every occurrence counts).
 
-        # 1. the offer tracker (every occurrence counts)
-        if counts is not None:
-            self._update_tracker(offer, offer is not keys)
-            if len(kept) != len(new):
-                self.stores_skipped_in_current_batch += len(new) - len(kept) + extra_skipped
-                new = [key for key in new if key in kept]
-        # 2. the policy hears of each miss once per request
+        Returns:
+            The new keys it lets through: ``new`` itself when that is all of
+            them, else a new list (the others count as skipped stores).
+        """
+        self._update_tracker(full_offer, repeated)
+        if len(kept) == len(new):
+            return new
+        self.stores_skipped_in_current_batch += len(new) - len(kept) + extra_skipped
+        return [key for key in new if key in kept]
+
+    def _note_store_misses(self, record: _AccessRecord, full_offer: list, new: list, kept: set,
+                           stored_twice: list, req_context: ReqContext) -> None:
+        """Phase 2: the policy hears of each store miss once per request."""
         store_missed = record.store_missed
         if stored_twice:
             # (vLLM's eviction will fail: before that it tells the policy of every
             # occurrence of a repeated miss, e.g. two ARC ghost hits)
-            misses = [key for key in offer if key in kept and key not in store_missed]
+            misses = [key for key in full_offer if key in kept and key not in store_missed]
         else:
             misses = [key for key in new if key not in store_missed]
         if misses:
-            policy.on_store_miss(misses, req_context)
+            self._policy.on_store_miss(misses, req_context)
             store_missed.update(misses)
-        # 3. the access record
-        self._record(record, to_record, ready, req_context)
-        if stored_twice:  # (vLLM's eviction fails)
-            self.allocation_sizes_in_current_batch.append(len(new) + extra_stored)
-            return None
-        if not new:
-            return self._r_store(keys_to_store=[], store_spec=_chunk_spec_as(self._r_spec, []), evicted_keys=[])
 
-        # 4. room: evict what the free chunks do not cover
-        self.allocation_sizes_in_current_batch.append(len(new))
-        need = len(new) - self._get_num_free_chunks()
+    def _evict_for_store(self, num_new: int, offer: list) -> list[OffloadKey] | None:
+        """Phase 4: evict what the free chunks do not cover for ``num_new`` new
+        keys, never a key of the offer.
+
+        Returns:
+            The evicted keys (empty when the free chunks suffice), or
+            ``None`` when not enough chunks can be evicted.
+        """
+        need = num_new - self._get_num_free_chunks()
         evicted_keys: list[OffloadKey] = []
-        if need > 0:
-            if need > self._num_evictable_cache_chunks:
-                return None
-            evicted = policy.evict(need, set(keys))
-            if evicted is None:
-                return None
-            self._num_evictable_cache_chunks -= need
-            free_list = self._free_list
-            for key, chunk in evicted:
-                free_list.append(chunk.chunk_id)
-                evicted_keys.append(key)
-            if self.events is not None:
-                self.events.append(self._r_event(keys=list(evicted_keys), medium=self._r_cpu, removed=True))
+        if need <= 0:
+            return evicted_keys
+        if need > self._num_evictable_cache_chunks:
+            return None
+        evicted = self._policy.evict(need, set(offer))
+        if evicted is None:
+            return None
+        self._num_evictable_cache_chunks -= need
+        free_list = self._free_list
+        for key, chunk in evicted:
+            free_list.append(chunk.chunk_id)
+            evicted_keys.append(key)
+        if self.events is not None:
+            self.events.append(self._r_event(keys=list(evicted_keys), medium=self._r_cpu, removed=True))
+        return evicted_keys
 
-        # 5. allocate: fresh chunks first, then freed ones, last freed first
+    def _allocate_chunks(self, new: list, req_context: ReqContext) -> list[int]:
+        """Phase 5: give the new keys chunks (fresh ones first, then freed
+        ones, last freed first) and insert them write-pending.
+
+        Returns:
+            The chunk ids, in key order.
+        """
         num_new = len(new)
         first = self._num_allocated_chunks
         num_fresh = min(num_new, self._num_chunks - first)
@@ -555,11 +606,11 @@ class CPUOffloadingManager(OffloadingManager):
         free_list = self._free_list
         for _ in range(num_new - num_fresh):
             chunk_ids.append(free_list.pop())
+        insert = self._policy.insert
         for key, chunk_id in zip(new, chunk_ids):
-            policy.insert(key, ChunkStatus(chunk_id), req_context)
+            insert(key, ChunkStatus(chunk_id), req_context)
         self._num_write_pending_chunks += num_new
-        record.inserted.update(new)
-        return self._r_store(keys_to_store=new, store_spec=_chunk_spec_as(self._r_spec, chunk_ids), evicted_keys=evicted_keys)
+        return chunk_ids
 
     def _update_tracker(self, keys: list, repeated: bool = False) -> None:
         """Count one offer: offered keys move to the newest end, new ones enter
