@@ -63,6 +63,7 @@ REDIRECTS: dict[str, str] = {
     "vllm.v1.core.kv_cache_manager": "kvcy.kv_cache_manager",
     "vllm.v1.core.kv_cache_metrics": "kvcy.kv_cache_metrics",
     "vllm.distributed.kv_events": "kvcy.kv_events",
+    "vllm.v1.hisparse.layout": "kvcy.hisparse_layout",
 }
 
 # Modules of which only these names are rebound: the events the block pool emits (vLLM's
