@@ -1124,18 +1124,32 @@ def get_max_concurrency_for_kv_cache_config(config: KVCacheSettings, kv_cache_co
     """How many requests of ``config.max_model_len`` tokens fit at once (a ratio).
 
     A request takes ``cdiv(max_memory_usage_bytes, page_size_bytes)`` blocks
-    from every group, all from the one shared pool.
+    from every group: the device groups' from the one shared pool, the
+    host-resident (HiSparse) groups' from the host pool of
+    ``hisparse_host_num_blocks``; the tighter of the two pools bounds it.
 
     Raises:
-        ValueError: the config has no KV cache groups.
+        ValueError: the config has no KV cache groups, or no device group.
+        AssertionError: host-resident groups but no host pool size (as in vLLM).
     """
     groups = kv_cache_config.kv_cache_groups
     if not groups:
         raise ValueError("the KV cache config has no KV cache groups (attention-free model)")
-    blocks_per_request = sum(
-        cdiv(g.kv_cache_spec.max_memory_usage_bytes(config), g.kv_cache_spec.page_size_bytes) for g in groups
-    )
-    return kv_cache_config.num_blocks / blocks_per_request
+    device_blocks = host_blocks = 0
+    for g in groups:
+        blocks = cdiv(g.kv_cache_spec.max_memory_usage_bytes(config), g.kv_cache_spec.page_size_bytes)
+        if g.host_resident:
+            host_blocks += blocks
+        else:
+            device_blocks += blocks
+    if not device_blocks:
+        raise ValueError("the KV cache config has no device-resident KV cache group")
+    limit = kv_cache_config.num_blocks / device_blocks
+    if host_blocks:
+        # (vLLM asserts it)
+        assert kv_cache_config.hisparse_host_num_blocks is not None, "host-resident groups need hisparse_host_num_blocks"
+        limit = min(limit, kv_cache_config.hisparse_host_num_blocks / host_blocks)
+    return limit
 
 
 def get_kv_cache_capacity(config: KVCacheSettings, kv_cache_config: KVCacheConfig) -> tuple[int, float]:
@@ -1221,7 +1235,8 @@ def generate_scheduler_kv_cache_config(kv_cache_configs: list[KVCacheConfig]) ->
     """The config the scheduler's manager uses: worker 0's, with per-layer specs collapsed.
 
     Raises:
-        ValueError: no configs, or workers with different block counts.
+        ValueError: no configs, or workers with different block counts (device
+            or HiSparse host pool).
     """
     import copy
 
@@ -1229,6 +1244,8 @@ def generate_scheduler_kv_cache_config(kv_cache_configs: list[KVCacheConfig]) ->
         raise ValueError("no KV cache configs")
     if any(cfg.num_blocks != kv_cache_configs[0].num_blocks for cfg in kv_cache_configs):
         raise ValueError("workers have different num_blocks; call unify_kv_cache_configs first")
+    if any(cfg.hisparse_host_num_blocks != kv_cache_configs[0].hisparse_host_num_blocks for cfg in kv_cache_configs):
+        raise ValueError("workers have different hisparse_host_num_blocks")
     cfg = copy.deepcopy(kv_cache_configs[0])
     for group in cfg.kv_cache_groups:
         if isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs):

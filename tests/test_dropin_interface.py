@@ -176,8 +176,10 @@ def test_kv_cache_tensor_vllm_form():
         KVCacheTensor(size=10, layers=[["a"]], layer_stride=1, block_stride=1)
     with pytest.raises(ValueError, match="offset"):
         KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, offset=-1)
-    with pytest.raises(NotImplementedError, match="HiSparse"):
-        KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, host_resident=True)
+    host = KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, host_resident=True)
+    assert host.host_resident is True
+    with pytest.raises(TypeError, match="host_resident must be a bool"):
+        KVCacheTensor(size=10, layers=["a"], layer_stride=1, block_stride=1, host_resident=1)
 
 
 def test_kv_cache_config_fields():
@@ -196,10 +198,11 @@ def test_kv_cache_config_fields():
     uni_mamba = UniformTypeKVCacheSpecs(
         block_size=16, kv_cache_specs={"m": MambaSpec(block_size=16, shapes=((2,),), dtypes=("float32",))})
     assert KVCacheConfig(1, [], [KVCacheGroupSpec(["m"], uni_mamba)]).has_mamba_layers
-    with pytest.raises(NotImplementedError, match="HiSparse"):
-        KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups, hisparse_host_num_blocks=4)
-    with pytest.raises(NotImplementedError, match="HiSparse"):
-        KVCacheGroupSpec(["f"], full(), host_resident=True)
+    # HiSparse configs are built as vLLM builds them (the managers refuse them:
+    # tests/test_hisparse.py)
+    host = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], hisparse_host_num_blocks=4,
+                         kv_cache_groups=[*groups, KVCacheGroupSpec(["h"], full(), host_resident=True)])
+    assert host.host_group_ids == (3,) and host.hisparse_host_num_blocks == 4
 
 
 def test_cross_and_chunked_specs_keep_new_fields():
@@ -269,8 +272,7 @@ def test_kv_cache_group_role():
     assert group.role is KVCacheGroupRole.DEFAULT
     assert KVCacheGroupSpec(["f"], full(), role="default").role is KVCacheGroupRole.DEFAULT
     for role in (KVCacheGroupRole.HISPARSE_SOURCE, "hisparse_indexer"):
-        with pytest.raises(NotImplementedError, match="KVCacheGroupSpec.role.*HiSparse"):
-            KVCacheGroupSpec(["f"], full(), role=role)
+        assert KVCacheGroupSpec(["f"], full(), role=role).role is KVCacheGroupRole(role)
     with pytest.raises(ValueError, match="KVCacheGroupSpec.role"):
         KVCacheGroupSpec(["f"], full(), role="leader")
 
@@ -309,12 +311,14 @@ def test_kv_cache_config_engine_fields_and_group_views():
     assert cfg.num_blocks_of(tensor) == 8
     for bad, exc in (({"kv_tp_replicas": 0}, ValueError), ({"hash_block_size": 0}, ValueError),
                      ({"cache_hit_alignment_tokens": "16"}, TypeError), ({"kv_cache_layout": 3}, TypeError),
-                     ({"hisparse_shared_host_pool": 1}, TypeError)):
+                     ({"hisparse_shared_host_pool": 1}, TypeError),
+                     ({"hisparse_host_block_stride": 0}, ValueError),
+                     ({"hisparse_host_num_blocks": -1}, ValueError),
+                     ({"hisparse_host_num_blocks": 4.0}, TypeError)):
         with pytest.raises(exc, match=next(iter(bad))):
             KVCacheConfig(8, [], groups, **bad)
-    for off in ({"hisparse_host_block_stride": 64}, {"hisparse_shared_host_pool": True}):
-        with pytest.raises(NotImplementedError, match=next(iter(off))):
-            KVCacheConfig(8, [], groups, **off)
+    on = KVCacheConfig(8, [], groups, hisparse_host_block_stride=64, hisparse_shared_host_pool=True)
+    assert (on.hisparse_host_block_stride, on.hisparse_shared_host_pool) == (64, True)
 
 
 # --------------------------------------------------------------------------- gaps §6: extra retained tokens

@@ -134,6 +134,7 @@ INTERFACE_MODULES = {
     "chunked_local": {"ChunkedLocalAttentionSpec"},
     "rswa": {"RSWASpec"},
     "circular_buffer": {"CircularBufferSpec"},
+    "hisparse": {"HiSparseHotSpec", "HiSparseResidentSpec"},
     "mla": {"MLAAttentionSpec", "HiddenStateCacheSpec", "SlidingWindowMLASpec", "SparseCacheRole"},
     "mamba": {"MambaSpec"},
     "encoder_attention": {"EncoderOnlyAttentionSpec", "CrossAttentionSpec"},

@@ -61,6 +61,7 @@ from kvcy.kv_cache_interface import (
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
 )
+from kvcy.kv_cache_interface.hisparse import check_no_hisparse_groups, check_no_hisparse_spec
 from kvcy.kv_events import (
     AllBlocksCleared,
     BlockRemoved,

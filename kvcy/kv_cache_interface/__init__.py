@@ -16,9 +16,11 @@ attribute name such as ``"bfloat16"`` or ``"float8_e4m3fn"``).  Specs compare
 and hash by that canonical name, so equal specs are equal however their dtype
 was given.
 
-Parameters of features kvcy leaves out (decode context parallelism, HiSparse,
+Parameters of features kvcy leaves out (decode context parallelism,
 connector paths) are accepted at their "off"
-values and raise ``NotImplementedError`` naming the feature otherwise.  Page
+values and raise ``NotImplementedError`` naming the feature otherwise.
+HiSparse groups and specs are built and sized as vLLM does; only the
+managers refuse them (``NotImplementedError``).  Page
 sizes follow vLLM 0.33.0's formula from the spec's fields alone; packed
 quantized layouts are published in ``num_head_slots`` / ``state_content_bytes``
 (:func:`customize_spec` gives the default backends' ones).
@@ -26,8 +28,8 @@ quantized layouts are published in ``num_head_slots`` / ``state_content_bytes``
 The package holds one module per concept: ``dtypes`` and ``quant`` (element
 types and quantization modes), ``base`` (:class:`KVCacheSpec`,
 :class:`MultipleOf`), ``attention``, ``full_attention``, ``rswa``, ``sliding_window``,
-``chunked_local``, ``circular_buffer``, ``mla``, ``mamba`` and ``encoder_attention``
-(the spec families), ``registry`` (:class:`KVCacheSpecRegistry`: managers and
+``chunked_local``, ``circular_buffer``, ``mla``, ``mamba``, ``encoder_attention`` and
+``hisparse`` (the spec families), ``registry`` (:class:`KVCacheSpecRegistry`: managers and
 grouping bases of spec classes), ``uniform`` (:class:`UniformTypeKVCacheSpecs`), ``kinds`` (spec
 kinds of KV events), ``tensor`` and ``config`` (:class:`KVCacheTensor`, the
 groups and :class:`KVCacheConfig`), ``layout`` and ``views`` (physical layouts
@@ -46,6 +48,7 @@ from kvcy.kv_cache_interface.config import KVCacheConfig, KVCacheGroupRole, KVCa
 from kvcy.kv_cache_interface.dtypes import canonical_dtype, get_dtype_size
 from kvcy.kv_cache_interface.encoder_attention import CrossAttentionSpec, EncoderOnlyAttentionSpec
 from kvcy.kv_cache_interface.full_attention import FullAttentionSpec, SinkFullAttentionSpec, TQFullAttentionSpec
+from kvcy.kv_cache_interface.hisparse import HiSparseHotSpec, HiSparseResidentSpec
 from kvcy.kv_cache_interface.kinds import KVCacheSpecKind, get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 from kvcy.kv_cache_interface.layout import DIM_B, DIM_C, DIM_H, DIM_L, DIM_N, KVCacheLayout
 from kvcy.kv_cache_interface.mamba import MambaSpec
@@ -73,6 +76,8 @@ __all__ = [
     "EncoderOnlyAttentionSpec",
     "FullAttentionSpec",
     "HiddenStateCacheSpec",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
     "KVCacheConfig",
     "KVCacheGroupRole",
     "KVCacheGroupSpec",

@@ -18,7 +18,7 @@ from kvcy.kv_cache_interface.uniform import iter_layer_specs
 
 class KVCacheGroupRole(str, Enum):
     """What a cache group is for: an ordinary group, or one of HiSparse's two
-    (its device-side source and its indexer), which kvcy does not support."""
+    (its host-backed source and its indexer; kvcy's managers refuse them)."""
 
     DEFAULT = "default"
     HISPARSE_SOURCE = "hisparse_source"
@@ -34,11 +34,11 @@ class KVCacheGroupSpec:
     is_eagle_group: bool = False
     """Whether the group holds EAGLE/MTP draft layers."""
     host_resident: bool = False
-    """Whether the group lives in the HiSparse host pool (not supported)."""
+    """Whether the group lives in the HiSparse host pool (sized, not managed, by kvcy)."""
     enable_kv_transfer: bool = True
     """Whether the group is part of the KV state a connector transfers."""
     role: KVCacheGroupRole = KVCacheGroupRole.DEFAULT
-    """The group's role; only ``DEFAULT`` is supported (the others are HiSparse's)."""
+    """The group's role; kvcy's managers serve only ``DEFAULT`` (the others are HiSparse's)."""
 
     def __post_init__(self) -> None:
         for name in ("is_eagle_group", "host_resident", "enable_kv_transfer"):
@@ -50,12 +50,6 @@ class KVCacheGroupSpec:
                 raise ValueError(
                     f"KVCacheGroupSpec.role must be one of {[r.value for r in KVCacheGroupRole]}, got {self.role!r}"
                 ) from None
-        if self.role is not KVCacheGroupRole.DEFAULT:
-            raise NotImplementedError(
-                f"KVCacheGroupSpec.role={self.role.value!r}: HiSparse cache groups are not supported"
-            )
-        if self.host_resident:
-            raise NotImplementedError("KVCacheGroupSpec.host_resident: HiSparse host-resident KV is not supported")
 
 
 @dataclass
@@ -82,11 +76,11 @@ class KVCacheConfig:
     """Token granularity of prefix-cache hits, as the engine core resolved it
     (None: not resolved)."""
     hisparse_host_num_blocks: int | None = None
-    """Blocks of the HiSparse host pool; only None (HiSparse off) is supported."""
+    """Blocks of the HiSparse host pool (None: HiSparse off)."""
     hisparse_host_block_stride: int | None = None
-    """Bytes between HiSparse host blocks; only None (HiSparse off) is supported."""
+    """Bytes between HiSparse host blocks (None: HiSparse off)."""
     hisparse_shared_host_pool: bool = False
-    """Whether TP ranks share one HiSparse host pool; only False is supported."""
+    """Whether TP ranks share one HiSparse host pool."""
     kv_tp_replicas: int = 1
     """Consecutive tensor-parallel ranks that hold identical KV for every
     layer (1: no replicas)."""
@@ -101,13 +95,8 @@ class KVCacheConfig:
         _check_int("KVCacheConfig", "cache_hit_alignment_tokens", self.cache_hit_alignment_tokens, optional=True)
         _check_int("KVCacheConfig", "kv_tp_replicas", self.kv_tp_replicas)
         _check_bool("KVCacheConfig", "hisparse_shared_host_pool", self.hisparse_shared_host_pool)
-        for name, off in (
-            ("hisparse_host_num_blocks", None),
-            ("hisparse_host_block_stride", None),
-            ("hisparse_shared_host_pool", False),
-        ):
-            if getattr(self, name) is not off:
-                raise NotImplementedError(f"KVCacheConfig.{name}: HiSparse host-resident KV is not supported")
+        _check_int("KVCacheConfig", "hisparse_host_num_blocks", self.hisparse_host_num_blocks, minimum=0, optional=True)
+        _check_int("KVCacheConfig", "hisparse_host_block_stride", self.hisparse_host_block_stride, optional=True)
 
     @cached_property
     def transfer_group_ids(self) -> tuple[int, ...]:
@@ -148,11 +137,12 @@ class KVCacheConfig:
 
     @property
     def host_group_ids(self) -> tuple[int, ...]:
-        """Ids of host-resident (HiSparse) groups: always empty in kvcy."""
+        """Ids of host-resident (HiSparse) groups."""
         return tuple(i for i, g in enumerate(self.kv_cache_groups) if g.host_resident)
 
     def num_blocks_of(self, tensor: KVCacheTensor) -> int:
-        """Blocks the pool behind ``tensor`` can address (the device pool's, in kvcy)."""
+        """Blocks the pool behind ``tensor`` can address: the HiSparse host pool's for a
+        host-resident tensor, else the device pool's."""
         if not tensor.host_resident:
             return self.num_blocks
         assert self.hisparse_host_num_blocks is not None

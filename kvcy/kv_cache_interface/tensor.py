@@ -26,7 +26,6 @@ class KVCacheTensor:
     Raises:
         TypeError / ValueError: malformed sizes, strides or layer names, or
             both forms (or neither) given.
-        NotImplementedError: ``host_resident=True`` (HiSparse host pool).
     """
 
     size: int
@@ -51,8 +50,6 @@ class KVCacheTensor:
         _check_int("KVCacheTensor", "size", size, minimum=0)
         _check_int("KVCacheTensor", "offset", offset, minimum=0)
         _check_bool("KVCacheTensor", "host_resident", host_resident)
-        if host_resident:
-            raise NotImplementedError("KVCacheTensor.host_resident: HiSparse host-resident KV is not supported")
         if shared_by is not None:
             if layers is not None or layer_stride is not None or block_stride is not None or offset:
                 raise ValueError("KVCacheTensor takes either shared_by or layers/layer_stride/block_stride/offset")

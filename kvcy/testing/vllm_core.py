@@ -63,6 +63,7 @@ REDIRECTS: dict[str, str] = {
     "vllm.v1.core.kv_cache_manager": "kvcy.kv_cache_manager",
     "vllm.v1.core.kv_cache_metrics": "kvcy.kv_cache_metrics",
     "vllm.distributed.kv_events": "kvcy.kv_events",
+    "vllm.v1.hisparse.layout": "kvcy.hisparse_layout",
 }
 
 # Modules of which only these names are rebound: the events the block pool emits (vLLM's
@@ -72,6 +73,11 @@ _ONLY: dict[str, tuple[str, ...]] = {
         "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "KVCacheEvent", "KVEventBatch",
     ),
 }
+
+# Spec classes kvcy defines whose vLLM originals vLLM's own planner and HiSparse layout
+# (which stay vLLM's) test with isinstance: rebound in every vLLM module that holds them, so
+# that those modules recognise the kvcy specs the tests now build.
+_SPECS_EVERYWHERE = ("HiSparseHotSpec", "HiSparseResidentSpec")
 
 # vLLM modules whose import-time bindings must stay vLLM's (its Scheduler and what the tests'
 # helpers build around it); imported before anything is rebound.
@@ -249,7 +255,21 @@ def _rebind() -> dict[str, list[str]]:
             vars(vllm_module).pop("NONE_HASH", None)
             names.append("__getattr__")
         rebound[vllm_name] = names
+    _rebind_specs_everywhere(rebound)
     return rebound
+
+
+def _rebind_specs_everywhere(rebound: dict[str, list[str]]) -> None:
+    import kvcy.kv_cache_interface as kvcy_specs
+
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("vllm.") or module is None:
+            continue
+        for name in _SPECS_EVERYWHERE:
+            obj = vars(module).get(name)
+            if isinstance(obj, type) and obj.__module__ == "vllm.v1.kv_cache_interface":
+                setattr(module, name, getattr(kvcy_specs, name))
+                rebound.setdefault(module_name, []).append(name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ cdef class KVCacheCoordinator:
         _check_no_context_parallel(dcp_world_size, pcp_world_size)
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
+        check_no_hisparse_groups(groups)
         if scheduler_block_size % hash_block_size != 0 or any(
             scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
         ):

@@ -36,10 +36,11 @@ def get_manager_for_kv_cache_spec(kv_cache_spec, max_in_flight_tokens, max_model
     ``pcp_world_size``, ``needs_kv_cache_zeroing``); sliding-window and chunked-local
     managers also get their admission cap from ``max_in_flight_tokens`` and
     ``max_model_len``.  ``role``: a group role other than the default one is
-    HiSparse's (``NotImplementedError``).
+    HiSparse's, as are HiSparse's specs (``NotImplementedError``).
     """
     if role is not None and role != "default":
         raise NotImplementedError(f"KV-cache group role {role!r} (HiSparse) is not implemented in kvcy")
+    check_no_hisparse_spec(kv_cache_spec)
     klass = _manager_class(kv_cache_spec)
     cap = _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len)
     if cap is not None:

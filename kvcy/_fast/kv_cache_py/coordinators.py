@@ -16,6 +16,7 @@ from kvcy.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from kvcy.kv_cache_interface.hisparse import check_no_hisparse_groups
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _NeedsArguments, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.local_attention_managers import SlidingWindowManager
@@ -127,6 +128,7 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
         _check_no_context_parallel(dcp_world_size, pcp_world_size)
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
+        check_no_hisparse_groups(groups)
         if scheduler_block_size % hash_block_size != 0 or any(
             scheduler_block_size % g.kv_cache_spec.block_size != 0 for g in groups
         ):

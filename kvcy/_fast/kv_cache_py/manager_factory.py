@@ -18,6 +18,7 @@ from kvcy.kv_cache_interface import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from kvcy.kv_cache_interface.hisparse import check_no_hisparse_spec
 from kvcy._fast.kv_cache_py.local_attention_managers import (
     ChunkedLocalAttentionManager,
     CircularBufferManager,
@@ -72,10 +73,11 @@ def get_manager_for_kv_cache_spec(
     ``pcp_world_size``, ``needs_kv_cache_zeroing``); sliding-window and chunked-local
     managers also get their admission cap from ``max_in_flight_tokens`` and
     ``max_model_len``.  ``role``: a group role other than the default one is
-    HiSparse's (``NotImplementedError``).
+    HiSparse's, as are HiSparse's specs (``NotImplementedError``).
     """
     if role is not None and role != "default":
         raise NotImplementedError(f"KV-cache group role {role!r} (HiSparse) is not implemented in kvcy")
+    check_no_hisparse_spec(kv_cache_spec)
     klass = _manager_class(kv_cache_spec)
     cap = _admission_cap(kv_cache_spec, max_in_flight_tokens, max_model_len)
     if cap is not None:
