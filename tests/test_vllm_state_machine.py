@@ -129,6 +129,8 @@ CONFIGS = [
            external=True, num_blocks=48),
     Config("full+mamba-align", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
            aligned_chunks=True, num_blocks=48),
+    Config("full+mamba-align-connector", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
+           aligned_chunks=True, external=True, num_blocks=32),
     Config("full+mamba-align-eagle", (full(8), mamba(8, mamba_cache_mode="align")), hash_block_size=4,
            aligned_chunks=True, use_eagle=True, num_blocks=48),
     Config("full+swa+mamba-align", (full(8), swa(8, 24), mamba(8, mamba_cache_mode="align")), hash_block_size=4,

@@ -4,6 +4,9 @@
 # vllm/v1/core/kv_cache_utils.py, BlockHashListWithBlockSize.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 
+from collections.abc import MutableMapping as _MutableMapping
+
+
 cdef inline tuple _split_key(object key):
     if not isinstance(key, bytes) or len(key) < 4:
         raise ValueError(f"a cache key is a block hash followed by a 4-byte group id, got {key!r}")
@@ -279,19 +282,87 @@ cdef class BlockHashToBlockMap:
 
     @property
     def _cache(self):
-        """The whole map keyed by ``BlockHashWithGroupId`` (a copy, for inspection)."""
-        cdef size_t i
-        out = {}
-        for i in range(self._mask + 1):
-            if self._slots[i].key != NULL:
-                v = <object>self._slots[i].value
-                out[_group_key(<bytes>self._slots[i].key, self._slots[i].gid)] = (
-                    dict(v) if type(v) is dict else v
-                )
-        return out
+        """The whole map keyed by ``BlockHashWithGroupId``, as a live mapping (``_CacheView``)."""
+        return _CacheView(self)
+
+    def _cache_get(self, key):
+        # _CacheView[key]: the block, or a copy of the {block_id: block} dict; KeyError if absent.
+        h, gid = _split_key(key)
+        cdef uint64_t hv = self._hash_of(h, gid)
+        cdef Py_ssize_t i = self._find(<PyObject*>h, <uint32_t>gid, hv)
+        if i < 0:
+            raise KeyError(key)
+        v = <object>self._slots[i].value
+        return dict(v) if type(v) is dict else v
+
+    def _cache_del(self, key):
+        # del _CacheView[key]: every block under key leaves the table (their hashes stay,
+        # as with vLLM's dict); KeyError if absent.
+        h, gid = _split_key(key)
+        cdef uint64_t hv = self._hash_of(h, gid)
+        cdef Py_ssize_t i = self._find(<PyObject*>h, <uint32_t>gid, hv)
+        if i < 0:
+            raise KeyError(key)
+        self._release_slot(<size_t>i)
+
+    def _cache_set(self, key, value):
+        # _CacheView[key] = value: one KVCacheBlock, or a non-empty {block_id: block} dict
+        # (first wins lookups), in place of what key held; checked before anything changes.
+        h, gid = _split_key(key)
+        self._hash_of(h, gid)  # (type and range checks)
+        if isinstance(value, KVCacheBlock):
+            blocks = [value]
+        elif isinstance(value, dict) and value:
+            blocks = list(value.values())
+            for bid, block in value.items():
+                if not isinstance(block, KVCacheBlock) or type(bid) is not int or bid != (<KVCacheBlock>block).block_id:
+                    raise ValueError("a cache entry's dict maps each block's block_id to the KVCacheBlock")
+        else:
+            raise TypeError(f"a cache entry is a KVCacheBlock or a non-empty dict of them, got {type(value).__name__}")
+        cdef Py_ssize_t i = self._find(<PyObject*>h, <uint32_t>gid, self._hash_of(h, gid))
+        if i >= 0:
+            self._release_slot(<size_t>i)
+        for block in blocks:
+            self._insert(h, gid, <KVCacheBlock>block)
 
     def __len__(self):
         return self._len
+
+
+class _CacheView(_MutableMapping):
+    """``BlockHashToBlockMap._cache``: the table seen as vLLM's ``{BlockHashWithGroupId: block
+    or {block_id: block}}`` dict, live.  Reads see the table as it is (a dict value as a copy);
+    ``pop``, ``del`` and ``clear`` drop every block under a key; assigning stores a block or a
+    dict of blocks keyed by their ids in place of what the key held.  ``copy()`` (and
+    ``copy.copy``) give a plain dict snapshot."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, BlockHashToBlockMap block_map not None):
+        self._map = block_map
+
+    def __getitem__(self, key):
+        return self._map._cache_get(key)
+
+    def __setitem__(self, key, value):
+        self._map._cache_set(key, value)
+
+    def __delitem__(self, key):
+        self._map._cache_del(key)
+
+    def __iter__(self):
+        return iter(self._map.keys())
+
+    def __len__(self):
+        return len(self._map)
+
+    def copy(self):
+        return {key: self._map._cache_get(key) for key in self._map.keys()}
+
+    __copy__ = copy
+
+    def __repr__(self):
+        return repr(self.copy())
 
 
 # The cycle collector sees what the queue's ring and the map's table hold

@@ -564,6 +564,17 @@ cdef class BlockPool:
             # (the token count goes with the first entry, which becomes dst's own key)
             self._insert_block_hash(<bytes>key[0], <uint32_t>key[1], dst, num_tokens)
 
+    def _maybe_evict_cached_block(self, block):
+        """Drop ``block``'s prefix-cache entries, with their events: False if it had none.
+
+        Raises:
+            TypeError / RuntimeError: ``block`` is not a KVCacheBlock of this pool.
+        """
+        _check_own_block(self.blocks, "block", block)
+        if self.metrics_collector:
+            self.metrics_collector.on_block_evicted(block)
+        return _evict(self, <KVCacheBlock>block)
+
     def unpin_blocks(self, blocks, on_reuse):
         """Not implemented: releasing blocks that stay readable until reused is for HiSparse.
 
@@ -880,7 +891,7 @@ cdef class BlockPool:
 
 
 cdef inline bint _evict(BlockPool pool, KVCacheBlock block) except -1:
-    # The Python twin's BlockPool._maybe_evict_cached_block (inlined into get_new_blocks' loop):
+    # The Python twin's BlockPool._evict_cached_block (inlined into get_new_blocks' loop):
     # drop the block's key from the cache map (found from the hash half the
     # block keeps), with its event; False if it had no key there.  With partial
     # entries about, every key of the block, with an event each (vLLM's order).

@@ -323,21 +323,37 @@ cdef class KVCacheManager:
     def get_computed_blocks_for_connector(self, request, max_cache_hit_length=None):
         """The local prefix hit of a request scheduled with a KV connector.
 
-        Returns ``get_computed_blocks``' triple and ``hit_diverged``, which is
-        False: only a hybrid of Mamba and full attention can have per-group hits
-        that diverge, and that connector path is out of kvcy's scope.
+        Returns ``get_computed_blocks``' triple and ``hit_diverged``.  Only a
+        hybrid of Mamba and full attention differs from ``get_computed_blocks``:
+        its groups are searched one by one and the full-attention hit is the
+        local prefix (the connector brings the rest, Mamba state included), with
+        ``hit_diverged`` True when another group hit less, and a boundary of 0.
+        When some group hit deeper than full attention, the full-attention tail
+        was evicted, and the hit all groups share is returned instead.
 
         Raises:
-            NotImplementedError: the cache has Mamba and full-attention groups.
+            ValueError / TypeError: ``max_cache_hit_length`` is not a non-negative int.
         """
-        if self.kv_cache_config.has_mamba_layers and isinstance(self.coordinator, HybridKVCacheCoordinator) and any(
-            isinstance(g.kv_cache_spec, FullAttentionSpec) for g in self.kv_cache_config.kv_cache_groups
+        coordinator = self.coordinator
+        if not (
+            self.kv_cache_config.has_mamba_layers
+            and isinstance(coordinator, HybridKVCacheCoordinator)
+            and coordinator.full_attention_group_id is not None
         ):
-            raise NotImplementedError(
-                "get_computed_blocks_for_connector with Mamba and full-attention groups (per-group hits for a "
-                "KV connector) is not implemented in kvcy"
-            )
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        cdef Py_ssize_t max_len = -1
+        if max_cache_hit_length is not None:
+            max_len = _check_count("max_cache_hit_length", max_cache_hit_length)
+        if _no_lookup(self, request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        if max_len < 0:
+            max_len = _num_tokens(request) - 1
+        fa_group_id = coordinator.full_attention_group_id
+        computed, hits = coordinator.find_longest_cache_hit_per_group(_block_hashes_of(request), max_len)
+        num_local = hits[fa_group_id]
+        if any(hit > num_local for hit in hits):
+            return (*self.get_computed_blocks(request, max_len), False)
+        return self.create_kv_cache_blocks(computed), num_local, 0, min(hits) < num_local
 
     cdef object _full_lookup(self, Request request):
         # get_computed_blocks for one plain full-attention group with no

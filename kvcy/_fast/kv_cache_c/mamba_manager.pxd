@@ -29,7 +29,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
                                          Py_ssize_t checkpoint_position, Py_ssize_t prefill_end) except -1
     cpdef list allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
     cdef list _allocate_new_blocks(self, str request_id, Py_ssize_t num_tokens, Py_ssize_t num_tokens_main_model)
-    cdef int _relocate_speculative_block(self, list req_blocks, Py_ssize_t block_idx) except -1
+    cdef int _relocate_speculative_block_impl(self, list req_blocks, Py_ssize_t block_idx) except -1
     cdef int _remove_blocks_in_range(self, str request_id, Py_ssize_t first_block, Py_ssize_t last_block) except -1
     cpdef remove_skipped_blocks(self, str request_id, Py_ssize_t processed_computed_tokens,
                                 object num_prompt_tokens=*)
@@ -38,6 +38,6 @@ cdef class MambaManager(SingleTypeKVCacheManager):
     cdef bint _free_held(self, str request_id) except -1
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=*,
                        object replay_boundaries=*)
-    cdef object _cache_partial_tail_block(self, object request, Py_ssize_t num_tokens, object retention_interval)
+    cdef object _cache_partial_tail_block_impl(self, object request, Py_ssize_t num_tokens, object retention_interval)
     cdef object _sparse_reachable(self, Py_ssize_t start_block, Py_ssize_t end_block,
                                   Py_ssize_t retention_interval, list boundaries)

@@ -337,7 +337,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
             for block_idx in range(prev_len - nspec, prev_len):
                 if block_idx >= num_skipped - checkpoint_block:
                     break
-                self._relocate_speculative_block(req_blocks, block_idx)
+                self._relocate_speculative_block_impl(req_blocks, block_idx)
         cdef Py_ssize_t num_new = num_required - len(req_blocks)
         if num_new < 0:
             num_new = 0
@@ -379,7 +379,16 @@ cdef class MambaManager(SingleTypeKVCacheManager):
 
     @cython.boundscheck(True)
     @cython.wraparound(True)
-    cdef int _relocate_speculative_block(self, list req_blocks, Py_ssize_t block_idx) except -1:
+    def _relocate_speculative_block(self, list req_blocks not None, Py_ssize_t block_idx):
+        """Move the speculative block at ``block_idx`` of ``req_blocks`` to the end, leaving
+        the null block in its place (AssertionError when another request shares it)."""
+        if block_idx < 0:
+            block_idx += len(req_blocks)
+        if not 0 <= block_idx < len(req_blocks):
+            raise IndexError("list index out of range")
+        self._relocate_speculative_block_impl(req_blocks, block_idx)
+
+    cdef int _relocate_speculative_block_impl(self, list req_blocks, Py_ssize_t block_idx) except -1:
         # A speculative block this step leaves behind moves to the table's end.
         block = req_blocks[block_idx]
         if not self.block_pool.is_block_writable(block):
@@ -486,7 +495,7 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         SingleTypeKVCacheManager.cache_blocks(self, request, num_tokens, retention_interval, replay_boundaries)
         cdef Py_ssize_t after = self._num_cached_block.get(request_id, 0)
         if self._align:
-            key = self._cache_partial_tail_block(request, num_tokens, retention_interval)
+            key = self._cache_partial_tail_block_impl(request, num_tokens, retention_interval)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
         cdef Py_ssize_t idx
@@ -504,9 +513,13 @@ cdef class MambaManager(SingleTypeKVCacheManager):
                         (request_id, self.kv_cache_group_id, block, block._num_tokens)
                     )
 
+    def _cache_partial_tail_block(self, request, Py_ssize_t num_tokens, retention_interval):
+        """Cache the state this step leaves at a hash boundary (align mode); its key, or None."""
+        return self._cache_partial_tail_block_impl(request, num_tokens, retention_interval)
+
     @cython.boundscheck(True)
     @cython.wraparound(True)
-    cdef object _cache_partial_tail_block(self, object request, Py_ssize_t num_tokens, object retention_interval):
+    cdef object _cache_partial_tail_block_impl(self, object request, Py_ssize_t num_tokens, object retention_interval):
         # The state this step leaves at a hash boundary, as a cache entry: this
         # allocation's checkpoint (re-keyed at its position, or dropped when no
         # hit can reach it), else the prompt's last reusable hash boundary (or,

@@ -48,7 +48,7 @@ cdef class SingleTypeKVCacheManager:
     # allocation; the (source, copy) pairs queued; Mamba align's boundary states
     # (request id, group id, block, tokens) queued for a connector.
     cdef dict _partial_hit_reqs
-    cdef list _pending_cow_copies
+    cdef readonly list _pending_cow_copies
     cdef list _pending_boundary_state_offloads
 
     cpdef Py_ssize_t get_num_skipped_tokens(self, Py_ssize_t num_computed_tokens)

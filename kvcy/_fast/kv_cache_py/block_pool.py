@@ -434,7 +434,7 @@ class BlockPool(_Checked):
             partial = bool(self._partial_keys)  # (a block's extra keys outlive its own)
             for block in ret:
                 if block._key is not None or partial:
-                    self._maybe_evict_cached_block(block)
+                    self._evict_cached_block(block)
                 block._ref_cnt += 1
         else:
             for block in ret:
@@ -448,12 +448,21 @@ class BlockPool(_Checked):
         caching = self.enable_caching
         for block in ret:
             if caching:
-                self._maybe_evict_cached_block(block)
+                self._evict_cached_block(block)
             block._ref_cnt += 1
             if self.metrics_collector:
                 self.metrics_collector.on_block_allocated(block)
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop ``block``'s prefix-cache entries, with their events: False if it had none.
+
+        Raises:
+            TypeError / RuntimeError: ``block`` is not a KVCacheBlock of this pool.
+        """
+        self._check_own_block("block", block)
+        return self._evict_cached_block(block)
+
+    def _evict_cached_block(self, block: KVCacheBlock) -> bool:
         if self.metrics_collector:  # (vLLM's order: the hook first, for a block with no key too)
             self.metrics_collector.on_block_evicted(block)
         key = block._key
@@ -540,7 +549,7 @@ class BlockPool(_Checked):
             if block_id < 0:
                 raise ValueError(f"block id {block_id} is outside the pool of {self.num_gpu_blocks}")
         for block_id in block_ids:
-            self._maybe_evict_cached_block(self.blocks[block_id])
+            self._evict_cached_block(self.blocks[block_id])
 
     def touch(self, blocks: Sequence[KVCacheBlock] | Sequence[Sequence[KVCacheBlock]]) -> None:
         """Take a reference on cache-hit blocks, unlinking free ones from the queue.

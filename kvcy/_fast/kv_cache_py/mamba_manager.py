@@ -579,7 +579,7 @@ class MambaManager(SingleTypeKVCacheManager):
                                                  retention_interval=retention_interval)
                 retained = mask is None or mask[0]
             if not is_prompt_checkpoint and not retained and position != _shared_prefix_boundary(request):
-                pool._maybe_evict_cached_block(block)  # (a transient state: its slot is overwritten)
+                pool._evict_cached_block(block)  # (a transient state: its slot is overwritten)
                 return None
             if block._block_hash_num_tokens == position:
                 return None
