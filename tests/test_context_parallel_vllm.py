@@ -74,3 +74,51 @@ def test_spec_sizing_matches_vllm_under_dcp(seed):
         refusals += want[0] == "assert"
     # the random table reaches both the scaled sizes and vLLM's refusal
     assert dcp_cases > 100 and refusals > 0
+
+
+def _group_pair(rng):
+    """One group as vLLM builds it and as kvcy does (the spec converted)."""
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec as VGroup
+
+    from kvcy.kv_cache_interface import KVCacheGroupSpec
+
+    block_size = rng.choice([4, 8, 16, 32])
+    kind = rng.choice(["full", "mamba"])
+    if kind == "full":
+        spec = V.FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=64, dtype=BF16,
+                                   dcp_sharded=rng.random() < 0.7)
+    else:
+        spec = V.MambaSpec(block_size=block_size, shapes=((4,),), dtypes=(BF16,),
+                           mamba_cache_mode=rng.choice(["align", "align", "all"]))
+    return VGroup(["l"], spec), KVCacheGroupSpec(["l"], convert_kv_cache_spec(spec))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dcp_block_sizes_and_partial_hits_match_vllm(seed):
+    from vllm.v1.core import kv_cache_utils as VU
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager as VFull
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager as VMamba
+
+    from kvcy import kv_cache_utils as KU
+    from kvcy.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+
+    rng = random.Random(seed)
+    enabled = 0
+    for _ in range(300):
+        pairs = [_group_pair(rng) for _ in range(rng.randint(1, 3))]
+        theirs, ours = [p[0] for p in pairs], [p[1] for p in pairs]
+        dcp = rng.choice([1, 2, 4])
+        hash_block_size = rng.choice([4, 8, 16, 32])
+        for v_group, k_group in pairs:
+            assert KU.resolve_dcp_kv_block_size(k_group.kv_cache_spec, dcp) == VU.resolve_dcp_kv_block_size(
+                v_group.kv_cache_spec, dcp)
+            resolved = KU.resolve_dcp_kv_cache_spec(k_group.kv_cache_spec, dcp)
+            assert resolved.block_size == VU.resolve_dcp_kv_cache_spec(v_group.kv_cache_spec, dcp).block_size
+        v_classes = [VMamba if isinstance(g.kv_cache_spec, V.MambaSpec) else VFull for g in theirs]
+        k_classes = [MambaManager if c is VMamba else FullAttentionManager for c in v_classes]
+        want = VU.partial_hash_hits_enabled(theirs, hash_block_size, dcp)
+        assert KU.partial_hash_hits_enabled(ours, hash_block_size, dcp) == want
+        want_m = VU.partial_hash_hits_enabled(theirs, hash_block_size, dcp, v_classes)
+        assert KU.partial_hash_hits_enabled(ours, hash_block_size, dcp, k_classes) == want_m
+        enabled += want_m
+    assert enabled > 0

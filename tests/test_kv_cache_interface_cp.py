@@ -55,3 +55,57 @@ def test_config_without_parallel_section_means_no_dcp():
     spec = FullAttentionSpec(**ATTN)
     bare = SimpleNamespace(model_config=SimpleNamespace(max_model_len=1000))
     assert spec.max_memory_usage_bytes(bare) == 63 * spec.page_size_bytes
+
+
+def test_resolve_dcp_kv_block_size_and_spec():
+    from kvcy.kv_cache_interface import UniformTypeKVCacheSpecs
+    from kvcy.kv_cache_utils import resolve_dcp_kv_block_size, resolve_dcp_kv_cache_spec
+
+    sharded = FullAttentionSpec(**ATTN)
+    replicated = FullAttentionSpec(dcp_sharded=False, **ATTN)
+    assert resolve_dcp_kv_block_size(sharded, 4) == 64
+    assert resolve_dcp_kv_block_size(replicated, 4) == 16
+    assert resolve_dcp_kv_cache_spec(replicated, 4) is replicated
+    assert resolve_dcp_kv_cache_spec(sharded, 1) is sharded
+    assert resolve_dcp_kv_cache_spec(sharded, 4) == FullAttentionSpec(**{**ATTN, "block_size": 64})
+    uniform = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": sharded, "b": sharded})
+    resolved = resolve_dcp_kv_cache_spec(uniform, 2)
+    assert resolved.block_size == 32
+    assert {spec.block_size for spec in resolved.kv_cache_specs.values()} == {32}
+
+
+class _BlockAlignedManager:
+    """A manager class as partial_hash_hits_enabled reads it: block-aligned lookups only."""
+
+    supports_fine_grained_hash_lookup = False
+
+
+class _FineGrainedManager:
+    supports_fine_grained_hash_lookup = True
+
+
+@pytest.mark.parametrize("twin", ["cython", "python"])
+def test_partial_hash_hits_under_dcp(twin):
+    from kvcy import _fast
+    from kvcy.kv_cache_interface import KVCacheGroupSpec, MambaSpec
+
+    try:
+        enabled = _fast.load(twin)["kv_cache"].partial_hash_hits_enabled
+    except ImportError:
+        pytest.skip(f"the {twin} twin is not built here")
+    mamba = KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
+                                              mamba_cache_mode="align"))
+    attention = KVCacheGroupSpec(["f"], FullAttentionSpec(**{**ATTN, "block_size": 8}))
+    replicated = KVCacheGroupSpec(["r"], FullAttentionSpec(**{**ATTN, "block_size": 8, "dcp_sharded": False}))
+    managers = [_FineGrainedManager, _BlockAlignedManager]
+    # a Mamba block equal to the hash block qualifies under dcp only
+    assert enabled([mamba], 16, 1) is False
+    assert enabled([mamba], 16, 2) is True
+    # a block-aligned group must span exactly the hash block: 8 tokens * dcp 2 does
+    assert enabled([mamba, attention], 16, 2, managers) is True
+    assert enabled([mamba, attention], 8, 2, managers) is False
+    # a replicated cache is not scaled: 8 tokens at any world size
+    assert enabled([mamba, replicated], 16, 2, managers) is False
+    assert enabled([mamba, replicated], 8, 2, managers) is True
+    # no Mamba group, no partial hits, at any world size
+    assert enabled([], 4, 2) is False
