@@ -122,7 +122,6 @@ def resolve_cache_hit_alignment_tokens(
 
     Raises:
         AssertionError: a group's spec (and role) has no registered manager, as in vLLM.
-        NotImplementedError: decode context parallelism (as ``partial_hash_hits_enabled``).
     """
     from kvcy.kv_cache_interface import KVCacheSpecRegistry
 
@@ -138,6 +137,31 @@ def resolve_cache_hit_alignment_tokens(
     if partial_hash_hits_enabled(groups, hash_block_size, dcp_world_size, manager_classes):
         return hash_block_size
     return scheduler_block_size
+
+
+def resolve_dcp_kv_block_size(spec: Any, dcp_world_size: int) -> int:
+    """Tokens one block of ``spec`` spans under decode context parallelism: each of the
+    ``dcp_world_size`` ranks holds every dcp-th token of a sharded cache, so a block
+    covers ``block_size * dcp_world_size`` tokens; a replicated one (``dcp_sharded=False``)
+    keeps its ``block_size``."""
+    return spec.block_size * (dcp_world_size if spec.dcp_sharded else 1)
+
+
+def resolve_dcp_kv_cache_spec(spec: Any, dcp_world_size: int) -> Any:
+    """``spec`` with its block size set to :func:`resolve_dcp_kv_block_size` (and each
+    layer's, for a :class:`~kvcy.kv_cache_interface.UniformTypeKVCacheSpecs`); ``spec``
+    itself when the span is unchanged."""
+    from dataclasses import replace
+
+    from kvcy.kv_cache_interface import UniformTypeKVCacheSpecs
+
+    block_size = resolve_dcp_kv_block_size(spec, dcp_world_size)
+    if block_size == spec.block_size:
+        return spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        layers = {name: resolve_dcp_kv_cache_spec(layer, dcp_world_size) for name, layer in spec.kv_cache_specs.items()}
+        return replace(spec, block_size=block_size, kv_cache_specs=layers)
+    return replace(spec, block_size=block_size)
 
 
 def __getattr__(name: str):
@@ -198,6 +222,8 @@ __all__ = [
     "partial_hash_hits_enabled",
     "resolve_block_hashes",
     "resolve_cache_hit_alignment_tokens",
+    "resolve_dcp_kv_block_size",
+    "resolve_dcp_kv_cache_spec",
     "resolve_none_hash_seed",
     "to_event_extra_keys",
     "trim_null_head",

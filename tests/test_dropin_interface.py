@@ -127,8 +127,7 @@ def test_max_num_blocks_per_req():
     uni = UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs={"a": full(), "b": mla()})
     assert uni.max_num_blocks_per_req(settings, 100) == 7
     dcp = SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=2))
-    with pytest.raises(NotImplementedError, match="dcp"):
-        full().max_num_blocks_per_req(dcp, 100)
+    assert full().max_num_blocks_per_req(dcp, 100) == 4  # 100 tokens over 2 ranks of 16-token blocks
 
 
 def test_int4_per_token_head():

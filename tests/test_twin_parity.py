@@ -741,7 +741,6 @@ BAD_CALLS = {
         0, 8, 0, o["mamba_manager"].kv_cache_spec, False, retention_interval=0),
     "MambaManager.find_longest_cache_hit(alignment 0)": lambda o: o["mod"].MambaManager.find_longest_cache_hit(
         [], 16, [0], o["mamba_manager"].block_pool, o["mamba_manager"].kv_cache_spec, False, 0),
-    "partial_hash_hits_enabled(dcp=2)": lambda o: o["mod"].partial_hash_hits_enabled([], 4, 2),
     # hashing
     "digest(unknown algo)": lambda o: o["hashing"].digest("md5", b""),
     "hash_blocks(block_size=0)": lambda o: o["hashing"].hash_blocks("sha256", b"p" * 32, [1, 2], 0, 1, 0),

@@ -16,7 +16,7 @@ attribute name such as ``"bfloat16"`` or ``"float8_e4m3fn"``).  Specs compare
 and hash by that canonical name, so equal specs are equal however their dtype
 was given.
 
-Parameters of features kvcy leaves out (decode context parallelism,
+Parameters of features kvcy leaves out (context parallelism in the managers,
 connector paths) are accepted at their "off"
 values and raise ``NotImplementedError`` naming the feature otherwise.
 HiSparse groups and specs are built and sized as vLLM does; only the

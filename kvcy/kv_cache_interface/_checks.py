@@ -40,12 +40,10 @@ def _dcp_world_size(config: Any) -> int:
     return getattr(parallel, "decode_context_parallel_size", 1) or 1
 
 
-def _no_dcp(config: Any) -> None:
-    if _dcp_world_size(config) > 1:
-        raise NotImplementedError(
-            "decode context parallelism (dcp) is not supported: "
-            "parallel_config.decode_context_parallel_size must be 1"
-        )
+def _kv_shard_count(spec: Any, config: Any) -> int:
+    """How many decode-context-parallel ranks split ``spec``'s tokens: the dcp world
+    size for a sharded cache, 1 for one every rank replicates (``dcp_sharded=False``)."""
+    return _dcp_world_size(config) if spec.dcp_sharded else 1
 
 
 def _setting(config: Any, name: str, nested: str) -> Any:

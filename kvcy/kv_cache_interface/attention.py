@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from kvcy.kv_cache_interface._checks import _check_int, _check_tokens_per_state, _no_dcp, cdiv
+from kvcy.kv_cache_interface._checks import _check_int, _check_tokens_per_state, _kv_shard_count, cdiv
 from kvcy.kv_cache_interface.base import KVCacheSpec, num_states_for
 from kvcy.kv_cache_interface.dtypes import _DTYPE_SIZES, _is_torch_dtype, _torch_dtype, canonical_dtype
 from kvcy.kv_cache_interface.quant import KVQuantMode
@@ -127,8 +127,9 @@ class AttentionSpec(KVCacheSpec):
         return self.unpadded_page_size_bytes
 
     def max_num_blocks_per_req(self, config: Any, max_len: int) -> int:
-        _no_dcp(config)
-        return cdiv(max_len, self.block_size)
+        # Under decode context parallelism a block on this rank holds every
+        # dcp-th token, so one logical block spans block_size * dcp tokens.
+        return cdiv(max_len, self.block_size * _kv_shard_count(self, config))
 
     def copy_with_new_block_size(self, block_size: int):
         if self.page_size_padded is not None:

@@ -46,8 +46,8 @@ class KVCacheSpec:
     block_size: int
     """Number of tokens in a block."""
     dcp_sharded: bool = False
-    """Whether decode context parallelism would shard this cache's tokens
-    across ranks (only meaningful with dcp, which kvcy does not support)."""
+    """Whether decode context parallelism shards this cache's tokens across ranks
+    (each rank holds 1/dcp of them; False means every rank holds a full copy)."""
     block_stride_alignment: int | MultipleOf | None = None
     """Byte alignment the stride between physical blocks needs (packed layers
     included): an int of bytes, :class:`MultipleOf` for whole kernel blocks,

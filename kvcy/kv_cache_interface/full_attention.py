@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kvcy.kv_cache_interface._checks import _check_bool, _check_int, _setting, cdiv
+from kvcy.kv_cache_interface._checks import _check_bool, _check_int, _kv_shard_count, _setting, cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
 
 
@@ -38,7 +38,8 @@ class FullAttentionSpec(AttentionSpec):
             )
 
     def max_memory_usage_bytes(self, config: Any) -> int:
-        max_model_len = _setting(config, "max_model_len", "model_config")
+        # A dcp-sharded cache keeps only its share of the tokens on each rank.
+        max_model_len = cdiv(_setting(config, "max_model_len", "model_config"), _kv_shard_count(self, config))
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
 
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvcy.kv_cache_interface._checks import _admission_capped_bytes, _check_int, cdiv
+from kvcy.kv_cache_interface._checks import _admission_capped_bytes, _check_int, _kv_shard_count, cdiv
 from kvcy.kv_cache_interface.attention import AttentionSpec
 from kvcy.kv_cache_interface.base import KVCacheSpec
 
@@ -43,6 +43,8 @@ class SlidingWindowSpec(AttentionSpec):
         return cdiv(num_tokens, self.block_size) + 1
 
     def max_memory_usage_bytes(self, config: Any) -> int:
+        # vLLM sizes no sliding window under decode context parallelism and asserts.
+        assert _kv_shard_count(self, config) == 1, "DCP not support sliding window."
         return _admission_capped_bytes(self, config)
 
     def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:

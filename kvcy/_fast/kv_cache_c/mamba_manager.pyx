@@ -57,19 +57,22 @@ def is_mamba_prefill_checkpoint_valid(query_start, query_end, checkpoint_positio
     )
 
 
+def _dcp_block_span(spec, dcp_world_size):
+    # Tokens one block of ``spec`` covers: dcp ranks each hold every dcp-th token.
+    return spec.block_size * dcp_world_size if spec.dcp_sharded else spec.block_size
+
+
 def partial_hash_hits_enabled(kv_cache_groups, hash_block_size, dcp_world_size=1, manager_classes=None):
     """Whether prefix hits may end inside a block: some Mamba layer is in align mode
     with blocks coarser than the hash block, and (given ``manager_classes``, one per
     group) every other prefix-cacheable group either looks up fine-grained or has
-    blocks of the hash block's size.
-
-    Raises:
-        NotImplementedError: ``dcp_world_size`` is not 1 (context parallelism).
+    blocks of the hash block's size.  Under decode context parallelism
+    (``dcp_world_size > 1``) a sharded group's block spans ``block_size * dcp``
+    tokens, and a Mamba block as large as the hash block already qualifies.
     """
-    if dcp_world_size != 1:
-        raise NotImplementedError("decode context parallelism (dcp_world_size > 1) is not implemented in kvcy")
     if not any(
-        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align" and spec.block_size > hash_block_size
+        isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
+        and (spec.block_size > hash_block_size if dcp_world_size == 1 else spec.block_size >= hash_block_size)
         for group in kv_cache_groups
         for spec in iter_layer_specs(group.kv_cache_spec)
     ):
@@ -79,7 +82,7 @@ def partial_hash_hits_enabled(kv_cache_groups, hash_block_size, dcp_world_size=1
     return not any(
         group.kv_cache_spec.prefix_cacheable
         and not klass.supports_fine_grained_hash_lookup
-        and group.kv_cache_spec.block_size != hash_block_size
+        and _dcp_block_span(group.kv_cache_spec, dcp_world_size) != hash_block_size
         for group, klass in zip(kv_cache_groups, manager_classes)
     )
 
