@@ -31,7 +31,8 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+for _tests in ("tests", os.path.join("tests", "vllm_live")):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", _tests))
 
 _CTX_METHODS = {"lookup", "get_load_source", "prepare_load", "touch", "complete_load", "prepare_store",
                 "complete_store", "on_new_request", "on_request_finished"}

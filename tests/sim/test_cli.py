@@ -17,7 +17,7 @@ import kvcy.sim.traces
 import kvcy.sim.cli
 from kvcy.cli import float_arg, int_arg, main, parse_size
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 
 
