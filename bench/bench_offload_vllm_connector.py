@@ -6,7 +6,7 @@ Run with vLLM 0.33.0 importable (its own environment)::
     VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/bench_offload_vllm_connector.py
 
 1. vLLM's real ``Scheduler`` with vLLM's ``OffloadingConnector`` runs the workload of
-   ``tests/test_offload_connector_vllm.py`` (loads, stores, evictions, aborts) on
+   ``tests/vllm_live/test_offload_connector_vllm.py`` (loads, stores, evictions, aborts) on
    vLLM's manager, behind a pass-through that logs every call the connector makes
    (method, keys, which request, the request's key positions at that moment).
 2. The log is replayed, alternately, on a fresh vLLM manager and a fresh kvcy

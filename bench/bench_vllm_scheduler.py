@@ -22,10 +22,10 @@ for the totals) wraps the scheduler's manager in a proxy that times every call w
 ``thread_time_ns`` (CPU time, so other work on a loaded machine does not count; less the timer's
 own cost, measured first): the manager's share of the scheduler and its
 cost per call.  Every round records what each step decided (``SchedulerOutput`` and what
-``update_from_output`` returned, as tests/test_vllm_scheduler.py records them) and the report
+``update_from_output`` returned, as tests/vllm_live/test_vllm_scheduler.py records them) and the report
 says whether every side decided exactly what vLLM's did.
 
-tests/test_vllm_bench_scheduler.py runs a short prefix of it, untimed, in CI's vLLM step.
+tests/vllm_live/test_vllm_bench_scheduler.py runs a short prefix of it, untimed, in CI's vLLM step.
 """
 
 from __future__ import annotations

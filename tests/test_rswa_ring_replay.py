@@ -1,4 +1,4 @@
-"""R-SWA, the circular buffer and bounded sliding-window replay (issue 19), in both twins.
+"""R-SWA, the circular buffer and bounded sliding-window replay, in both twins.
 
 vLLM 0.33.0 has three kinds of group whose blocks do not simply follow the tokens:
 

@@ -1,4 +1,4 @@
-"""The ``kvcy`` command: shared argument types, sub-parsers, inputs that used to hang, one progress bar."""
+"""The ``kvcy`` command: shared argument types, sub-parsers, inputs that must not hang, one progress bar."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KV events over ZeroMQ against live vLLM 0.33.0 (issue 20).
+"""KV events over ZeroMQ against live vLLM 0.33.0.
 
 - The API, name for name: every public name of ``vllm.distributed.kv_events`` and
   ``vllm.config.kv_events`` in ``kvcy.kv_events`` (struct fields, defaults and settings, method
