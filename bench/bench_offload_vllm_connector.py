@@ -6,7 +6,7 @@ Run with vLLM 0.33.0 importable (its own environment)::
     VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/bench_offload_vllm_connector.py
 
 1. vLLM's real ``Scheduler`` with vLLM's ``OffloadingConnector`` runs the workload of
-   ``tests/test_offload_connector_vllm.py`` (loads, stores, evictions, aborts) on
+   ``tests/vllm_live/test_offload_connector_vllm.py`` (loads, stores, evictions, aborts) on
    vLLM's manager, behind a pass-through that logs every call the connector makes
    (method, keys, which request, the request's key positions at that moment).
 2. The log is replayed, alternately, on a fresh vLLM manager and a fresh kvcy
@@ -31,7 +31,8 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+for _tests in ("tests", os.path.join("tests", "vllm_live")):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", _tests))
 
 _CTX_METHODS = {"lookup", "get_load_source", "prepare_load", "touch", "complete_load", "prepare_store",
                 "complete_store", "on_new_request", "on_request_finished"}

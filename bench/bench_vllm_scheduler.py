@@ -22,10 +22,10 @@ for the totals) wraps the scheduler's manager in a proxy that times every call w
 ``thread_time_ns`` (CPU time, so other work on a loaded machine does not count; less the timer's
 own cost, measured first): the manager's share of the scheduler and its
 cost per call.  Every round records what each step decided (``SchedulerOutput`` and what
-``update_from_output`` returned, as tests/test_vllm_scheduler.py records them) and the report
+``update_from_output`` returned, as tests/vllm_live/test_vllm_scheduler.py records them) and the report
 says whether every side decided exactly what vLLM's did.
 
-tests/test_vllm_bench_scheduler.py runs a short prefix of it, untimed, in CI's vLLM step.
+tests/vllm_live/test_vllm_bench_scheduler.py runs a short prefix of it, untimed, in CI's vLLM step.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def load_trace(limit: int | None) -> list[tuple[str, float, list[int], int]]:
 
 
 def _build_scheduler(model_dir: str, num_blocks: int, max_model_len: int) -> Any:
-    from tests.test_vllm_scheduler import make_kv_cache_config, make_vllm_config
+    from tests.vllm_live.test_vllm_scheduler import make_kv_cache_config, make_vllm_config
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -169,7 +169,7 @@ def run_round(side: str, trace: list[tuple[str, float, list[int], int]], model_d
     ``on_step(step, record)`` sees each step's decisions (tests compare them record by record).
     """
     import kvcy.vllm
-    from tests.test_vllm_scheduler import record_engine_outputs, record_output
+    from tests.vllm_live.test_vllm_scheduler import record_engine_outputs, record_output
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--sides must include vllm and name only {SIDES}")
     trace = load_trace(args.limit)
     with tempfile.TemporaryDirectory() as tmp:
-        from tests.test_vllm_scheduler import write_model_config
+        from tests.vllm_live.test_vllm_scheduler import write_model_config
 
         model_dir = write_model_config(tmp, max_position_embeddings=MAX_MODEL_LEN)
         timed: dict[str, list[RoundResult]] = {s: [] for s in sides}

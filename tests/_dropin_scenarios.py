@@ -3,15 +3,15 @@
 One driver, two back ends: ``run(api, scenario)`` drives a ``KVCacheManager`` through a
 scenario's operations and returns plain data (hit lengths, block ids, free-queue order, the
 blocks' cache keys, KV events).  ``vllm_api()`` builds vLLM's objects and ``kvcy_api(impl)``
-kvcy's, so the expected data in ``tests/test_dropin_behaviour.py`` is what this file printed
+kvcy's, so the expected data ``tests/test_dropin_behaviour.py`` reads is what this file printed
 when run against vLLM, and the optional live test there compares the two directly.
 
-Recording the expected data (the provenance of ``EXPECTED`` in the test module)::
+Recording the expected data (``tests/data/dropin_behaviour_recorded.json``)::
 
     VLLM_TARGET_DEVICE=cpu VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 \
-        /work/vllm-venv/bin/python tests/_dropin_scenarios.py > /tmp/expected.py
+        /work/vllm-venv/bin/python tests/_dropin_scenarios.py > tests/data/dropin_behaviour_recorded.json
 
-It prints ``EXPECTED = {...}`` (``format_expected``): one entry per scenario of ``SCENARIOS``.
+It prints JSON (``format_expected``): one entry per scenario of ``SCENARIOS``.
 
 Operations of a scenario (``ops``), in order:
 
@@ -254,27 +254,26 @@ def vllm_api() -> SimpleNamespace:
 
 
 def format_expected(observed: dict) -> str:
-    """``EXPECTED = {...}`` as Python source: one line (or a few) per recorded operation."""
-    import pprint
+    """The recording as JSON, one line per recorded operation or cache key, as
+    ``tests/data/dropin_behaviour_recorded.json`` holds it."""
+    import json
 
-    def block(value, indent):
-        text = pprint.pformat(value, width=118 - indent, compact=True)
-        return "\n".join(" " * indent + line for line in text.splitlines())
+    def rows(items, indent):
+        return ",\n".join(" " * indent + json.dumps(item) for item in items)
 
-    out = ["EXPECTED = {"]
-    for name, obs in observed.items():
-        out.append(f"    {name!r}: {{")
-        out.append('        "trace": [')
-        out.extend(block(entry, 12) + "," for entry in obs["trace"])
-        out.append("        ],")
-        out.append('        "keys": [')
-        out.extend(block(entry, 12) + "," for entry in obs["keys"])
-        out.append("        ],")
-        out.append('        "free": ' + block(obs["free"], 16).lstrip() + ",")
-        out.append("    },")
+    out = ["{"]
+    for i, (name, obs) in enumerate(observed.items()):
+        out.append(f"  {json.dumps(name)}: {{")
+        out.append('    "trace": [')
+        out.append(rows(obs["trace"], 6))
+        out.append("    ],")
+        out.append('    "keys": [')
+        out.append(rows(obs["keys"], 6))
+        out.append("    ],")
+        out.append(f'    "free": {json.dumps(obs["free"])}')
+        out.append("  }" + ("," if i < len(observed) - 1 else ""))
     out.append("}")
-    return "\n".join(out)
-
+    return "\n".join(out) + "\n"
 
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")

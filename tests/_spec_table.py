@@ -6,7 +6,7 @@ dtype as a name and enums (``kv_quant_mode``, ``cache_role``) as member names, a
 recorded with /tmp/kvh-venv's vLLM.  ``CUSTOMIZED`` holds the same triple after the default
 backend's ``customize_spec`` (Triton for per-token-head modes, the MLA backends for MLA; the
 NVFP4 row is FlashInfer's layout, written out as ``full-nvfp4-packed``).  tests/test_spec_pages.py
-checks kvcy against the recorded values; tests/test_vllm_specs.py checks them against live vLLM.
+checks kvcy against the recorded values; tests/vllm_live/test_vllm_specs.py checks them against live vLLM.
 """
 
 from __future__ import annotations

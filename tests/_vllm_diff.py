@@ -14,7 +14,7 @@ keys, the cache map, the KV events taken, ``take_new_block_ids``, the copy-on-wr
 the boundary-state offloads, ``usage`` and the prefix-cache stats.
 
 Only importable where vLLM is (the live test modules import it after their skip check).
-tests/test_vllm_state_machine.py drives it with hypothesis; it holds the table of configs.
+tests/vllm_live/test_vllm_state_machine.py drives it with hypothesis; it holds the table of configs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 sized as vLLM 0.33.0 sizes them, and both twins' managers refuse a config with
 HiSparse groups (they have no host pool) before anything is allocated.
 
-The same figures against live vLLM: tests/test_hisparse_vllm.py.
+The same figures against live vLLM: tests/vllm_live/test_hisparse_vllm.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Unit tests for the block manager's behaviour (REFERENCE.md), run against both twins."""
+"""Unit tests for the block manager's behaviour (as ../shared/REFERENCE.md, beside the checkout,
+describes it), run against both twins."""
 
 from __future__ import annotations
 
@@ -197,8 +198,9 @@ def test_chunked_local_hit_is_null_before_the_chunk(impl):
 def test_chunked_local_beside_another_block_size_asserts_at_lookup(impl):
     """vLLM 0.33.0's chunked-local lookup asserts that the group's block size is the hit
     alignment (the scheduler block): beside full attention of 8-token blocks, 4-token chunked
-    blocks build but every lookup raises its AssertionError (found by
-    tests/test_vllm_state_machine.py; kvcy used to trim the hit to the alignment instead)."""
+    blocks build but every lookup raises its AssertionError (a lookup that
+    trimmed the hit to the alignment instead would differ; tests/vllm_live/test_vllm_state_machine.py
+    drives this against vLLM)."""
     chunked = ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
                                         attention_chunk_size=16)
     full = FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=8, dtype="float16")

@@ -1,7 +1,7 @@
 """Memory planning (kvcy.kv_cache_sizing): groups, padding, block counts, concurrency.
 
 The expected numbers are worked out by hand next to each assertion; they are
-vLLM 0.33.0's (tests/test_sizing_vllm_differential.py checks the planner
+vLLM 0.33.0's (tests/vllm_live/test_sizing_vllm_differential.py checks the planner
 against live vLLM).  The layout is kvcy's default, LBNHC (layer-outer): each
 layer owns a region of ``num_blocks`` pages, so ``layer_stride = num_blocks *
 page`` and ``block_stride = page``; all groups alias one allocation.

@@ -4,7 +4,7 @@ survive (late join, restart, high-water-mark drops, malformed messages, silence)
 
 Everything runs on loopback (ipc sockets in a temporary folder, inproc where the test needs
 ZeroMQ's high-water mark to bite), and every wait is a bounded loop: a test that fails, fails
-within seconds.  tests/test_kv_events_vllm.py checks the same wire against vLLM's own code.
+within seconds.  tests/vllm_live/test_kv_events_vllm.py checks the same wire against vLLM's own code.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def test_wire_format_is_vllms(cleanup):
             ],
             2,  # the publisher's data-parallel rank, stamped on a batch that had none
         ]
-        # Same values, same field order (tests/test_kv_events_vllm.py compares the bytes with
+        # Same values, same field order (tests/vllm_live/test_kv_events_vllm.py compares the bytes with
         # vLLM's own encoding of its own structs).
         decoded = msgspec.msgpack.decode(payload)
         assert decoded == expected

@@ -1,4 +1,4 @@
-"""Differences between kvcy's offloading API and vLLM 0.33.0's, found by tests/test_offload_vllm.py.
+"""Differences between kvcy's offloading API and vLLM 0.33.0's, found by tests/vllm_live/test_offload_vllm.py.
 
 Each test pins one difference, fixed, with the values vLLM 0.33.0 produced for the same
 calls written in (recorded with /tmp/kvh-venv's vLLM; no vLLM needed here), under both twins.

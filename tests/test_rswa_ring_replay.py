@@ -1,4 +1,4 @@
-"""R-SWA, the circular buffer and bounded sliding-window replay (issue 19), in both twins.
+"""R-SWA, the circular buffer and bounded sliding-window replay, in both twins.
 
 vLLM 0.33.0 has three kinds of group whose blocks do not simply follow the tokens:
 
@@ -616,9 +616,9 @@ _SCHEDULER_LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def scheduler_module(tmp_path_factory):
-    """tests/test_vllm_scheduler.py's scenario (vLLM's own Scheduler, a config-only model), with
+    """tests/vllm_live/test_vllm_scheduler.py's scenario (vLLM's own Scheduler, a config-only model), with
     the KV-cache layouts above."""
-    tvs = pytest.importorskip("test_vllm_scheduler")
+    tvs = pytest.importorskip("tests.vllm_live.test_vllm_scheduler")
     from transformers import OPTConfig
 
     path = tmp_path_factory.mktemp("opt-config-only-swa")

@@ -4,7 +4,7 @@ Each case below was planned by vLLM 0.33.0's ``get_global_kv_cache_groups`` +
 ``get_kv_cache_configs`` (one worker, the layout given) and its result written
 down: the block count, every tensor's ``(size, layers, layer_stride,
 block_stride, offset)`` and every group's layers and block size.  kvcy must
-give exactly the same.  (tests/test_sizing_vllm_differential.py does the same
+give exactly the same.  (tests/vllm_live/test_sizing_vllm_differential.py does the same
 against live vLLM for a larger table.)  The views test checks that
 :func:`kvcy.kv_cache_views.create_kv_cache_views` over a planned config puts
 every layer's page of every block where the tensor's strides say.

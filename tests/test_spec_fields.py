@@ -1,6 +1,6 @@
 """vLLM 0.33.0's spec fields kvcy carries: MLA's sparse/DeepSeek fields, sliding-window MLA's
 padding and replay policy, Mamba's checkpoint and replication fields, the spec registry and
-``replace_as`` (no vLLM needed; tests/test_vllm_specs.py compares with live vLLM)."""
+``replace_as`` (no vLLM needed; tests/vllm_live/test_vllm_specs.py compares with live vLLM)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """kvcy's specs size pages as vLLM 0.33.0's do, for every quantization mode (no vLLM needed).
 
 The expected values in tests/_spec_table.py were recorded from vLLM 0.33.0's own specs;
-tests/test_vllm_specs.py recomputes them live where vLLM imports.
+tests/vllm_live/test_vllm_specs.py recomputes them live where vLLM imports.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``kvcy.vllm`` without vLLM: importing kvcy never imports vLLM, the plugin entry point is
 declared, and ``install()`` refuses a missing vLLM or another version before it changes anything.
 
-(The drop-in itself, against vLLM 0.33.0's real Scheduler, is tests/test_vllm_scheduler.py.)
+(The drop-in itself, against vLLM 0.33.0's real Scheduler, is tests/vllm_live/test_vllm_scheduler.py.)
 """
 
 from __future__ import annotations

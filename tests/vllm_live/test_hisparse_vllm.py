@@ -7,7 +7,7 @@ kvcy's managers do not run HiSparse's host pool: where vLLM's scheduler would
 build a HiSparse manager, kvcy's factory refuses, naming the group (pinned
 below, so that the gap cannot widen or close unnoticed).
 
-Skipped without vLLM (tests/_vllm_live.py); the vLLM-free half is tests/test_hisparse.py.
+Skipped without vLLM (tests/vllm_live/conftest.py); the vLLM-free half is tests/test_hisparse.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests._vllm_live import require_vllm
 
-require_vllm()
 torch = pytest.importorskip("torch")
 
 from vllm.v1 import kv_cache_interface as V  # noqa: E402

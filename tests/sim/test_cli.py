@@ -1,4 +1,4 @@
-"""The ``kvcy`` command: shared argument types, sub-parsers, inputs that used to hang, one progress bar."""
+"""The ``kvcy`` command: shared argument types, sub-parsers, inputs that must not hang, one progress bar."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import kvcy.sim.traces
 import kvcy.sim.cli
 from kvcy.cli import float_arg, int_arg, main, parse_size
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 
 

@@ -40,9 +40,7 @@ import os
 
 import pytest
 
-from _vllm_live import require_vllm  # noqa: E402
-
-vllm = require_vllm()
+import vllm  # noqa: E402
 
 import numpy as np  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402

@@ -13,9 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests._vllm_live import require_vllm
 
-require_vllm()
 torch = pytest.importorskip("torch")
 
 from vllm.v1 import kv_cache_interface as V  # noqa: E402

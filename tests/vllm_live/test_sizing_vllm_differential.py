@@ -1,4 +1,4 @@
-"""kvcy's sizing against live vLLM 0.33.0's planner (issue 14, "Sizing output").
+"""kvcy's sizing against live vLLM 0.33.0's planner.
 
 For each model in a table (full attention, sliding window, chunked local, MLA,
 Mamba, cross attention, hybrids, one type with several shapes, memory budgets
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-vllm = pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/run for the vLLM step)")
+import vllm  # noqa: E402
 torch = pytest.importorskip("torch")
 
 from vllm.v1 import kv_cache_interface as V  # noqa: E402
@@ -205,7 +205,7 @@ MODELS = {
     "disabled-hybrid-block-sizes": (
         {"a": full(block_size=32), "b": swa(64)}, GiB // 8, 1024, {"disable_hybrid": True}),
     "attention-free": ({}, 0, 2048, {}),
-    # issue 19: R-SWA groups with full attention; a circular buffer (a state-like bucket, one
+    # R-SWA groups with full attention; a circular buffer (a state-like bucket, one
     # block per request) beside full and sliding-window layers; bounded-replay sliding-window MLA
     "rswa-with-full": (
         {**{f"f.{i}": full() for i in range(2)},

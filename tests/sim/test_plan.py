@@ -360,7 +360,7 @@ def test_cli_dispatch_and_module_entry_point():
 
 
 # ---------------------------------------------------------------------------
-# The memory budget and the exit status (issue 16)
+# The memory budget and the exit status
 # ---------------------------------------------------------------------------
 
 

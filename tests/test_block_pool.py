@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's ``BlockPool`` / ``KVCacheBlock`` surface and its block residency metrics (issue 14, §4 and §9).
+"""vLLM 0.33.0's ``BlockPool`` / ``KVCacheBlock`` surface and its block residency metrics.
 
 Both twins.  What is expected comes from vLLM 0.33.0's ``v1/core/block_pool.py``,
 ``kv_cache_utils.py`` and ``kv_cache_metrics.py``:

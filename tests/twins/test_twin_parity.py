@@ -39,7 +39,7 @@ import pytest
 from kvcy import _fast
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ROOT / "kvcy" / "_fast"
 
 HAS_COMPILED = not _fast.NO_EXTENSIONS and "cython" in _fast.available()

@@ -1,4 +1,4 @@
-"""KV events over ZeroMQ against live vLLM 0.33.0 (issue 20).
+"""KV events over ZeroMQ against live vLLM 0.33.0.
 
 - The API, name for name: every public name of ``vllm.distributed.kv_events`` and
   ``vllm.config.kv_events`` in ``kvcy.kv_events`` (struct fields, defaults and settings, method
@@ -27,9 +27,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _vllm_live import require_vllm  # noqa: E402
-
-vllm = require_vllm()
+import vllm  # noqa: E402
 
 from test_kv_events_zmq import (  # noqa: E402
     RecordingIndex,

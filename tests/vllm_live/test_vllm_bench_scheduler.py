@@ -20,9 +20,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _vllm_live import require_vllm  # noqa: E402
-
-vllm = require_vllm()
+import vllm  # noqa: E402
 
 import kvcy.vllm  # noqa: E402
 
@@ -32,7 +30,7 @@ MAX_MODEL_LEN = 12288  # the requests of the head that fit, with room to spare i
 
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "bench_vllm_scheduler.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_vllm_scheduler.py"
     spec = importlib.util.spec_from_file_location("bench_vllm_scheduler", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
@@ -52,7 +50,7 @@ def trace(bench):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tests.test_vllm_scheduler import write_model_config
+    from tests.vllm_live.test_vllm_scheduler import write_model_config
 
     return write_model_config(str(tmp_path_factory.mktemp("bench-model")), max_position_embeddings=MAX_MODEL_LEN)
 

@@ -16,12 +16,8 @@ import random
 
 import pytest
 
-from _vllm_live import live  # noqa: E402
-
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
-
-pytestmark = live
 
 from kvcy import _ops_reference as ref  # noqa: E402
 from kvcy.block_table import BlockTable, MultiGroupBlockTable, SlotMappingMode  # noqa: E402

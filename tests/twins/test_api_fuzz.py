@@ -15,8 +15,8 @@ import pytest
 
 from kvcy import _fast
 
-SCRIPT = Path(__file__).with_name("_api_fuzz.py")
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve().parents[1] / "_api_fuzz.py"
+ROOT = Path(__file__).resolve().parents[2]
 compiled = pytest.mark.skipif("cython" not in _fast.available() or _fast.NO_EXTENSIONS,
                               reason="compiled twins not in use")
 # Each twin's run in the parent's own mode (KVCY_NO_EXTENSIONS=1 runs only the pure twin).

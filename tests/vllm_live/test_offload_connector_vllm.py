@@ -30,9 +30,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _vllm_live import require_vllm  # noqa: E402
-
-vllm = require_vllm()
+import vllm  # noqa: E402
 
 import kvcy  # noqa: E402
 from kvcy.kv_offload import vllm_spec  # noqa: E402

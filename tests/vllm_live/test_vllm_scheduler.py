@@ -36,9 +36,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _vllm_live import require_vllm  # noqa: E402
-
-vllm = require_vllm()
+import vllm  # noqa: E402
 
 import kvcy  # noqa: E402
 import kvcy.vllm  # noqa: E402
@@ -48,7 +46,7 @@ BLOCK_SIZE = 16
 # and a sliding-window group (vLLM's hybrid coordinator), or of a full-attention and a Mamba group
 # in align mode hashed every 4 tokens (fine-grained partial hits, copy-on-write), or full attention
 # beside a bounded-replay sliding window (the scheduler recomputes a hit's last window), or beside
-# an R-SWA group and a circular buffer (issue 19), each with a pool small enough to preempt.
+# an R-SWA group and a circular buffer, each with a pool small enough to preempt.
 LAYOUTS = {"full-attention": 64, "full+sliding-window": 96, "full+mamba-align": 80, "full+bounded-replay": 72,
            "full+rswa+ring": 120}  # layout -> blocks
 HASH_BLOCK_SIZES = {"full+mamba-align": 4}  # layout -> hash block size (default: BLOCK_SIZE)
@@ -397,7 +395,7 @@ def missing_scheduler_api() -> list[str]:
 
     The list is the one docs/vllm-dropin-gaps.md records (found by running this scenario on a
     proxy of vLLM's manager). Keywords are read from the pure twin's signature (a compiled
-    ``__init__`` hides its own; tests/test_twin_parity.py keeps the two the same).
+    ``__init__`` hides its own; tests/twins/test_twin_parity.py keeps the two the same).
     """
     import inspect
 
@@ -618,7 +616,7 @@ def test_unsupported_specs_and_options_raise_naming_the_feature() -> None:
             kvcy.vllm.convert_kv_cache_spec(spec)
 
     # A Mamba group in align mode converts (the spec is vLLM's), and the manager the
-    # scheduler would build takes it, with or without prefix caching (issue 19).
+    # scheduler would build takes it, with or without prefix caching.
     mamba = v.MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")
     assert kvcy.vllm.convert_kv_cache_spec(mamba).mamba_cache_mode == "align"
     config = v.KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[v.KVCacheGroupSpec(["m"], mamba)])

@@ -17,9 +17,7 @@ import os
 
 import pytest
 
-from _vllm_live import require_vllm  # noqa: E402
-
-vllm = require_vllm()
+import vllm  # noqa: E402
 
 from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUOffloadingManager  # noqa: E402
