@@ -2,8 +2,8 @@
 
 vLLM 0.33.0's ``OffloadingConnectorScheduler`` sits between the scheduler and
 the offloading manager.  The offloading twin's ``ReplayConnector`` (compiled
-in ``kvcy/_fast/offload_c/connector.pyx``, pure Python in
-``kvcy/_fast/offload_py/connector.py``; :func:`build_tier` picks the one that
+in ``kvcy/_fast/offload_c/offloading_connector.pyx``, pure Python in
+``kvcy/_fast/offload_py/offloading_connector.py``; :func:`build_tier` picks the one that
 goes with the KV-cache manager's twin) plays that part inside the replay's
 synchronous loop, with one offloaded block (a *chunk*) per GPU block and one
 KV-cache group, so an offload key is a block hash plus group index 0

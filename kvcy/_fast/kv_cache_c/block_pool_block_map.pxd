@@ -1,5 +1,5 @@
-# kv_cache_c/block_map.pxd: the declarations of BlockHashToBlockMap, _BlockHashView and the _Slot
-# table entry: C fields and cdef/cpdef method signatures (implemented in block_map.pyx).
+# kv_cache_c/block_pool_block_map.pxd: the declarations of BlockHashToBlockMap, _BlockHashView and the _Slot
+# table entry: C fields and cdef/cpdef method signatures (implemented in block_pool_block_map.pyx).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 cdef struct _Slot:

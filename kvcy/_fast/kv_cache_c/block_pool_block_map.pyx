@@ -1,4 +1,4 @@
-# kv_cache_c/block_map.pyx: BlockHashToBlockMap (cache key -> block(s), an open-addressing table),
+# kv_cache_c/block_pool_block_map.pyx: BlockHashToBlockMap (cache key -> block(s), an open-addressing table),
 # its cycle-collector hooks, and the coarser-block-size view of a request's hashes
 # (resolve_block_hashes).  (vLLM: vllm/v1/core/block_pool.py, BlockHashToBlockMap;
 # vllm/v1/core/kv_cache_utils.py, BlockHashListWithBlockSize.)

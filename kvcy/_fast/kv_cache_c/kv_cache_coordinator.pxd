@@ -1,6 +1,6 @@
-# kv_cache_c/coordinators.pxd: the declarations of KVCacheCoordinator,
+# kv_cache_c/kv_cache_coordinator.pxd: the declarations of KVCacheCoordinator,
 # KVCacheCoordinatorNoPrefixCache, UnitaryKVCacheCoordinator, HybridKVCacheCoordinator: C fields and
-# cdef/cpdef method signatures (implemented in coordinators.pyx).
+# cdef/cpdef method signatures (implemented in kv_cache_coordinator.pyx).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 cdef class KVCacheCoordinator:

@@ -1,4 +1,4 @@
-# kv_cache_c/coordinators.pyx: KVCacheCoordinator and its three kinds (no prefix cache, one group,
+# kv_cache_c/kv_cache_coordinator.pyx: KVCacheCoordinator and its three kinds (no prefix cache, one group,
 # hybrid), and get_kv_cache_coordinator.  (vLLM: vllm/v1/core/kv_cache_coordinator.py.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 

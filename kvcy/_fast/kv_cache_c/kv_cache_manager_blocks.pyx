@@ -1,4 +1,4 @@
-# kv_cache_c/kv_cache_blocks.pyx: KVCacheBlocks: the blocks per KV-cache group that allocate_slots
+# kv_cache_c/kv_cache_manager_blocks.pyx: KVCacheBlocks: the blocks per KV-cache group that allocate_slots
 # and get_computed_blocks return.  (vLLM: vllm/v1/core/kv_cache_manager.py, KVCacheBlocks.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 

@@ -1,5 +1,5 @@
-# kv_cache_c/kv_cache_block.pxd: the declarations of KVCacheBlock: C fields and cdef/cpdef method
-# signatures (implemented in kv_cache_block.pyx).
+# kv_cache_c/kv_cache_utils.pxd: the declarations of KVCacheBlock: C fields and cdef/cpdef method
+# signatures (implemented in kv_cache_utils.pyx).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 cdef class KVCacheBlock:

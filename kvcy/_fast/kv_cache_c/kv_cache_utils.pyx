@@ -1,4 +1,4 @@
-# kv_cache_c/kv_cache_block.pyx: KVCacheBlock: one block's id, reference count, cache key and
+# kv_cache_c/kv_cache_utils.pyx: KVCacheBlock: one block's id, reference count, cache key and
 # free-queue position, allocated from cache-line aligned slabs.  (vLLM:
 # vllm/v1/core/kv_cache_utils.py, KVCacheBlock.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.

@@ -1,5 +1,5 @@
-# kv_cache_c/free_queue.pxd: the declarations of FreeKVCacheBlockQueue: C fields and cdef/cpdef
-# method signatures (implemented in free_queue.pyx).
+# kv_cache_c/kv_cache_utils_free_queue.pxd: the declarations of FreeKVCacheBlockQueue: C fields and cdef/cpdef
+# method signatures (implemented in kv_cache_utils_free_queue.pyx).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 @cython.final

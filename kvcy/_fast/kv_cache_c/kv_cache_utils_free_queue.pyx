@@ -1,4 +1,4 @@
-# kv_cache_c/free_queue.pyx: FreeKVCacheBlockQueue: the free blocks in eviction order, kept as a
+# kv_cache_c/kv_cache_utils_free_queue.pyx: FreeKVCacheBlockQueue: the free blocks in eviction order, kept as a
 # ring of pointers, and its cycle-collector hooks.  (vLLM: vllm/v1/core/kv_cache_utils.py,
 # FreeKVCacheBlockQueue.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.

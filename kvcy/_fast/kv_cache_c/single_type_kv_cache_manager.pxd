@@ -1,7 +1,7 @@
-# kv_cache_c/single_type_managers.pxd: the declarations of _Generation, SingleTypeKVCacheManager,
+# kv_cache_c/single_type_kv_cache_manager.pxd: the declarations of _Generation, SingleTypeKVCacheManager,
 # FullAttentionManager, SinkFullAttentionManager, CrossAttentionManager: C fields and
-# cdef/cpdef method signatures (implemented in single_type_managers.pyx; Mamba's manager is
-# in mamba_manager.pxd).
+# cdef/cpdef method signatures (implemented in single_type_kv_cache_manager.pyx; Mamba's manager is
+# in single_type_kv_cache_manager_mamba.pxd).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 @cython.final

@@ -1,6 +1,6 @@
-# kv_cache_c/single_type_managers.pyx: SingleTypeKVCacheManager and the full (and sink) and
-# cross-attention managers; Mamba's is in mamba_manager.pyx, the windowed ones in
-# local_attention_managers.pyx, the spec -> manager map in manager_factory.pyx.  (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
+# kv_cache_c/single_type_kv_cache_manager.pyx: SingleTypeKVCacheManager and the full (and sink) and
+# cross-attention managers; Mamba's is in single_type_kv_cache_manager_mamba.pyx, the windowed ones in
+# single_type_kv_cache_manager_local_attention.pyx, the spec -> manager map in single_type_kv_cache_manager_factory.pyx.  (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), not compiled on its own.
 
 cdef inline list _held_list(PyObject *p):

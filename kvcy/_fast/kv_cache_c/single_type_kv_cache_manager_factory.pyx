@@ -1,4 +1,4 @@
-# kv_cache_c/manager_factory.pyx: which manager serves a spec, spec_manager_map and
+# kv_cache_c/single_type_kv_cache_manager_factory.pyx: which manager serves a spec, spec_manager_map and
 # get_manager_for_kv_cache_spec (vLLM: vllm/v1/core/single_type_kv_cache_manager.py), which the
 # coordinators call for each KV-cache group.
 # Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), after every manager.

@@ -1,7 +1,7 @@
-# kv_cache_c/local_attention_managers.pxd: the declarations of SlidingWindowManager,
+# kv_cache_c/single_type_kv_cache_manager_local_attention.pxd: the declarations of SlidingWindowManager,
 # ChunkedLocalAttentionManager, RSWAManager and CircularBufferManager (implemented in
-# local_attention_managers.pyx).
-# Included by kvcy/_fast/_kv_cache_c.pxd, after single_type_managers.pxd.
+# single_type_kv_cache_manager_local_attention.pyx).
+# Included by kvcy/_fast/_kv_cache_c.pxd, after single_type_kv_cache_manager.pxd.
 
 cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     cdef readonly Py_ssize_t sliding_window

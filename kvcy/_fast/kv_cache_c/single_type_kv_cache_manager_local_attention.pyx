@@ -1,8 +1,8 @@
-# kv_cache_c/local_attention_managers.pyx: SlidingWindowManager (with its reachable-block masks,
+# kv_cache_c/single_type_kv_cache_manager_local_attention.pyx: SlidingWindowManager (with its reachable-block masks,
 # dense and sparse; bounded replay is its spec's prefix_cacheable=False), ChunkedLocalAttentionManager
 # and RSWAManager, whose attention sees only part of the context, and CircularBufferManager, one ring
 # block per request.  (vLLM: vllm/v1/core/single_type_kv_cache_manager.py.)
-# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), after single_type_managers.pyx.
+# Included into kvcy/_fast/_kv_cache_c.pyx (one extension module), after single_type_kv_cache_manager.pyx.
 
 cdef inline Py_ssize_t _hit_blocks(Py_ssize_t sliding_window, Py_ssize_t block_size, bint use_eagle) noexcept:
     """Contiguous cached blocks a sliding-window hit needs: the window before the next

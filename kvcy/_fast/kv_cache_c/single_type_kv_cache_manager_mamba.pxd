@@ -1,5 +1,5 @@
-# kv_cache_c/mamba_manager.pxd: the declarations of MambaManager: C fields and cdef/cpdef
-# method signatures (implemented in mamba_manager.pyx).
+# kv_cache_c/single_type_kv_cache_manager_mamba.pxd: the declarations of MambaManager: C fields and cdef/cpdef
+# method signatures (implemented in single_type_kv_cache_manager_mamba.pyx).
 # Included by kvcy/_fast/_kv_cache_c.pxd.
 
 cdef class MambaManager(SingleTypeKVCacheManager):

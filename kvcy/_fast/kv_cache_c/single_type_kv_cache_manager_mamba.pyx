@@ -1,4 +1,4 @@
-# kv_cache_c/mamba_manager.pyx: MambaManager, with align mode and fine-grained partial hits, and
+# kv_cache_c/single_type_kv_cache_manager_mamba.pyx: MambaManager, with align mode and fine-grained partial hits, and
 # the helpers it and the hybrid coordinator use (get_mamba_prefill_checkpoint_position,
 # is_mamba_prefill_checkpoint_valid, partial_hash_hits_enabled, eagle_proof_margin).
 # (vLLM: vllm/v1/core/single_type_kv_cache_manager.py, kv_cache_utils.py, kv_cache_interface.py.)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+    from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
 
 
 class BlockHashToBlockMap:

@@ -18,10 +18,14 @@ from kvcy.kv_cache_interface import (
 )
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _NeedsArguments, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
-from kvcy._fast.kv_cache_py.local_attention_managers import SlidingWindowManager
-from kvcy._fast.kv_cache_py.manager_factory import get_manager_for_kv_cache_spec
-from kvcy._fast.kv_cache_py.mamba_manager import MambaManager, eagle_proof_margin, partial_hash_hits_enabled
-from kvcy._fast.kv_cache_py.single_type_managers import (
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_local_attention import SlidingWindowManager
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_factory import get_manager_for_kv_cache_spec
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_mamba import (
+    MambaManager,
+    eagle_proof_margin,
+    partial_hash_hits_enabled,
+)
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
     _check_no_context_parallel,
@@ -29,7 +33,7 @@ from kvcy._fast.kv_cache_py.single_type_managers import (
 )
 
 if TYPE_CHECKING:
-    from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+    from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
     from kvcy._fast.kv_cache_py.request import Request
 
 

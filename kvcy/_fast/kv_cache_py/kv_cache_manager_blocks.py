@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcy._fast.kv_cache_py._common import _Checked, _tuple_or_none
-from kvcy._fast.kv_cache_py.block_map import _group_key, resolve_block_hashes
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+from kvcy._fast.kv_cache_py.block_pool_block_map import _group_key, resolve_block_hashes
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
 
 
 class KVCacheBlocks(_Checked):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvcy._fast.kv_cache_py._common import _check_count
 
 if TYPE_CHECKING:
-    from kvcy._fast.kv_cache_py.free_queue import FreeKVCacheBlockQueue
+    from kvcy._fast.kv_cache_py.kv_cache_utils_free_queue import FreeKVCacheBlockQueue
 
 
 def _check_ref_cnt(value: Any) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvcy._fast.kv_cache_py._common import _as_index
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
 
 
 class FreeKVCacheBlockQueue:

@@ -2,8 +2,9 @@
 
 From vLLM 0.33.0's ``vllm/v1/core/single_type_kv_cache_manager.py``:
 ``SingleTypeKVCacheManager`` and the full-attention (and sink) and
-cross-attention managers; Mamba's is in ``mamba_manager``, the windowed ones
-in ``local_attention_managers``, the spec -> manager map in ``manager_factory``.
+cross-attention managers; Mamba's is in ``single_type_kv_cache_manager_mamba``, the
+windowed ones in ``single_type_kv_cache_manager_local_attention``, the spec -> manager
+map in ``single_type_kv_cache_manager_factory``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from kvcy.kv_cache_interface import AttentionSpec, CircularBufferSpec, KVCacheSp
 from kvcy._fast._request_tables import _BlockTable, _CountTable
 from kvcy._fast.kv_cache_py._common import (_READ_ONLY, _Checked, _NeedsArguments, _check_count, _hashed, _request_id,
                                             cdiv)
-from kvcy._fast.kv_cache_py.block_map import _BlockHashView, resolve_block_hashes
+from kvcy._fast.kv_cache_py.block_pool_block_map import _BlockHashView, resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import BlockPool, _check_touchable
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
 
 if TYPE_CHECKING:
     from kvcy._fast.kv_cache_py.request import Request

@@ -18,14 +18,14 @@ from kvcy.kv_cache_interface import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from kvcy._fast.kv_cache_py.local_attention_managers import (
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_local_attention import (
     ChunkedLocalAttentionManager,
     CircularBufferManager,
     RSWAManager,
     SlidingWindowManager,
 )
-from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
-from kvcy._fast.kv_cache_py.single_type_managers import (
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_mamba import MambaManager
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     CrossAttentionManager,
     FullAttentionManager,
     SingleTypeKVCacheManager,

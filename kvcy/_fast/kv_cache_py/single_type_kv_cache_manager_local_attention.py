@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from kvcy.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheSpec, RSWASpec, SlidingWindowSpec
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _check_count, cdiv
-from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
-from kvcy._fast.kv_cache_py.single_type_managers import (
+from kvcy._fast.kv_cache_py.block_pool_block_map import resolve_block_hashes
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     FullAttentionManager,
     SingleTypeKVCacheManager,
     _check_hit_args,

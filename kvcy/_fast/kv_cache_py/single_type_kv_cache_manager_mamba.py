@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import KVCacheSpec, MambaSpec, iter_layer_specs
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _request_id, cdiv
-from kvcy._fast.kv_cache_py.block_map import resolve_block_hashes
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
-from kvcy._fast.kv_cache_py.single_type_managers import (
+from kvcy._fast.kv_cache_py.block_pool_block_map import resolve_block_hashes
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     _as_flag,
     _check_hit_args,

@@ -1,5 +1,5 @@
-# offload_c/connector.pxd: the declarations of ConnectorRequest and ReplayConnector (implemented in
-# connector.pyx).  Included by kvcy/_fast/_offload_c.pxd.
+# offload_c/offloading_connector.pxd: the declarations of ConnectorRequest and ReplayConnector (implemented in
+# offloading_connector.pyx).  Included by kvcy/_fast/_offload_c.pxd.
 
 @cython.final
 cdef class ConnectorRequest:

@@ -1,5 +1,5 @@
-# offload_c/connector.pyx: ConnectorRequest and ReplayConnector, the replay's offloading connector
-# (see offload_py/connector.py, the pure-Python twin, for what it does).
+# offload_c/offloading_connector.pyx: ConnectorRequest and ReplayConnector, the replay's offloading connector
+# (see offload_py/offloading_connector.py, the pure-Python twin, for what it does).
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 #
 # What is compiled: the key making (one bytes object and one position a key,

@@ -1,5 +1,5 @@
-# offload_c/arc_policy.pxd: the declarations of ARCCachePolicy: C fields and cdef method
-# signatures (implemented in arc_policy.pyx).
+# offload_c/policies_arc.pxd: the declarations of ARCCachePolicy: C fields and cdef method
+# signatures (implemented in policies_arc.pyx).
 # Included by kvcy/_fast/_offload_c.pxd.
 
 cdef class ARCCachePolicy(CachePolicy):

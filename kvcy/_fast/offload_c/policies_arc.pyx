@@ -1,4 +1,4 @@
-# offload_c/arc_policy.pyx: ARCCachePolicy, adaptive replacement with ghost lists.
+# offload_c/policies_arc.pyx: ARCCachePolicy, adaptive replacement with ghost lists.
 # (vLLM: vllm/v1/kv_offload/cpu/policies/arc.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 

@@ -1,5 +1,5 @@
-# offload_c/cache_policy.pxd: the declarations of CachePolicy: C fields and the cdef methods
-# the manager calls (implemented in cache_policy.pyx; the native policies override them).
+# offload_c/policies_base.pxd: the declarations of CachePolicy: C fields and the cdef methods
+# the manager calls (implemented in policies_base.pyx; the native policies override them).
 # Included by kvcy/_fast/_offload_c.pxd.
 
 cdef class CachePolicy:

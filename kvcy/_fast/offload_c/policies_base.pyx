@@ -1,4 +1,4 @@
-# offload_c/cache_policy.pyx: CachePolicy, the interface the manager calls (C paths for the
+# offload_c/policies_base.pyx: CachePolicy, the interface the manager calls (C paths for the
 # native policies, Python calls for a factory policy), and the policies' argument checks.
 # (vLLM: vllm/v1/kv_offload/cpu/policies/base.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.

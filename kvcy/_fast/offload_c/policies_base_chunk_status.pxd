@@ -1,5 +1,5 @@
-# offload_c/chunk_status.pxd: the declarations of _Node, _DList and ChunkStatus: C fields and
-# cdef method signatures (implemented in chunk_status.pyx).
+# offload_c/policies_base_chunk_status.pxd: the declarations of _Node, _DList and ChunkStatus: C fields and
+# cdef method signatures (implemented in policies_base_chunk_status.pyx).
 # Included by kvcy/_fast/_offload_c.pxd.
 
 cdef class _Node:

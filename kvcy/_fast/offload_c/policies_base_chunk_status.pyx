@@ -1,4 +1,4 @@
-# offload_c/chunk_status.pyx: ChunkStatus, one chunk's state, and the intrusive lists (_Node,
+# offload_c/policies_base_chunk_status.pyx: ChunkStatus, one chunk's state, and the intrusive lists (_Node,
 # _DList) that chain chunks and ARC's ghosts.  (vLLM: vllm/v1/kv_offload/cpu/policies/base.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 

@@ -1,5 +1,5 @@
-# offload_c/request_order.pxd: the declarations of _Positions (implemented in
-# request_order.pyx).
+# offload_c/policies_base_request_order.pxd: the declarations of _Positions (implemented in
+# policies_base_request_order.pyx).
 # Included by kvcy/_fast/_offload_c.pxd.
 
 @cython.final

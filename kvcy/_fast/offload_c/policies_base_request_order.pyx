@@ -1,4 +1,4 @@
-# offload_c/request_order.pyx: a request's keys head to tail (order_request_keys) and the
+# offload_c/policies_base_request_order.pyx: a request's keys head to tail (order_request_keys) and the
 # positions that order them (_Positions).  (vLLM: vllm/v1/kv_offload/cpu/policies/base.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 

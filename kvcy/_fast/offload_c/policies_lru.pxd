@@ -1,5 +1,5 @@
-# offload_c/lru_policy.pxd: the declarations of _LRURequestRanks and LRUCachePolicy: C fields
-# and cdef method signatures (implemented in lru_policy.pyx).
+# offload_c/policies_lru.pxd: the declarations of _LRURequestRanks and LRUCachePolicy: C fields
+# and cdef method signatures (implemented in policies_lru.pyx).
 # Included by kvcy/_fast/_offload_c.pxd.
 
 @cython.final

@@ -1,4 +1,4 @@
-# offload_c/lru_policy.pyx: LRUCachePolicy, least recently used ranked per request.
+# offload_c/policies_lru.pyx: LRUCachePolicy, least recently used ranked per request.
 # (vLLM: vllm/v1/kv_offload/cpu/policies/lru.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 

@@ -23,10 +23,10 @@ from kvcy._fast.offload_py._common import (
     _owner_ids,
     _positions_of,
 )
-from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
-from kvcy._fast.offload_py.cache_policy import CachePolicy
-from kvcy._fast.offload_py.chunk_status import ChunkStatus
-from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
+from kvcy._fast.offload_py.policies_arc import ARCCachePolicy
+from kvcy._fast.offload_py.policies_base import CachePolicy
+from kvcy._fast.offload_py.policies_base_chunk_status import ChunkStatus
+from kvcy._fast.offload_py.policies_lru import LRUCachePolicy
 from kvcy.kv_offload.base import (
     CacheHitSource,
     ConfigInfo,

@@ -27,7 +27,7 @@ replay's digest covers it): ``CPU_LOOKUP, index, hits``; ``CPU_LOAD, index, n,
 chunk ids...``; ``CPU_STORE, index, n, chunk ids..., evicted, evicted-keys
 code``; ``CPU_STORE_REFUSED, index, offered``; ``CPU_FINISH, index``.
 
-This module is the pure-Python twin; ``offload_c/connector.pyx`` the compiled
+This module is the pure-Python twin; ``offload_c/offloading_connector.pyx`` the compiled
 one (same names, decisions and messages).
 """
 

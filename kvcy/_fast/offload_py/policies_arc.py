@@ -7,9 +7,9 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 
 from kvcy._fast.offload_py._common import _check_key
-from kvcy._fast.offload_py.cache_policy import CachePolicy, _check_chunk, _check_evict_n, _key_seq
-from kvcy._fast.offload_py.chunk_status import ChunkStatus
-from kvcy._fast.offload_py.request_order import order_request_keys
+from kvcy._fast.offload_py.policies_base import CachePolicy, _check_chunk, _check_evict_n, _key_seq
+from kvcy._fast.offload_py.policies_base_chunk_status import ChunkStatus
+from kvcy._fast.offload_py.policies_base_request_order import order_request_keys
 from kvcy.kv_offload.base import OffloadKey, ReqContext
 
 

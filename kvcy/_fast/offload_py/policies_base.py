@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from kvcy._fast.offload_py._common import _check_int
-from kvcy._fast.offload_py.chunk_status import ChunkStatus
+from kvcy._fast.offload_py.policies_base_chunk_status import ChunkStatus
 from kvcy.kv_offload.base import OffloadKey, ReqContext
 
 

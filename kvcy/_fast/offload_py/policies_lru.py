@@ -7,9 +7,9 @@ import heapq
 from collections.abc import Collection, Sequence
 
 from kvcy._fast.offload_py._common import _check_key, _check_position, _owner_ids
-from kvcy._fast.offload_py.cache_policy import CachePolicy, _check_chunk, _check_evict_n, _key_seq
-from kvcy._fast.offload_py.chunk_status import ChunkStatus
-from kvcy._fast.offload_py.request_order import order_request_keys
+from kvcy._fast.offload_py.policies_base import CachePolicy, _check_chunk, _check_evict_n, _key_seq
+from kvcy._fast.offload_py.policies_base_chunk_status import ChunkStatus
+from kvcy._fast.offload_py.policies_base_request_order import order_request_keys
 from kvcy.kv_offload.base import OffloadKey, ReqContext
 
 

@@ -2,7 +2,7 @@
 
 Exports, under vLLM 0.33.0's names:
 
-* ``ARCCachePolicy`` (stem ``arc_policy``): recency and frequency lists with ghosts.
+* ``ARCCachePolicy`` (stem ``policies_arc``): recency and frequency lists with ghosts.
 
 A stem ``S`` above is ``kvcy/_fast/offload_c/S.pyx`` (compiled, ``include``-d
 into the extension ``kvcy._fast._offload_c``) and ``kvcy/_fast/offload_py/S.py``

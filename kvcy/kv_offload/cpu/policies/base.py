@@ -2,9 +2,9 @@
 
 Exports, under vLLM 0.33.0's names:
 
-* ``ChunkStatus`` (stem ``chunk_status``): one chunk's id and reference count.
-* ``CachePolicy`` (stem ``cache_policy``): what a policy is told and asked.
-* ``order_request_keys`` (stem ``request_order``): a request's keys head to tail.
+* ``ChunkStatus`` (stem ``policies_base_chunk_status``): one chunk's id and reference count.
+* ``CachePolicy`` (stem ``policies_base``): what a policy is told and asked.
+* ``order_request_keys`` (stem ``policies_base_request_order``): a request's keys head to tail.
 
 A stem ``S`` above is ``kvcy/_fast/offload_c/S.pyx`` (compiled, ``include``-d
 into the extension ``kvcy._fast._offload_c``) and ``kvcy/_fast/offload_py/S.py``

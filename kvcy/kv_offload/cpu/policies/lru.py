@@ -2,7 +2,7 @@
 
 Exports, under vLLM 0.33.0's names:
 
-* ``LRUCachePolicy`` (stem ``lru_policy``): least recently used, ranked per request.
+* ``LRUCachePolicy`` (stem ``policies_lru``): least recently used, ranked per request.
 
 A stem ``S`` above is ``kvcy/_fast/offload_c/S.pyx`` (compiled, ``include``-d
 into the extension ``kvcy._fast._offload_c``) and ``kvcy/_fast/offload_py/S.py``
