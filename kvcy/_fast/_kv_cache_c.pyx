@@ -46,7 +46,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
-from kvcy.hashing import generate_block_hash_extra_keys
+from kvcy._fast._hashing_c import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from kvcy.hashing import generate_block_hash_extra_keys
+from kvcy._fast._hashing_py import generate_block_hash_extra_keys
 from kvcy.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
