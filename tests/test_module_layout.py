@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from kvcy import _fast
-from kvcy.kv_offload import _twin as _offload_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvcy"
@@ -41,7 +40,7 @@ LAYOUTS = {
         "kvcy.kv_offload.cpu.",
         ("kvcy.kv_offload.cpu.manager", "kvcy.kv_offload.cpu.policies.base", "kvcy.kv_offload.cpu.policies.lru",
          "kvcy.kv_offload.cpu.policies.arc"),
-        lambda: _offload_twin.twin, "offload_c", "offload_py", "kvcy._fast._offload_c",
+        lambda: _fast.offload, "offload_c", "offload_py", "kvcy._fast._offload_c",
     ),
 }
 

@@ -71,6 +71,7 @@ from kvcy.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
 )
+from kvcy.kv_offload._cpu_common import CPULoadStoreSpec, CPUOffloadingMetrics
 from kvcy.kv_offload.metrics import OffloadingConnectorStats
 
 import numpy as np

@@ -5,7 +5,7 @@ The CPU tier's manager (``CPUOffloadingManager``), its two cache policies
 replacement) and the per-chunk state (``ChunkStatus``) live twice: here and in
 ``_offload_c.pyx``, with the same names, signatures, docstrings and messages.
 The public modules under ``kvcy.kv_offload.cpu`` re-export the selected twin
-(``kvcy.kv_offload._twin``).
+(``kvcy._fast``).
 
 The code lives one concept per module in ``kvcy/_fast/offload_py/`` (the
 compiled twin's ``kvcy/_fast/offload_c/`` has the same stems); this module

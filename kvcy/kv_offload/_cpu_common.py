@@ -1,6 +1,9 @@
 """What the CPU tier shares with its workers and its metrics: specs, metric names, info.
 
-Mirrors ``vllm.v1.kv_offload.cpu.common`` of vLLM 0.33.0.
+Mirrors ``vllm.v1.kv_offload.cpu.common`` of vLLM 0.33.0, which re-exports these names
+(:mod:`kvcy.kv_offload.cpu.common`).  They are defined here, outside the ``cpu`` package,
+because the offloading twins use them and ``kvcy.kv_offload.cpu`` imports the twins: this
+module imports nothing from kvcy but :mod:`kvcy.kv_offload.base`.
 """
 
 from __future__ import annotations
@@ -71,6 +74,12 @@ class CPUOffloadingInfo(ConfigInfo):
             cpu_kv_cache_size_bytes=num_chunks * kv_bytes_per_chunk,
             cpu_kv_cache_size_tokens=_kv_cache_size_tokens(config, num_chunks),
         )
+
+
+# Named and pickled where vLLM keeps them.
+for _cls in (CPULoadStoreSpec, CPUOffloadingMetrics, CPUOffloadingInfo):
+    _cls.__module__ = "kvcy.kv_offload.cpu.common"
+del _cls
 
 
 def _kv_cache_size_tokens(config: Any, num_chunks: int) -> int | None:

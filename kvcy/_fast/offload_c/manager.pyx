@@ -965,8 +965,6 @@ cdef class CPUOffloadingManager:
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
         cdef KvcyCallMark mark
         _enter(self, &mark, "get_stats")
-        if _Metrics is None:
-            _load_cpu_common()
         cdef double usage = 0.0, write_usage = 0.0
         cdef Py_ssize_t used = self._n_allocated - <Py_ssize_t>self._free.size() - self._n_evictable
         if self._n_chunks > 0:

@@ -39,7 +39,7 @@ from kvcy.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
 )
-from kvcy.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
+from kvcy.kv_offload._cpu_common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
 from kvcy.kv_offload.metrics import OffloadingConnectorStats
 
 
