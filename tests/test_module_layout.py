@@ -23,6 +23,27 @@ from kvcy import _fast
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvcy"
 
+
+def _sources(*suffixes: str) -> list[Path]:
+    return sorted(p for suffix in suffixes for p in PACKAGE.rglob(f"*{suffix}"))
+
+
+def test_no_star_imports():
+    """Every name a kvcy module uses comes from an import that names it."""
+    python = _sources(".py", ".pyi")
+    assert len(python) > 20
+    offenders = []
+    for path in python:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    star = re.compile(r"^\s*from\s+\S+\s+c?import\s+\*", re.MULTILINE)
+    for path in _sources(".pyx", ".pxd"):  # Cython: no ast, but the statement has one shape
+        text = path.read_text(encoding="utf-8")
+        offenders += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}" for m in star.finditer(text)]
+    assert offenders == []
+
+
 #: Which twin each public module re-exports: (the package its stem is named from, the public modules,
 #: the live twin module, compiled dir, pure dir, extension).  The rule a newcomer can follow: a class
 #: or function ``kvcy.X`` re-exports from the twins lives in ``<dir>/S.pyx`` and ``<dir>/S.py``,
