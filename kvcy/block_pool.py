@@ -4,7 +4,7 @@ Exports, under vLLM 0.33.0's names (``vllm.v1.core.block_pool``):
 
 * ``BlockPool`` (stem ``block_pool``): the blocks, their free queue and the
   prefix-cache index.
-* ``BlockHashToBlockMap`` (stem ``block_map``): block hash -> cached block(s),
+* ``BlockHashToBlockMap`` (stem ``block_pool_block_map``): block hash -> cached block(s),
   the prefix-cache index.
 
 A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d

@@ -30,8 +30,8 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-# The twin is read at call time (``_fast.hashing``), never at import: the
-# kv_cache twins import this module while ``kvcy._fast`` is still loading.
+# The live hashing twin, through the selector; the twins never import this module
+# (the KV-cache twins take their hash helpers from the hashing twins).
 from kvcy import _fast
 from kvcy.kv_events import default_use_int_block_hashes, external_block_hash
 

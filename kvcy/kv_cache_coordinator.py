@@ -1,6 +1,6 @@
 """Coordinators over the KV-cache groups (vLLM 0.33.0's ``vllm.v1.core.kv_cache_coordinator``).
 
-Exports, all from stem ``coordinators``: ``KVCacheCoordinator`` (the base),
+Exports, all from stem ``kv_cache_coordinator``: ``KVCacheCoordinator`` (the base),
 ``KVCacheCoordinatorNoPrefixCache``, ``UnitaryKVCacheCoordinator`` (one
 group), ``HybridKVCacheCoordinator`` (several attention types, one prefix hit
 agreed across them), ``get_kv_cache_coordinator`` (picks one for a config) and

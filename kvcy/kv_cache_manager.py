@@ -4,7 +4,7 @@ Exports:
 
 * ``KVCacheManager`` (stem ``kv_cache_manager``): prefix-cache lookup,
   ``allocate_slots``, ``free`` and the stats a scheduler reads.
-* ``KVCacheBlocks`` (stem ``kv_cache_blocks``): the blocks ``allocate_slots``
+* ``KVCacheBlocks`` (stem ``kv_cache_manager_blocks``): the blocks ``allocate_slots``
   and ``get_computed_blocks`` return, one tuple per KV-cache group.
 
 A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d

@@ -3,9 +3,9 @@
 The names of vLLM 0.33.0's ``vllm.v1.core.kv_cache_utils``, gathered from where
 kvcy keeps them:
 
-* ``KVCacheBlock`` (stem ``kv_cache_block``) and ``FreeKVCacheBlockQueue``
-  (stem ``free_queue``): the selected twin's classes; ``partial_hash_hits_enabled``
-  and ``eagle_proof_margin`` (stem ``mamba_manager``): when hits may end inside a
+* ``KVCacheBlock`` (stem ``kv_cache_utils``) and ``FreeKVCacheBlockQueue``
+  (stem ``kv_cache_utils_free_queue``): the selected twin's classes; ``partial_hash_hits_enabled``
+  and ``eagle_proof_margin`` (stem ``single_type_kv_cache_manager_mamba``): when hits may end inside a
   block (Mamba align mode) and how far an EAGLE lookup looks past a candidate.
 * Block hashing (``BlockHash``, ``hash_block_tokens``, ``init_none_hash``,
   ``get_request_block_hasher``, ...): :mod:`kvcy.hashing`, whose hot part has

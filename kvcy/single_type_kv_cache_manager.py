@@ -1,12 +1,12 @@
 """Per-attention-type block bookkeeping (vLLM 0.33.0's ``vllm.v1.core.single_type_kv_cache_manager``).
 
-Exports, from stem ``single_type_managers``: ``SingleTypeKVCacheManager``
+Exports, from stem ``single_type_kv_cache_manager``: ``SingleTypeKVCacheManager``
 (the base), ``FullAttentionManager``, ``SinkFullAttentionManager``,
-``CrossAttentionManager``; from stem ``mamba_manager``: ``MambaManager``
-(with Mamba align mode); from stem ``local_attention_managers``:
+``CrossAttentionManager``; from stem ``single_type_kv_cache_manager_mamba``: ``MambaManager``
+(with Mamba align mode); from stem ``single_type_kv_cache_manager_local_attention``:
 ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``, ``RSWAManager``,
 ``CircularBufferManager``; from
-stem ``manager_factory``: ``spec_manager_map`` (spec class -> manager class) and
+stem ``single_type_kv_cache_manager_factory``: ``spec_manager_map`` (spec class -> manager class) and
 ``get_manager_for_kv_cache_spec``; and, defined here,
 ``register_all_kvcache_specs`` (vLLM's engine-start registration of the
 built-in specs in :class:`kvcy.kv_cache_interface.KVCacheSpecRegistry`).

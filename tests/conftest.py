@@ -50,7 +50,7 @@ def _offload_param(name: str):
     The compiled offloading twin is optional until "offload" joins
     ``kvcy._fast.TWINS``; from then on it follows the rules of the other twins.
     """
-    from kvcy.kv_offload import _twin
+    from kvcy import _fast
 
     if name == "cython" and "offload" in _fast.TWINS:
         return _impl_param(name)
@@ -60,7 +60,7 @@ def _offload_param(name: str):
             marks.append(pytest.mark.skip(reason="KVCY_NO_EXTENSIONS=1: pure-Python run"))
         else:
             try:
-                _twin.load("cython")
+                _fast.load("cython")["offload"]
             except ImportError:
                 marks.append(pytest.mark.skip(reason="compiled offloading twin not built"))
     return pytest.param(name, id=name, marks=marks)
@@ -69,9 +69,9 @@ def _offload_param(name: str):
 @pytest.fixture(params=[_offload_param(n) for n in IMPLS])
 def offload_impl(request):
     """The offloading twin module of one implementation (``.IMPLEMENTATION`` names it)."""
-    from kvcy.kv_offload import _twin
+    from kvcy import _fast
 
-    return _twin.load(request.param)
+    return _fast.load(request.param)["offload"]
 
 
 @pytest.fixture

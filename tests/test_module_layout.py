@@ -1,11 +1,12 @@
-"""The package's layout: no star imports, and the vLLM-named modules say what they hold and where.
+"""The package's layout: no star imports, and the twins' files carry vLLM's module names.
 
 Each public module named after a vLLM one (``kvcy.block_pool``, ``kvcy.kv_cache_manager``, ...)
-re-exports classes of the selected twin; its docstring names each class, the stem of the twin
-files it lives in (``kvcy/_fast/kv_cache_c/<stem>.pyx`` and ``kvcy/_fast/kv_cache_py/<stem>.py``)
-and how the twin is chosen.  The CPU offloading tier's modules (``kvcy.kv_offload.cpu...``) do
-the same for the offloading twins (``kvcy/_fast/offload_c/<stem>.pyx``,
-``kvcy/_fast/offload_py/<stem>.py``).
+re-exports classes of the selected twin, which live in the twin files named after that module
+(``kvcy/_fast/kv_cache_c/<stem>.pyx`` and ``kvcy/_fast/kv_cache_py/<stem>.py``, the stem being the
+module's name or starting with it); its docstring names each class, its stem and how the twin is
+chosen.  The CPU offloading tier's modules (``kvcy.kv_offload.cpu...``) do the same for the
+offloading twins (``kvcy/_fast/offload_c/<stem>.pyx``, ``kvcy/_fast/offload_py/<stem>.py``), with
+stems named from below ``kvcy.kv_offload.cpu`` (``policies.lru`` -> ``policies_lru``).
 """
 
 from __future__ import annotations
@@ -18,53 +19,9 @@ from pathlib import Path
 import pytest
 
 from kvcy import _fast
-from kvcy.kv_offload import _twin as _offload_twin
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvcy"
-
-#: Module -> {exported twin name: the stem of the twin files that define it}.
-TWIN_EXPORTS = {
-    "kvcy.block_pool": {"BlockPool": "block_pool", "BlockHashToBlockMap": "block_map"},
-    "kvcy.kv_cache_manager": {"KVCacheManager": "kv_cache_manager", "KVCacheBlocks": "kv_cache_blocks"},
-    "kvcy.kv_cache_coordinator": {
-        name: "coordinators"
-        for name in ("KVCacheCoordinator", "KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator",
-                     "HybridKVCacheCoordinator", "get_kv_cache_coordinator")
-    },
-    "kvcy.single_type_kv_cache_manager": {
-        **{name: "single_type_managers"
-           for name in ("SingleTypeKVCacheManager", "FullAttentionManager", "SinkFullAttentionManager",
-                        "CrossAttentionManager")},
-        "MambaManager": "mamba_manager",
-        "SlidingWindowManager": "local_attention_managers",
-        "ChunkedLocalAttentionManager": "local_attention_managers",
-        "RSWAManager": "local_attention_managers",
-        "CircularBufferManager": "local_attention_managers",
-        "spec_manager_map": "manager_factory",
-        "get_manager_for_kv_cache_spec": "manager_factory",
-    },
-    "kvcy.kv_cache_utils": {"KVCacheBlock": "kv_cache_block", "FreeKVCacheBlockQueue": "free_queue",
-                            "partial_hash_hits_enabled": "mamba_manager", "eagle_proof_margin": "mamba_manager"},
-    "kvcy.request": {"Request": "request"},
-}
-
-#: The same for the offloading twins (kvcy/_fast/offload_c/, kvcy/_fast/offload_py/).
-OFFLOAD_TWIN_EXPORTS = {
-    "kvcy.kv_offload.cpu.manager": {"CPUOffloadingManager": "manager"},
-    "kvcy.kv_offload.cpu.policies.base": {
-        "ChunkStatus": "chunk_status", "CachePolicy": "cache_policy", "order_request_keys": "request_order",
-    },
-    "kvcy.kv_offload.cpu.policies.lru": {"LRUCachePolicy": "lru_policy"},
-    "kvcy.kv_offload.cpu.policies.arc": {"ARCCachePolicy": "arc_policy"},
-}
-
-#: Which twin each table describes: (exports, the live twin module, compiled dir, pure dir, extension).
-LAYOUTS = {
-    "kv_cache": (TWIN_EXPORTS, lambda: _fast.kv_cache, "kv_cache_c", "kv_cache_py", "kvcy._fast._kv_cache_c"),
-    "offload": (OFFLOAD_TWIN_EXPORTS, lambda: _offload_twin.twin, "offload_c", "offload_py",
-                "kvcy._fast._offload_c"),
-}
 
 
 def _sources(*suffixes: str) -> list[Path]:
@@ -87,38 +44,99 @@ def test_no_star_imports():
     assert offenders == []
 
 
-@pytest.mark.parametrize(
-    ("layout", "module_name"), [(layout, name) for layout, spec in LAYOUTS.items() for name in sorted(spec[0])]
-)
+#: Which twin each public module re-exports: (the package its stem is named from, the public modules,
+#: the live twin module, compiled dir, pure dir, extension).  The rule a newcomer can follow: a class
+#: or function ``kvcy.X`` re-exports from the twins lives in ``<dir>/S.pyx`` and ``<dir>/S.py``,
+#: where ``S`` is ``X`` below that package with dots as underscores (``kvcy.block_pool`` -> ``block_pool``,
+#: ``kvcy.kv_offload.cpu.policies.lru`` -> ``policies_lru``), or ``S`` starts with it and ``_`` where a
+#: concept has a file of its own (``kv_cache_utils_free_queue``), as vLLM's names go.
+LAYOUTS = {
+    "kv_cache": (
+        "kvcy.",
+        ("kvcy.block_pool", "kvcy.kv_cache_manager", "kvcy.kv_cache_coordinator",
+         "kvcy.single_type_kv_cache_manager", "kvcy.kv_cache_utils", "kvcy.request"),
+        lambda: _fast.kv_cache, "kv_cache_c", "kv_cache_py", "kvcy._fast._kv_cache_c",
+    ),
+    "offload": (
+        "kvcy.kv_offload.cpu.",
+        ("kvcy.kv_offload.cpu.manager", "kvcy.kv_offload.cpu.policies.base", "kvcy.kv_offload.cpu.policies.lru",
+         "kvcy.kv_offload.cpu.policies.arc"),
+        lambda: _fast.offload, "offload_c", "offload_py", "kvcy._fast._offload_c",
+    ),
+}
+
+#: The exceptions to the rule: helpers vLLM keeps in ``kv_cache_utils`` that live beside their
+#: only caller, Mamba's manager.
+ELSEWHERE = {
+    "partial_hash_hits_enabled": "single_type_kv_cache_manager_mamba",
+    "eagle_proof_margin": "single_type_kv_cache_manager_mamba",
+}
+
+_DEFINED = re.compile(r"^(?:cdef\s+class|class|def|cpdef\s+\w+|cpdef)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=", re.MULTILINE)
+
+
+def _stems_defining(directory: Path, suffix: str) -> dict[str, set[str]]:
+    """Name -> the stems of the files in ``directory`` that define it at top level."""
+    found: dict[str, set[str]] = {}
+    for path in directory.glob(f"*{suffix}"):
+        for a, b in _DEFINED.findall(path.read_text(encoding="utf-8")):
+            found.setdefault(a or b, set()).add(path.stem)
+    return found
+
+
+def _twin_exports(module, twin, defined: dict[str, set[str]]) -> list[str]:
+    """The names ``module`` re-exports from the selected twin that the twin's files define."""
+    return [
+        name for name in module.__all__
+        if name in defined and getattr(twin, name, None) is getattr(module, name)
+    ]
+
+
+def _module_cases():
+    return [(layout, name) for layout, spec in LAYOUTS.items() for name in spec[1]]
+
+
+@pytest.mark.parametrize(("layout", "module_name"), _module_cases())
 def test_vllm_named_modules_say_what_they_hold(layout, module_name):
+    """Each twin name a public module exports lives in the twin files its module name gives,
+    in both twins, and the module's docstring says so."""
+    package, _, live, c_name, py_name, extension = LAYOUTS[layout]
     module = importlib.import_module(module_name)
     doc = module.__doc__
-    table, live, c_dir, py_dir, extension = LAYOUTS[layout]
-    exports = table[module_name]
     twin = live()
-    for name, stem in exports.items():
-        assert name in module.__all__
-        assert getattr(module, name) is getattr(twin, name), f"{module_name}.{name} is not the selected twin's"
+    c_dir, py_dir = PACKAGE / "_fast" / c_name, PACKAGE / "_fast" / py_name
+    compiled, pure = _stems_defining(c_dir, ".pyx"), _stems_defining(py_dir, ".py")
+    exports = _twin_exports(module, twin, pure)
+    assert exports, f"{module_name} re-exports nothing from the twins"
+    prefix = module_name.removeprefix(package).replace(".", "_")
+    for name in exports:
+        stems = pure.get(name, set())
+        assert len(stems) == 1, f"{name} is defined in {sorted(stems)} under {py_dir.relative_to(ROOT)}"
+        (stem,) = stems
+        assert stem in compiled.get(name, set()), f"{name} is not defined in {c_name}/{stem}.pyx"
+        if name in ELSEWHERE:
+            assert stem == ELSEWHERE[name]
+        else:
+            assert stem == prefix or stem.startswith(prefix + "_"), (
+                f"{module_name}.{name} lives in stem {stem}, not {prefix} or {prefix}_*"
+            )
         assert f"``{name}``" in doc, f"{module_name}'s docstring does not name {name}"
         assert f"stem ``{stem}``" in doc, f"{module_name}'s docstring does not give {name}'s stem {stem}"
-    for words in (f"kvcy/_fast/{c_dir}/S.pyx", extension, f"kvcy/_fast/{py_dir}/S.py",
+    for words in (f"kvcy/_fast/{c_name}/S.pyx", extension, f"kvcy/_fast/{py_name}/S.py",
                   "KVCY_NO_EXTENSIONS=1", "KVCY_REQUIRE_EXTENSIONS=1", "kvcy.IMPLEMENTATION"):
         assert words in doc, f"{module_name}'s docstring does not say {words}"
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_named_stems_define_the_names(layout):
-    """Where the per-concept twin files exist, each stem a docstring names defines its names in both twins."""
-    table, _, c_name, py_name, _ = LAYOUTS[layout]
-    c_dir, py_dir = PACKAGE / "_fast" / c_name, PACKAGE / "_fast" / py_name
-    if not py_dir.is_dir():
-        pytest.skip(f"the {layout} twins are not split into per-concept files in this tree")
-    defined = re.compile(r"^(?:cdef\s+class|class|def|cpdef\s+\w+|cpdef)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=", re.MULTILINE)
-    for exports in table.values():
-        for name, stem in exports.items():
-            for path in (c_dir / f"{stem}.pyx", py_dir / f"{stem}.py"):
-                names = {a or b for a, b in defined.findall(path.read_text(encoding="utf-8"))}
-                assert name in names, f"{name} is not defined in {path.relative_to(ROOT)}"
+def test_twin_files_carry_vllm_stems(layout):
+    """Every twin file but the shared helpers (``_common``) is named after a public module."""
+    package, modules, _, c_name, py_name, _ = LAYOUTS[layout]
+    prefixes = {m.removeprefix(package).replace(".", "_") for m in modules}
+    if layout == "offload":
+        prefixes.add("offloading_connector")  # vLLM's offloading_connector.py; the replay's connector
+    stems = {p.stem for p in (PACKAGE / "_fast" / py_name).glob("*.py")} - {"__init__", "_common"}
+    strays = {s for s in stems if not any(s == p or s.startswith(p + "_") for p in prefixes)}
+    assert strays == set()
 
 
 #: kvcy.kv_cache_interface's submodules -> the public names each defines (one concept per module).
@@ -194,7 +212,7 @@ MAX_CONCEPT_LINES = 1000
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_split_twins_keep_one_concept_per_file(layout):
     """The compiled and pure twins have the same stems, and no piece grows into a whole layer again."""
-    _, _, c_name, py_name, _ = LAYOUTS[layout]
+    _, _, _, c_name, py_name, _ = LAYOUTS[layout]
     c_dir, py_dir = PACKAGE / "_fast" / c_name, PACKAGE / "_fast" / py_name
     pure = {p.stem for p in py_dir.glob("*.py")} - {"__init__"}
     assert len(pure) >= 5

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from kvcy.kv_offload import _twin
+from kvcy import _fast
 from kvcy.kv_offload.base import (
     BlockIDsLoadStoreSpec,
     CacheHitSource,
@@ -292,8 +292,8 @@ def test_registered_policy_is_used_by_the_manager(offload_impl, monkeypatch):
 def test_live_twin_is_exposed():
     from kvcy.kv_offload.cpu import CPUOffloadingManager
 
-    assert CPUOffloadingManager is _twin.twin.CPUOffloadingManager
-    assert _twin.IMPLEMENTATION == _twin.twin.IMPLEMENTATION
+    assert CPUOffloadingManager is _fast.offload.CPUOffloadingManager
+    assert _fast.IMPLEMENTATION == _fast.offload.IMPLEMENTATION
 
 
 def _doc(obj, name: str) -> str | None:
@@ -306,10 +306,10 @@ def _doc(obj, name: str) -> str | None:
 
 def test_twins_share_public_names_and_docstrings():
     try:
-        compiled = _twin.load("cython")
+        compiled = _fast.load("cython")["offload"]
     except ImportError:
         pytest.skip("compiled offloading twin not built")
-    python = _twin.load("python")
+    python = _fast.load("python")["offload"]
     assert sorted(compiled.__all__) == sorted(python.__all__)
     for name in python.__all__:
         py_obj, c_obj = getattr(python, name), getattr(compiled, name)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcy import _fast
-from kvcy.kv_offload import _twin, make_offload_key
+from kvcy.kv_offload import make_offload_key
 
 HAS_COMPILED = not _fast.NO_EXTENSIONS and "cython" in _fast.available()
 needs_compiled = pytest.mark.skipif(not HAS_COMPILED, reason="needs the compiled twins")
@@ -32,7 +32,7 @@ class _Entry:
 
 
 def _connector(impl, num_chunks=16, policy="lru"):
-    mod = _twin.load(impl)
+    mod = _fast.load(impl)["offload"]
     return mod.ReplayConnector(mod.CPUOffloadingManager(num_chunks, cache_policy=policy), BS)
 
 
@@ -165,7 +165,7 @@ def _key(h: bytes) -> bytes:
 
 
 def test_the_decision_codes_are_the_replays():
-    from kvcy._fast.offload_py import connector
+    from kvcy._fast.offload_py import offloading_connector as connector
     from kvcy.sim import scheduler
 
     names = ("CPU_LOOKUP", "CPU_LOAD", "CPU_STORE", "CPU_STORE_REFUSED", "CPU_FINISH")
@@ -282,7 +282,7 @@ BAD_CALLS = {
 def test_both_twins_refuse_the_same_calls_alike(name):
     seen = []
     for impl in ("cython", "python"):
-        mod = _twin.load(impl)
+        mod = _fast.load(impl)["offload"]
         conn = _connector(impl)
         st_ = conn.new_request("a", 16, 0)
         with pytest.raises(Exception) as err:

@@ -12,9 +12,9 @@ imports a twin directly.  The choice is made once, at import:
 Tests and benchmarks that want both twins side by side call :func:`load`.
 
 The offloading twin (``offload``) is imported on first use of ``kvcy._fast.offload``
-rather than here: it needs ``kvcy.kv_offload``, whose ``cpu`` package imports the
-live twin back from this module (and numpy), which ``import kvcy`` should not pay
-for.  Whether its compiled twin exists still counts towards the choice above.
+rather than here: it needs ``kvcy.kv_offload``'s value types (and numpy), which
+``import kvcy`` should not pay for.  Whether its compiled twin exists still counts
+towards the choice above.
 The KV-aware routing index's twin (``kv_index``, for routers, not engines) is
 imported on first use of ``kvcy._fast.kv_index`` too, so that ``import kvcy``
 does not pay for it either, nor for the worker's block-table rows (``block_table``,
@@ -50,10 +50,6 @@ if NO_EXTENSIONS and REQUIRE_EXTENSIONS:
 
 def _import(name: str, impl: str) -> ModuleType:
     suffix = "c" if impl == "cython" else "py"
-    if name == "offload":
-        # The API package first: its cpu package binds the live twin through
-        # this module, and a twin imported before it would be imported half-way.
-        importlib.import_module("kvcy.kv_offload.cpu")
     return importlib.import_module(f"kvcy._fast._{name}_{suffix}")
 
 

@@ -16,17 +16,17 @@ includes them):
 
 * ``_common.pyx``: shared helpers, C-API externs and inline C
 * ``request.pyx``: Request
-* ``kv_cache_block.pyx``: KVCacheBlock
-* ``free_queue.pyx``: FreeKVCacheBlockQueue
-* ``block_map.pyx``: BlockHashToBlockMap, resolve_block_hashes
+* ``kv_cache_utils.pyx``: KVCacheBlock
+* ``kv_cache_utils_free_queue.pyx``: FreeKVCacheBlockQueue
+* ``block_pool_block_map.pyx``: BlockHashToBlockMap, resolve_block_hashes
 * ``block_pool.pyx``: BlockPool
-* ``single_type_managers.pyx``: SingleTypeKVCacheManager, the full (and sink)
+* ``single_type_kv_cache_manager.pyx``: SingleTypeKVCacheManager, the full (and sink)
   and cross-attention managers
-* ``mamba_manager.pyx``: MambaManager (align mode, partial hits) and its helpers
-* ``local_attention_managers.pyx``: the sliding-window and chunked-local managers
-* ``manager_factory.pyx``: spec_manager_map, get_manager_for_kv_cache_spec
-* ``coordinators.pyx``: the KV-cache coordinators
-* ``kv_cache_blocks.pyx``: KVCacheBlocks
+* ``single_type_kv_cache_manager_mamba.pyx``: MambaManager (align mode, partial hits) and its helpers
+* ``single_type_kv_cache_manager_local_attention.pyx``: the sliding-window and chunked-local managers
+* ``single_type_kv_cache_manager_factory.pyx``: spec_manager_map, get_manager_for_kv_cache_spec
+* ``kv_cache_coordinator.pyx``: the KV-cache coordinators
+* ``kv_cache_manager_blocks.pyx``: KVCacheBlocks
 * ``kv_cache_manager.pyx``: KVCacheManager
 """
 
@@ -46,7 +46,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
-from kvcy.hashing import generate_block_hash_extra_keys
+from kvcy._fast._hashing_c import generate_block_hash_extra_keys
 from kvcy.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
@@ -86,14 +86,14 @@ IMPLEMENTATION = "cython"
 
 include "kv_cache_c/_common.pyx"
 include "kv_cache_c/request.pyx"
-include "kv_cache_c/kv_cache_block.pyx"
-include "kv_cache_c/free_queue.pyx"
-include "kv_cache_c/block_map.pyx"
+include "kv_cache_c/kv_cache_utils.pyx"
+include "kv_cache_c/kv_cache_utils_free_queue.pyx"
+include "kv_cache_c/block_pool_block_map.pyx"
 include "kv_cache_c/block_pool.pyx"
-include "kv_cache_c/single_type_managers.pyx"
-include "kv_cache_c/mamba_manager.pyx"
-include "kv_cache_c/local_attention_managers.pyx"
-include "kv_cache_c/manager_factory.pyx"
-include "kv_cache_c/coordinators.pyx"
-include "kv_cache_c/kv_cache_blocks.pyx"
+include "kv_cache_c/single_type_kv_cache_manager.pyx"
+include "kv_cache_c/single_type_kv_cache_manager_mamba.pyx"
+include "kv_cache_c/single_type_kv_cache_manager_local_attention.pyx"
+include "kv_cache_c/single_type_kv_cache_manager_factory.pyx"
+include "kv_cache_c/kv_cache_coordinator.pyx"
+include "kv_cache_c/kv_cache_manager_blocks.pyx"
 include "kv_cache_c/kv_cache_manager.pyx"

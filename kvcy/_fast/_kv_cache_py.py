@@ -17,9 +17,9 @@ Behaviour follows vLLM 0.33.0 decision for decision; the golden vectors in
 from __future__ import annotations
 
 from kvcy._fast.kv_cache_py._common import cdiv
-from kvcy._fast.kv_cache_py.block_map import BlockHashToBlockMap, resolve_block_hashes
+from kvcy._fast.kv_cache_py.block_pool_block_map import BlockHashToBlockMap, resolve_block_hashes
 from kvcy._fast.kv_cache_py.block_pool import BlockPool, logger
-from kvcy._fast.kv_cache_py.coordinators import (
+from kvcy._fast.kv_cache_py.kv_cache_coordinator import (
     HybridKVCacheCoordinator,
     KVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
@@ -27,26 +27,30 @@ from kvcy._fast.kv_cache_py.coordinators import (
     get_kv_cache_coordinator,
     replay_boundaries,
 )
-from kvcy._fast.kv_cache_py.free_queue import FreeKVCacheBlockQueue
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
-from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks
+from kvcy._fast.kv_cache_py.kv_cache_utils_free_queue import FreeKVCacheBlockQueue
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
+from kvcy._fast.kv_cache_py.kv_cache_manager_blocks import KVCacheBlocks
 from kvcy._fast.kv_cache_py.kv_cache_manager import KVCacheManager
 from kvcy._fast.kv_cache_py.request import Request
-from kvcy._fast.kv_cache_py.local_attention_managers import (
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_local_attention import (
     ChunkedLocalAttentionManager,
     CircularBufferManager,
     RSWAManager,
     SlidingWindowManager,
 )
-from kvcy._fast.kv_cache_py.manager_factory import _manager_class, get_manager_for_kv_cache_spec, spec_manager_map
-from kvcy._fast.kv_cache_py.mamba_manager import (
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_factory import (
+    _manager_class,
+    get_manager_for_kv_cache_spec,
+    spec_manager_map,
+)
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_mamba import (
     MambaManager,
     eagle_proof_margin,
     get_mamba_prefill_checkpoint_position,
     is_mamba_prefill_checkpoint_valid,
     partial_hash_hits_enabled,
 )
-from kvcy._fast.kv_cache_py.single_type_managers import (
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     CrossAttentionManager,
     FullAttentionManager,
     SingleTypeKVCacheManager,

@@ -8,11 +8,11 @@ from libc.stdint cimport int64_t, uint32_t
 from libcpp.vector cimport vector
 
 include "offload_c/_common.pxd"
-include "offload_c/request_order.pxd"
-include "offload_c/chunk_status.pxd"
-include "offload_c/cache_policy.pxd"
-include "offload_c/lru_policy.pxd"
-include "offload_c/arc_policy.pxd"
-include "offload_c/access_record.pxd"
+include "offload_c/policies_base_request_order.pxd"
+include "offload_c/policies_base_chunk_status.pxd"
+include "offload_c/policies_base.pxd"
+include "offload_c/policies_lru.pxd"
+include "offload_c/policies_arc.pxd"
+include "offload_c/manager_access_record.pxd"
 include "offload_c/manager.pxd"
-include "offload_c/connector.pxd"
+include "offload_c/offloading_connector.pxd"

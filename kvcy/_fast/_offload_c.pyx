@@ -34,14 +34,14 @@ with its classes' declarations (``_offload_c.pxd`` includes them), and the
 pure-Python twin has one module per stem under ``offload_py/``:
 
 * ``_common.pyx``: API constants, argument checks, load/store specs
-* ``request_order.pyx``: order_request_keys, _Positions
-* ``chunk_status.pyx``: ChunkStatus and the intrusive lists
-* ``cache_policy.pyx``: CachePolicy (the interface the manager calls)
-* ``lru_policy.pyx``: LRUCachePolicy
-* ``arc_policy.pyx``: ARCCachePolicy
-* ``access_record.pyx``: a request's access record on its ReqContext
+* ``policies_base_request_order.pyx``: order_request_keys, _Positions
+* ``policies_base_chunk_status.pyx``: ChunkStatus and the intrusive lists
+* ``policies_base.pyx``: CachePolicy (the interface the manager calls)
+* ``policies_lru.pyx``: LRUCachePolicy
+* ``policies_arc.pyx``: ARCCachePolicy
+* ``manager_access_record.pyx``: a request's access record on its ReqContext
 * ``manager.pyx``: CPUOffloadingManager
-* ``connector.pyx``: ReplayConnector and ConnectorRequest, the replay's
+* ``offloading_connector.pyx``: ReplayConnector and ConnectorRequest, the replay's
   offloading connector (``kvcy replay --cpu-offload``)
 """
 
@@ -72,6 +72,7 @@ from kvcy.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
 )
+from kvcy.kv_offload._cpu_common import CPULoadStoreSpec, CPUOffloadingMetrics
 from kvcy.kv_offload.metrics import OffloadingConnectorStats
 
 import numpy as np
@@ -91,11 +92,11 @@ __all__ = [
 IMPLEMENTATION = "cython"
 
 include "offload_c/_common.pyx"
-include "offload_c/request_order.pyx"
-include "offload_c/chunk_status.pyx"
-include "offload_c/cache_policy.pyx"
-include "offload_c/lru_policy.pyx"
-include "offload_c/arc_policy.pyx"
-include "offload_c/access_record.pyx"
+include "offload_c/policies_base_request_order.pyx"
+include "offload_c/policies_base_chunk_status.pyx"
+include "offload_c/policies_base.pyx"
+include "offload_c/policies_lru.pyx"
+include "offload_c/policies_arc.pyx"
+include "offload_c/manager_access_record.pyx"
 include "offload_c/manager.pyx"
-include "offload_c/connector.pyx"
+include "offload_c/offloading_connector.pyx"

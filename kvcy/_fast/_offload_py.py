@@ -5,7 +5,7 @@ The CPU tier's manager (``CPUOffloadingManager``), its two cache policies
 replacement) and the per-chunk state (``ChunkStatus``) live twice: here and in
 ``_offload_c.pyx``, with the same names, signatures, docstrings and messages.
 The public modules under ``kvcy.kv_offload.cpu`` re-export the selected twin
-(``kvcy.kv_offload._twin``).
+(``kvcy._fast``).
 
 The code lives one concept per module in ``kvcy/_fast/offload_py/`` (the
 compiled twin's ``kvcy/_fast/offload_c/`` has the same stems); this module
@@ -49,13 +49,13 @@ The golden replayer's ``check`` reads the same internals vLLM's does:
 
 from __future__ import annotations
 
-from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
-from kvcy._fast.offload_py.cache_policy import CachePolicy
-from kvcy._fast.offload_py.chunk_status import ChunkStatus
-from kvcy._fast.offload_py.connector import ConnectorRequest, ReplayConnector
-from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
+from kvcy._fast.offload_py.policies_arc import ARCCachePolicy
+from kvcy._fast.offload_py.policies_base import CachePolicy
+from kvcy._fast.offload_py.policies_base_chunk_status import ChunkStatus
+from kvcy._fast.offload_py.offloading_connector import ConnectorRequest, ReplayConnector
+from kvcy._fast.offload_py.policies_lru import LRUCachePolicy
 from kvcy._fast.offload_py.manager import CPUOffloadingManager
-from kvcy._fast.offload_py.request_order import order_request_keys
+from kvcy._fast.offload_py.policies_base_request_order import order_request_keys
 
 __all__ = [
     "ARCCachePolicy",

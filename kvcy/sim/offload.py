@@ -2,8 +2,8 @@
 
 vLLM 0.33.0's ``OffloadingConnectorScheduler`` sits between the scheduler and
 the offloading manager.  The offloading twin's ``ReplayConnector`` (compiled
-in ``kvcy/_fast/offload_c/connector.pyx``, pure Python in
-``kvcy/_fast/offload_py/connector.py``; :func:`build_tier` picks the one that
+in ``kvcy/_fast/offload_c/offloading_connector.pyx``, pure Python in
+``kvcy/_fast/offload_py/offloading_connector.py``; :func:`build_tier` picks the one that
 goes with the KV-cache manager's twin) plays that part inside the replay's
 synchronous loop, with one offloaded block (a *chunk*) per GPU block and one
 KV-cache group, so an offload key is a block hash plus group index 0
@@ -47,14 +47,14 @@ def offload_twin(impl: str) -> tuple[str, Any]:
     The compiled offloading twin is used with the compiled manager when it is
     built; otherwise the pure-Python one (and the implementation says so).
     """
-    from kvcy.kv_offload import _twin
+    from kvcy import _fast
 
     if impl == "cython":
         try:
-            return "cython", _twin.load("cython")
+            return "cython", _fast.load("cython")["offload"]
         except ImportError:
             pass
-    return "python", _twin.load("python")
+    return "python", _fast.load("python")["offload"]
 
 
 def build_tier(impl: str, num_blocks: int, policy: str, block_size: int) -> tuple[str, Any]:
@@ -64,11 +64,11 @@ def build_tier(impl: str, num_blocks: int, policy: str, block_size: int) -> tupl
     from the offloading twin that goes with the KV-cache manager's ``impl``
     (:func:`offload_twin`).
     """
-    from kvcy.kv_offload import _twin
+    from kvcy import _fast
 
     name, twin = offload_twin(impl)
     manager = twin.CPUOffloadingManager(num_chunks=num_blocks, cache_policy=policy)
-    return name, _twin.load(name).ReplayConnector(manager, block_size)
+    return name, _fast.load(name)["offload"].ReplayConnector(manager, block_size)
 
 
 def cpu_blocks_from_spec(text: str, gpu_blocks: int, bytes_per_block: int) -> int:

@@ -97,7 +97,7 @@ MAX_TOKEN_US = 1e6
 # Decision codes folded into the per-step digest.
 _LOOKUP, _ALLOC, _PREEMPT, _FINISH = 1, 2, 3, 4
 # ... and the CPU tier's, each followed by the request's index: the offloading twins'
-# ReplayConnector writes them (offload_c/connector.pyx, offload_py/connector.py hold the same
+# ReplayConnector writes them (offload_c/offloading_connector.pyx, offload_py/offloading_connector.py hold the same
 # values; tests/test_offload_connector.py checks them against these).
 CPU_LOOKUP, CPU_LOAD, CPU_STORE, CPU_STORE_REFUSED, CPU_FINISH = 11, 12, 13, 14, 15
 

@@ -399,9 +399,9 @@ def replay_offload_scenario(scenario: dict, offload: ModuleType | None = None) -
     Raises:
         GoldenMismatch: the first op whose result differs from vLLM's.
     """
-    from kvcy.kv_offload import _twin, base
+    from kvcy.kv_offload import base
 
-    offload = offload or _twin.twin
+    offload = offload or _fast.offload
     config = scenario["config"]
     manager = offload.CPUOffloadingManager(
         num_chunks=config["num_chunks"],
@@ -565,9 +565,7 @@ def run(dirs: list[Path], impl: str | None = None, verbose: bool = False, keywor
             counts[1] += n_bad
             continue
         if kind == "offload" and offload is None:
-            from kvcy.kv_offload import _twin
-
-            offload = _twin.load(impl) if impl else _twin.twin
+            offload = _fast.load(impl)["offload"] if impl else _fast.offload
         for scenario in lines:
             name = scenario["name"]
             if keyword and keyword not in name:
@@ -606,9 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         impl_name = args.impl or _fast.IMPLEMENTATION
         print(f"kvcy golden replay, implementation: {impl_name}")
-        from kvcy.kv_offload import _twin
-
-        offload_name = args.impl or _twin.IMPLEMENTATION
+        offload_name = args.impl or _fast.offload.IMPLEMENTATION
         if offload_name != impl_name:
             print(f"offloading twin: {offload_name} (the compiled offloading twin is not available)")
         tally: dict[str, list[int]] = {}

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from kvcy.kv_offload import _twin
+from kvcy import _fast
 from kvcy.kv_offload.base import ReqContext, make_offload_key
 from kvcy.testing.golden import encode_offload_event, offload_check_state
 
@@ -152,8 +152,8 @@ def test_random_sequences_keep_the_chunk_accounting(offload_impl, policy, config
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"cap{c['num_chunks']}_thr{c['store_threshold']}")
 def test_both_twins_agree_on_random_sequences(policy, config):
     try:
-        compiled = _twin.load("cython")
+        compiled = _fast.load("cython")["offload"]
     except ImportError:
         pytest.skip("compiled offloading twin not built")
     for seed in range(6):
-        drive([_twin.load("python"), compiled], policy, config, seed)
+        drive([_fast.load("python")["offload"], compiled], policy, config, seed)

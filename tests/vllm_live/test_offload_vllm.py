@@ -57,7 +57,7 @@ from vllm.v1.kv_offload.cpu import common as vcommon  # noqa: E402
 from vllm.v1.kv_offload.cpu import manager as vmanager  # noqa: E402
 
 import kvcy  # noqa: E402
-from kvcy.kv_offload import _twin  # noqa: E402
+from kvcy import _fast  # noqa: E402
 from kvcy.kv_offload import base as kbase  # noqa: E402
 from kvcy.kv_offload.cpu import common as kcommon  # noqa: E402
 from kvcy.testing.golden import encode_offload_event, offload_check_state  # noqa: E402
@@ -198,10 +198,10 @@ class OffloadMachine(RuleBasedStateMachine):
         kwargs = dict(num_chunks=cfg.num_chunks, cache_policy=cfg.policy, enable_events=cfg.events,
                       store_threshold=cfg.threshold, max_tracker_size=cfg.tracker)
         self.v = vmanager.CPUOffloadingManager(**kwargs)
-        self.k = _twin.twin.CPUOffloadingManager(**kwargs)
+        self.k = _fast.offload.CPUOffloadingManager(**kwargs)
         # a second manager pair the same contexts visit (vLLM keeps one record per context)
         self.v2 = vmanager.CPUOffloadingManager(**kwargs)
-        self.k2 = _twin.twin.CPUOffloadingManager(**kwargs)
+        self.k2 = _fast.offload.CPUOffloadingManager(**kwargs)
         self.ctx: dict[str, tuple] = {}
         self.finished: set[str] = set()
         self.diverged: str | None = None
@@ -577,7 +577,7 @@ def _params(obj):
 
 
 def _pure_twin_attr(cls_name: str, attr: str):
-    pure = _twin.load("python")
+    pure = _fast.load("python")["offload"]
     cls = getattr(pure, cls_name, None)
     return None if cls is None else getattr(cls, attr, None)
 
@@ -638,7 +638,7 @@ def _class_differences(tag: str, vcls: type, kcls) -> list[str]:
         # (a compiled cdef class cannot be abstract: its pure twin's class is compared)
         kabstract = getattr(kcls, "__abstractmethods__", None)
         if kabstract is None:
-            kabstract = getattr(getattr(_twin.load("python"), kcls.__name__, None), "__abstractmethods__", ())
+            kabstract = getattr(getattr(_fast.load("python")["offload"], kcls.__name__, None), "__abstractmethods__", ())
         if abstract_v != sorted(kabstract):
             diffs.append(f"{tag}.__abstractmethods__: {abstract_v} != {sorted(kabstract)}")
     if issubclass(vcls, tuple) and hasattr(vcls, "_fields"):
@@ -698,7 +698,7 @@ def _api_differences_without_allowances() -> list[str]:
 def test_lock_is_a_context_manager_as_vllm():
     """vLLM's default ``lock`` is a no-op context; kvcy's is a re-entrant lock (deliberately
     real: the API lets a manager supply one).  Both are entered the same way, re-entrantly."""
-    for manager in (vmanager.CPUOffloadingManager(1), _twin.twin.CPUOffloadingManager(1)):
+    for manager in (vmanager.CPUOffloadingManager(1), _fast.offload.CPUOffloadingManager(1)):
         with manager.lock:
             with manager.lock:
                 assert manager.lookup(b"abcd" + bytes(4), None) is not None
@@ -885,7 +885,7 @@ def test_constructor_arguments_as_vllm():
 
     for name, kwargs in cases.items():
         got_v = build(vmanager.CPUOffloadingManager, kwargs)
-        got_k = build(_twin.twin.CPUOffloadingManager, kwargs)
+        got_k = build(_fast.offload.CPUOffloadingManager, kwargs)
         if name in CTOR_ALLOWED:
             assert got_v[0] == "ok" and got_k[0] == "raise" and got_k[1] in ("TypeError", "ValueError"), name
         else:
@@ -896,7 +896,7 @@ def test_vllm_cpu_offloading_info_serves_as_info():
     """vLLM's spec builds the manager with vLLM's CPUOffloadingInfo: kvcy's manager reports it."""
     info = vcommon.CPUOffloadingInfo(cpu_num_chunks=4, cpu_blocks_per_chunk=2, cpu_kv_cache_size_bytes=64,
                                      cpu_kv_cache_size_tokens=None)
-    got = _twin.twin.CPUOffloadingManager(4, info=info).config_info()
+    got = _fast.offload.CPUOffloadingManager(4, info=info).config_info()
     assert got == vmanager.CPUOffloadingManager(4, info=info).config_info()
 
 

@@ -23,7 +23,7 @@ from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VllmCPUOffloadingManager  # noqa: E402
 
 import kvcy  # noqa: E402
-from kvcy.kv_offload import _twin  # noqa: E402
+from kvcy import _fast  # noqa: E402
 from kvcy.sim import offload as offload_mod  # noqa: E402
 from kvcy.sim.scheduler import ReplayConfig, replay  # noqa: E402
 from kvcy.sim.traces import bundled_trace_path, read_mooncake  # noqa: E402
@@ -61,7 +61,7 @@ def test_vllms_offloading_manager_makes_the_replays_decisions(trace, policy, mon
 
     def vllm_tier(impl, num_blocks, tier_policy, block_size):
         manager = _VllmTier(num_chunks=num_blocks, cache_policy=tier_policy)
-        return "vllm", _twin.load("python").ReplayConnector(manager, block_size)
+        return "vllm", _fast.load("python")["offload"].ReplayConnector(manager, block_size)
 
     monkeypatch.setattr(offload_mod, "build_tier", vllm_tier)
     theirs = _run(trace, policy)

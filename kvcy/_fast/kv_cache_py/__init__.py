@@ -6,18 +6,18 @@ which assembles them into the twin module the selector (``kvcy._fast``) loads.
 
 * ``_common``: argument checks, ``cdiv``, the attribute rules (``_Checked``);
 * ``request``: ``Request``;
-* ``kv_cache_block``: ``KVCacheBlock``;
-* ``free_queue``: ``FreeKVCacheBlockQueue``;
-* ``block_map``: ``BlockHashToBlockMap``, ``resolve_block_hashes``;
+* ``kv_cache_utils``: ``KVCacheBlock``;
+* ``kv_cache_utils_free_queue``: ``FreeKVCacheBlockQueue``;
+* ``block_pool_block_map``: ``BlockHashToBlockMap``, ``resolve_block_hashes``;
 * ``block_pool``: ``BlockPool``;
-* ``single_type_managers``: ``SingleTypeKVCacheManager``, the full (and sink)
+* ``single_type_kv_cache_manager``: ``SingleTypeKVCacheManager``, the full (and sink)
   and cross-attention managers;
-* ``mamba_manager``: ``MambaManager`` (align mode, partial hits) and its helpers;
-* ``local_attention_managers``: ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``,
+* ``single_type_kv_cache_manager_mamba``: ``MambaManager`` (align mode, partial hits) and its helpers;
+* ``single_type_kv_cache_manager_local_attention``: ``SlidingWindowManager``, ``ChunkedLocalAttentionManager``,
   ``RSWAManager``, ``CircularBufferManager``;
-* ``manager_factory``: ``spec_manager_map``, ``get_manager_for_kv_cache_spec``;
-* ``coordinators``: ``KVCacheCoordinator``, its three kinds,
+* ``single_type_kv_cache_manager_factory``: ``spec_manager_map``, ``get_manager_for_kv_cache_spec``;
+* ``kv_cache_coordinator``: ``KVCacheCoordinator``, its three kinds,
   ``get_kv_cache_coordinator``;
-* ``kv_cache_blocks``: ``KVCacheBlocks``;
+* ``kv_cache_manager_blocks``: ``KVCacheBlocks``;
 * ``kv_cache_manager``: ``KVCacheManager``.
 """

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from kvcy.hashing import generate_block_hash_extra_keys
+from kvcy._fast._hashing_py import generate_block_hash_extra_keys
 from kvcy.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -30,9 +30,9 @@ from kvcy._fast.kv_cache_py._common import (
     _lookahead_count,
     _request_id,
 )
-from kvcy._fast.kv_cache_py.block_map import BlockHashToBlockMap, _group_key, resolve_block_hashes
-from kvcy._fast.kv_cache_py.free_queue import FreeKVCacheBlockQueue
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
+from kvcy._fast.kv_cache_py.block_pool_block_map import BlockHashToBlockMap, _group_key, resolve_block_hashes
+from kvcy._fast.kv_cache_py.kv_cache_utils_free_queue import FreeKVCacheBlockQueue
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
 
 if TYPE_CHECKING:
     from kvcy._fast.kv_cache_py.request import Request

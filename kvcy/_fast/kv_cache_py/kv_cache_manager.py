@@ -33,16 +33,16 @@ from kvcy._fast.kv_cache_py._common import (
     cdiv,
 )
 from kvcy._fast.kv_cache_py.block_pool import _check_touchable
-from kvcy._fast.kv_cache_py.coordinators import (
+from kvcy._fast.kv_cache_py.kv_cache_coordinator import (
     HybridKVCacheCoordinator,
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
 )
-from kvcy._fast.kv_cache_py.kv_cache_block import KVCacheBlock
-from kvcy._fast.kv_cache_py.kv_cache_blocks import KVCacheBlocks, _check_hits_fresh
-from kvcy._fast.kv_cache_py.mamba_manager import MambaManager
+from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
+from kvcy._fast.kv_cache_py.kv_cache_manager_blocks import KVCacheBlocks, _check_hits_fresh
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_mamba import MambaManager
 from kvcy._fast.kv_cache_py.request import Request
-from kvcy._fast.kv_cache_py.single_type_managers import _as_flag, _check_no_context_parallel
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import _as_flag, _check_no_context_parallel
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED

@@ -24,18 +24,8 @@ cdef str _BUSY = (
 )
 cdef Py_ssize_t _INT_MAX = (<Py_ssize_t>1) << 62
 
-# kvcy.kv_offload.cpu imports the live twin (this module, maybe), so what this
-# module needs from it is imported on first use, not at import time.
-cdef object _CPULoadStoreSpec = None
-cdef object _Metrics = None
-
-
-cdef int _load_cpu_common() except -1:
-    global _CPULoadStoreSpec, _Metrics
-    from kvcy.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
-    _CPULoadStoreSpec = CPULoadStoreSpec
-    _Metrics = CPUOffloadingMetrics
-    return 0
+cdef object _CPULoadStoreSpec = CPULoadStoreSpec
+cdef object _Metrics = CPUOffloadingMetrics
 
 
 cdef int64_t _OWNER = 0
@@ -257,8 +247,6 @@ cdef object _chunk_spec(vector[Py_ssize_t]& ids, object cls=None):
     cdef bytearray buf
     cdef int *out
     if cls is None:
-        if _CPULoadStoreSpec is None:
-            _load_cpu_common()
         cls = _CPULoadStoreSpec
     for i in range(n):
         if ids[i] > 0x7FFFFFFF:

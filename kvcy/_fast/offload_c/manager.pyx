@@ -1,5 +1,5 @@
 # offload_c/manager.pyx: CPUOffloadingManager, the CPU tier's scheduler-side manager (its
-# per-request access records are in access_record.pyx).  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
+# per-request access records are in manager_access_record.pyx).  (vLLM: vllm/v1/kv_offload/cpu/manager.py.)
 # Included into kvcy/_fast/_offload_c.pyx (one extension module), not compiled on its own.
 
 from collections.abc import Iterator as _Iterator
@@ -8,7 +8,7 @@ from dataclasses import replace as _dc_replace
 #: The policies every manager knows without the factory.
 _BUILTIN_POLICIES = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
 
-# The record flags (access_record.pxd) as Python ints, for the records' dicts.
+# The record flags (manager_access_record.pxd) as Python ints, for the records' dicts.
 cdef object _FLAG_NONE = 0
 cdef object _FLAG_MISSED = <Py_ssize_t>_MISSED
 
@@ -974,8 +974,6 @@ cdef class CPUOffloadingManager:
         """Usage gauges, allocation sizes and skipped stores since the previous call."""
         cdef KvcyCallMark mark
         _enter(self, &mark, "get_stats")
-        if _Metrics is None:
-            _load_cpu_common()
         cdef double usage = 0.0, write_usage = 0.0
         cdef Py_ssize_t used = self._n_allocated - <Py_ssize_t>self._free.size() - self._n_evictable
         if self._n_chunks > 0:

@@ -5,13 +5,13 @@ the same stems.  Nothing imports these modules but ``kvcy._fast._offload_py``,
 which assembles them into the twin module the selector loads.
 
 * ``_common``: the API constants, owner ids, argument checks, load/store specs;
-* ``request_order``: ``order_request_keys``;
-* ``chunk_status``: ``ChunkStatus``;
-* ``cache_policy``: ``CachePolicy`` and the policies' argument checks;
-* ``lru_policy``: ``LRUCachePolicy``;
-* ``arc_policy``: ``ARCCachePolicy``;
-* ``access_record``: a request's access record on its ReqContext;
+* ``policies_base_request_order``: ``order_request_keys``;
+* ``policies_base_chunk_status``: ``ChunkStatus``;
+* ``policies_base``: ``CachePolicy`` and the policies' argument checks;
+* ``policies_lru``: ``LRUCachePolicy``;
+* ``policies_arc``: ``ARCCachePolicy``;
+* ``manager_access_record``: a request's access record on its ReqContext;
 * ``manager``: ``CPUOffloadingManager``;
-* ``connector``: ``ReplayConnector`` and ``ConnectorRequest``, the replay's
+* ``offloading_connector``: ``ReplayConnector`` and ``ConnectorRequest``, the replay's
   offloading connector (``kvcy replay --cpu-offload``).
 """

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from kvcy.kv_offload.base import LookupResult, Medium, ReqContext
-from kvcy.kv_offload.cpu.common import CPULoadStoreSpec
+from kvcy.kv_offload._cpu_common import CPULoadStoreSpec
 
 
 _MISS = LookupResult.MISS

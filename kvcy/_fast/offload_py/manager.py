@@ -1,5 +1,5 @@
 """``CPUOffloadingManager``: the CPU tier's scheduler-side manager
-(``vllm.v1.kv_offload.cpu.manager``); its per-request records are in ``access_record``."""
+(``vllm.v1.kv_offload.cpu.manager``); its per-request records are in ``manager_access_record``."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from kvcy._fast.offload_py._common import (
     _owner_ids,
     _positions_of,
 )
-from kvcy._fast.offload_py.access_record import _AccessRecord, _AccessRecords
-from kvcy._fast.offload_py.arc_policy import ARCCachePolicy
-from kvcy._fast.offload_py.cache_policy import CachePolicy
-from kvcy._fast.offload_py.chunk_status import ChunkStatus
-from kvcy._fast.offload_py.lru_policy import LRUCachePolicy
+from kvcy._fast.offload_py.manager_access_record import _AccessRecord, _AccessRecords
+from kvcy._fast.offload_py.policies_arc import ARCCachePolicy
+from kvcy._fast.offload_py.policies_base import CachePolicy
+from kvcy._fast.offload_py.policies_base_chunk_status import ChunkStatus
+from kvcy._fast.offload_py.policies_lru import LRUCachePolicy
 from kvcy.kv_offload.base import (
     CacheHitSource,
     ConfigInfo,
@@ -40,7 +40,7 @@ from kvcy.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
 )
-from kvcy.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
+from kvcy.kv_offload._cpu_common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
 from kvcy.kv_offload.metrics import OffloadingConnectorStats
 
 

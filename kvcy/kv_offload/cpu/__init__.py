@@ -6,42 +6,19 @@
   ``LRUCachePolicy``, ``ARCCachePolicy``, ``CachePolicyFactory``.
 
 The manager and the policies are the live twin's classes (compiled, or the
-pure-Python ``kvcy._fast._offload_py``; see ``kvcy.kv_offload._twin``).
+pure-Python ``kvcy._fast._offload_py``), as :mod:`kvcy._fast` selects them.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from kvcy.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo, CPUOffloadingMetrics
-
-# The twin-backed names are imported on first use: the twins themselves import
-# kvcy.kv_offload.cpu.common, which runs this module first.
-_LAZY = {
-    "CPUOffloadingManager": "kvcy.kv_offload.cpu.manager",
-    "ARCCachePolicy": "kvcy.kv_offload.cpu.policies",
-    "CachePolicy": "kvcy.kv_offload.cpu.policies",
-    "CachePolicyFactory": "kvcy.kv_offload.cpu.policies",
-    "ChunkStatus": "kvcy.kv_offload.cpu.policies",
-    "LRUCachePolicy": "kvcy.kv_offload.cpu.policies",
-    "order_request_keys": "kvcy.kv_offload.cpu.policies",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+from kvcy.kv_offload.cpu.manager import CPUOffloadingManager
+from kvcy.kv_offload.cpu.policies import (
+    ARCCachePolicy,
+    CachePolicy,
+    CachePolicyFactory,
+    ChunkStatus,
+    LRUCachePolicy,
+    order_request_keys,
+)
 
 __all__ = [
     "ARCCachePolicy",

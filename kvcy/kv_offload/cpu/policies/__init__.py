@@ -1,6 +1,6 @@
 """Cache policies of the CPU tier: ``"lru"`` (request-ranked LRU) and ``"arc"``.
 
-The classes are the live twin's (``kvcy.kv_offload._twin``).
+The classes are the live twin's (``kvcy._fast.offload``).
 """
 
 from kvcy.kv_offload.cpu.policies.arc import ARCCachePolicy

@@ -9,14 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import ClassVar
 
-from kvcy.kv_offload import _twin
+from kvcy import _fast
 
 __all__ = ["CachePolicyFactory"]
 
 
 def _policy_bases() -> tuple[type, ...]:
-    bases = [_twin.twin.CachePolicy]
-    python = _twin.load("python").CachePolicy
+    bases = [_fast.offload.CachePolicy]
+    python = _fast.load("python")["offload"].CachePolicy
     if python not in bases:
         bases.append(python)
     return tuple(bases)
