@@ -47,7 +47,6 @@ pure-Python twin has one module per stem under ``offload_py/``:
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.list cimport PyList_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError, PyDict_SetDefault, PyDict_Size
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_REFCNT

@@ -42,17 +42,15 @@ cdef class ARCCachePolicy(CachePolicy):
                       bint absent=False) except -1:
         cdef _Node old
         # (nothing below runs Python code: the key is exact bytes)
-        cdef PyObject *p = _pol_get(self, key)
-        if p == NULL:
-            _pol_set(self, key, st)
-        else:
+        cdef PyObject *p = PyDict_SetDefault(self._chunks, key, st)
+        if p != <PyObject *>st:
             # a ghost, or (when not absent) a resident key's old chunk
             old = <_Node>p
             if not _is_ghost(old):
                 (<ChunkStatus>old).owned = False
             self._list_of(old).unlink(old)
             old.where = 0
-            _pol_set(self, key, st)
+            self._chunks[key] = st
         st.key = key
         st.owned = True
         st.where = 1
@@ -66,11 +64,11 @@ cdef class ARCCachePolicy(CachePolicy):
         self._list_of(st).unlink(st)
         st.where = 0
         st.owned = False
-        _pol_del(self, key)
+        del self._chunks[key]
         return 0
 
     cdef int _ghost_hit(self, object key) except -1:
-        cdef PyObject *g = _pol_get(self, key)
+        cdef PyObject *g = _map_get(self._chunks, key)
         if g == NULL or not _is_ghost(<_Node>g):
             return 0
         self._ghost_node_hit(<_Node>g)
@@ -160,7 +158,7 @@ cdef class ARCCachePolicy(CachePolicy):
                 else:
                     g.where = 0
                     st = _new_status(ids[i])
-                    _pol_set(self, key, st)
+                    self._chunks[key] = st
                 st.key = key
                 st.owned = True
                 st.where = 1
@@ -214,9 +212,9 @@ cdef class ARCCachePolicy(CachePolicy):
                 todo_flags.push_back(f)
         n = <Py_ssize_t>todo.size()
         for j in range(-2 * KVCY_AHEAD_D, 0):
-            _pol_ahead_at(self, todo.data(), n, j)
+            kvcy_dict_ahead_at(self._chunks, todo.data(), n, j)
         for j in range(n):
-            _pol_ahead_at(self, todo.data(), n, j)
+            kvcy_dict_ahead_at(self._chunks, todo.data(), n, j)
             f = todo_flags[j]
             st = self.c_get(<object>todo[j])
             if st is None:
@@ -310,17 +308,17 @@ cdef class ARCCachePolicy(CachePolicy):
             st.owned = False
             if g is not st:
                 st.where = 0
-                _pol_set(self, st.key, g)      # the key's entry becomes its ghost
+                self._chunks[st.key] = g       # the key's entry becomes its ghost
         while self._b1.size > self.cache_capacity:
             g = self._b1.head
             self._b1.unlink(g)
             g.where = 0
-            _pol_del(self, g.key)
+            del self._chunks[g.key]
         while self._b2.size > self.cache_capacity:
             g = self._b2.head
             self._b2.unlink(g)
             g.where = 0
-            _pol_del(self, g.key)
+            del self._chunks[g.key]
         return out
 
     cdef int c_clear(self) except -1:
@@ -334,7 +332,7 @@ cdef class ARCCachePolicy(CachePolicy):
         self._t2.clear()
         self._b1.clear()
         self._b2.clear()
-        _pol_reset(self)
+        self._chunks = {}
         self._target = 0.0
         return 0
 

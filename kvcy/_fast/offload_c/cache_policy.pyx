@@ -21,16 +21,13 @@ cdef class CachePolicy:
 
     def __init__(self, cache_capacity):
         self.cache_capacity = _check_int("cache_capacity", cache_capacity)
-        _pol_reset(self)
-
-    def __dealloc__(self):
-        kvcy_ki_free(&self._index)
+        self._chunks = {}
 
     # -- what the manager calls; a Python subclass is reached through its methods
     cdef inline ChunkStatus c_get(self, object key):
         cdef PyObject *p
         if self._native:
-            p = _pol_get(self, key)
+            p = _map_get(self._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
                 return None
             return <ChunkStatus>p
@@ -212,7 +209,7 @@ cdef enum:
     _SMALL_MAP = 1 << 15    # below this many keys a map's lookups mostly hit the cache
 
 
-cdef Py_ssize_t _count_native_hits(CachePolicy pol, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
+cdef Py_ssize_t _count_native_hits(dict chunks, list ks, Py_ssize_t i, Py_ssize_t last) except -1:
     """count_hits' loop over a native policy's map, from ``i``: the index of
     the first key that is not a HIT, or of the first key that is not exact
     bytes of 4 bytes or more (the caller's loop takes over there).
@@ -229,9 +226,6 @@ cdef Py_ssize_t _count_native_hits(CachePolicy pol, list ks, Py_ssize_t i, Py_ss
     cdef Py_ssize_t j = i, end = len(ks)
     if last < end:
         end = last
-    if not pol._index.bypass:
-        return _count_index_hits(pol, ks, i, end)
-    cdef dict chunks = pol._chunks
     if PyDict_Size(chunks) < _SMALL_MAP:
         # a map that stays in cache: the plain loop (the pipeline's
         # bookkeeping would only cost here)
@@ -264,109 +258,3 @@ cdef Py_ssize_t _count_native_hits(CachePolicy pol, list ks, Py_ssize_t i, Py_ss
             return i
         i += 1
     return i
-
-
-cdef Py_ssize_t _count_index_hits(CachePolicy pol, list ks, Py_ssize_t i, Py_ssize_t end) except -1:
-    """_count_native_hits over the policy's index: each key's slot is
-    prefetched ``_AHEAD`` keys before it is probed (exact bytes only: a probe
-    compares bytes and runs no Python code, so nothing changes the list)."""
-    cdef PyObject *k
-    cdef PyObject *p
-    cdef KvcyKISlot *s
-    while i < end:
-        if i + _AHEAD < end:
-            kvcy_ki_prefetch(&pol._index, _list_item(ks, i + _AHEAD))
-        k = _list_item(ks, i)
-        if type(<object>k) is not bytes or PyBytes_GET_SIZE(<object>k) < 4:
-            return i        # decided by the caller's checks
-        s = kvcy_ki_find(&pol._index, k, hash(<object>k))
-        if s == NULL:
-            return i
-        p = s.val
-        if _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
-            return i
-        i += 1
-    return i
-
-
-# -- the map as the hot paths read it: the policy's dict (the owner: insertion order, the
-#    read-only views, references) mirrored by a KvcyKeyIndex that lookups probe instead, one
-#    cache line per key where the dict's probing reads an index slot and then an entry.
-#    Every write to the map goes through these helpers, so the two never differ.
-
-cdef inline PyObject *_pol_get(CachePolicy pol, object key) except? NULL:
-    """``pol._chunks[key]`` (borrowed) or NULL."""
-    cdef KvcyKISlot *s
-    if type(key) is bytes and not pol._index.bypass:
-        s = kvcy_ki_find(&pol._index, <PyObject *>key, hash(key))
-        if s == NULL:
-            return NULL
-        return s.val
-    return _map_get(pol._chunks, key)
-
-
-cdef int _pol_bypass(CachePolicy pol) except -1:
-    # A key that is not exact bytes (its equality may be any code): the
-    # index stops mirroring the map until the map is reset.
-    kvcy_ki_free(&pol._index)
-    pol._index.bypass = 1
-    return 0
-
-
-cdef inline int _pol_set(CachePolicy pol, object key, object val) except -1:
-    """``pol._chunks[key] = val``."""
-    cdef Py_hash_t h
-    if not pol._index.bypass:
-        if type(key) is bytes:
-            h = hash(key)
-            kvcy_ki_reserve(&pol._index)    # (may fail: nothing changed yet)
-            pol._chunks[key] = val
-            kvcy_ki_put(&pol._index, <PyObject *>key, h, <PyObject *>val)
-            return 0
-        _pol_bypass(pol)
-    pol._chunks[key] = val
-    return 0
-
-
-cdef inline int _pol_del(CachePolicy pol, object key) except -1:
-    """``del pol._chunks[key]``."""
-    if not pol._index.bypass:
-        if type(key) is bytes:
-            # (out of the index first: the dict may hold the slot's key
-            # object only, and frees it)
-            kvcy_ki_remove(&pol._index, <PyObject *>key, hash(key))
-        else:
-            _pol_bypass(pol)
-    del pol._chunks[key]
-    return 0
-
-
-cdef int _pol_reset(CachePolicy pol) except -1:
-    """``pol._chunks = {}``, the index emptied (and kept again)."""
-    kvcy_ki_free(&pol._index)
-    pol._index.bypass = 0
-    pol._chunks = {}
-    return 0
-
-
-cdef inline void _pol_ahead(CachePolicy pol, list keys, Py_ssize_t j) noexcept:
-    """Before the lookup of ``keys[j]`` in a loop over ``keys``: the dict's
-    pipeline (kvcy_dict_ahead) and a prefetch of the index slot of
-    ``keys[j + KVCY_AHEAD_D]``."""
-    kvcy_dict_ahead(pol._chunks, keys, j)   # (the dict's entry: a write may follow)
-    if not pol._index.bypass and 0 <= j + KVCY_AHEAD_D < PyList_GET_SIZE(keys):
-        kvcy_ki_prefetch(&pol._index, _list_item(keys, j + KVCY_AHEAD_D))
-
-
-cdef inline void _pol_ahead_at(CachePolicy pol, PyObject **keys, Py_ssize_t n, Py_ssize_t j) noexcept:
-    """_pol_ahead over a C array of ``n`` keys (held by the caller)."""
-    kvcy_dict_ahead_at(pol._chunks, keys, n, j)
-    if not pol._index.bypass and 0 <= j + KVCY_AHEAD_D < n:
-        kvcy_ki_prefetch(&pol._index, keys[j + KVCY_AHEAD_D])
-
-
-cdef inline void _pol_ahead_prime(CachePolicy pol, list keys) noexcept:
-    """Start _pol_ahead's prefetches for a loop over ``keys``."""
-    cdef Py_ssize_t j
-    for j in range(-2 * KVCY_AHEAD_D, 0):
-        _pol_ahead(pol, keys, j)

@@ -112,7 +112,7 @@ cdef class LRUCachePolicy(CachePolicy):
         st.key = key
         st.owned = True
         st.lru_owner = <void *>self
-        _pol_set(self, key, st)
+        self._chunks[key] = st
         if ranked:
             self._link_ranked(st, a, -p)
         else:
@@ -164,14 +164,14 @@ cdef class LRUCachePolicy(CachePolicy):
                 st.key = key
                 st.owned = True
                 st.lru_owner = <void *>self
-                _pol_set(self, key, st)
+                self._chunks[key] = st
                 self._link_ranked_at(st, a, -p, hint)
                 hint = st.order_it
             else:
                 st.key = key
                 st.owned = True
                 st.lru_owner = <void *>self
-                _pol_set(self, key, st)
+                self._chunks[key] = st
                 self._link_fresh(st)
         return 0
 
@@ -181,7 +181,7 @@ cdef class LRUCachePolicy(CachePolicy):
             raise KeyError(key)
         self._unlink(st)
         st.owned = False
-        _pol_del(self, key)
+        del self._chunks[key]
         return 0
 
     cdef int c_touch(self, list keys, object ctx) except -1:
@@ -299,13 +299,13 @@ cdef class LRUCachePolicy(CachePolicy):
         for st in out:
             keys.push_back(<PyObject *>st.key)
         for i in range(-2 * KVCY_AHEAD_D, 0):
-            _pol_ahead_at(self, keys.data(), n, i)
+            kvcy_dict_ahead_at(self._chunks, keys.data(), n, i)
         for i in range(n):
-            _pol_ahead_at(self, keys.data(), n, i)
+            kvcy_dict_ahead_at(self._chunks, keys.data(), n, i)
             st = <ChunkStatus>_list_item(out, i)
             self._unlink(st)
             st.owned = False
-            _pol_del(self, st.key)
+            del self._chunks[st.key]
         return out
 
     cdef int c_clear(self) except -1:
@@ -315,7 +315,7 @@ cdef class LRUCachePolicy(CachePolicy):
         for st in self._chunks.values():
             (<ChunkStatus>st).in_order = False
             (<ChunkStatus>st).owned = False
-        _pol_reset(self)
+        self._chunks = {}
         self._counter = 0
         self._epoch += 1
         return 0

@@ -309,7 +309,7 @@ cdef class CPUOffloadingManager:
         if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
             _check_key_slow(key)
         if self._pol._native:
-            p = _pol_get(self._pol, key)
+            p = _map_get(self._pol._chunks, key)
             if p == NULL or _is_ghost(<_Node>p):
                 return self._r_miss
             st = <ChunkStatus>p
@@ -355,13 +355,13 @@ cdef class CPUOffloadingManager:
             last = n
         i = first
         if policy._native:
-            i = _count_native_hits(policy, ks, i, last)
+            i = _count_native_hits(policy._chunks, ks, i, last)
         while i < last and i < len(ks):
             key = ks[i]
             if type(key) is not bytes or PyBytes_GET_SIZE(key) < 4:
                 _check_key_slow(key)
             if policy._native:
-                p = _pol_get(policy, key)
+                p = _map_get(policy._chunks, key)
                 if p == NULL or _is_ghost(<_Node>p) or (<ChunkStatus>p).ref_cnt < 0:
                     break
             else:
@@ -640,15 +640,15 @@ cdef class CPUOffloadingManager:
         cdef Py_ssize_t i, n_offer = len(offer), threshold = self._threshold
         counts = self._counts
         if policy._native:
-            _pol_ahead_prime(policy, offer)
+            _ahead_prime(policy._chunks, offer)
         for i in range(n_offer):
             key = offer[i]
             if policy._native:
-                _pol_ahead(policy, offer, i)
+                kvcy_dict_ahead(policy._chunks, offer, i)
             if is_arc:
                 # one lookup says resident, ghost (kept for the store miss
                 # and the insert) or neither
-                p = _pol_get(policy, key)
+                p = _map_get(policy._chunks, key)
                 if p == NULL:
                     st = None
                     new_ghosts.append(None)
