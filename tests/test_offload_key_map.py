@@ -137,3 +137,22 @@ def test_a_cleared_map_is_empty_and_usable_again(offload_impl, policy):
     assert _store(manager, [k(i) for i in range(0, 600, 2)], ReqContext(req_id="s")) == []
     assert manager.count_hits([k(i) for i in range(0, 600, 2)], ctx) == 300
     assert manager.lookup(k(1), ctx) is LookupResult.MISS
+
+
+def test_a_policy_initialised_again_forgets_its_keys(offload_impl, policy):
+    # (the compiled LRU's rank set borrows its entries from the map: a second
+    # __init__ that dropped the map but kept the set left it pointing at freed
+    # statuses, which the next eviction walked)
+    pol = offload_impl.CPUOffloadingManager(num_chunks=8, cache_policy=policy)._policy
+    ctx = ReqContext(req_id="r")
+    for i in range(6):
+        ctx.set_offload_key_position(k(i), (i + 1) * 16)
+        pol.insert(k(i), offload_impl.ChunkStatus(i), ctx)
+    pol.__init__(8)
+    gc.collect()
+    assert all(pol.get(k(i)) is None for i in range(6))
+    for i in range(6):
+        pol.insert(k(i, "new"), offload_impl.ChunkStatus(i), ReqContext(req_id="s"))
+        [bytes(64) for _ in range(100)]     # (reuses freed memory, if any was left referenced)
+    assert pol.evict(6, set()) is None       # (new chunks are write-pending)
+    assert pol.get(k(0, "new")) is not None
