@@ -27,6 +27,10 @@ cdef class LRUCachePolicy(CachePolicy):
         self._owner = _next_owner()
 
     def __init__(self, cache_capacity):
+        _check_int("cache_capacity", cache_capacity)
+        # (run again on a used policy: the rank set's entries are borrowed from
+        # the map, so they go before the map does)
+        self.c_clear()
         CachePolicy.__init__(self, cache_capacity)
         self._native = True
         self._fresh = _DList()
