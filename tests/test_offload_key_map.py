@@ -74,13 +74,13 @@ def test_churn_with_evictions_answers_as_the_resident_set(offload_impl, policy):
 
 
 def test_both_twins_churn_alike(policy):
-    from kvcy.kv_offload import _twin
+    from kvcy import _fast
 
     try:
-        compiled = _twin.load("cython")
+        compiled = _fast.load("cython")["offload"]
     except ImportError:
         pytest.skip("compiled offloading twin not built")
-    assert _churn(compiled, policy, seed=11) == _churn(_twin.load("python"), policy, seed=11)
+    assert _churn(compiled, policy, seed=11) == _churn(_fast.load("python")["offload"], policy, seed=11)
 
 
 def test_a_map_grows_through_many_sizes_and_keeps_every_key(offload_impl, policy):
