@@ -49,7 +49,9 @@ class Config:
     that ends before the prefill does ends on a scheduler-block boundary (Mamba align mode's
     rule in vLLM's scheduler, ``_mamba_block_aligned_split``, without its checkpoint stops).
     ``shared_prefix_checkpoint``: the manager's ``enable_mamba_shared_prefix_checkpoint``
-    (it acts with EAGLE over an align-mode Mamba group with partial hits).  ``pending``: a
+    (it acts with EAGLE over an align-mode Mamba group with partial hits).
+    ``dcp_world_size`` / ``pcp_world_size``: context parallelism (a dcp-sharded group's block
+    spans ``block_size * dcp``: give the hash and scheduler block sizes).  ``pending``: a
     feature kvcy may not have yet; while kvcy's manager raises
     ``NotImplementedError`` for the config, its test skips naming it (once kvcy builds it, it
     runs like any other).  ``xfail``: a known difference from vLLM (the minimal failing
@@ -82,6 +84,8 @@ class Config:
     xfail: str | None = None
     eagle_groups: tuple = ()
     shared_prefix_checkpoint: bool = False
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
 
     @property
     def block_sizes(self) -> list[int]:
@@ -107,7 +111,8 @@ class Config:
             use_eagle=self.use_eagle, num_hash_lookahead_tokens=self.num_hash_lookahead_tokens,
             num_prefill_lookahead=self.num_prefill_lookahead, log_stats=self.log_stats,
             enable_kv_cache_events=self.events, watermark=self.watermark,
-            enable_mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint)
+            enable_mamba_shared_prefix_checkpoint=self.shared_prefix_checkpoint,
+            dcp_world_size=self.dcp_world_size, pcp_world_size=self.pcp_world_size)
 
 
 def vllm_spec(cls_name: str, kwargs: dict) -> Any:

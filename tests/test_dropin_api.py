@@ -150,9 +150,27 @@ def test_new_coordinator_attributes_are_read_only(impl, name):
         setattr(mgr.coordinator, name, 5)
 
 
-@pytest.mark.parametrize("kw", [{"dcp_world_size": 2}, {"pcp_world_size": 2}])
-def test_context_parallelism_is_not_implemented(impl, kw):
-    with pytest.raises(NotImplementedError, match="context parallel"):
+def test_context_parallel_world_sizes_reach_the_managers(impl):
+    # A dcp-sharded group's block spans block_size * dcp tokens: the unitary
+    # coordinator then wants hashes (and scheduling) at that span, as vLLM does.
+    with pytest.raises(AssertionError, match="hash_block_size == block_size"):
+        manager(impl, dcp_world_size=2)
+    mgr = impl.kv_cache.KVCacheManager(config([full_spec()]), max_model_len=64, scheduler_block_size=2 * BS,
+                                       hash_block_size=2 * BS, dcp_world_size=2, pcp_world_size=3)
+    (m,) = mgr.coordinator.single_type_managers
+    assert (m.dcp_world_size, m.pcp_world_size, m.block_size) == (2, 3, 2 * BS)
+    assert (mgr.coordinator.dcp_world_size, mgr.coordinator.pcp_world_size) == (2, 3)
+    # A replicated (not dcp-sharded) group keeps its block size and world sizes of 1.
+    mgr = manager(impl, [mamba_spec()], enable_caching=False, dcp_world_size=4, pcp_world_size=2)
+    (m,) = mgr.coordinator.single_type_managers
+    assert (m.dcp_world_size, m.pcp_world_size, m.block_size) == (1, 1, BS)
+
+
+@pytest.mark.parametrize("kw, exc, match", [({"dcp_world_size": 0}, ValueError, "dcp_world_size must be a positive"),
+                                            ({"pcp_world_size": -1}, ValueError, "pcp_world_size must be a positive"),
+                                            ({"dcp_world_size": 2.0}, TypeError, "dcp_world_size must be an int")])
+def test_context_parallel_world_sizes_are_checked(impl, kw, exc, match):
+    with pytest.raises(exc, match=match):
         manager(impl, **kw)
 
 

@@ -223,11 +223,15 @@ def test_coordinator_and_manager_factories_take_vllms_arguments(impl):
         allow_partial_hash_hits=True)
     assert [type(m).__name__ for m in coordinator.single_type_managers] == ["FullAttentionManager",
                                                                            "SlidingWindowManager"]
-    for dcp, pcp in ((2, 1), (1, 2)):
-        with pytest.raises(NotImplementedError, match="context parallelism"):
-            kv.get_kv_cache_coordinator(one, 64, 64, False, True, False, dcp, pcp, BS, BS)
-        with pytest.raises(NotImplementedError, match="context parallelism"):
-            kv.HybridKVCacheCoordinator(two, 64, 64, False, True, False, dcp, pcp, BS, BS)
+    # dcp / pcp positionally too: dcp scales the full group's block past the hash block
+    # (vLLM's unitary assertion), and neither supports a sharded sliding window (vLLM's).
+    with pytest.raises(AssertionError, match="hash_block_size == block_size"):
+        kv.get_kv_cache_coordinator(one, 64, 64, False, True, False, 2, 1, BS, BS)
+    assert kv.get_kv_cache_coordinator(one, 64, 64, False, True, False, 1, 2, BS, BS).pcp_world_size == 2
+    with pytest.raises(AssertionError, match="DCP with hybrid KV cache layouts only supports .* SlidingWindowSpec"):
+        kv.HybridKVCacheCoordinator(two, 64, 64, False, True, False, 2, 1, 2 * BS, BS)
+    with pytest.raises(AssertionError, match="PCP only supports full attention and replicated draft groups"):
+        kv.HybridKVCacheCoordinator(two, 64, 64, False, True, False, 1, 2, BS, BS)
 
     manager = kv.get_manager_for_kv_cache_spec(
         kv_cache_spec=swa, max_in_flight_tokens=64, max_model_len=64, role=None, block_pool=coordinator.block_pool,
@@ -292,7 +296,8 @@ def test_event_media_names_as_vllm():
 def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
     """vLLM's ``find_longest_cache_hit`` classmethods end with ``dcp_world_size=1,
     pcp_world_size=1`` (its coordinators pass them); kvcy takes them, and refuses other
-    sizes as everywhere else (context parallelism is out of scope)."""
+    sizes as vLLM does: full attention reads hashes at the dcp-scaled block, the other
+    types assert (vLLM's "DCP not support ..." messages)."""
     from kvcy.kv_cache_interface import SlidingWindowSpec
 
     kv = impl.kv_cache
@@ -307,8 +312,18 @@ def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
             block_hashes=req.block_hashes, max_length=12, kv_cache_group_ids=[0], block_pool=pool,
             kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=BS, dcp_world_size=1, pcp_world_size=1)
         assert (length, [b.block_id for b in got[0]]) == expected
-        with pytest.raises(NotImplementedError, match="context parallelism"):
-            cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)
+    # dcp=3: one block spans 3 hash blocks, keyed by the last one's hash (which chains
+    # over the whole prefix): the 12 cached tokens are one block, the third cached one
+    got, length = kv.FullAttentionManager.find_longest_cache_hit(
+        req.block_hashes, 12, [0], pool, full_spec(), False, 3 * BS, 3, 1)
+    assert (length, [b.block_id for b in got[0]]) == (12, [3])
+    got, length = kv.FullAttentionManager.find_longest_cache_hit(
+        req.block_hashes, 11, [0], pool, full_spec(), False, 3 * BS, 3, 1)
+    assert (length, got) == (0, ([],))  # (max_length below one 12-token block)
+    with pytest.raises(AssertionError, match="DCP not support sliding window attn now."):
+        kv.SlidingWindowManager.find_longest_cache_hit(req.block_hashes, 12, [0], pool, swa, False, BS, 2, 1)
+    with pytest.raises(AssertionError, match="PCP not support sliding window attn now."):
+        kv.SlidingWindowManager.find_longest_cache_hit(req.block_hashes, 12, [0], pool, swa, False, BS, 1, 2)
 
 
 def test_coordinator_cacheable_tokens_and_cached_block_events_as_vllm(impl):

@@ -238,10 +238,8 @@ def test_single_type_manager_takes_vllms_positional_order(impl):
     assert mgr._max_admission_blocks_per_request == 3
     mgr.allocate_new_blocks("a", 8, 8)
     assert sorted(mgr.take_new_block_ids()) == sorted(b.block_id for b in mgr.req_to_blocks["a"])
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        kv.FullAttentionManager(full_spec(), pool, True, 0, BS, 2)
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        kv.FullAttentionManager(full_spec(), pool, True, 0, BS, pcp_world_size=2)
+    cp = kv.FullAttentionManager(full_spec(), pool, True, 0, BS, 2, 3)
+    assert (cp.dcp_world_size, cp.pcp_world_size, cp.block_size) == (2, 3, 2 * BS)
     with pytest.raises(TypeError, match="dcp_world_size must be an int"):
         kv.FullAttentionManager(full_spec(), pool, True, 0, BS, dcp_world_size=1.0)
 
@@ -273,6 +271,7 @@ def test_manager_checks_context_parallel_sizes_as_its_groups_do(impl):
     make = impl.kv_cache.KVCacheManager
     with pytest.raises(TypeError, match="dcp_world_size must be an int, got float"):
         make(cfg, 64, BS, BS, dcp_world_size=1.0)
-    with pytest.raises(NotImplementedError, match="context parallelism"):
-        make(cfg, 64, BS, BS, pcp_world_size=2)
+    with pytest.raises(ValueError, match="pcp_world_size must be a positive int, got 0"):
+        make(cfg, 64, BS, BS, pcp_world_size=0)
+    assert make(cfg, 64, BS, BS, pcp_world_size=2).coordinator.single_type_managers[0].pcp_world_size == 2
     assert make(cfg, 64, BS, BS, dcp_world_size=1, pcp_world_size=1) is not None

@@ -7,7 +7,7 @@
   to the managers' ``cache_blocks``.  A sliding-window group then caches only the blocks a
   hit at those boundaries (or once per interval) can use; the rest stay unhashed and go
   to the front of the free queue when freed.  Mamba's sparse states need Mamba align mode
-  (``NotImplementedError``), as does any ``dcp_world_size`` but 1.
+  (``NotImplementedError``).
 * ``SlidingWindowSpec.extra_retained_tokens``: the window's trailing edge moves down by
   that many tokens (``get_num_skipped_tokens``), so their blocks are kept and counted.
 * ``SinkFullAttentionSpec`` gets ``SinkFullAttentionManager``: full attention's decisions,
@@ -479,10 +479,11 @@ def test_replay_boundaries_as_vllm(impl):
 def test_mask_refusals(impl):
     kv = impl.kv_cache
     spec = _swa()
-    with pytest.raises(NotImplementedError, match="dcp_world_size"):
-        kv.SlidingWindowManager.reachable_block_mask(0, 8, 8, spec, False, dcp_world_size=2)
-    with pytest.raises(NotImplementedError, match="dcp_world_size"):
-        kv.FullAttentionManager.reachable_block_mask(0, 8, 8, _full(), False, dcp_world_size=2)
+    # (dcp scales the window's block size: the same mask as a block of twice the size)
+    dcp_mask = kv.SlidingWindowManager.reachable_block_mask(0, 8, 32, spec, False, dcp_world_size=2)
+    assert dcp_mask == kv.SlidingWindowManager.reachable_block_mask(0, 8, 32, _swa(bs=8), False)
+    assert dcp_mask != kv.SlidingWindowManager.reachable_block_mask(0, 8, 32, spec, False)
+    assert kv.FullAttentionManager.reachable_block_mask(0, 8, 8, _full(), False, dcp_world_size=2) is None
     # (Mamba align mode's sparse states: retention 0 keeps only the boundaries' states)
     assert kv.MambaManager.reachable_block_mask(0, 8, 8, _mamba(), False, retention_interval=0) == [False] * 8
     assert kv.MambaManager.reachable_block_mask(0, 8, 8, _mamba(), False, retention_interval=0,

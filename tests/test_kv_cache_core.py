@@ -797,8 +797,9 @@ def test_cache_full_blocks_rejects_bad_input_unchanged(impl):
         with pytest.raises(exc, match=msg):
             pool.cache_full_blocks(req, *args, BS, 0)
         assert _pool_state(pool) == before
-    for block_size in (0, -4, 6, 2):
-        with pytest.raises(ValueError, match="multiple of the hash block size"):
+    # (a size that is not a multiple of the hash block: vLLM's assertion)
+    for block_size, exc in ((0, ValueError), (-4, ValueError), (6, AssertionError), (2, AssertionError)):
+        with pytest.raises(exc, match="multiple of the hash block size"):
             pool.cache_full_blocks(req, blocks, 0, 1, block_size, 0)
     with pytest.raises(ValueError, match="4 bytes"):
         pool.cache_full_blocks(req, blocks, 0, 2, BS, 2**32)
@@ -817,8 +818,9 @@ def test_resolve_block_hashes_rejects_bad_sizes(impl):
     hashes = [b"a" * 32, b"b" * 32]
     assert impl.kv_cache.resolve_block_hashes(hashes, 4, 4) is hashes
     assert len(impl.kv_cache.resolve_block_hashes(hashes, 4, 8)) == 1
-    for hash_bs, bs in ((4, 2), (4, 0), (0, 4), (4, -8), (4, 6)):
-        with pytest.raises(ValueError, match="multiple of the hash block size"):
+    for hash_bs, bs, exc in ((4, 2, AssertionError), (4, 0, ValueError), (0, 4, ValueError), (4, -8, ValueError),
+                             (4, 6, AssertionError)):
+        with pytest.raises(exc, match="multiple of the hash block size"):
             impl.kv_cache.resolve_block_hashes(hashes, hash_bs, bs)
 
 

@@ -16,9 +16,8 @@ attribute name such as ``"bfloat16"`` or ``"float8_e4m3fn"``).  Specs compare
 and hash by that canonical name, so equal specs are equal however their dtype
 was given.
 
-Parameters of features kvcy leaves out (context parallelism in the managers,
-connector paths) are accepted at their "off"
-values and raise ``NotImplementedError`` naming the feature otherwise.
+Parameters of features kvcy leaves out (connector paths) are accepted at their
+"off" values and raise ``NotImplementedError`` naming the feature otherwise.
 HiSparse groups and specs are built and sized as vLLM does; only the
 managers refuse them (``NotImplementedError``).  Page
 sizes follow vLLM 0.33.0's formula from the spec's fields alone; packed

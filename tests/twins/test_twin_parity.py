@@ -623,8 +623,8 @@ BAD_CALLS = {
     "KVCacheBlock(None)": lambda o: o["mod"].KVCacheBlock(None),
     "KVCacheBlock(1.5)": lambda o: o["mod"].KVCacheBlock(1.5),
     "KVCacheBlock(is_null=1)": lambda o: o["mod"].KVCacheBlock(1, is_null=1),
-    "FullAttentionManager(dcp_world_size=2)": lambda o: o["mod"].FullAttentionManager(
-        _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 2),
+    "FullAttentionManager(dcp_world_size=0)": lambda o: o["mod"].FullAttentionManager(
+        _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 0),
     "FullAttentionManager(pcp_world_size='1')": lambda o: o["mod"].FullAttentionManager(
         _full_spec(), o["mod"].BlockPool(8, True, 4), True, 0, 4, 1, "1"),
     "KVCacheBlocks(dict)": lambda o: o["mod"].KVCacheBlocks({"a": []}),  # (a list is taken, as in vLLM)

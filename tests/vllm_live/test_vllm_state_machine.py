@@ -141,6 +141,16 @@ CONFIGS = [
     Config("full16+mamba-align-checkpoints", (full(16), mamba(16, mamba_cache_mode="align", num_prefill_checkpoint_blocks=2,
                                                               prefill_checkpoint_alignment=4)),
            hash_block_size=4, aligned_chunks=True, num_blocks=64),
+    # decode / prefill context parallelism: sharded blocks span block_size * dcp tokens (hashed
+    # and scheduled at that span); Mamba and a draft's replicated group keep their own blocks
+    Config("full-dcp2", (full(4),), dcp_world_size=2, hash_block_size=8, scheduler_block_size=8, num_blocks=24),
+    Config("full-dcp4-eagle", (full(2),), dcp_world_size=4, hash_block_size=8, scheduler_block_size=8,
+           use_eagle=True, spec_tokens=2, lookahead=2, num_blocks=32),
+    Config("full+mamba-align-dcp2", (full(4), mamba(8, mamba_cache_mode="align")), dcp_world_size=2,
+           hash_block_size=4, scheduler_block_size=8, aligned_chunks=True, num_blocks=48),
+    Config("full+replicated-draft-dcp2", (full(4), ("MLAAttentionSpec", dict(block_size=4, dcp_sharded=False))),
+           dcp_world_size=2, hash_block_size=4, scheduler_block_size=8, num_blocks=48),
+    Config("full-pcp2", (full(8),), pcp_world_size=2, num_blocks=24),
     Config("full+rswa+ring+swa", (full(8), ("RSWASpec", dict(block_size=8, rswa_window=16)),
                                   ("CircularBufferSpec", dict(block_size=8)), swa(8, 24)), num_blocks=64),
 ]
@@ -320,6 +330,7 @@ def test_configs_cover_the_features():
     assert any(c.in_flight for c in CONFIGS) and any(c.spec_tokens for c in CONFIGS)
     assert sum(len(c.groups) > 2 for c in CONFIGS) >= 2
     assert any(c.shared_prefix_checkpoint for c in CONFIGS)
+    assert any(c.dcp_world_size > 1 for c in CONFIGS) and any(c.pcp_world_size > 1 for c in CONFIGS)
     mamba_options = {k for c in CONFIGS for name, kw in c.groups if name == "MambaSpec" for k in kw}
     assert {"num_speculative_blocks", "num_prefill_checkpoint_blocks"} <= mamba_options
     assert len({c.name for c in CONFIGS}) == len(CONFIGS)

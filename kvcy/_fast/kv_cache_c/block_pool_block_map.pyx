@@ -450,9 +450,12 @@ cdef inline Py_ssize_t _num_searchable_blocks(object hashes, Py_ssize_t max_leng
 cdef inline object _resolve(object hashes, Py_ssize_t hash_block_size, Py_ssize_t block_size):
     if block_size == hash_block_size:
         return hashes
-    if hash_block_size <= 0 or block_size <= 0 or block_size % hash_block_size != 0:
+    if hash_block_size <= 0 or block_size <= 0:
         raise ValueError(f"block size {block_size} is not a positive multiple of the hash block size "
                          f"{hash_block_size}")
+    if block_size % hash_block_size != 0:  # (vLLM's assertion: e.g. a dcp-sharded group's events)
+        raise AssertionError(f"block size {block_size} is not a positive multiple of the hash block size "
+                             f"{hash_block_size}")
     return _BlockHashView(list(hashes), block_size // hash_block_size)
 
 

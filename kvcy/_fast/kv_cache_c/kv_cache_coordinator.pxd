@@ -17,6 +17,8 @@ cdef class KVCacheCoordinator:
     cdef readonly Py_ssize_t num_reprefillable_tokens
     cdef readonly set drop_eagle_group_ids
     cdef readonly bint enable_partial_hash_hits
+    cdef readonly Py_ssize_t dcp_world_size  # (context-parallel world sizes, as the caller gave them;
+    cdef readonly Py_ssize_t pcp_world_size  #  the unitary coordinator's dcp is its group's)
     cdef object _retention_interval  # None (dense), or an int >= 0; Python's retention_interval (checked setter)
     cdef Py_ssize_t _retention  # the interval cache_blocks acts on: -1 for None or no sparse (window, Mamba align) group
     cdef Py_ssize_t _n_managers

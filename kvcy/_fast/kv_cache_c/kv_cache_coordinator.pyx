@@ -90,7 +90,9 @@ cdef class KVCacheCoordinator:
                  enable_kv_cache_events, dcp_world_size, pcp_world_size, scheduler_block_size, hash_block_size,
                  metrics_collector=None, num_prefill_lookahead=0, num_hash_lookahead_tokens=0,
                  use_int_block_hashes=None):
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
         check_no_hisparse_groups(groups)
@@ -131,7 +133,8 @@ cdef class KVCacheCoordinator:
             get_manager_for_kv_cache_spec(
                 g.kv_cache_spec, max_in_flight_tokens, max_model_len, block_pool=self.block_pool,
                 enable_caching=enable_caching, kv_cache_group_id=i, scheduler_block_size=scheduler_block_size,
-                needs_kv_cache_zeroing=needs_zeroing,
+                needs_kv_cache_zeroing=needs_zeroing, dcp_world_size=dcp_world_size,
+                pcp_world_size=pcp_world_size,
             )
             for i, g in enumerate(groups)
         )
@@ -367,16 +370,6 @@ cdef class KVCacheCoordinator:
         """Each group's block size, in group order."""
         return tuple([m.block_size for m in self.single_type_managers])
 
-    @property
-    def dcp_world_size(self):
-        """1: decode context parallelism is not implemented."""
-        return 1
-
-    @property
-    def pcp_world_size(self):
-        """1: prefill context parallelism is not implemented."""
-        return 1
-
     def new_step_starts(self):
         """Tell every single-type manager that a new scheduler step begins."""
         cdef SingleTypeKVCacheManager manager
@@ -435,6 +428,7 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             raise AssertionError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self._manager = <SingleTypeKVCacheManager>self.single_type_managers[0]
+        self.dcp_world_size = self._manager.dcp_world_size
         self.block_size = self._manager.block_size
         if enable_caching and hash_block_size != self.block_size:
             raise AssertionError(
@@ -449,6 +443,23 @@ cdef class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         cdef tuple res = self._manager._find_hit(block_hashes, max_cache_hit_length, self._group_ids,
                                                  self.use_eagle, self.block_size)
         return res[0], res[1], 0
+
+
+def _check_context_parallel_groups(groups, dcp_world_size, pcp_world_size):
+    # The group types a hybrid layout supports under context parallelism (vLLM's
+    # assertions): pcp, full attention or a replicated attention (draft) group; dcp,
+    # full attention or any replicated group (Mamba, a draft model's).
+    for g in groups:
+        spec = g.kv_cache_spec
+        replicated = not spec.dcp_sharded
+        if pcp_world_size > 1 and not (
+                isinstance(spec, FullAttentionSpec) or (isinstance(spec, AttentionSpec) and replicated)):
+            raise AssertionError("PCP only supports full attention and replicated draft groups.")
+        if dcp_world_size > 1 and not (isinstance(spec, FullAttentionSpec) or replicated):
+            raise AssertionError(
+                "DCP with hybrid KV cache layouts only supports full-attention, Mamba, and "
+                f"replicated draft groups, got: {type(spec).__name__}."
+            )
 
 
 @cython.nonecheck(True)
@@ -479,8 +490,10 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
                 "Each KV cache group's real block_size must be divisible by hash_block_size. "
                 f"block_sizes={cacheable_block_sizes}, hash_block_size={hash_block_size}"
             )
+        _check_context_parallel_groups(kv_cache_config.kv_cache_groups, dcp_world_size, pcp_world_size)
         self.enable_partial_hash_hits = bool(allow_partial_hash_hits) and partial_hash_hits_enabled(
-            kv_cache_config.kv_cache_groups, hash_block_size, 1, [type(m) for m in self.single_type_managers]
+            kv_cache_config.kv_cache_groups, hash_block_size, dcp_world_size,
+            [type(m) for m in self.single_type_managers]
         )
         self._alignment = self.hash_block_size if self.enable_partial_hash_hits else self.scheduler_block_size
         for manager in self.single_type_managers:

@@ -133,8 +133,9 @@ cdef class KVCacheManager:
         log_stats: keep PrefixCacheStats (``record_prefix_cache_stats``,
             ``make_prefix_cache_stats``).
         enable_kv_cache_events: queue KV events (``take_events``).
-        dcp_world_size, pcp_world_size: context parallelism, not implemented
-            (1 only).
+        dcp_world_size, pcp_world_size: decode / prefill context-parallel world
+            sizes (a dcp-sharded group's blocks span ``block_size * dcp_world_size``
+            tokens).
         metrics_collector: a ``KVCacheMetricsCollector`` (or None), handed to the block pool.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
@@ -160,7 +161,7 @@ cdef class KVCacheManager:
                             ("hash_block_size", hash_block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         assert watermark >= 0.0, "watermark must be non-negative"
@@ -178,8 +179,8 @@ cdef class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
-            self.enable_caching, self.enable_kv_cache_events, 1, 1, scheduler_block_size,
-            hash_block_size, metrics_collector, num_hash_lookahead_tokens, num_prefill_lookahead,
+            self.enable_caching, self.enable_kv_cache_events, dcp_world_size, pcp_world_size,
+            scheduler_block_size, hash_block_size, metrics_collector, num_hash_lookahead_tokens, num_prefill_lookahead,
             use_int_block_hashes=use_int_block_hashes,
         )
         coordinator = self.coordinator

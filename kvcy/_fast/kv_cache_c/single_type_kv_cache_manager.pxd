@@ -19,6 +19,10 @@ cdef class SingleTypeKVCacheManager:
     cdef readonly bint enable_caching
     cdef readonly Py_ssize_t kv_cache_group_id
     cdef readonly Py_ssize_t scheduler_block_size
+    # Context-parallel world sizes: the caller's for a dcp-sharded spec, else 1
+    # (a replicated group's blocks are whole on every rank).
+    cdef readonly Py_ssize_t dcp_world_size
+    cdef readonly Py_ssize_t pcp_world_size
     cdef readonly object _max_admission_blocks_per_request
     cdef Py_ssize_t _cap
     cdef public bint use_eagle

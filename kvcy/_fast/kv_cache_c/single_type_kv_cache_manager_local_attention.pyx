@@ -108,7 +108,11 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        if dcp_world_size != 1:  # (vLLM's assertions, raised even under python -O)
+            raise AssertionError("DCP not support sliding window attn now.")
+        if pcp_world_size != 1:
+            raise AssertionError("PCP not support sliding window attn now.")
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         cdef Py_ssize_t block_size = kv_cache_spec.block_size
         cdef Py_ssize_t sliding_window = kv_cache_spec.sliding_window
@@ -195,11 +199,11 @@ cdef class SlidingWindowManager(SingleTypeKVCacheManager):
             return None
         cdef Py_ssize_t align = _check_count("alignment_tokens", alignment_tokens)
         if retention_interval is None and final_segment_end_block is None:
-            return _window_mask(start, end, align, kv_cache_spec.block_size, kv_cache_spec.sliding_window,
+            return _window_mask(start, end, align, kv_cache_spec.block_size * dcp_world_size, kv_cache_spec.sliding_window,
                                 bool(use_eagle))
         if align == 0:
             raise ValueError("alignment_tokens must be positive, got 0")
-        return _sparse_window_mask(start, end, align, kv_cache_spec.block_size, kv_cache_spec.sliding_window,
+        return _sparse_window_mask(start, end, align, kv_cache_spec.block_size * dcp_world_size, kv_cache_spec.sliding_window,
                                    bool(use_eagle), -1 if retention_interval is None else retention_interval,
                                    boundaries, -1 if final_segment_end_block is None else final_segment_end_block)
 
@@ -225,7 +229,11 @@ cdef class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        if dcp_world_size != 1:  # (vLLM's assertions, raised even under python -O)
+            raise AssertionError("DCP not support chunked local attn now.")
+        if pcp_world_size != 1:
+            raise AssertionError("PCP not support chunked local attn now.")
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         cdef Py_ssize_t block_size = kv_cache_spec.block_size
         cdef Py_ssize_t chunk = kv_cache_spec.attention_chunk_size
@@ -361,7 +369,7 @@ cdef class CircularBufferManager(FullAttentionManager):
                                kv_cache_spec, drop_eagle_block, alignment_tokens,
                                dcp_world_size=1, pcp_world_size=1):
         """No hit: an empty list per group, 0 tokens."""
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         return tuple([[] for _ in kv_cache_group_ids]), 0
 
     cpdef cache_blocks(self, request, Py_ssize_t num_tokens, object retention_interval=None,

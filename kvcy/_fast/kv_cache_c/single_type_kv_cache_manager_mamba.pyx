@@ -185,7 +185,11 @@ cdef class MambaManager(SingleTypeKVCacheManager):
         hits), the state at the last cached hash boundary, which may end inside its
         block.  Mamba hits are never shortened for EAGLE (draft models have no
         Mamba layers)."""
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        if dcp_world_size != 1:  # (vLLM's assertions, raised even under python -O)
+            raise AssertionError("DCP not support mamba now.")
+        if pcp_world_size != 1:
+            raise AssertionError("PCP not support mamba now.")
         cdef list group_ids = _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         return _mamba_hits(block_pool, kv_cache_spec.block_size, block_hashes, max_length, group_ids,
                            alignment_tokens)

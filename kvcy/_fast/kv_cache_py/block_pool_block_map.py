@@ -108,7 +108,10 @@ def resolve_block_hashes(hashes: list[bytes], hash_block_size: int, block_size: 
     """The request's hashes at ``block_size`` (a multiple of ``hash_block_size``)."""
     if block_size == hash_block_size:
         return hashes
-    if hash_block_size <= 0 or block_size <= 0 or block_size % hash_block_size != 0:
+    if hash_block_size <= 0 or block_size <= 0:
         raise ValueError(f"block size {block_size} is not a positive multiple of the hash block size "
                          f"{hash_block_size}")
+    if block_size % hash_block_size != 0:  # (vLLM's assertion: e.g. a dcp-sharded group's events)
+        raise AssertionError(f"block size {block_size} is not a positive multiple of the hash block size "
+                             f"{hash_block_size}")
     return _BlockHashView(hashes, block_size // hash_block_size)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcy.kv_cache_interface import (
+    AttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -29,7 +30,7 @@ from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_mamba import (
 from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     CrossAttentionManager,
     SingleTypeKVCacheManager,
-    _check_no_context_parallel,
+    _check_world_sizes,
     _shared_prefix_boundary,
 )
 
@@ -108,7 +109,8 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
     _RULES = dict.fromkeys(
         ("kv_cache_config", "max_model_len", "enable_caching", "scheduler_block_size", "hash_block_size",
          "block_pool", "eagle_group_ids", "single_type_managers", "_cross_attention", "num_reprefillable_tokens",
-         "drop_eagle_group_ids", "enable_partial_hash_hits", "retention_interval", "_retention"),
+         "drop_eagle_group_ids", "enable_partial_hash_hits", "retention_interval", "_retention",
+         "dcp_world_size", "pcp_world_size"),
         _READ_ONLY,
     )
 
@@ -129,7 +131,11 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
         num_hash_lookahead_tokens: int = 0,
         use_int_block_hashes: bool | None = None,
     ) -> None:
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        # (context-parallel world sizes, as the caller gave them; the unitary coordinator's
+        # dcp is its group's)
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         groups = kv_cache_config.kv_cache_groups
         check_no_hisparse_groups(groups)
@@ -181,6 +187,8 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
                 kv_cache_group_id=i,
                 scheduler_block_size=scheduler_block_size,
                 needs_kv_cache_zeroing=needs_zeroing,
+                dcp_world_size=dcp_world_size,
+                pcp_world_size=pcp_world_size,
             )
             for i, g in enumerate(groups)
         )
@@ -393,16 +401,6 @@ class KVCacheCoordinator(_NeedsArguments, _Checked):
         """Each group's block size, in group order."""
         return tuple([m.block_size for m in self.single_type_managers])
 
-    @property
-    def dcp_world_size(self) -> int:
-        """1: decode context parallelism is not implemented."""
-        return 1
-
-    @property
-    def pcp_world_size(self) -> int:
-        """1: prefill context parallelism is not implemented."""
-        return 1
-
     def new_step_starts(self) -> None:
         """Tell every single-type manager that a new scheduler step begins."""
         for manager in self.single_type_managers:
@@ -459,6 +457,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise AssertionError("UnitaryKVCacheCoordinator assumes only one kv cache group")
         self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        object.__setattr__(self, "dcp_world_size", self.single_type_managers[0].dcp_world_size)
         self.block_size = self.single_type_managers[0].block_size
         if enable_caching and hash_block_size != self.block_size:
             raise AssertionError(
@@ -472,9 +471,26 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         blocks, length = self._manager_cls.find_longest_cache_hit(
             block_hashes, max_cache_hit_length, [0], self.block_pool, self.kv_cache_spec,
-            self.use_eagle, self.block_size,
+            self.use_eagle, self.block_size, self.dcp_world_size, self.pcp_world_size,
         )
         return blocks, length, 0
+
+
+def _check_context_parallel_groups(groups, dcp_world_size: int, pcp_world_size: int) -> None:
+    # The group types a hybrid layout supports under context parallelism (vLLM's
+    # assertions): pcp, full attention or a replicated attention (draft) group; dcp,
+    # full attention or any replicated group (Mamba, a draft model's).
+    for g in groups:
+        spec = g.kv_cache_spec
+        replicated = not spec.dcp_sharded
+        if pcp_world_size > 1 and not (
+                isinstance(spec, FullAttentionSpec) or (isinstance(spec, AttentionSpec) and replicated)):
+            raise AssertionError("PCP only supports full attention and replicated draft groups.")
+        if dcp_world_size > 1 and not (isinstance(spec, FullAttentionSpec) or replicated):
+            raise AssertionError(
+                "DCP with hybrid KV cache layouts only supports full-attention, Mamba, and "
+                f"replicated draft groups, got: {type(spec).__name__}."
+            )
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -509,8 +525,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 "Each KV cache group's real block_size must be divisible by hash_block_size. "
                 f"block_sizes={cacheable_block_sizes}, hash_block_size={hash_block_size}"
             )
+        _check_context_parallel_groups(kv_cache_config.kv_cache_groups, dcp_world_size, pcp_world_size)
         object.__setattr__(self, "enable_partial_hash_hits", bool(allow_partial_hash_hits) and partial_hash_hits_enabled(
-            kv_cache_config.kv_cache_groups, hash_block_size, 1, [type(m) for m in self.single_type_managers]
+            kv_cache_config.kv_cache_groups, hash_block_size, dcp_world_size, [type(m) for m in self.single_type_managers]
         ))
         alignment = self._cache_hit_alignment_tokens
         for manager in self.single_type_managers:
@@ -603,7 +620,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                                                 partial and klass.supports_fine_grained_hash_lookup)
                     max_len = min(curr + margin, len(block_hashes) * self.hash_block_size)
                 hit_blocks, new_len = klass.find_longest_cache_hit(
-                    block_hashes, max_len, group_ids, self.block_pool, spec, drop, alignment
+                    block_hashes, max_len, group_ids, self.block_pool, spec, drop, alignment,
+                    managers[first].dcp_world_size, managers[first].pcp_world_size,
                 )
                 if drop:
                     eagle_verified.add(idx)
@@ -649,7 +667,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                                             self.enable_partial_hash_hits and klass.supports_fine_grained_hash_lookup)
                 max_len = min(max_cache_hit_length + margin, len(block_hashes) * self.hash_block_size)
             hit_blocks, hit_length = klass.find_longest_cache_hit(
-                block_hashes, max_len, group_ids, self.block_pool, spec, use_eagle, self._cache_hit_alignment_tokens
+                block_hashes, max_len, group_ids, self.block_pool, spec, use_eagle, self._cache_hit_alignment_tokens,
+                managers[first].dcp_world_size, managers[first].pcp_world_size,
             )
             for gid, blks in zip(group_ids, hit_blocks):
                 blocks_by_group[gid] = blks

@@ -42,7 +42,7 @@ from kvcy._fast.kv_cache_py.kv_cache_utils import KVCacheBlock
 from kvcy._fast.kv_cache_py.kv_cache_manager_blocks import KVCacheBlocks, _check_hits_fresh
 from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_mamba import MambaManager
 from kvcy._fast.kv_cache_py.request import Request
-from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import _as_flag, _check_no_context_parallel
+from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import _as_flag, _check_world_sizes
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -73,8 +73,9 @@ class KVCacheManager(_NeedsArguments, _Checked):
         log_stats: keep PrefixCacheStats (``record_prefix_cache_stats``,
             ``make_prefix_cache_stats``).
         enable_kv_cache_events: queue KV events (``take_events``).
-        dcp_world_size, pcp_world_size: context parallelism, not implemented
-            (1 only).
+        dcp_world_size, pcp_world_size: decode / prefill context-parallel world
+            sizes (a dcp-sharded group's blocks span ``block_size * dcp_world_size``
+            tokens).
         metrics_collector: a ``KVCacheMetricsCollector`` (or None), handed to the block pool.
         watermark: fraction of all blocks kept free when admitting
             waiting / preempted requests while others are scheduled.
@@ -124,7 +125,7 @@ class KVCacheManager(_NeedsArguments, _Checked):
                             ("hash_block_size", hash_block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         num_hash_lookahead_tokens = _lookahead_count("num_hash_lookahead_tokens", num_hash_lookahead_tokens)
         num_prefill_lookahead = _lookahead_count("num_prefill_lookahead", num_prefill_lookahead)
         assert watermark >= 0.0, "watermark must be non-negative"
@@ -142,8 +143,8 @@ class KVCacheManager(_NeedsArguments, _Checked):
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config, max_model_len, max_in_flight_tokens, self.use_eagle,
-            self.enable_caching, self.enable_kv_cache_events, 1, 1, scheduler_block_size,
-            hash_block_size, metrics_collector, num_hash_lookahead_tokens, num_prefill_lookahead,
+            self.enable_caching, self.enable_kv_cache_events, dcp_world_size, pcp_world_size,
+            scheduler_block_size, hash_block_size, metrics_collector, num_hash_lookahead_tokens, num_prefill_lookahead,
             use_int_block_hashes=use_int_block_hashes,
         )
         coordinator = self.coordinator

@@ -67,12 +67,7 @@ def _check_retention_interval(retention_interval) -> int | None:
 def _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block):
     # reachable_block_mask's sparse-retention arguments, checked alike by every manager.
     retention_interval = _check_retention_interval(retention_interval)
-    if isinstance(dcp_world_size, bool) or not isinstance(dcp_world_size, int):
-        raise TypeError(f"dcp_world_size must be an int, got {type(dcp_world_size).__name__}")
-    if dcp_world_size != 1:
-        raise NotImplementedError(
-            "decode context parallelism (dcp_world_size > 1) is not implemented in kvcy"
-        )
+    _check_world_size("dcp_world_size", dcp_world_size)
     try:
         boundaries = [_check_int_arg("reachable_boundaries", b) for b in reachable_boundaries]
     except TypeError:
@@ -99,16 +94,20 @@ def _as_flag(name: str, value) -> bool:
     return bool(value)
 
 
-def _check_no_context_parallel(dcp_world_size: int, pcp_world_size: int) -> None:
-    """A single-type manager's dcp / pcp world sizes: ints, and 1 (context
-    parallelism is not implemented)."""
-    for name, value in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if dcp_world_size != 1 or pcp_world_size != 1:
-        raise NotImplementedError(
-            "decode/prefill context parallelism (dcp/pcp world size > 1) is not implemented in kvcy"
-        )
+def _check_world_size(name: str, value: int) -> int:
+    # A context-parallel world size: a positive int (blocks span block_size * dcp tokens,
+    # a divisor the compiled twin uses unchecked).
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0 or value > 2**31:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def _check_world_sizes(dcp_world_size: int, pcp_world_size: int) -> None:
+    """The decode / prefill context-parallel world sizes: positive ints."""
+    _check_world_size("dcp_world_size", dcp_world_size)
+    _check_world_size("pcp_world_size", pcp_world_size)
 
 
 class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
@@ -127,7 +126,7 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
     _RULES = {
         **dict.fromkeys(
             ("kv_cache_spec", "block_size", "block_pool", "enable_caching", "kv_cache_group_id",
-             "scheduler_block_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
+             "scheduler_block_size", "dcp_world_size", "pcp_world_size", "_max_admission_blocks_per_request", "req_to_blocks", "num_cached_block",
              "_req_to_blocks", "_num_cached_block", "_null_block", "new_block_ids", "_record_new_block_ids",
              "_prefix_cacheable", "_partial_hit_reqs", "_pending_cow_copies", "_pending_boundary_state_offloads",
              # (class constants: the compiled twin's instances cannot shadow them either)
@@ -156,7 +155,13 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
         needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        # A dcp-sharded group's block holds block_size tokens on each of dcp ranks
+        # (interleaved), so in token terms it spans block_size * dcp; a replicated one
+        # (a draft model's, Mamba's) is whole everywhere.
+        sharded = bool(kv_cache_spec.dcp_sharded)
+        self.dcp_world_size = dcp_world_size if sharded else 1
+        self.pcp_world_size = pcp_world_size if sharded else 1
         self._record_new_block_ids = (
             bool(needs_kv_cache_zeroing)
             and isinstance(kv_cache_spec, AttentionSpec)
@@ -165,7 +170,7 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
         self._prefix_cacheable = bool(kv_cache_spec.prefix_cacheable)
         self.new_block_ids: list[int] = []
         self.kv_cache_spec = kv_cache_spec
-        self.block_size = kv_cache_spec.block_size
+        self.block_size = kv_cache_spec.block_size * self.dcp_world_size
         self.block_pool = block_pool
         self.enable_caching = enable_caching
         self.kv_cache_group_id = kv_cache_group_id
@@ -477,7 +482,7 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
 
         ``retention_interval``, ``reachable_boundaries`` and ``final_segment_end_block``
         are for sparse retention (the sliding-window manager's); ``dcp_world_size``
-        must be 1 (context parallelism is not implemented).
+        scales the spec's block size (a sharded block spans ``block_size * dcp`` tokens).
         """
         _check_mask_args(retention_interval, reachable_boundaries, dcp_world_size, final_segment_end_block)
         return None
@@ -554,16 +559,6 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
         chunked-local groups get it from the factory."""
         return self._max_admission_blocks_per_request
 
-    @property
-    def dcp_world_size(self) -> int:
-        """1: decode context parallelism is not implemented."""
-        return 1
-
-    @property
-    def pcp_world_size(self) -> int:
-        """1: prefill context parallelism is not implemented."""
-        return 1
-
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
@@ -585,7 +580,7 @@ class SingleTypeKVCacheManager(_NeedsArguments, _Checked):
         pcp_world_size: int = 1,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """The longest prefix hit common to ``kv_cache_group_ids``: (blocks per group, tokens)."""
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         raise NotImplementedError
 
 
@@ -602,10 +597,14 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         """Whole blocks left to right up to the first miss; with ``alignment_tokens``
         below the block size (fine-grained partial hits), then the longest hash
         boundary cached inside the next block.  EAGLE drops one block (one hash
-        unit when fine-grained); the length is rounded down to the alignment."""
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        unit when fine-grained); the length is rounded down to the alignment.  Under
+        decode context parallelism (``dcp_world_size > 1``) hashes are read at the
+        sharded block's span, ``block_size * dcp_world_size``."""
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
+        if dcp_world_size > 1:
+            block_size *= dcp_world_size
         fine = alignment_tokens < block_size and block_size % alignment_tokens == 0
         if fine:  # (the request's own hashes, one per alignment unit)
             raw = block_hashes
@@ -713,7 +712,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         raise ValueError("cross attention does not support prefix caching")
 

@@ -23,7 +23,7 @@ from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     _check_hit_args,
     _check_mask_args,
-    _check_no_context_parallel,
+    _check_world_sizes,
 )
 
 
@@ -116,7 +116,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        if dcp_world_size != 1:  # (vLLM's assertions, raised even under python -O)
+            raise AssertionError("DCP not support sliding window attn now.")
+        if pcp_world_size != 1:
+            raise AssertionError("PCP not support sliding window attn now.")
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         hashes = resolve_block_hashes(block_hashes, block_pool.hash_block_size, block_size)
@@ -193,11 +197,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             return None
         alignment_tokens = _check_count("alignment_tokens", alignment_tokens)
         if retention_interval is None and final_segment_end_block is None:
-            return _window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size,
+            return _window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size * dcp_world_size,
                                 kv_cache_spec.sliding_window, bool(use_eagle))
         if alignment_tokens == 0:
             raise ValueError("alignment_tokens must be positive, got 0")
-        return _sparse_window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size,
+        return _sparse_window_mask(start_block, end_block, alignment_tokens, kv_cache_spec.block_size * dcp_world_size,
                                    kv_cache_spec.sliding_window, bool(use_eagle), retention_interval,
                                    boundaries, final_segment_end_block)
 
@@ -228,7 +232,11 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
         drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        if dcp_world_size != 1:  # (vLLM's assertions, raised even under python -O)
+            raise AssertionError("DCP not support chunked local attn now.")
+        if pcp_world_size != 1:
+            raise AssertionError("PCP not support chunked local attn now.")
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         if drop_eagle_block:
             raise AssertionError("Hybrid KV cache is not supported for eagle + chunked local attention.")  # (vLLM asserts, at lookup)
@@ -350,7 +358,7 @@ class CircularBufferManager(FullAttentionManager):
         drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1,
     ):
         """No hit: an empty list per group, 0 tokens."""
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
         return tuple([] for _ in kv_cache_group_ids), 0
 
     def cache_blocks(

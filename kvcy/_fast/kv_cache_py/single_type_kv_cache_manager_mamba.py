@@ -28,7 +28,7 @@ from kvcy._fast.kv_cache_py.single_type_kv_cache_manager import (
     _as_flag,
     _check_hit_args,
     _check_mask_args,
-    _check_no_context_parallel,
+    _check_world_sizes,
     _shared_prefix_boundary,
 )
 
@@ -221,7 +221,11 @@ class MambaManager(SingleTypeKVCacheManager):
         hits), the state at the last cached hash boundary, which may end inside its
         block.  Mamba hits are never shortened for EAGLE (draft models have no
         Mamba layers)."""
-        _check_no_context_parallel(dcp_world_size, pcp_world_size)
+        _check_world_sizes(dcp_world_size, pcp_world_size)
+        if dcp_world_size != 1:  # (vLLM's assertions, raised even under python -O)
+            raise AssertionError("DCP not support mamba now.")
+        if pcp_world_size != 1:
+            raise AssertionError("PCP not support mamba now.")
         _check_hit_args(kv_cache_group_ids, block_pool, alignment_tokens)
         block_size = kv_cache_spec.block_size
         n_groups = len(kv_cache_group_ids)
