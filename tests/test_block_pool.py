@@ -35,6 +35,10 @@ from kvcy.metrics import KVCacheEvictionEvent
 
 from _vllm_live import live
 from kvcy.kv_cache_utils import BlockHash, make_block_hash_with_group_id
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from kvcy.kv_events import BlockRemoved, BlockStored
+from kvcy.request import Request
 
 BS = 4
 
@@ -631,3 +635,294 @@ def test_compiled_view_refuses_bad_keys(impl, key):
         with pytest.raises((TypeError, ValueError, KeyError)):
             op()
     assert len(m) == 3
+
+
+@pytest.fixture(autouse=True)
+def _none_hash():
+    init_none_hash(get_hash_fn_by_name("sha256"))
+
+
+def hasher(bs=BS):
+    return get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+
+
+def full_config(num_blocks=16, bs=BS):
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+
+
+def manager(impl, num_blocks=16, **kw):
+    kw.setdefault("max_model_len", 256)
+    return impl.kv_cache.KVCacheManager(full_config(num_blocks), scheduler_block_size=BS, hash_block_size=BS, **kw)
+
+
+def ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+def _key_kv_cache_core(n: int, gid: int = 0, width: int = 32) -> bytes:
+    return n.to_bytes(width, "big") + gid.to_bytes(4, "big")
+
+
+# --------------------------------------------------------------------------- pool-level bad input
+# Found by fuzzing the public pool API with wrong types and counts: the compiled twin crashed
+# the interpreter on the first three (unchecked casts and indexes), the Python twin left
+# half-cached blocks behind.
+def _pool_with_request(impl, tokens=16):
+    pool = impl.kv_cache.BlockPool(16, enable_caching=True, hash_block_size=BS)
+    req = impl.kv_cache.Request("r", list(range(tokens)), block_hasher=hasher())
+    return pool, req
+
+
+def _pool_state(pool):
+    return (ids(pool.free_block_queue.get_all_free_blocks()), [b.ref_cnt for b in pool.blocks],
+            [b.block_hash for b in pool.blocks], sorted(pool.cached_block_hash_to_block.keys()))
+
+
+# --------------------------------------------------------------------------- block pool
+def test_pool_null_block_and_usage(impl):
+    pool = impl.kv_cache.BlockPool(11, enable_caching=True, hash_block_size=BS)
+    assert pool.null_block.block_id == 0 and pool.null_block.is_null
+    assert pool.get_num_free_blocks() == 10
+    assert pool.get_usage() == 0.0
+    got = pool.get_new_blocks(4)
+    assert ids(got) == [1, 2, 3, 4] and all(b.ref_cnt == 1 for b in got)
+    assert pool.get_usage() == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="Cannot get 7 free blocks"):
+        pool.get_new_blocks(7)
+    assert pool.get_num_free_blocks() == 6  # nothing taken by the failed call
+    pool.free_blocks(reversed(got))
+    # unhashed blocks go to the front, in the given (tail-first) order
+    assert ids(pool.free_block_queue.get_all_free_blocks())[:4] == [4, 3, 2, 1]
+    with pytest.raises(RuntimeError):
+        pool.free_blocks([got[0]])  # second free of the same block
+
+
+def test_pool_size_is_checked(impl):
+    BlockPool = impl.kv_cache.BlockPool
+    with pytest.raises(AssertionError, match="at least 1"):  # (vLLM asserts an int above 0)
+        BlockPool(0, enable_caching=True, hash_block_size=BS)
+    with pytest.raises(ValueError, match="at most 2\\*\\*31.*int32"):
+        BlockPool(2**31 + 1, enable_caching=True, hash_block_size=BS)  # refused before any block is made
+    with pytest.raises(AssertionError):
+        BlockPool(8.0, enable_caching=True, hash_block_size=BS)
+    with pytest.raises(TypeError):
+        BlockPool(True, enable_caching=True, hash_block_size=BS)
+
+
+def test_lru_eviction_and_events(impl):
+    mgr = manager(impl, num_blocks=9, enable_kv_cache_events=True, use_int_block_hashes=False)
+    req = Request("a", list(range(16)), block_hasher=hasher())  # 4 full blocks
+    assert mgr.allocate_slots(req, 16).get_block_ids() == ([1, 2, 3, 4],)
+    events = mgr.take_events()
+    assert [type(e) for e in events] == [BlockStored]
+    assert events[0].block_hashes == req.block_hashes and events[0].parent_block_hash is None
+    assert events[0].kv_cache_spec_kind == "full_attention"
+    mgr.free(req)
+    pool = mgr.block_pool
+    # hashed blocks go to the back, tail first: head blocks are evicted last
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [5, 6, 7, 8, 4, 3, 2, 1]
+    other = Request("b", [100 + i for i in range(24)], block_hasher=hasher())
+    assert mgr.allocate_slots(other, 24).get_block_ids() == ([5, 6, 7, 8, 4, 3],)
+    removed = [e for e in mgr.take_events() if isinstance(e, BlockRemoved)]
+    assert [e.block_hashes[0] for e in removed] == [req.block_hashes[3], req.block_hashes[2]]
+    assert pool.num_evictions == 2
+
+
+def test_free_blocks_over_free_rolls_back(impl):
+    pool = impl.kv_cache.BlockPool(8, enable_caching=True, hash_block_size=BS)
+    a, b, c = pool.get_new_blocks(3)
+    pool.touch([b])  # b is held twice
+    queue_before = ids(pool.free_block_queue.get_all_free_blocks())
+    # a listed twice but held once: the second drop would go below zero
+    with pytest.raises(RuntimeError, match=f"block {a.block_id} freed more times"):
+        pool.free_blocks([c, b, a, a])
+    with pytest.raises(TypeError, match="KVCacheBlock"):
+        pool.free_blocks([c, b, None])
+    assert [a.ref_cnt, b.ref_cnt, c.ref_cnt] == [1, 2, 1]
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == queue_before
+    # b listed twice and held twice: queued once, where its count reaches 0
+    pool.free_blocks([b, c, b, a])
+    assert [a.ref_cnt, b.ref_cnt, c.ref_cnt] == [0, 0, 0]
+    assert ids(pool.free_block_queue.get_all_free_blocks())[:3] == [c.block_id, b.block_id, a.block_id]
+    assert pool.get_num_free_blocks() == 7
+
+
+def test_hash_to_block_map_matches_a_model(impl):
+    """Random inserts / pops / lookups (duplicate keys, growth, deletions
+    inside probe runs) agree with a plain dict-of-dicts model."""
+    import random
+
+    m = impl.kv_cache
+    rng = random.Random(7)
+    cache = m.BlockHashToBlockMap()
+    blocks = [m.KVCacheBlock(i) for i in range(400)]
+    model: dict[bytes, dict[int, object]] = {}
+    # Keys of several lengths and groups; few enough values that keys repeat.
+    keys = [_key_kv_cache_core(rng.randrange(300), gid=rng.randrange(3), width=rng.choice((8, 16, 32))) for _ in range(600)]
+    for _ in range(6000):
+        key = rng.choice(keys)
+        op = rng.random()
+        if op < 0.45:
+            blk = rng.choice(blocks)
+            cache.insert(key, blk)
+            model.setdefault(key, {})[blk.block_id] = blk
+        elif op < 0.85:
+            bid = rng.randrange(400)
+            got = cache.pop(key, bid)
+            want = model.get(key, {}).pop(bid, None)
+            if key in model and not model[key]:
+                del model[key]
+            assert got is want
+        else:
+            want = next(iter(model[key].values())) if key in model else None
+            assert cache.get_one_block(key) is want
+            bid = rng.randrange(400)
+            assert cache.contain(key, bid) == (key in model and bid in model[key])
+        assert len(cache) == len(model)
+    assert sorted(cache.keys()) == sorted(model)
+    for key, group in model.items():
+        assert cache.get_one_block(key) is next(iter(group.values()))
+    # Draining everything leaves an empty, still usable map.
+    for key, group in list(model.items()):
+        for bid in list(group):
+            assert cache.pop(key, bid) is group[bid]
+    assert len(cache) == 0 and cache.keys() == []
+    cache.insert(_key_kv_cache_core(1), blocks[0])
+    assert cache.get_one_block(_key_kv_cache_core(1)) is blocks[0]
+
+
+def test_evicting_blocks_keyed_by_hand(impl):
+    """Blocks given their keys through the public setters (not by caching),
+    some sharing a key through different bytes objects, are found and
+    dropped by eviction in any order."""
+    m = impl.kv_cache
+    pool = m.BlockPool(12, enable_caching=True, hash_block_size=BS)
+    cache = pool.cached_block_hash_to_block
+    blocks = pool.get_new_blocks(8)
+    keys = [_key_kv_cache_core(i % 5, gid=i % 5 % 2, width=32) for i in range(8)]  # blocks 5-7 repeat the keys of 0-2
+    for blk, key in zip(blocks, keys):
+        key = bytes(bytearray(key))  # a distinct object for every block
+        if blk.block_id % 2:
+            blk.set_block_hash(key, num_tokens=16)
+        else:
+            blk.block_hash = key
+        cache.insert(key, blk)
+    assert len(cache) == len(set(keys)) == 5
+    order = [blocks[i].block_id for i in (5, 0, 7, 2, 3, 6, 1, 4)]
+    for n, bid in enumerate(order, 1):
+        pool.evict_blocks([bid])
+        assert pool.blocks[bid].block_hash is None
+        left = [b for b in blocks if b.block_id not in order[:n]]
+        assert sorted(cache.keys()) == sorted({b.block_hash for b in left})
+        for b in left:
+            assert cache.contain(b.block_hash, b.block_id)
+    assert len(cache) == 0 and pool.num_evictions == 8
+
+
+def test_hash_to_block_map_rejects_bad_keys(impl):
+    """The compiled map keeps keys split (hash bytes + group id), so a key must
+    be bytes ending in a 4-byte group id; the Python twin, like vLLM, takes
+    any hashable key."""
+    if impl.name != "cython":
+        pytest.skip("the Python twin's map takes any hashable key, as vLLM's does")
+    m = impl.kv_cache
+    cache = m.BlockHashToBlockMap()
+    blk = m.KVCacheBlock(1)
+    for bad in ("abcdefgh", 12345, b"ab", None):
+        with pytest.raises(ValueError, match="4-byte group id"):
+            cache.insert(bad, blk)
+    assert len(cache) == 0
+
+
+def test_hash_to_block_map_releases_blocks(impl):
+    import sys
+
+    m = impl.kv_cache
+    cache = m.BlockHashToBlockMap()
+    blk = m.KVCacheBlock(5)
+    before = sys.getrefcount(blk)
+    for i in range(50):
+        cache.insert(_key_kv_cache_core(i), blk)
+    cache.insert(_key_kv_cache_core(0), m.KVCacheBlock(6))  # a duplicate key
+    assert cache.pop(_key_kv_cache_core(3), 5) is blk
+    del cache
+    assert sys.getrefcount(blk) == before
+
+
+def test_touch_rejects_bad_blocks_unchanged(impl):
+    pool, _ = _pool_with_request(impl)
+    held = pool.get_new_blocks(2)
+    free_block = pool.free_block_queue.get_all_free_blocks()[0]
+    loose = impl.kv_cache.KVCacheBlock(3)  # never queued, no references
+    before = _pool_state(pool)
+    for bad, exc in (
+        ("x", TypeError),  # str: its items are strs again (the compiled twin recursed until it crashed)
+        ([held[0], None], TypeError),
+        ([free_block, [held[0]]], TypeError),
+        ([[free_block], ["x"]], TypeError),  # second group bad: the first is not touched either
+        ([free_block, loose], RuntimeError),
+        ([[free_block], [loose]], RuntimeError),
+    ):
+        with pytest.raises(exc):
+            pool.touch(bad)
+        assert _pool_state(pool) == before
+    pool.touch([[free_block], [held[0]]])  # per-group sequences
+    assert free_block.ref_cnt == 1 and held[0].ref_cnt == 2
+
+
+def test_cache_full_blocks_rejects_bad_input_unchanged(impl):
+    pool, req = _pool_with_request(impl)
+    blocks = pool.get_new_blocks(4)
+    before = _pool_state(pool)
+    for args, exc, msg in (
+        (([[]], -1, 0), ValueError, "num_cached_blocks must be non-negative"),
+        ((blocks, -1, 2), ValueError, "num_cached_blocks must be non-negative"),
+        ((None, 0, 2), TypeError, "got None"),
+        # (more full blocks than given: the given ones are cached, as in vLLM;
+        # tests/test_dropin_edges.py)
+        ((blocks[:2] + ["x"] + blocks[3:], 0, 4), TypeError, "KVCacheBlock"),
+    ):
+        with pytest.raises(exc, match=msg):
+            pool.cache_full_blocks(req, *args, BS, 0)
+        assert _pool_state(pool) == before
+    for block_size in (0, -4, 6, 2):
+        with pytest.raises(ValueError, match="multiple of the hash block size"):
+            pool.cache_full_blocks(req, blocks, 0, 1, block_size, 0)
+    with pytest.raises(ValueError, match="4 bytes"):
+        pool.cache_full_blocks(req, blocks, 0, 2, BS, 2**32)
+    assert _pool_state(pool) == before
+    # a block that already has a key, third in line: the first two are not left cached
+    pool.cache_full_blocks(req, blocks, 2, 3, BS, 0)  # block 2 gets its key
+    before = _pool_state(pool)
+    with pytest.raises(AssertionError, match="already has a hash"):
+        pool.cache_full_blocks(req, blocks, 0, 4, BS, 0)
+    assert _pool_state(pool) == before
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    assert [b.block_hash is not None for b in blocks] == [True, True, True, False]
+
+
+def test_cache_map_holds_block_subclasses(impl):
+    """A KVCacheBlock subclass in the map is a block, not a dict of blocks (the compiled
+    map told them apart by exact type and crashed)."""
+    class Tagged(impl.kv_cache.KVCacheBlock):
+        pass
+
+    table = impl.kv_cache.BlockHashToBlockMap()
+    key = b"h" * 32 + (0).to_bytes(4, "big")
+    one, two = Tagged(1), Tagged(2)
+    table.insert(key, one)
+    assert table.get_one_block(key) is one and table.contain(key, 1) and not table.contain(key, 2)
+    table.insert(key, two)  # now a dict of two
+    assert table.contain(key, 2)
+    assert table.pop(key, 1) is one and table.get_one_block(key) is two
+    assert table.pop(key, 2) is two and table.get_one_block(key) is None
+
+
+def test_evict_blocks_takes_any_iterable(impl):
+    pool, req = _pool_with_request(impl)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    pool.evict_blocks(b.block_id for b in blocks)  # (a generator: read once)
+    assert [b.block_hash for b in blocks] == [None, None]
+    assert len(pool.cached_block_hash_to_block) == 0
