@@ -926,3 +926,74 @@ def test_evict_blocks_takes_any_iterable(impl):
     pool.evict_blocks(b.block_id for b in blocks)  # (a generator: read once)
     assert [b.block_hash for b in blocks] == [None, None]
     assert len(pool.cached_block_hash_to_block) == 0
+
+
+def full_spec(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def manager_edges(impl, num_blocks=20, max_model_len=40, **kw):
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def request(impl, rid, tokens):
+    return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
+
+
+def hashed_ids(mgr):
+    return [b.block_id for b in mgr.block_pool.blocks if b.block_hash is not None]
+
+
+def test_cache_full_blocks_caches_the_blocks_there_are(impl):
+    """``BlockPool.cache_full_blocks`` asked for more full blocks than it is given caches
+    the given ones (vLLM slices ``blocks``); with events on it raises IndexError after
+    that, queuing no event."""
+    for events in (False, True):
+        pool = impl.kv_cache.BlockPool(8, True, BS, enable_kv_cache_events=events)
+        req = request(impl, "a", list(range(12)))
+        blocks = pool.get_new_blocks(2)
+        if events:
+            with pytest.raises(IndexError):
+                pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+            assert pool.take_events() == []
+        else:
+            pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+        assert [b.block_hash is not None for b in blocks] == [True, True]
+        assert [b.block_hash_num_tokens for b in blocks] == [4, 8]
+        # a block mask counts the blocks given (vLLM asserts its length against them)
+        other = pool.get_new_blocks(1)
+        with pytest.raises(AssertionError):
+            pool.cache_full_blocks(request(impl, "b", list(range(50, 62))), other, 0, 3, BS, 0, [True] * 3)
+        assert other[0].block_hash is None
+
+
+def test_evict_blocks_past_the_pool_asserts_as_vllm(impl):
+    """A block id past the pool is vLLM's ``AssertionError`` (a connector bug), raised
+    before any key is dropped."""
+    mgr = manager_edges(impl)
+    a = request(impl, "a", list(range(9)))
+    mgr.allocate_slots(a, 9)
+    mgr.free(a)
+    assert hashed_ids(mgr) == [1, 2]
+    for bad in ({20}, {1, 25}):
+        with pytest.raises(AssertionError) as err:
+            mgr.evict_blocks(bad)
+        assert str(err.value).startswith(f"Invalid block_id {max(bad)} >= 20. This indicates a bug in the KV connector")
+        assert hashed_ids(mgr) == [1, 2]
+    mgr.evict_blocks({19, 2})
+    assert hashed_ids(mgr) == [1]
+
+
+def test_empty_pool_asserts_as_vllm(impl):
+    """A KV-cache config of 0 blocks (or a non-int count): vLLM's ``BlockPool`` asserts
+    ``isinstance(num_gpu_blocks, int) and num_gpu_blocks > 0``, so building the manager
+    raises AssertionError.  kvcy raised ValueError / TypeError."""
+    cfg = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    with pytest.raises(AssertionError, match="at least 1"):
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    for bad in (0, -3, 4.0, "4"):
+        with pytest.raises(AssertionError):
+            impl.kv_cache.BlockPool(bad, True, BS)

@@ -599,3 +599,67 @@ def test_allocate_slots_rejects_a_free_hit_outside_the_queue_unchanged(impl, eve
     assert _pool_state(mgr.block_pool) == before
     assert not mgr.coordinator.single_type_managers[0].req_to_blocks
     assert mgr.allocate_slots(req, req.num_tokens) is not None  # the request is still new
+
+
+def full_spec(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def manager_edges(impl, num_blocks=20, max_model_len=40, **kw):
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec())])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def request(impl, rid, tokens):
+    return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
+
+
+def hashed_ids(mgr):
+    return [b.block_id for b in mgr.block_pool.blocks if b.block_hash is not None]
+
+
+# ------------------------------------------- a request longer than max_model_len
+@pytest.mark.parametrize("events", [False, True])
+def test_request_longer_than_max_model_len(impl, events):
+    """A 50-token request under ``max_model_len=40`` (block size 4): vLLM allocates the 10
+    blocks the clamp allows and caches those it holds although 12 blocks are full; with
+    events on, its event loop then reads past the request's blocks (IndexError, no event
+    queued), after the caching.  kvcy raised RuntimeError either way."""
+    mgr = manager_edges(impl, enable_kv_cache_events=events)
+    tokens = list(range(100, 150))
+    a = request(impl, "a", tokens)
+    if events:
+        with pytest.raises(IndexError):
+            mgr.allocate_slots(a, 50)
+        assert mgr.take_events() == []
+    else:
+        assert mgr.allocate_slots(a, 50).get_block_ids() == (list(range(1, 11)),)
+    assert mgr.get_block_ids("a") == (list(range(1, 11)),)
+    assert mgr.block_pool.get_num_free_blocks() == 9
+    assert hashed_ids(mgr) == list(range(1, 11))
+    a.num_computed_tokens = 40
+    blocks, hit, _ = mgr.get_computed_blocks(request(impl, "b", tokens))
+    assert hit == 40 and blocks.get_block_ids() == (list(range(1, 11)),)
+
+
+# ------------------------------------------------------------- vLLM's own errors
+def test_allocate_slots_with_nothing_to_do_says_what_vllm_says(impl):
+    mgr = manager_edges(impl)
+    with pytest.raises(ValueError) as err:
+        mgr.allocate_slots(request(impl, "a", list(range(8))), 0)
+    assert str(err.value) == "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+
+
+def test_kv_cache_blocks_take_a_list_of_groups(impl):
+    """vLLM's ``KVCacheBlocks`` takes any sequence of groups (``KVCacheBlocks([[b]])``); kvcy
+    takes a list too (kept as a tuple) and still refuses anything else."""
+    kv = impl.kv_cache
+    a, b = kv.KVCacheBlock(1), kv.KVCacheBlock(2)
+    blocks = kv.KVCacheBlocks([[a, b], []])
+    assert blocks.get_block_ids() == ([1, 2], []) and type(blocks.blocks) is tuple
+    assert (blocks + kv.KVCacheBlocks(blocks=[[b], [a]])).get_block_ids() == ([1, 2, 2], [1])
+    assert blocks.new_empty().get_block_ids() == ([], [])
+    with pytest.raises(TypeError, match="expected tuple"):
+        kv.KVCacheBlocks({"a": [a]})

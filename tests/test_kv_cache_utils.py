@@ -82,3 +82,79 @@ def test_resolve_block_hashes_rejects_bad_sizes(impl):
     for hash_bs, bs in ((4, 2), (4, 0), (0, 4), (4, -8), (4, 6)):
         with pytest.raises(ValueError, match="multiple of the hash block size"):
             impl.kv_cache.resolve_block_hashes(hashes, hash_bs, bs)
+
+
+# ------------------------------------------- names vLLM's modules export
+def test_lookahead_extra_keys_as_vllm(impl):
+    """``kv_cache_utils.generate_lookahead_block_hash_extra_keys``: keys over the block and
+    its lookahead tokens, the multimodal index stepped back to the items still open at the
+    block's end (values recorded from vLLM 0.33.0)."""
+    from kvcy.kv_cache_utils import generate_lookahead_block_hash_extra_keys
+    from kvcy.request import MultiModalFeatureSpec, PlaceholderRange
+
+    items = [MultiModalFeatureSpec(identifier=i, mm_position=PlaceholderRange(o, n), modality="image")
+             for i, o, n in (("A", 2, 5), ("B", 7, 2), ("C", 10, 6))]
+    req = impl.kv_cache.Request("r", list(range(20)), mm_features=items, cache_salt="s")
+    expected = {
+        (0, 4, 6, 0): ((("mm", "A", 2), ("cache_salt", "s")), 0),
+        (4, 8, 10, 0): ((("mm", "A", -2), ("mm", "B", 3)), 1),
+        (8, 12, 14, 1): ((("mm", "B", -1), ("mm", "C", 2)), 2),
+        (12, 16, 18, 2): ((("mm", "C", -2),), 3),
+        (4, 8, 8, 0): ((("mm", "A", -2), ("mm", "B", 3)), 1),
+    }
+    for args, keys in expected.items():
+        assert generate_lookahead_block_hash_extra_keys(req, *args) == keys, args
+
+
+def test_null_head_helpers():
+    """``kv_cache_utils.null_head_len`` / ``trim_null_head``: the leading null blocks."""
+    from kvcy.kv_cache_utils import KVCacheBlock, null_head_len, trim_null_head
+
+    null = KVCacheBlock(0, is_null=True)
+    blocks = [null, null, KVCacheBlock(3), null]
+    assert null_head_len(blocks) == 2 and null_head_len([]) == 0 and null_head_len(blocks[2:]) == 0
+    assert [b.block_id for b in trim_null_head(blocks)] == [3, 0]
+    assert trim_null_head(blocks[2:]) == blocks[2:] and type(trim_null_head(tuple(blocks))) is tuple
+
+
+def test_popleft_n_past_the_free_blocks_asserts_as_vllm(impl):
+    """``FreeKVCacheBlockQueue.popleft_n(n)`` with fewer than ``n`` free blocks: vLLM
+    asserts (kvcy raised ValueError); nothing is popped."""
+    blocks = [impl.kv_cache.KVCacheBlock(i) for i in range(3)]
+    queue = impl.kv_cache.FreeKVCacheBlockQueue(blocks)
+    with pytest.raises(AssertionError):
+        queue.popleft_n(4)
+    assert queue.num_free_blocks == 3 and [b.block_id for b in queue.get_all_free_blocks()] == [0, 1, 2]
+
+
+def test_iter_blocks_after_walks_the_free_queue_as_vllm(impl):
+    """``FreeKVCacheBlockQueue.iter_blocks_after(cursor)``: the free blocks after ``cursor``
+    in eviction order (from the head for None), read lazily (values recorded from vLLM)."""
+    blocks = [impl.kv_cache.KVCacheBlock(i) for i in range(6)]
+    queue = impl.kv_cache.FreeKVCacheBlockQueue(blocks)
+    queue.remove(blocks[2])
+    queue.append(blocks[2])
+    queue.popleft()
+    walk = lambda cursor: [b.block_id for b in queue.iter_blocks_after(cursor)]  # noqa: E731
+    assert walk(None) == [1, 3, 4, 5, 2]
+    assert [walk(c) for c in (blocks[1], blocks[3], blocks[2], blocks[0], queue.fake_free_list_tail)] == \
+        [[3, 4, 5, 2], [4, 5, 2], [], [], []]
+    it = queue.iter_blocks_after(None)
+    first = next(it)
+    queue.remove(blocks[3])  # (the walk reads each next block when it gets there)
+    assert [first.block_id] + [b.block_id for b in it] == [1, 4, 5, 2]
+
+
+def test_block_repr_as_vllm(impl):
+    """``repr(KVCacheBlock)`` names the same fields as vLLM 0.33.0's, in its order
+    (strings recorded from vLLM)."""
+    kv = impl.kv_cache
+    blocks = [kv.KVCacheBlock(i) for i in range(3)]
+    queue = kv.FreeKVCacheBlockQueue(blocks)
+    cached = kv.KVCacheBlock(7)
+    cached.set_block_hash(b"abcd\x00\x00\x00\x01", 4)
+    assert repr(blocks[1]) == ("KVCacheBlock(block_id=1, ref_cnt=0, _block_hash=None, _block_hash_num_tokens=None, "
+                               "prev_free_block=0, next_free_block=2)")
+    assert repr(cached) == ("KVCacheBlock(block_id=7, ref_cnt=0, _block_hash=b'abcd\\x00\\x00\\x00\\x01', "
+                            "_block_hash_num_tokens=4, prev_free_block=None, next_free_block=None)")
+    assert queue.num_free_blocks == 3

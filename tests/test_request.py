@@ -58,3 +58,24 @@ def test_request_twins_match():
     for r in reqs[1:]:
         assert {f: getattr(r, f) for f in fields} == {f: getattr(reqs[0], f) for f in fields}
     assert len(reqs[0].block_hashes) == 3
+
+
+def test_embeddings_only_prompt_as_vllm(impl):
+    """vLLM's ``Request`` takes ``prompt_token_ids=None`` with ``prompt_embeds``: the prompt
+    is as long as the embeddings, its token ids are zeros, and its blocks are keyed by the
+    embeddings' digests; with neither, vLLM's ValueError.  kvcy raised TypeError."""
+    import hashlib
+
+    torch = pytest.importorskip("torch")
+    embeds = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+    hasher = get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
+    req = impl.kv_cache.Request("r", None, prompt_embeds=embeds, block_hasher=hasher)
+    assert req.prompt_token_ids is None
+    assert (req.num_prompt_tokens, req.num_tokens, list(req.all_token_ids)) == (10, 10, [0] * 10)
+    same = impl.kv_cache.Request("s", [0] * 10, prompt_embeds=embeds, block_hasher=hasher)
+    assert req.block_hashes == same.block_hashes and len(req.block_hashes) == 2
+    digest = hashlib.sha256(embeds[:4].numpy().tobytes()).digest()
+    from kvcy.hashing import generate_block_hash_extra_keys
+    assert generate_block_hash_extra_keys(req, 0, 4, 0) == ((("prompt_embeds", digest),), 0)
+    with pytest.raises(ValueError, match="Neither prompt_token_ids nor prompt_embeds were defined."):
+        impl.kv_cache.Request("r", None)

@@ -132,3 +132,53 @@ def test_managers_check_what_goes_into_their_tables(impl):
     single.req_to_blocks["r"] = list(single.req_to_blocks["r"])  # a list of its own blocks: taken
     single.num_cached_block["r"] = 1
     assert dict(single.num_cached_block) == {"r": 1}
+
+
+def full_spec(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def request(impl, rid, tokens):
+    return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
+
+
+# ------------------------------------------------------- a spec no manager serves
+def test_group_whose_spec_has_no_manager_asserts_as_vllm(impl):
+    """A group of encoder-only layers, or of a ``UniformTypeKVCacheSpecs`` (the workers'
+    spec, not the scheduler's), has no single-type manager: vLLM's factory asserts
+    ("No manager registered for KVCacheSpec <class ...>"), with or without caching.
+    kvcy raised ValueError."""
+    from kvcy.kv_cache_interface import EncoderOnlyAttentionSpec, UniformTypeKVCacheSpecs
+
+    attn = dict(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    for spec in (EncoderOnlyAttentionSpec(**attn),
+                 UniformTypeKVCacheSpecs(block_size=BS, kv_cache_specs={"a": full_spec(), "b": full_spec()})):
+        cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec()), KVCacheGroupSpec(["l1"], spec)])
+        for caching in (True, False):
+            with pytest.raises(AssertionError) as err:
+                impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                             enable_caching=caching)
+            assert str(err.value) == f"No manager registered for KVCacheSpec {type(spec)}"
+
+
+def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
+    """vLLM's ``find_longest_cache_hit`` classmethods end with ``dcp_world_size=1,
+    pcp_world_size=1`` (its coordinators pass them); kvcy takes them, and refuses other
+    sizes as everywhere else (context parallelism is out of scope)."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    pool = kv.BlockPool(16, True, BS)
+    req = request(impl, "a", list(range(12)))
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    for cls, spec, expected in ((kv.FullAttentionManager, full_spec(), (12, [1, 2, 3])),
+                                (kv.SlidingWindowManager, swa, (12, [0, 2, 3]))):
+        got, length = cls.find_longest_cache_hit(
+            block_hashes=req.block_hashes, max_length=12, kv_cache_group_ids=[0], block_pool=pool,
+            kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=BS, dcp_world_size=1, pcp_world_size=1)
+        assert (length, [b.block_id for b in got[0]]) == expected
+        with pytest.raises(NotImplementedError, match="context parallelism"):
+            cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)
