@@ -997,3 +997,29 @@ def test_empty_pool_asserts_as_vllm(impl):
     for bad in (0, -3, 4.0, "4"):
         with pytest.raises(AssertionError):
             impl.kv_cache.BlockPool(bad, True, BS)
+
+
+SHA = get_hash_fn_by_name("sha256")
+
+
+def request_api(impl, rid, tokens, lookahead=0, **kw):
+    return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
+
+
+def test_block_pool_takes_vllms_keywords(impl):
+    pool = impl.kv_cache.BlockPool(8, True, BS, enable_kv_cache_events=True, metrics_collector=None,
+                                   num_hash_lookahead_tokens=3, medium="CPU")
+    assert (pool.num_hash_lookahead_tokens, pool.medium) == (3, "CPU")
+    assert impl.kv_cache.BlockPool(8, True, BS).medium == "GPU"
+    req = request_api(impl, "a", range(8))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    (event,) = pool.take_events()
+    assert event.medium == "CPU"
+    with pytest.raises(ValueError, match="num_hash_lookahead_tokens must be a non-negative int"):
+        impl.kv_cache.BlockPool(8, True, BS, num_hash_lookahead_tokens=-1)
+
+
+def test_block_pool_parameters_in_vllms_order(impl):
+    pool = impl.kv_cache.BlockPool(8, True, BS, True, None, 3, "CPU")
+    assert (pool.enable_kv_cache_events, pool.num_hash_lookahead_tokens, pool.medium) == (True, 3, "CPU")

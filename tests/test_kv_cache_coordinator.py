@@ -185,3 +185,170 @@ def test_context_parallel_and_group_attributes_as_vllm(impl):
             coordinator.dcp_world_size = 2
         with pytest.raises(AttributeError):
             coordinator.single_type_managers[0].max_admission_blocks_per_request = 5
+
+
+def hasher():
+    return get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
+
+
+def manager_small(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
+    """A manager over ``groups`` groups: full attention, then sliding windows."""
+    specs = [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")] + [
+        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+        for _ in range(groups - 1)
+    ]
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+# ------------------------------------------------- §5 coordinator.get_blocks
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_coordinator_get_blocks_of_an_unknown_request_is_empty(impl, groups, enable_caching):
+    """vLLM's coordinator answers an empty list per group for an id it does not know."""
+    mgr = manager_small(impl, groups, enable_caching=enable_caching)
+    assert mgr.coordinator.get_blocks("nobody") == tuple([] for _ in range(groups))
+    req = impl.kv_cache.Request("a", list(range(8)), block_hasher=hasher())
+    assert mgr.allocate_slots(req, 8) is not None
+    held = mgr.coordinator.get_blocks("a")
+    assert len(held) == groups and all(len(g) == 2 for g in held)
+    mgr.free(req)
+    assert mgr.coordinator.get_blocks("a") == tuple([] for _ in range(groups))
+
+
+# ------------------------------------------------- §5 new_step_starts
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_new_step_starts_reaches_every_single_type_manager(impl, groups, enable_caching, monkeypatch):
+    """The manager tells the coordinator, which tells each single-type manager, as vLLM does."""
+    mgr = manager_small(impl, groups, enable_caching=enable_caching)
+    coordinator = mgr.coordinator
+    assert coordinator.new_step_starts() is None
+    for single in coordinator.single_type_managers:
+        assert single.new_step_starts() is None
+    assert mgr.new_step_starts() is None
+    if impl.name != "python":
+        return  # compiled classes cannot be patched; the calls above show the methods exist
+    seen = []
+    for cls in {type(m) for m in coordinator.single_type_managers}:
+        monkeypatch.setattr(cls, "new_step_starts", lambda self: seen.append(self))
+    coordinator_calls = []
+    original = type(coordinator).new_step_starts
+
+    def spy(self):
+        coordinator_calls.append(self)
+        return original(self)
+
+    monkeypatch.setattr(type(coordinator), "new_step_starts", spy)
+    mgr.new_step_starts()
+    assert coordinator_calls == [coordinator]
+    assert seen == list(coordinator.single_type_managers)
+
+
+# ------------------------------------------------- §3 hits for a request that holds blocks
+@pytest.mark.parametrize("groups", [1, 2])
+def test_hits_for_a_request_that_holds_blocks_assert(impl, groups):
+    """vLLM's coordinator asserts that a tracked request brings no new hits; kvcy asserts first."""
+    mgr = manager_small(impl, groups)
+    a = impl.kv_cache.Request("a", list(range(12)), block_hasher=hasher())
+    assert mgr.allocate_slots(a, 12) is not None
+    b = impl.kv_cache.Request("b", list(range(12)), block_hasher=hasher())
+    blocks, n, _ = mgr.get_computed_blocks(b)
+    assert n > 0
+    assert mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks) is not None
+    held = mgr.get_block_ids("b")
+    free_before = sorted(x.block_id for x in mgr.block_pool.free_block_queue.get_all_free_blocks())
+    with pytest.raises(AssertionError, match="already holds blocks"):
+        mgr.allocate_slots(b, 4, num_new_computed_tokens=n, new_computed_blocks=blocks)
+    with pytest.raises(AssertionError, match="already holds blocks"):
+        mgr.coordinator.allocate_new_computed_blocks("b", blocks.blocks, n, 0)
+    assert mgr.get_block_ids("b") == held
+    assert sorted(x.block_id for x in mgr.block_pool.free_block_queue.get_all_free_blocks()) == free_before
+    # Empty hits for a running request are fine (vLLM's coordinator returns at once).
+    mgr.coordinator.allocate_new_computed_blocks("b", tuple([] for _ in range(groups)), n, 0)
+    assert mgr.get_block_ids("b") == held
+
+
+# ------------------------------------------------- §1 no KV-cache groups
+def test_no_groups_with_caching_asserts_as_vllm(impl):
+    """vLLM keeps caching on with no groups, so its hybrid coordinator asserts; kvcy too."""
+    cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[])
+    with pytest.raises(AssertionError, match="HybridKVCacheCoordinator requires at least one cacheable group."):
+        impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                       enable_caching=False)
+    assert mgr.enable_caching is False
+    assert type(mgr.coordinator) is impl.kv_cache.KVCacheCoordinatorNoPrefixCache
+    assert mgr.num_kv_cache_groups == 0
+    assert mgr.get_blocks("x").blocks == ()
+    assert mgr.new_step_starts() is None
+
+
+SHA = get_hash_fn_by_name("sha256")
+
+
+def full_spec_api():
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def swa_spec():
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+
+
+def config(specs, num_blocks=16):
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+
+
+def manager_api(impl, specs=None, num_blocks=16, **kw):
+    specs = [full_spec_api()] if specs is None else specs
+    return impl.kv_cache.KVCacheManager(config(specs, num_blocks), max_model_len=64, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def request_api(impl, rid, tokens, lookahead=0, **kw):
+    return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
+
+
+@pytest.mark.parametrize("use_eagle", [False, True])
+@pytest.mark.parametrize("num_prefill_lookahead, reprefillable", [(0, 0), (1, 0), (3, 2)])
+def test_coordinator_attributes(impl, use_eagle, num_prefill_lookahead, reprefillable):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()], use_eagle=use_eagle, num_prefill_lookahead=num_prefill_lookahead)
+    assert mgr.coordinator.num_reprefillable_tokens == reprefillable
+    assert mgr.coordinator.drop_eagle_group_ids == ({0, 1} if use_eagle else set())
+    assert mgr.coordinator.eagle_group_ids == ({0, 1} if use_eagle else set())
+
+
+def test_flagged_eagle_groups_drop_nothing_without_use_eagle(impl):
+    """vLLM: groups flagged ``is_eagle_group`` stay flagged, but only ``use_eagle`` drops a block."""
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec_api(), is_eagle_group=True)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS)
+    assert mgr.coordinator.eagle_group_ids == {0}
+    assert mgr.coordinator.drop_eagle_group_ids == set()
+    first = request_api(impl, "a", range(13))
+    mgr.allocate_slots(first, 13)
+    second = request_api(impl, "b", range(13))
+    _, hit, _ = mgr.get_computed_blocks(second)
+    assert hit == 12  # vLLM: 3 blocks; with the EAGLE drop it would be 8
+
+
+@pytest.mark.parametrize("name", ["num_reprefillable_tokens", "drop_eagle_group_ids", "enable_partial_hash_hits"])
+def test_new_coordinator_attributes_are_read_only(impl, name):
+    mgr = manager_api(impl)
+    with pytest.raises(AttributeError):
+        setattr(mgr.coordinator, name, 5)
+
+
+def test_coordinator_get_num_blocks_to_allocate_by_keyword(impl):
+    """How scheduler.py's _request_remaining_blocks calls it."""
+    mgr = manager_api(impl)
+    req = request_api(impl, "a", range(10))
+    n = mgr.coordinator.get_num_blocks_to_allocate(
+        request_id=req.request_id, num_tokens=10, new_computed_blocks=mgr.empty_kv_cache_blocks.blocks,
+        num_encoder_tokens=0, total_computed_tokens=0, num_local_computed_tokens=0, num_tokens_main_model=10,
+        apply_admission_cap=True, prefill_end=10,
+    )
+    assert n == 3

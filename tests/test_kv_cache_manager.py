@@ -14,9 +14,12 @@ import re
 
 import pytest
 
+import inspect
+import logging
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from kvcy.request import Request, RequestStatus
+from kvcy.kv_cache_interface import MambaSpec
 
 BS = 4
 STALE = re.compile(r"stale prefix-cache hit for request 'c': block \d+ \(group \d+, position \d+\) no longer holds "
@@ -663,3 +666,677 @@ def test_kv_cache_blocks_take_a_list_of_groups(impl):
     assert blocks.new_empty().get_block_ids() == ([], [])
     with pytest.raises(TypeError, match="expected tuple"):
         kv.KVCacheBlocks({"a": [a]})
+
+
+def manager_small(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
+    """A manager over ``groups`` groups: full attention, then sliding windows."""
+    specs = [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")] + [
+        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+        for _ in range(groups - 1)
+    ]
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+# ------------------------------------------------- §3 take_events
+def test_take_events_annotates_and_warns_for_blockstored_subclasses(impl, caplog):
+    """vLLM tests events with isinstance: a BlockStored subclass is annotated, or warned about."""
+    import logging
+
+    from kvcy.kv_events import BlockStored
+
+    class MyStored(BlockStored):
+        pass
+
+    mgr = manager_small(impl, 2, enable_kv_cache_events=True)
+
+    def stored(group_idx):
+        return MyStored(block_hashes=[1], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=BS,
+                        lora_id=None, medium="GPU", lora_name=None, group_idx=group_idx)
+
+    known, unknown = stored(1), stored(5)
+    mgr.block_pool.kv_event_queue.extend([known, unknown])
+    with caplog.at_level(logging.WARNING, logger="kvcy"):
+        assert mgr.take_events() == [known, unknown]
+    assert (known.kv_cache_spec_kind, known.kv_cache_spec_sliding_window) == mgr.kv_cache_event_metadata[1]
+    assert known.kv_cache_spec_kind is not None
+    assert unknown.kv_cache_spec_kind is None
+    assert "Group index `5` not in KV cache metadata" in caplog.text
+
+
+def hasher_manager():
+    return get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
+
+
+def full_spec_manager():
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def manager_manager(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
+    """A manager over ``groups`` groups: full attention, then sliding windows."""
+    specs = [full_spec_manager()] + [
+        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+        for _ in range(groups - 1)
+    ]
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def free_ids(mgr):
+    return [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+# ------------------------------------------------- 2. allocate_slots past max_model_len
+def _at_end(impl, groups, computed, enable_caching=True):
+    """A 16-token request, max_model_len=16, ``computed`` of its tokens already held."""
+    mgr = manager_manager(impl, groups, num_blocks=32, max_model_len=16, enable_caching=enable_caching)
+    req = impl.kv_cache.Request("a", list(range(16)), block_hasher=hasher_manager())
+    if computed:
+        assert mgr.allocate_slots(req, computed) is not None
+        req.num_computed_tokens = computed
+    return mgr, req
+
+
+# ------------------------------------------------- 1. requests holding no blocks
+@pytest.mark.parametrize("groups", [1, 2])
+def test_free_and_get_blocks_of_a_request_holding_none(impl, groups):
+    """vLLM frees nothing for such a request and reports empty block tables."""
+    mgr = manager_manager(impl, groups)
+    req = impl.kv_cache.Request("a", list(range(8)), block_hasher=hasher_manager())
+    before = free_ids(mgr)
+    mgr.free(req)  # never allocated
+    assert free_ids(mgr) == before
+    empty = mgr.get_blocks("a")
+    assert type(empty) is impl.kv_cache.KVCacheBlocks
+    assert [list(g) for g in empty.blocks] == [[] for _ in range(groups)]
+    assert mgr.get_block_ids("a") == tuple([] for _ in range(groups))
+
+    held = mgr.allocate_slots(req, 8)
+    assert held is not None
+    assert type(mgr.get_block_ids("a")) is tuple and all(mgr.get_block_ids("a"))
+    mgr.free(req)
+    after_free = free_ids(mgr)
+    mgr.free(req)  # freed already: nothing happens
+    assert free_ids(mgr) == after_free
+    assert sorted(after_free) == sorted(before)
+    assert mgr.get_block_ids("a") == tuple([] for _ in range(groups))
+    assert mgr.get_blocks("nope").get_block_ids() == tuple([] for _ in range(groups))
+    assert not mgr.coordinator.holds("a")
+
+
+def test_free_and_get_blocks_still_refuse_what_is_not_a_request(impl):
+    mgr = manager_manager(impl)
+
+    class NoStrId:
+        request_id = 5
+
+    for call in (lambda: mgr.free(object()), lambda: mgr.free(NoStrId()),
+                 lambda: mgr.get_blocks(5), lambda: mgr.get_block_ids(None)):
+        with pytest.raises(TypeError):
+            call()
+    with pytest.raises(TypeError, match="request_id must be a str, got int"):
+        mgr.get_blocks(5)
+    with pytest.raises(TypeError, match="request_id must be a str, got int"):
+        mgr.free(NoStrId())
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_allocate_slots_clamps_new_tokens_to_max_model_len(impl, groups, enable_caching):
+    """vLLM clamps the slots needed to max_model_len; kvcy used to raise."""
+    mgr, req = _at_end(impl, groups, 12, enable_caching)
+    new = mgr.allocate_slots(req, 8, num_lookahead_tokens=3)  # 12 + 8 + 3 > 16
+    assert new is not None
+    assert [len(g) for g in new.get_block_ids()] == [1] * groups  # up to token 16, not 23
+    # never more than max_model_len's worth of slots, in any group
+    assert len(mgr.get_block_ids("a")[0]) == 16 // BS
+    if enable_caching:
+        assert len(mgr.block_pool.cached_block_hash_to_block) == groups * 16 // BS
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_allocate_slots_clamps_external_tokens_to_max_model_len(impl, groups):
+    mgr, req = _at_end(impl, groups, 0)
+    new = mgr.allocate_slots(req, 8, num_external_computed_tokens=12)  # 12 + 8 > 16
+    assert new is not None
+    assert len(mgr.get_block_ids("a")[0]) == 16 // BS
+    assert mgr.block_pool.get_num_free_blocks() == 31 - sum(
+        1 for g in mgr.get_block_ids("a") for b in g if b != 0)
+
+
+def test_allocate_slots_clamp_is_the_same_in_both_twins():
+    from kvcy import _fast
+
+    if "cython" not in _fast.available():
+        pytest.skip("compiled twins not built")
+    runs = {}
+    for name in ("cython", "python"):
+        impl = type("I", (), {"kv_cache": _fast.load(name)["kv_cache"]})
+        out = []
+        for groups in (1, 2):
+            mgr, req = _at_end(impl, groups, 12)
+            out.append(mgr.allocate_slots(req, 8, num_lookahead_tokens=3).get_block_ids())
+            out.append(mgr.get_block_ids("a"))
+            mgr, req = _at_end(impl, groups, 0)
+            out.append(mgr.allocate_slots(req, 8, num_external_computed_tokens=12).get_block_ids())
+            out.append((mgr.get_block_ids("a"), free_ids(mgr)))
+        runs[name] = out
+    assert runs["cython"] == runs["python"]
+
+
+@pytest.mark.parametrize("kwargs", [{"num_new_tokens": -1}, {"num_new_tokens": 4, "num_lookahead_tokens": -1},
+                                    {"num_new_tokens": 4, "num_external_computed_tokens": -4}])
+def test_allocate_slots_still_refuses_negative_counts(impl, kwargs):
+    mgr, req = _at_end(impl, 1, 12)
+    before = free_ids(mgr)
+    with pytest.raises(ValueError):
+        mgr.allocate_slots(req, **kwargs)
+    assert free_ids(mgr) == before
+
+
+# ------------------------------------------------- 3. external tokens already covered
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_external_computed_blocks_already_held_is_a_no_op(impl, enable_caching):
+    """A request holding more blocks than its external tokens need: vLLM allocates nothing;
+    kvcy refused it with ValueError("num_blocks must be non-negative, got -2")."""
+    mgr = manager_manager(impl, enable_caching=enable_caching)
+    req = impl.kv_cache.Request("r0", list(range(20)), block_hasher=hasher_manager())
+    assert mgr.allocate_slots(req, 20) is not None
+    stm = mgr.coordinator.single_type_managers[0]
+    held = mgr.get_block_ids("r0")
+    before = free_ids(mgr)
+    stm.allocate_external_computed_blocks("r0", 3, 7)  # 10 tokens: 3 blocks, 5 held
+    stm.allocate_external_computed_blocks("r0", 0, 20)  # exactly the 5 held
+    assert mgr.get_block_ids("r0") == held and free_ids(mgr) == before
+    stm.allocate_external_computed_blocks("r0", 20, 4)  # one block more: still allocated
+    assert len(mgr.get_block_ids("r0")[0]) == 6 and len(free_ids(mgr)) == len(before) - 1
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_allocate_slots_with_external_tokens_inside_held_blocks(impl, groups):
+    # (prefix caching on: with it off, vLLM's running request has no cached-block
+    # entry and trips an assertion here, as kvcy's Python twin does)
+    mgr = manager_manager(impl, groups, num_blocks=32)
+    req = impl.kv_cache.Request("r0", list(range(20)), block_hasher=hasher_manager())
+    assert mgr.allocate_slots(req, 20) is not None  # 5 blocks held, none computed yet
+    held = mgr.get_block_ids("r0")
+    before = free_ids(mgr)
+    new = mgr.allocate_slots(req, 4, num_external_computed_tokens=4)  # 8 tokens: 2 blocks
+    assert new is not None and new.get_block_ids() == tuple([] for _ in range(groups))
+    assert mgr.get_block_ids("r0") == held and free_ids(mgr) == before
+
+
+# ----------------------------- 9. pop_blocks_for_free and free leave the lists alone
+@pytest.mark.parametrize("groups", [1, 2])
+def test_free_leaves_the_request_block_lists_in_their_order(impl, groups):
+    """vLLM frees ``reversed(...)`` of the popped list; the list itself (which
+    ``get_blocks`` hands out) keeps its order. kvcy used to reverse it in place."""
+    mgr = manager_manager(impl, groups, num_blocks=32)
+    req = impl.kv_cache.Request("a", list(range(18)), block_hasher=hasher_manager())
+    assert mgr.allocate_slots(req, 18) is not None
+    held = mgr.get_blocks("a")
+    lists = [list_ for list_ in held.blocks]
+    ids = [[b.block_id for b in blocks] for blocks in lists]
+    assert all(len(i) == 5 for i in ids)
+    mgr.free(req)
+    assert [[b.block_id for b in blocks] for blocks in lists] == ids
+    assert held.get_block_ids() == tuple(ids)
+    if groups == 1:
+        # still freed tail first: the four cached blocks end the queue last-first,
+        # the unhashed fifth went to the front
+        assert free_ids(mgr)[-4:] == ids[0][3::-1]
+        assert free_ids(mgr)[0] == ids[0][4]
+
+
+def test_manager_checks_context_parallel_sizes_as_its_groups_do(impl):
+    """One check for dcp / pcp sizes, in the manager and each single-type manager: a
+    non-int is a TypeError (1.0 used to pass the manager's ``!= 1`` test)."""
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["a"], full_spec_manager())])
+    make = impl.kv_cache.KVCacheManager
+    with pytest.raises(TypeError, match="dcp_world_size must be an int, got float"):
+        make(cfg, 64, BS, BS, dcp_world_size=1.0)
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        make(cfg, 64, BS, BS, pcp_world_size=2)
+    assert make(cfg, 64, BS, BS, dcp_world_size=1, pcp_world_size=1) is not None
+
+
+SHA = get_hash_fn_by_name("sha256")
+
+
+def full_spec_api():
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def swa_spec():
+    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+
+
+def mamba_spec():
+    return MambaSpec(block_size=BS, shapes=((2,),), dtypes=("float32",))
+
+
+def config(specs, num_blocks=16):
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+
+
+def manager_api(impl, specs=None, num_blocks=16, **kw):
+    specs = [full_spec_api()] if specs is None else specs
+    return impl.kv_cache.KVCacheManager(config(specs, num_blocks), max_model_len=64, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def request_api(impl, rid, tokens, lookahead=0, **kw):
+    return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
+
+
+def cached_flags(mgr, rid, group=0):
+    return [b.block_hash is not None for b in mgr.get_blocks(rid).blocks[group]]
+
+
+# ----------------------------------------------------------------- 1. constructor
+# vLLM 0.33.0's KVCacheManager.__init__, in order.
+VLLM_INIT = [
+    "kv_cache_config", "max_model_len", "scheduler_block_size", "hash_block_size", "max_in_flight_tokens",
+    "enable_caching", "use_eagle", "num_hash_lookahead_tokens", "num_prefill_lookahead", "log_stats",
+    "enable_kv_cache_events", "dcp_world_size", "pcp_world_size", "metrics_collector", "watermark",
+    "enable_mamba_shared_prefix_checkpoint",
+]
+
+
+# ----------------------------------------------------------------- the method surface
+# Every KVCacheManager method vLLM 0.33.0's scheduler calls, with vLLM's parameters.
+VLLM_METHODS = {
+    "get_computed_blocks": ["request", "max_cache_hit_length"],
+    "get_computed_blocks_for_connector": ["request", "max_cache_hit_length"],
+    "allocate_slots": ["request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",
+                       "num_lookahead_tokens", "num_external_computed_tokens", "delay_cache_blocks",
+                       "num_encoder_tokens", "full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs",
+                       "skip_zeroing_group_ids"],
+    "free": ["request"],
+    "remove_skipped_blocks": ["request_id", "processed_computed_tokens", "num_prompt_tokens"],
+    "pop_blocks_for_free": ["request"],
+    "evict_blocks": ["block_ids"],
+    "reset_prefix_cache": [],
+    "get_num_common_prefix_blocks": ["running_request_id"],
+    "take_events": [],
+    "get_blocks": ["request_id"],
+    "get_block_ids": ["request_id"],
+    "get_block_ids_for_computed_tokens": ["request_id", "num_computed_tokens"],
+    "estimate_cached_tokens": ["request"],
+    "cache_blocks": ["request", "num_computed_tokens"],
+    "create_kv_cache_blocks": ["blocks"],
+    "truncate_computed_blocks": ["blocks", "num_computed_tokens"],
+    "take_new_block_ids": [],
+    "record_blocks_for_zeroing": ["request_id", "start_token"],
+    "take_kv_cache_block_copies": [],
+    "take_boundary_state_offloads": [],
+    "finalize_partial_tail_offloads": ["request"],
+    "new_step_starts": [],
+    "make_prefix_cache_stats": [],
+    "prefix_cache_lookup_enabled": ["request"],
+    "record_prefix_cache_stats": ["request", "num_hits"],
+}
+
+
+def test_constructor_parameters_are_vllms_in_vllms_order(impl):
+    cfg = config([full_spec_api()])
+    mgr = impl.kv_cache.KVCacheManager(cfg, 64, BS, BS, 32, True, True, 0, 3, True, False, 1, 1, None, 0.5, False)
+    assert (mgr.max_model_len, mgr.enable_caching, mgr.use_eagle, mgr.log_stats) == (64, True, True, True)
+    assert mgr.coordinator.num_reprefillable_tokens == 2
+    assert (mgr.enable_kv_cache_events, mgr.metrics_collector, mgr.watermark_blocks) == (False, None, 8)
+    assert mgr.mamba_shared_prefix_checkpoint is False
+    if impl.name == "python":  # (a compiled class's __init__ has no introspectable signature)
+        params = [p for p in inspect.signature(impl.kv_cache.KVCacheManager.__init__).parameters if p != "self"]
+        assert params[: len(VLLM_INIT)] == VLLM_INIT
+
+
+def test_constructor_as_vllms_scheduler_calls_it(impl):
+    """The keywords of scheduler.py's KVCacheManager(...) call, and what it reads back."""
+    mgr = impl.kv_cache.KVCacheManager(
+        kv_cache_config=config([full_spec_api(), swa_spec()]),
+        max_model_len=64,
+        max_in_flight_tokens=32,
+        enable_caching=True,
+        use_eagle=False,
+        num_hash_lookahead_tokens=0,
+        num_prefill_lookahead=0,
+        log_stats=True,
+        enable_kv_cache_events=False,
+        dcp_world_size=1,
+        pcp_world_size=1,
+        scheduler_block_size=BS,
+        hash_block_size=BS,
+        metrics_collector=None,
+        watermark=0.0,
+        enable_mamba_shared_prefix_checkpoint=True,
+    )
+    assert mgr.mamba_shared_prefix_checkpoint is False  # needs fine-grained partial hits
+    assert mgr.retained_hit_group_ids == ()
+    assert mgr.coordinator.enable_partial_hash_hits is False
+    assert mgr.coordinator.num_reprefillable_tokens == 0
+    assert mgr.coordinator.drop_eagle_group_ids == set()
+
+
+@pytest.mark.parametrize("name", ["mamba_shared_prefix_checkpoint", "retained_hit_group_ids"])
+def test_new_manager_attributes_are_read_only(impl, name):
+    mgr = manager_api(impl)
+    with pytest.raises(AttributeError):
+        setattr(mgr, name, True)
+
+
+@pytest.mark.parametrize("kw", [{"dcp_world_size": 2}, {"pcp_world_size": 2}])
+def test_context_parallelism_is_not_implemented(impl, kw):
+    with pytest.raises(NotImplementedError, match="context parallel"):
+        manager_api(impl, **kw)
+
+
+def test_watermark_is_only_asserted_non_negative(impl):
+    with pytest.raises(AssertionError, match="watermark must be non-negative"):
+        manager_api(impl, watermark=-0.1)
+    assert manager_api(impl, watermark=1.5).watermark_blocks == 24  # int(1.5 * 16), as in vLLM
+    assert manager_api(impl, watermark=0.5).watermark_blocks == 8
+
+
+@pytest.mark.parametrize("kw", [{"num_hash_lookahead_tokens": -1}, {"num_prefill_lookahead": -2},
+                                {"num_hash_lookahead_tokens": 1.5}, {"num_prefill_lookahead": "2"}])
+def test_lookahead_counts_are_checked(impl, kw):
+    with pytest.raises(ValueError, match="must be a non-negative int"):
+        manager_api(impl, **kw)
+
+
+def test_multi_module_mtp_needs_a_scheduler_block_as_long_as_its_lookahead(impl):
+    with pytest.raises(ValueError, match="Multi-module MTP"):
+        manager_api(impl, use_eagle=True, num_prefill_lookahead=5)
+    manager_api(impl, use_eagle=True, num_prefill_lookahead=5, enable_caching=False)  # no caching: fine
+    manager_api(impl, use_eagle=False, num_prefill_lookahead=5)  # no EAGLE group: fine
+
+
+def test_no_lookahead_no_lookahead_token_ids(impl):
+    mgr = manager_api(impl, enable_kv_cache_events=True)
+    mgr.allocate_slots(request_api(impl, "a", range(9)), 9)
+    (event,) = mgr.take_events()
+    assert event.lookahead_token_ids is None
+
+
+# ----------------------------------------------------------------- 2. stats
+def test_get_computed_blocks_no_longer_records_stats(impl):
+    """vLLM 0.33.0's scheduler records them, at admission, with record_prefix_cache_stats."""
+    mgr = manager_api(impl, log_stats=True)
+    mgr.allocate_slots(request_api(impl, "a", range(10)), 10)
+    req = request_api(impl, "b", range(10))
+    _, hit, _ = mgr.get_computed_blocks(req)
+    assert hit == 8
+    assert mgr.prefix_cache_stats.requests == 0
+    mgr.record_prefix_cache_stats(req, hit)
+    stats = mgr.make_prefix_cache_stats()
+    assert (stats.requests, stats.queries, stats.hits) == (1, 10, 8)
+    req.num_preemptions = 1
+    mgr.record_prefix_cache_stats(req, 4)
+    stats = mgr.make_prefix_cache_stats()
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 10, 4)
+    assert (stats.requests, stats.queries, stats.hits) == (0, 0, 0)
+
+
+def test_record_prefix_cache_stats_skips_what_did_not_look_up(impl):
+    mgr = manager_api(impl, log_stats=True)
+    mgr.record_prefix_cache_stats(request_api(impl, "a", range(10), skip_reading_prefix_cache=True), 0)
+    assert mgr.make_prefix_cache_stats().requests == 0
+    off = manager_api(impl, log_stats=True, enable_caching=False)
+    off.record_prefix_cache_stats(request_api(impl, "a", range(10)), 0)
+    assert off.make_prefix_cache_stats().requests == 0
+    quiet = manager_api(impl)
+    quiet.record_prefix_cache_stats(request_api(impl, "a", range(10)), 0)  # no stats kept: nothing happens
+    assert quiet.make_prefix_cache_stats() is None
+
+
+def test_prefix_cache_lookup_enabled(impl):
+    assert manager_api(impl).prefix_cache_lookup_enabled(request_api(impl, "a", range(4))) is True
+    skip = request_api(impl, "a", range(4), skip_reading_prefix_cache=True)
+    assert manager_api(impl).prefix_cache_lookup_enabled(skip) is False
+    assert manager_api(impl, enable_caching=False).prefix_cache_lookup_enabled(request_api(impl, "a", range(4))) is False
+
+
+# ----------------------------------------------------------------- lookups
+@pytest.mark.parametrize("specs", [[full_spec_api()], [full_spec_api(), swa_spec()]])
+def test_get_computed_blocks_max_cache_hit_length(impl, specs):
+    mgr = manager_api(impl, specs)
+    mgr.allocate_slots(request_api(impl, "a", range(13)), 13)
+    req = request_api(impl, "b", range(13))
+    assert mgr.get_computed_blocks(req)[1] == 12
+    blocks, hit, boundary = mgr.get_computed_blocks(req, max_cache_hit_length=6)
+    assert (hit, boundary) == (4, 0)
+    assert [len(g) for g in blocks.blocks][0] == 1
+    assert mgr.get_computed_blocks(req, 0)[1] == 0
+    assert mgr.get_computed_blocks(req, max_cache_hit_length=None)[1] == 12
+
+
+def test_get_computed_blocks_for_connector_without_a_hybrid_mamba(impl):
+    mgr = manager_api(impl)
+    mgr.allocate_slots(request_api(impl, "a", range(10)), 10)
+    blocks, hit, boundary, diverged = mgr.get_computed_blocks_for_connector(request_api(impl, "b", range(10)))
+    assert (hit, boundary, diverged) == (8, 0, False)
+    assert blocks.get_block_ids() == ([1, 2],)
+
+
+def test_get_block_ids_for_computed_tokens(impl):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    mgr.allocate_slots(request_api(impl, "c", range(10)), 10)
+    full, swa = mgr.get_block_ids("c")
+    assert mgr.get_block_ids_for_computed_tokens("c", 5) == (full[:2], swa[:2])
+    assert mgr.get_block_ids_for_computed_tokens("c", 0) == ([], [])
+    assert mgr.get_block_ids_for_computed_tokens("c", 100) == (full, swa)
+    assert mgr.get_block_ids_for_computed_tokens("nobody", 8) == ([], [])
+
+
+def test_get_block_ids_for_computed_tokens_leaves_mamba_whole(impl):
+    mgr = manager_api(impl, [full_spec_api(), mamba_spec()], enable_caching=False)
+    mgr.allocate_slots(request_api(impl, "c", range(10)), 10)
+    full, mamba = mgr.get_block_ids("c")
+    assert mgr.get_block_ids_for_computed_tokens("c", 4) == (full[:1], mamba)
+
+
+def test_estimate_cached_tokens(impl):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    req = request_api(impl, "c", range(10))
+    assert mgr.estimate_cached_tokens(req) == 0
+    mgr.allocate_slots(req, 10)
+    assert mgr.estimate_cached_tokens(req) == 8
+    req2 = request_api(impl, "d", range(10))
+    mgr.allocate_slots(req2, 10, delay_cache_blocks=True)
+    assert mgr.estimate_cached_tokens(req2) == 0
+    off = manager_api(impl, enable_caching=False)
+    off.allocate_slots(req, 10)
+    assert off.estimate_cached_tokens(req) == 0
+
+
+def test_cache_blocks_on_the_manager(impl):
+    mgr = manager_api(impl)
+    req = request_api(impl, "a", range(10))
+    mgr.allocate_slots(req, 10, delay_cache_blocks=True)
+    assert cached_flags(mgr, "a") == [False, False, False]
+    mgr.cache_blocks(req, 4)
+    assert cached_flags(mgr, "a") == [True, False, False]
+    mgr.cache_blocks(req, 10)
+    assert cached_flags(mgr, "a") == [True, True, False]
+    off = manager_api(impl, enable_caching=False)
+    off.allocate_slots(req, 10)
+    off.cache_blocks(req, 10)  # caching off: nothing
+    assert cached_flags(off, "a") == [False, False, False]
+
+
+def test_truncate_computed_blocks(impl):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    mgr.allocate_slots(request_api(impl, "a", range(10)), 10)
+    blocks, hit, _ = mgr.get_computed_blocks(request_api(impl, "b", range(10)))
+    assert hit == 8
+    ids = blocks.get_block_ids()
+    cut = mgr.truncate_computed_blocks(blocks, 4)
+    assert cut.get_block_ids() == (ids[0][:1], ids[1][:1])
+    assert blocks.get_block_ids() == ids  # a view: the argument is not changed
+    assert mgr.truncate_computed_blocks(blocks, 0) is mgr.empty_kv_cache_blocks
+    with pytest.raises(AssertionError):
+        mgr.truncate_computed_blocks(blocks, 6)  # not block-aligned
+    with pytest.raises(AssertionError):
+        mgr.truncate_computed_blocks(blocks, 12)  # more than the hit
+
+
+# ----------------------------------------------------------------- KV-cache zeroing
+def test_new_block_ids_are_recorded_for_zeroing(impl):
+    """A cache with Mamba layers is zeroed (KVCacheConfig.needs_kv_cache_zeroing): the
+    attention group's new blocks are reported; Mamba's are not."""
+    mgr = manager_api(impl, [full_spec_api(), mamba_spec()], num_blocks=32, enable_caching=False)
+    assert mgr.kv_cache_config.needs_kv_cache_zeroing
+    req = request_api(impl, "a", range(10))
+    mgr.allocate_slots(req, 10)
+    full = mgr.get_block_ids("a")[0]
+    assert mgr.take_new_block_ids() == full
+    assert mgr.take_new_block_ids() == []
+    mgr.record_blocks_for_zeroing("a", 4)
+    assert mgr.take_new_block_ids() == full[1:]
+    with pytest.raises(AssertionError):
+        mgr.record_blocks_for_zeroing("a", 3)
+    # External tokens' blocks too, unless their group is skipped.
+    ext = request_api(impl, "b", range(50, 60))
+    new = mgr.allocate_slots(ext, 2, num_external_computed_tokens=8)
+    assert mgr.take_new_block_ids() == mgr.get_block_ids("b")[0]
+    skipped = request_api(impl, "c", range(70, 80))
+    new = mgr.allocate_slots(skipped, 2, num_external_computed_tokens=8, skip_zeroing_group_ids=(0,))
+    assert mgr.take_new_block_ids() == new.get_block_ids()[0]
+    assert len(mgr.get_block_ids("c")[0]) == 3
+
+
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_nothing_recorded_when_nothing_is_zeroed(impl, enable_caching):
+    mgr = manager_api(impl, enable_caching=enable_caching)
+    assert not mgr.kv_cache_config.needs_kv_cache_zeroing
+    mgr.allocate_slots(request_api(impl, "a", range(10)), 10)
+    assert mgr.take_new_block_ids() == []
+    mgr.record_blocks_for_zeroing("a", 0)
+    assert mgr.take_new_block_ids() == []
+
+
+def test_no_copies_or_boundary_states_without_partial_hits(impl):
+    mgr = manager_api(impl)
+    req = request_api(impl, "a", range(10))
+    mgr.allocate_slots(req, 10)
+    assert mgr.take_kv_cache_block_copies() == ([], [])
+    assert mgr.take_boundary_state_offloads() == {}
+    assert mgr.finalize_partial_tail_offloads(req) == []
+
+
+# ----------------------------------------------------------------- 3. changed signatures
+def test_get_num_common_prefix_blocks_is_always_zero(impl):
+    """Deprecated in vLLM 0.33.0 (cascade attention is gone): zero per group."""
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    for rid in ("a", "b"):
+        req = request_api(impl, rid, range(13))
+        blocks, hit, _ = mgr.get_computed_blocks(req)
+        mgr.allocate_slots(req, 13 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+    assert mgr.get_num_common_prefix_blocks("a") == [0, 0]
+    assert manager_api(impl).get_num_common_prefix_blocks("nobody") == [0]
+
+
+def test_remove_skipped_blocks_takes_num_prompt_tokens(impl):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    req = request_api(impl, "a", range(20))
+    mgr.allocate_slots(req, 20)
+    mgr.remove_skipped_blocks("a", 20, 20)
+    mgr.coordinator.remove_skipped_blocks("a", 20, num_prompt_tokens=20)
+    assert mgr.get_block_ids("a")[1][:3] == [0, 0, 0]
+    mgr.remove_skipped_blocks("a", 20, num_prompt_tokens=None)
+
+
+def test_allocate_slots_takes_skip_zeroing_group_ids(impl):
+    params = inspect.signature(impl.kv_cache.KVCacheManager.allocate_slots).parameters
+    assert list(params)[-1] == "skip_zeroing_group_ids"
+    mgr = manager_api(impl)
+    assert mgr.allocate_slots(request_api(impl, "a", range(10)), 10, skip_zeroing_group_ids=(0,)) is not None
+
+
+def test_kv_cache_blocks_group_ids(impl):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    blocks = mgr.allocate_slots(request_api(impl, "a", range(10)), 10)
+    full, swa = blocks.get_block_ids()
+    assert blocks.get_block_ids(group_ids=[1]) == (swa,)
+    assert blocks.get_block_ids(group_ids=(1, 0)) == (swa, full)
+    assert blocks.get_block_ids(True, group_ids=[0]) == (full,)
+    assert mgr.empty_kv_cache_blocks.get_block_ids(allow_none=True, group_ids=[1]) is None
+    assert mgr.empty_kv_cache_blocks.get_block_ids(group_ids=[]) == ()
+    with pytest.raises(TypeError):
+        blocks.get_block_ids(False, [0])  # keyword only, as in vLLM
+
+
+def test_kv_cache_blocks_unhashed_ids(impl):
+    mgr = manager_api(impl, [full_spec_api(), swa_spec()])
+    mgr.allocate_slots(request_api(impl, "a", range(10)), 10)
+    blocks = mgr.get_blocks("a")
+
+    def unhashed(group):
+        return [b.block_id for b in group if b.block_hash is None and not b.is_null]
+
+    full = blocks.get_block_ids()[0]
+    assert unhashed(blocks.blocks[0]) == [full[2]]
+    assert blocks.get_unhashed_block_ids_all_groups() == [unhashed(g) for g in blocks.blocks]
+    with pytest.raises(AssertionError, match="Only one group is supported"):
+        blocks.get_unhashed_block_ids()
+    # Leading null blocks (a sliding window's skipped prefix) are left out.
+    mgr.remove_skipped_blocks("a", 12)
+    after = mgr.get_blocks("a")
+    assert after.get_block_ids()[1][0] == 0
+    assert after.get_unhashed_block_ids_all_groups() == [unhashed(g) for g in after.blocks]
+    assert after.get_unhashed_block_ids_all_groups()[0] == [full[2]]
+
+
+def test_take_events_warns_about_an_unknown_group(impl, caplog):
+    mgr = manager_api(impl, enable_kv_cache_events=True)
+    req = request_api(impl, "a", range(8))
+    blocks = mgr.block_pool.get_new_blocks(2)
+    mgr.block_pool.cache_full_blocks(req, blocks, 0, 2, BS, 3)
+    with caplog.at_level(logging.WARNING, logger="kvcy"):
+        (event,) = mgr.take_events()
+    assert event.group_idx == 3 and event.kv_cache_spec_kind is None
+    assert "Group index `3` not in KV cache metadata" in caplog.text
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_METHODS))
+def test_manager_methods_have_vllms_parameters(impl, name):
+    method = getattr(impl.kv_cache.KVCacheManager, name)
+    params = [p for p in inspect.signature(method).parameters if p != "self"]
+    assert params == VLLM_METHODS[name]
+
+
+def test_cache_blocks_of_a_request_holding_none_does_nothing(impl):
+    mgr = manager_api(impl)
+    mgr.cache_blocks(request_api(impl, "a", range(8)), 8)
+    assert mgr.get_block_ids("a") == ([],)
+    with pytest.raises(ValueError):
+        mgr.cache_blocks(request_api(impl, "a", range(8)), -1)
+
+
+def test_block_stored_carries_the_request_session(impl):
+    """vLLM's pool fills BlockStored.session_id from the request (kvcy's Request takes one, None
+    by default, as vLLM's)."""
+    mgr = manager_api(impl, enable_kv_cache_events=True)
+    mgr.allocate_slots(request_api(impl, "a", range(8), session_id="chat-7"), 8)
+    mgr.allocate_slots(request_api(impl, "b", range(100, 108)), 8)
+    assert [e.session_id for e in mgr.take_events()] == ["chat-7", None]
+
+
+def test_stats_object_set_to_none_is_asserted_as_in_vllm(impl):
+    """vLLM 0.33.0 asserts ``prefix_cache_stats is not None`` (a public attribute)
+    before recording or flagging a reset; the reset changes nothing first here."""
+    mgr = manager_api(impl, log_stats=True)
+    req = request_api(impl, "a", range(10))
+    mgr.allocate_slots(req, 10)
+    mgr.free(req)
+    mgr.prefix_cache_stats = None
+    with pytest.raises(AssertionError):
+        mgr.record_prefix_cache_stats(req, 4)
+    with pytest.raises(AssertionError):
+        mgr.reset_prefix_cache()
+    assert mgr.get_computed_blocks(request_api(impl, "b", range(10)))[1] == 8  # the cache was not reset

@@ -158,3 +158,68 @@ def test_block_repr_as_vllm(impl):
     assert repr(cached) == ("KVCacheBlock(block_id=7, ref_cnt=0, _block_hash=b'abcd\\x00\\x00\\x00\\x01', "
                             "_block_hash_num_tokens=4, prev_free_block=None, next_free_block=None)")
     assert queue.num_free_blocks == 3
+
+
+# ------------------------------------------------- §7 NONE_HASH seed for vLLM's own functions
+def test_none_hash_seed_is_random_for_vllms_own_xxhash_functions(monkeypatch):
+    """vLLM randomises the seed of its own xxhash and xxhash_cbor (by identity): so does kvcy.
+
+    A stand-in for ``vllm.utils.hashing`` (vLLM itself takes seconds to import);
+    test_none_hash_seed_with_vllm checks the real module where it is installed.
+    """
+    import sys
+    import types
+
+    from kvcy import hashing
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+
+    def xxhash(obj):  # another function object than kvcy's
+        return hashing.xxhash(obj)
+
+    def xxhash_cbor(obj):
+        return hashing.xxhash_cbor(obj)
+
+    def sha256(obj):
+        return hashing.sha256(obj)
+
+    fake = types.ModuleType("vllm.utils.hashing")
+    fake.xxhash, fake.xxhash_cbor, fake.sha256 = xxhash, xxhash_cbor, sha256
+    for fn in (xxhash, xxhash_cbor, sha256):
+        assert hashing.resolve_none_hash_seed(fn) == "vllm-none-hash"  # vLLM not loaded: unknown functions
+    monkeypatch.setitem(sys.modules, "vllm.utils.hashing", fake)
+    for fn in (xxhash, xxhash_cbor):
+        a, b = hashing.resolve_none_hash_seed(fn), hashing.resolve_none_hash_seed(fn)
+        assert a != b and len(a) == 64
+    assert hashing.resolve_none_hash_seed(sha256) == "vllm-none-hash"
+    assert hashing.resolve_none_hash_seed(lambda obj: b"x") == "vllm-none-hash"
+    hashing.init_none_hash(xxhash)
+    seed = hashing.get_none_hash_seed()
+    assert seed != "vllm-none-hash" and hashing.NONE_HASH == xxhash(seed)
+    # kvcy's extra non-collision-resistant functions keep their random seed.
+    for name in ("xxhash", "xxhash_cbor", "xxh3_raw", "builtin", "sha256_cbor_64bit"):
+        fn = hashing.get_hash_fn_by_name(name)
+        assert hashing.resolve_none_hash_seed(fn) != hashing.resolve_none_hash_seed(fn)
+    monkeypatch.setenv("PYTHONHASHSEED", "9")
+    assert hashing.resolve_none_hash_seed(xxhash) == "9"
+    hashing.init_none_hash(hashing.sha256)
+
+
+def test_none_hash_seed_with_vllm(monkeypatch):
+    """The real vLLM 0.33.0 functions, where vLLM is installed."""
+    vllm_hashing = pytest.importorskip("vllm.utils.hashing")
+    from kvcy import hashing
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    for fn in (vllm_hashing.xxhash, vllm_hashing.xxhash_cbor):
+        assert hashing.resolve_none_hash_seed(fn) != hashing.resolve_none_hash_seed(fn)
+    for fn in (vllm_hashing.sha256, vllm_hashing.sha256_cbor):
+        assert hashing.resolve_none_hash_seed(fn) == "vllm-none-hash"
+
+
+def test_kv_cache_block_is_null_keyword(impl):
+    kv = impl.kv_cache
+    assert kv.KVCacheBlock(3, is_null=True).is_null is True
+    assert kv.KVCacheBlock(3).is_null is False
+    with pytest.raises(TypeError, match="is_null must be a bool"):
+        kv.KVCacheBlock(3, is_null=1)

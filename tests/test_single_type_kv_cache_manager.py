@@ -182,3 +182,76 @@ def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
         assert (length, [b.block_id for b in got[0]]) == expected
         with pytest.raises(NotImplementedError, match="context parallelism"):
             cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)
+
+
+def hasher_manager():
+    return get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
+
+
+def full_spec_manager():
+    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def manager_manager(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
+    """A manager over ``groups`` groups: full attention, then sliding windows."""
+    specs = [full_spec_manager()] + [
+        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+        for _ in range(groups - 1)
+    ]
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def test_pop_blocks_for_free_leaves_out_leading_null_blocks(impl):
+    """A sliding window's skipped prefix is null blocks at the head of its table;
+    vLLM's pop_blocks_for_free returns the blocks without them (trim_null_head)."""
+    mgr = manager_manager(impl, groups=2, num_blocks=32)
+    req = impl.kv_cache.Request("a", list(range(24)), block_hasher=hasher_manager())
+    assert mgr.allocate_slots(req, 24) is not None
+    req.num_computed_tokens = 24
+    mgr.remove_skipped_blocks("a", 24)
+    full, window = mgr.coordinator.get_blocks("a")
+    null = mgr.block_pool.null_block
+    # window 8, 24 tokens computed: 24 - 8 + 1 = 17 tokens skipped, so 4 blocks of 4 are null
+    assert [b is null for b in window] == [True] * 4 + [False] * 2
+    expected = [b.block_id for b in full] + [b.block_id for b in window[4:]]
+    popped = mgr.pop_blocks_for_free(req)
+    assert [b.block_id for b in popped] == expected
+    assert not any(b is null for b in popped)
+    assert not mgr.coordinator.holds("a")
+    # the caller frees them, last first, as vLLM's scheduler does
+    mgr.block_pool.free_blocks(reversed(popped))
+    assert mgr.block_pool.get_num_free_blocks() == 31
+
+
+# -------------------------- names and parameters as vLLM 0.33.0 spells them
+def test_single_type_manager_takes_vllms_positional_order(impl):
+    """vLLM: (spec, pool, enable_caching, group id, scheduler block size,
+    dcp_world_size=1, pcp_world_size=1, needs_kv_cache_zeroing=False,
+    max_admission_blocks_per_request=None)."""
+    kv = impl.kv_cache
+    pool = kv.BlockPool(16, True, BS)
+    mgr = kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, 1, 1, True, 3)
+    assert mgr._max_admission_blocks_per_request == 3
+    mgr.allocate_new_blocks("a", 8, 8)
+    assert sorted(mgr.take_new_block_ids()) == sorted(b.block_id for b in mgr.req_to_blocks["a"])
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, 2)
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, pcp_world_size=2)
+    with pytest.raises(TypeError, match="dcp_world_size must be an int"):
+        kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, dcp_world_size=1.0)
+
+
+def test_register_all_kvcache_specs():
+    import kvcy.single_type_kv_cache_manager as st
+    from kvcy.kv_cache_interface import KVCacheSpecRegistry, SinkFullAttentionSpec
+
+    st.register_all_kvcache_specs(None)
+    st.register_all_kvcache_specs()  # again: nothing changes
+    sink = SinkFullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sink_len=BS)
+    assert KVCacheSpecRegistry.get_manager_class(sink) is st.SinkFullAttentionManager
+    assert KVCacheSpecRegistry.get_manager_class(full_spec_manager()) is st.FullAttentionManager
+    assert "register_all_kvcache_specs" in st.__all__
