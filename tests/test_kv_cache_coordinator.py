@@ -11,6 +11,7 @@ import pytest
 from kvcy.hashing import get_hash_fn_by_name, init_none_hash
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from kvcy.hashing import get_request_block_hasher
+from _vllm_live import live
 
 
 BS = 4
@@ -352,3 +353,86 @@ def test_coordinator_get_num_blocks_to_allocate_by_keyword(impl):
         apply_admission_cap=True, prefill_end=10,
     )
     assert n == 3
+
+
+# ------------------------------------------------------------------ Mamba modes
+def _mamba_outcome(make):
+    try:
+        make()
+    except Exception as exc:  # (the type and message are what is compared)
+        return type(exc).__name__, str(exc)
+    return "built", ""
+
+
+def _coordinator_cases(kvcy_side: bool):
+    """(name, specs, manager keywords, probe) for the construction and lookup checks vLLM
+    0.33.0 makes with ``assert``; ``specs`` are kvcy's or vLLM's, by ``kvcy_side``."""
+    if kvcy_side:
+        from kvcy import kv_cache_interface as v
+
+        dtype = "float16"
+    else:
+        import torch
+        from vllm.v1 import kv_cache_interface as v
+
+        dtype = torch.float16
+    full = v.FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=dtype)
+    chunked = v.ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=dtype,
+                                          attention_chunk_size=64)
+    base = dict(max_model_len=256, scheduler_block_size=16, hash_block_size=16, enable_caching=True)
+    lookup = lambda m: m.coordinator.find_longest_cache_hit([], 64)  # noqa: E731
+    return v, [
+        ("eagle+chunked local", [chunked], {**base, "use_eagle": True}, lookup),
+        ("eagle+chunked local, no caching", [chunked], {**base, "use_eagle": True, "enable_caching": False}, None),
+        ("eagle+full+chunked local", [full, chunked], {**base, "use_eagle": True}, lookup),
+        ("one group, hash block 8", [full], {**base, "hash_block_size": 8, "scheduler_block_size": 16}, None),
+        ("scheduler block 24", [full, chunked], {**base, "scheduler_block_size": 24, "hash_block_size": 8}, None),
+    ]
+
+
+def _coordinator_outcomes(kvcy_side: bool, make_manager):
+    v, cases = _coordinator_cases(kvcy_side)
+    out = {}
+    for name, specs, kw, probe in cases:
+        cfg = v.KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+                              kv_cache_groups=[v.KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+        built = []
+        outcome = _mamba_outcome(lambda: built.append(make_manager(cfg, kw)))
+        if outcome == ("built", "") and probe is not None:
+            outcome = _mamba_outcome(lambda: probe(built[0]))
+        out[name] = outcome
+    return out
+
+
+# vLLM 0.33.0's outcomes (types; its asserts' messages where it has one), recorded by
+# test_live_vllm_coordinator_asserts below.
+COORDINATOR_ASSERTS = {
+    "eagle+chunked local": ("AssertionError", "Hybrid KV cache is not supported for eagle + chunked local attention."),
+    "eagle+chunked local, no caching": ("built", ""),
+    "eagle+full+chunked local": ("AssertionError",
+                                 "Hybrid KV cache is not supported for eagle + chunked local attention."),
+    "one group, hash block 8": ("AssertionError", "UnitaryKVCacheCoordinator assumes hash_block_size == block_size"),
+    "scheduler block 24": ("AssertionError", ""),
+}
+
+
+def _same_outcome(got, expected):
+    # kvcy's messages may say more than vLLM's (the values): vLLM's message must begin them
+    return got[0] == expected[0] and got[1].startswith(expected[1])
+
+
+def test_coordinator_asserts_as_vllm(impl):
+    """EAGLE with a chunked-local group builds (vLLM asserts at the lookup, not before);
+    the unitary coordinator's and the block-size checks are vLLM's AssertionErrors."""
+    got = _coordinator_outcomes(True, lambda cfg, kw: impl.kv_cache.KVCacheManager(cfg, **kw))
+    bad = {k: (got[k], e) for k, e in COORDINATOR_ASSERTS.items() if not _same_outcome(got[k], e)}
+    assert bad == {}
+
+
+@live
+def test_live_vllm_coordinator_asserts(monkeypatch):
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+
+    live = _coordinator_outcomes(False, lambda cfg, kw: VllmManager(cfg, **kw))
+    assert live == COORDINATOR_ASSERTS

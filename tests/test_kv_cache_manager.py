@@ -20,6 +20,7 @@ from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_non
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from kvcy.request import Request, RequestStatus
 from kvcy.kv_cache_interface import MambaSpec
+from kvcy import hashing
 
 BS = 4
 STALE = re.compile(r"stale prefix-cache hit for request 'c': block \d+ \(group \d+, position \d+\) no longer holds "
@@ -1340,3 +1341,25 @@ def test_stats_object_set_to_none_is_asserted_as_in_vllm(impl):
     with pytest.raises(AssertionError):
         mgr.reset_prefix_cache()
     assert mgr.get_computed_blocks(request_api(impl, "b", range(10)))[1] == 8  # the cache was not reset
+
+
+def test_manager_events_default_to_int_hashes(impl, monkeypatch):
+    """vLLM reads VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES as on when it is unset."""
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    hashing.init_none_hash(hashing.sha256)
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+    cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    for env, want_int in ((None, True), ("0", False), ("1", True)):
+        if env is None:
+            monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
+        else:
+            monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", env)
+        mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=4, hash_block_size=4,
+                                           enable_kv_cache_events=True)
+        req = impl.kv_cache.Request("r", list(range(8)),
+                                    block_hasher=hashing.get_request_block_hasher(4, hashing.sha256))
+        mgr.allocate_slots(req, 8)
+        (ev,) = mgr.take_events()
+        want = [int.from_bytes(h, "big") & (2**64 - 1) for h in req.block_hashes] if want_int else req.block_hashes
+        assert ev.block_hashes == want
