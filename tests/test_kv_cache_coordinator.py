@@ -12,6 +12,7 @@ from kvcy.hashing import get_hash_fn_by_name, init_none_hash
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from kvcy.hashing import get_request_block_hasher
 from _vllm_live import live
+from kvcy.kv_events import AllBlocksCleared
 
 
 BS = 4
@@ -436,3 +437,44 @@ def test_live_vllm_coordinator_asserts(monkeypatch):
 
     live = _coordinator_outcomes(False, lambda cfg, kw: VllmManager(cfg, **kw))
     assert live == COORDINATOR_ASSERTS
+
+
+ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def _manager(impl, specs, retention=None, *, sbs=4, hbs=4, caching=True, events=False, num_blocks=32):
+    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)],
+                        prefix_cache_retention_interval=retention)
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=sbs, hash_block_size=hbs,
+                                        enable_caching=caching, enable_kv_cache_events=events,
+                                        max_in_flight_tokens=64, use_int_block_hashes=False)
+
+
+def _full(bs=4):
+    return FullAttentionSpec(block_size=bs, **ATTN)
+
+
+def _swa(bs=4, window=6, extra=0):
+    return SlidingWindowSpec(block_size=bs, sliding_window=window, extra_retained_tokens=extra, **ATTN)
+
+
+# ------------------------------------------------------------------ reset through the coordinator
+def test_reset_prefix_cache_through_the_coordinator(impl):
+    kv = impl.kv_cache
+    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+
+    sha = get_hash_fn_by_name("sha256")
+    init_none_hash(sha)
+    # vLLM 0.33.0, no groups (caching off, events on): reset -> True, take_events() -> [].
+    empty = _manager(impl, [], caching=False, events=True)
+    assert empty.reset_prefix_cache() is True and empty.take_events() == []
+    mgr = _manager(impl, [_full(), _swa()], events=True)
+    req = kv.Request("r", list(range(16)), block_hasher=get_request_block_hasher(4, sha))
+    mgr.allocate_slots(req, 16)
+    assert mgr.coordinator.reset_prefix_cache() is False and mgr.reset_prefix_cache() is False
+    mgr.free(req)
+    mgr.take_events()
+    assert mgr.coordinator.reset_prefix_cache() is True
+    assert [type(e) for e in mgr.take_events()] == [AllBlocksCleared]
+    assert all(b.block_hash is None for b in mgr.block_pool.blocks)
