@@ -7,7 +7,7 @@ Both twins.  What is expected comes from vLLM 0.33.0's ``v1/core/block_pool.py``
   speculative block's relocation, and copy-on-write of a partial hit in a
   running request); ``unpin_blocks`` and ``KVCacheBlock(pool=...)`` serve
   HiSparse only: those two raise ``NotImplementedError`` naming the feature
-  (``cache_partial_block``: tests/test_dropin_partial.py).
+  (``cache_partial_block``: tests/test_partial_prefix_cache_primitives.py).
 * ``KVCacheMetricsCollector`` is called by the pool on allocation
   (``on_block_allocated``), on a touch (``on_block_accessed``), before a block
   is reused with caching on and in ``evict_blocks`` (``on_block_evicted``) and
@@ -474,7 +474,7 @@ def test_partial_entries_are_a_read_only_view(impl):
         view[1] = {b"abcdefgh"}
     with pytest.raises(AttributeError):
         pool.cached_block_hashes_by_block = {}
-    # an extra key lands in the view as a frozenset (the sequence is test_dropin_partial's story)
+    # an extra key lands in the view as a frozenset (the sequence is test_partial_prefix_cache_primitives.py's story)
     from types import SimpleNamespace
 
     pool = kv.BlockPool(6, True, 4)

@@ -1,5 +1,5 @@
-"""vLLM 0.33.0 drop-in, specs and configs (issue 14): the fields, defaults and errors
-vLLM's ``kv_cache_interface`` has."""
+"""Specs and configs: the fields, defaults and errors vLLM 0.33.0's ``kv_cache_interface`` has,
+with torch dtypes (the rest of the module's tests: tests/test_kv_cache_interface.py)."""
 
 from __future__ import annotations
 
