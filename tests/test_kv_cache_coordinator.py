@@ -478,3 +478,118 @@ def test_reset_prefix_cache_through_the_coordinator(impl):
     assert mgr.coordinator.reset_prefix_cache() is True
     assert [type(e) for e in mgr.take_events()] == [AllBlocksCleared]
     assert all(b.block_hash is None for b in mgr.block_pool.blocks)
+
+
+def hasher_hardening(bs=BS):
+    return get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+
+
+def full_config(num_blocks=64, bs=BS):
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+
+
+def hybrid_config(num_blocks=64, bs=BS):
+    full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], swa)])
+
+
+def manager_hardening(impl, num_blocks=64, config=None, **kw):
+    kw.setdefault("max_model_len", 256)
+    return impl.kv_cache.KVCacheManager(config or full_config(num_blocks), scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def snapshot(mgr):
+    """Everything observable about a manager's blocks: free count, queue order, block tables,
+    reference counts and cache keys."""
+    pool = mgr.block_pool
+    tables = tuple(
+        {rid: ids(blocks) for rid, blocks in m.req_to_blocks.items()}
+        for m in mgr.coordinator.single_type_managers
+    )
+    cached = tuple(dict(m.num_cached_block) for m in mgr.coordinator.single_type_managers)
+    return (
+        pool.get_num_free_blocks(),
+        ids(pool.free_block_queue.get_all_free_blocks()),
+        tables,
+        cached,
+        [b.ref_cnt for b in pool.blocks],
+        [b.block_hash for b in pool.blocks],
+    )
+
+
+def test_retention_interval_assigned_on_a_live_coordinator_acts_as_the_configs(impl):
+    """``coordinator.retention_interval = 0`` (as vLLM's tests set it) caches what a manager
+    built with ``prefix_cache_retention_interval=0`` caches; deleting it is refused."""
+    import dataclasses
+
+    def run(mgr):
+        req = impl.kv_cache.Request("r", list(range(6 * BS + 1)), block_hasher=hasher_hardening())
+        req.shared_prefix_boundary = 2 * BS
+        mgr.allocate_slots(req, 6 * BS + 1)
+        req.num_computed_tokens = 6 * BS + 1
+        mgr.free(req)
+        return snapshot(mgr)
+
+    configured = manager_hardening(impl, config=dataclasses.replace(hybrid_config(), prefix_cache_retention_interval=0))
+    assigned = manager_hardening(impl, config=hybrid_config())
+    assigned.coordinator.retention_interval = 0
+    assert assigned.coordinator.retention_interval == 0
+    expected = run(configured)
+    assert run(assigned) == expected
+    assert run(manager_hardening(impl, config=hybrid_config())) != expected  # (dense retention caches more)
+    assigned.coordinator.retention_interval = None
+    assert assigned.coordinator.retention_interval is None
+    with pytest.raises(AttributeError):
+        del assigned.coordinator.retention_interval
+    assert assigned.coordinator.retention_interval is None
+
+
+@pytest.mark.parametrize("ids, error, message", [
+    (["x"], TypeError, "kv_cache_group_ids must be ints, got str"),
+    ([0, None], TypeError, "kv_cache_group_ids must be ints, got NoneType"),
+    ([1.0], TypeError, "kv_cache_group_ids must be ints, got float"),
+    ([-1], ValueError, "KV-cache group id -1 does not fit in 4 bytes"),
+    ([2**33], ValueError, "KV-cache group id 8589934592 does not fit in 4 bytes"),
+])
+@pytest.mark.parametrize("kind", ["FullAttentionManager", "SlidingWindowManager"])
+def test_bad_group_ids_in_a_hit_search_are_refused_alike(impl, kind, ids, error, message):
+    # (the twins raised different errors: the compiled one TypeError/ValueError from
+    # its conversions, the Python one AttributeError/OverflowError)
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    spec = full if kind == "FullAttentionManager" else swa
+    pool = impl.kv_cache.BlockPool(16, True, BS)
+    req = impl.kv_cache.Request("a", list(range(20)), block_hasher=hasher_hardening())
+    pool.cache_full_blocks(req, pool.get_new_blocks(2), 0, 2, BS, 0)
+    cls = getattr(impl.kv_cache, kind)
+    with pytest.raises(error, match=message):
+        cls.find_longest_cache_hit(req.block_hashes, 20, ids, pool, spec, False, BS)
+    assert cls.find_longest_cache_hit(req.block_hashes, 20, [0], pool, spec, False, BS)[1] == 8
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_num_speculative_blocks_too_large_to_compute_with_is_refused(impl, mode):
+    """A Mamba spec asking 2**59 speculative blocks a request: the compiled twin's
+    ``block_size * num_speculative_blocks`` wrapped in C and it handed out blocks the pure
+    twin (and vLLM) refuse; both twins now refuse the manager (ValueError) when it is made."""
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
+                                          mamba_cache_mode=mode, num_speculative_blocks=2**59))])
+    with pytest.raises(ValueError, match=r"num_speculative_blocks must be below 2\*\*31, got 576460752303423488"):
+        impl.kv_cache.KVCacheManager(cfg, 4096, 16, 16, enable_caching=mode == "align")
+    ok = MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",), mamba_cache_mode=mode,
+                   num_speculative_blocks=2**31 - 1)
+    mgr = impl.kv_cache.KVCacheManager(KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        cfg.kv_cache_groups[0], KVCacheGroupSpec(["m"], ok)]), 4096, 16, 16, enable_caching=mode == "align")
+    req = impl.kv_cache.Request("r", list(range(40)), block_hasher=hasher_hardening(16))
+    with pytest.raises(ValueError, match="can never be scheduled"):  # (more blocks than the pool has)
+        mgr.allocate_slots(req, 40)
+    mgr.refuse_unservable = False
+    assert mgr.allocate_slots(req, 40) is None  # (as in vLLM)

@@ -1363,3 +1363,294 @@ def test_manager_events_default_to_int_hashes(impl, monkeypatch):
         (ev,) = mgr.take_events()
         want = [int.from_bytes(h, "big") & (2**64 - 1) for h in req.block_hashes] if want_int else req.block_hashes
         assert ev.block_hashes == want
+
+
+def full_config_hardening(num_blocks=64, bs=BS):
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+
+
+def hybrid_config(num_blocks=64, bs=BS):
+    full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    swa = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], swa)])
+
+
+def manager_hardening(impl, num_blocks=64, config=None, **kw):
+    kw.setdefault("max_model_len", 256)
+    return impl.kv_cache.KVCacheManager(config or full_config_hardening(num_blocks), scheduler_block_size=BS,
+                                        hash_block_size=BS, **kw)
+
+
+def snapshot_hardening(mgr):
+    """Everything observable about a manager's blocks: free count, queue order, block tables,
+    reference counts and cache keys."""
+    pool = mgr.block_pool
+    tables = tuple(
+        {rid: ids(blocks) for rid, blocks in m.req_to_blocks.items()}
+        for m in mgr.coordinator.single_type_managers
+    )
+    cached = tuple(dict(m.num_cached_block) for m in mgr.coordinator.single_type_managers)
+    return (
+        pool.get_num_free_blocks(),
+        ids(pool.free_block_queue.get_all_free_blocks()),
+        tables,
+        cached,
+        [b.ref_cnt for b in pool.blocks],
+        [b.block_hash for b in pool.blocks],
+    )
+
+
+# --------------------------------------------------------------------------- item 6
+def _tamper(req, how, index=5):
+    if how == "not bytes":
+        req.block_hashes[index] = 12345
+    elif how == "removed":
+        del req.block_hashes[index + 1:]
+    elif how == "None":
+        req.block_hashes[index] = None
+
+
+# (Hashes removed are not an error: as in vLLM, only the blocks with hashes are cached --
+# with hash lookahead the hashes lag behind the tokens; tests/test_dropin_api.py.)
+TAMPERINGS = {"not bytes": TypeError, "None": TypeError}
+
+
+def _objects(impl):
+    """One of each object whose attributes a user can reach, by a name for the tables below."""
+    mod = impl.kv_cache
+    mgr = manager_hardening(impl)
+    hybrid = manager_hardening(impl, config=hybrid_config())
+    no_cache = manager_hardening(impl, enable_caching=False)
+    req = mod.Request("r", list(range(10)), block_hasher=hasher())
+    mgr.allocate_slots(req, 10)
+    stms = hybrid.coordinator.single_type_managers
+    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    mamba_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
+                                          mamba_cache_mode="align"))])
+    mamba = mod.KVCacheManager(mamba_cfg, 256, 16, 4).coordinator.single_type_managers[1]
+    from kvcy.kv_cache_interface import CircularBufferSpec, RSWASpec
+
+    attn = {"block_size": 4, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    local_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a"], FullAttentionSpec(**attn)), KVCacheGroupSpec(["r"], RSWASpec(**attn, rswa_window=8))])
+    rswa = mod.KVCacheManager(local_cfg, 256, 4, 4).coordinator.single_type_managers[1]
+    ring_cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["c"], CircularBufferSpec(**attn))])
+    ring = mod.KVCacheManager(ring_cfg, 256, 4, 4).coordinator.single_type_managers[0]
+    return {
+        "request": req,
+        "block": mgr.block_pool.blocks[1],
+        "queue": mgr.block_pool.free_block_queue,
+        "pool": mgr.block_pool,
+        "full_manager": mgr.coordinator.single_type_managers[0],
+        "sliding_manager": stms[1],
+        "mamba_manager": mamba,
+        "rswa_manager": rswa,
+        "ring_manager": ring,
+        "unitary": mgr.coordinator,
+        "hybrid": hybrid.coordinator,
+        "no_cache": no_cache.coordinator,
+        "kv_cache_blocks": mgr.get_blocks("r"),
+        "manager": mgr,
+    }
+
+
+@pytest.mark.parametrize("how", list(TAMPERINGS))
+@pytest.mark.parametrize("layout", ["full", "hybrid"])
+def test_tampered_hashes_are_refused_before_allocating(impl, how, layout):
+    """Caching runs after allocating: a request whose hashes it cannot read must be refused
+    before anything is taken (it used to leave 13 blocks held)."""
+    mgr = manager_hardening(impl, config=hybrid_config() if layout == "hybrid" else None)
+    other = impl.kv_cache.Request("other", list(range(100, 118)), block_hasher=hasher())
+    mgr.allocate_slots(other, other.num_tokens)
+    req = impl.kv_cache.Request("a", list(range(50)), block_hasher=hasher())
+    _tamper(req, how)
+    before = snapshot_hardening(mgr)
+    with pytest.raises(TAMPERINGS[how]):
+        mgr.allocate_slots(req, 50)
+    assert snapshot_hardening(mgr) == before
+    assert not mgr.coordinator.holds("a")
+
+
+@pytest.mark.parametrize("how", list(TAMPERINGS))
+def test_tampered_hashes_of_a_running_request(impl, how):
+    """The same on a later step of a running request (the compiled decode path) and with prefix
+    hits handed in: nothing is touched, allocated or recorded."""
+    mgr = manager_hardening(impl)
+    warm = impl.kv_cache.Request("warm", list(range(40)), block_hasher=hasher())
+    mgr.allocate_slots(warm, warm.num_tokens)
+    mgr.free(warm)
+    req = impl.kv_cache.Request("a", list(range(50)), block_hasher=hasher())
+    hits, n_hit, _ = mgr.get_computed_blocks(req)
+    assert n_hit == 40
+    _tamper(req, how, index=10)  # (the hits' hashes are not read again: the new blocks' are)
+    before = snapshot_hardening(mgr)
+    with pytest.raises(TAMPERINGS[how]):
+        mgr.allocate_slots(req, 10, num_new_computed_tokens=n_hit, new_computed_blocks=hits)
+    assert snapshot_hardening(mgr) == before
+    # A running request: 8 tokens cached, then its hashes go bad before the next block fills.
+    run = impl.kv_cache.Request("b", list(range(200, 208)), block_hasher=hasher())
+    mgr.allocate_slots(run, 8)
+    run.num_computed_tokens = 8
+    run.append_output_token_ids([1, 2, 3, 4])
+    run.block_hashes[2] = "x"
+    before = snapshot_hardening(mgr)
+    with pytest.raises(TypeError, match="block hashes must be bytes, got str"):
+        mgr.allocate_slots(run, 4)
+    assert snapshot_hardening(mgr) == before
+    run.block_hashes[2] = b"y" * 32
+    assert mgr.allocate_slots(run, 4) is not None
+
+
+def test_wrong_length_digests_still_cache(impl):
+    """A digest of another length is still a cache key (nothing reads its length): accepted."""
+    mgr = manager_hardening(impl)
+    req = impl.kv_cache.Request("a", list(range(8)), block_hasher=hasher())
+    req.block_hashes[1] = b"xx"
+    mgr.allocate_slots(req, 8)
+    assert mgr.block_pool.blocks[2].block_hash == b"xx" + (0).to_bytes(4, "big")
+
+
+# --------------------------------------------------------------------------- item 5
+@pytest.mark.parametrize("held", [False, True], ids=["free hits", "held hits"])
+def test_hits_from_another_manager_are_refused(impl, held):
+    """Prefix hits looked up in one manager and handed to another: a clear error, both managers
+    unchanged (the Python twin used to take them, listing block 1 twice and corrupting both
+    pools; both twins took another pool's held blocks)."""
+    m1, m2 = manager_hardening(impl), manager_hardening(impl)
+    warm = impl.kv_cache.Request("w", list(range(20)), block_hasher=hasher())
+    m2.allocate_slots(warm, 20)
+    if not held:
+        m2.free(warm)
+    req = impl.kv_cache.Request("r", list(range(20)), block_hasher=hasher())
+    hits, n_hit, _ = m2.get_computed_blocks(req)
+    assert n_hit == 16
+    before1, before2 = snapshot_hardening(m1), snapshot_hardening(m2)
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        m1.allocate_slots(req, 4, num_new_computed_tokens=n_hit, new_computed_blocks=hits)
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        m1.block_pool.touch(hits.blocks[0])
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        m1.coordinator.allocate_new_computed_blocks("r", hits.blocks, n_hit, 0)
+    assert snapshot_hardening(m1) == before1 and snapshot_hardening(m2) == before2
+    # Its own hits are fine.
+    assert m2.allocate_slots(req, 4, num_new_computed_tokens=n_hit, new_computed_blocks=hits) is not None
+
+
+@pytest.mark.parametrize("name", ["retains_longer_hit", "supports_fine_grained_hash_lookup"])
+def test_manager_class_constants_cannot_be_shadowed(impl, name):
+    """A manager type's constants (read from the instance by the manager and the hybrid
+    lookup) cannot be overridden on one instance: the compiled twin's instances have no
+    ``__dict__``; the pure twin refuses the same way (AttributeError, value unchanged)."""
+    objs = _objects(impl)
+    for kind in ("full_manager", "sliding_manager", "mamba_manager", "rswa_manager", "ring_manager"):
+        obj = objs[kind]
+        before = getattr(obj, name)
+        with pytest.raises(AttributeError):
+            setattr(obj, name, not before)
+        with pytest.raises(AttributeError):
+            delattr(obj, name)
+        assert getattr(obj, name) is before
+
+
+@pytest.mark.parametrize("value, flag", [("x", True), (None, False), (0, False), (3, True), ([], False)])
+def test_manager_flags_read_back_as_bools(impl, value, flag):
+    """``use_eagle`` (like the other flags) is a C ``bint`` in the compiled twin: whatever is
+    assigned reads back as a bool, the same in both twins."""
+    objs = _objects(impl)
+    for kind in ("full_manager", "sliding_manager", "mamba_manager", "rswa_manager", "ring_manager"):
+        for name in ("use_eagle", "shared_prefix_checkpoint"):
+            setattr(objs[kind], name, value)
+            got = getattr(objs[kind], name)
+            assert got is flag, f"{kind}.{name} = {value!r} read back {got!r}"
+
+
+# --------------------------------------------------------------------------- item 2
+def test_request_tables_changed_by_hand_are_followed(impl):
+    """A decode step after a request's entry was popped and its blocks freed by hand must see
+    the tables as they are (the compiled twin's per-request record used to go stale: it
+    extended the orphaned list, which still held two freed blocks, and leaked the new block)."""
+    mgr = manager_hardening(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    req = impl.kv_cache.Request("r", list(range(8)), block_hasher=hasher())
+    mgr.allocate_slots(req, 8)
+    req.num_computed_tokens = 8
+    req.append_output_token_ids([1])
+    mgr.allocate_slots(req, 1)  # a decode step: the record is made here
+    req.append_output_token_ids([2])
+    blocks = single.req_to_blocks.pop("r")
+    single.num_cached_block.pop("r")
+    mgr.block_pool.free_blocks(reversed(blocks))
+    free_before = mgr.block_pool.get_num_free_blocks()
+    new = mgr.allocate_slots(req, 1)
+    held = single.req_to_blocks["r"]
+    assert ids(new.blocks[0]) == ids(held)  # every block it holds is new (nothing freed kept)
+    assert all(b.ref_cnt == 1 for b in held)
+    assert mgr.block_pool.get_num_free_blocks() == free_before - len(held)
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_gpu_blocks - 1  # nothing leaked
+
+
+def test_request_table_entries_set_by_hand_are_followed(impl):
+    """The same for an entry replaced or a cached count lowered by hand between steps."""
+    mgr = manager_hardening(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    req = impl.kv_cache.Request("r", list(range(8)), block_hasher=hasher())
+    mgr.allocate_slots(req, 8)
+    req.num_computed_tokens = 8
+    req.append_output_token_ids([1])
+    mgr.allocate_slots(req, 1)
+    req.append_output_token_ids([2])
+    blocks = single.req_to_blocks["r"]
+    single.req_to_blocks["r"] = blocks[:2]  # hand the third block back
+    mgr.block_pool.free_blocks([blocks[2]])
+    mgr.allocate_slots(req, 1)
+    assert len(single.req_to_blocks["r"]) == 3
+    assert all(b.ref_cnt == 1 for b in single.req_to_blocks["r"])
+    mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_gpu_blocks - 1
+
+
+# --------------------------------------------------------------------------- lists callers can reach
+# req_to_blocks hands out the manager's own lists and KVCacheBlocks.blocks is
+# public: a non-block put there must be refused alike, never read as a block
+# (the compiled twin read a None's or a bytes' memory as a block id).
+@pytest.mark.parametrize("bad", [None, b"x" * 100, 7])
+def test_a_non_block_in_a_held_list_is_refused_when_zeroing(impl, bad):
+    from kvcy.kv_cache_interface import MambaSpec
+
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    mamba = MambaSpec(block_size=BS, shapes=((2,),), dtypes=("float32",))
+    config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], mamba)])
+    # (caching off: vLLM 0.33.0 caches a Mamba group only in Mamba align mode)
+    mgr = impl.kv_cache.KVCacheManager(config, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                       enable_caching=False)
+    assert config.needs_kv_cache_zeroing
+    mgr.allocate_slots(impl.kv_cache.Request("a", list(range(12)), block_hasher=hasher()), 12)
+    before = mgr.take_new_block_ids()
+    assert before
+    mgr.coordinator.single_type_managers[0].req_to_blocks["a"].append(bad)
+    with pytest.raises(TypeError, match=f"req_to_blocks values must be lists of blocks, got a list holding "
+                                        f"{type(bad).__name__}"):
+        mgr.record_blocks_for_zeroing("a", 0)
+    assert mgr.take_new_block_ids() == []  # refused before any group recorded anything
+    mgr.coordinator.single_type_managers[0].req_to_blocks["a"].pop()
+    mgr.record_blocks_for_zeroing("a", 0)
+    assert sorted(mgr.take_new_block_ids()) == sorted(before)
+
+
+@pytest.mark.parametrize("bad", [None, b"x" * 100, 7])
+def test_a_non_block_in_kv_cache_blocks_is_refused_alike(impl, bad):
+    pool = impl.kv_cache.BlockPool(4, True, BS)
+    blocks = impl.kv_cache.KVCacheBlocks(([pool.blocks[1], bad],))
+    with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
+        blocks.get_block_ids()
+    with pytest.raises(TypeError, match=f"blocks must be KVCacheBlock, got {type(bad).__name__}"):
+        repr(blocks)
+    assert impl.kv_cache.KVCacheBlocks(([pool.blocks[1]],)).get_block_ids() == ([1],)

@@ -1182,3 +1182,73 @@ def test_many_short_lived_queues(cy):
         assert blocks[1].prev_free_block is q.fake_free_list_head
         del q
         assert all(b.prev_free_block is None for b in blocks)
+
+
+BS = 4
+
+
+# --------------------------------------------------------------------------- item 3
+def test_a_queued_block_cannot_take_references(impl):
+    """A free block whose public ref_cnt was raised used to be queued a second time when it
+    was freed (the compiled twin then handed it out twice: [1, 1, 2, 3] from a 3-block pool).
+    A queued block's count now stays 0: the assignment is refused, and nothing changes."""
+    pool = impl.kv_cache.BlockPool(5, enable_caching=True, hash_block_size=BS)
+    held = pool.get_new_blocks(1)[0]
+    queue_before = ids(pool.free_block_queue.get_all_free_blocks())
+    for block in (pool.blocks[2], pool.free_block_queue.fake_free_list_head):
+        with pytest.raises(RuntimeError, match="is in a free queue"):
+            block.ref_cnt = 1
+        assert block.ref_cnt == 0
+    held.ref_cnt = 2  # a held block's count may be moved
+    held.ref_cnt = 1
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == queue_before
+    pool.free_blocks([held])
+    got = ids(pool.get_new_blocks(pool.get_num_free_blocks()))
+    assert sorted(got) == [1, 2, 3, 4]  # each block once
+
+
+def test_a_block_queued_in_another_pool_cannot_take_references(impl):
+    pool_a = impl.kv_cache.BlockPool(4, enable_caching=True, hash_block_size=BS)
+    pool_b = impl.kv_cache.BlockPool(4, enable_caching=True, hash_block_size=BS)
+    stray = pool_b.blocks[2]  # free, in pool_b's queue
+    with pytest.raises(RuntimeError, match="is in a free queue"):
+        stray.ref_cnt = 1
+    with pytest.raises(RuntimeError, match="already in the free queue"):
+        pool_a.free_block_queue.append(stray)
+    assert ids(pool_a.free_block_queue.get_all_free_blocks()) == [1, 2, 3]
+    assert ids(pool_b.free_block_queue.get_all_free_blocks()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("how", ["append", "append_n", "prepend_n"])
+def test_only_free_blocks_are_queued(impl, how):
+    """The other way in: a held block put in the queue by hand would be queued again when it
+    is freed.  Refused, nothing changes."""
+    pool = impl.kv_cache.BlockPool(5, enable_caching=True, hash_block_size=BS)
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([a])  # a is free again, b is held
+    a = pool.get_new_blocks(1)[0]
+    a.ref_cnt = 0  # (held, its count dropped by hand: free to queue)
+    queue = pool.free_block_queue
+    before = (queue.num_free_blocks, ids(queue.get_all_free_blocks()))
+    with pytest.raises(RuntimeError, match=f"block {b.block_id} has ref_cnt 1: only free blocks are queued"):
+        if how == "append":
+            queue.append(b)
+        else:
+            getattr(queue, how)([a, b])
+    assert (queue.num_free_blocks, ids(queue.get_all_free_blocks())) == before
+    pool.free_blocks([b])
+    assert sorted(ids(pool.get_new_blocks(pool.get_num_free_blocks()))) == sorted(
+        {1, 2, 3, 4} - {a.block_id})
+
+
+def test_queue_remove_of_another_queues_block_is_refused(impl):
+    m = impl.kv_cache
+    q1 = m.FreeKVCacheBlockQueue([m.KVCacheBlock(i) for i in range(3)])
+    other = [m.KVCacheBlock(i) for i in range(3)]
+    q2 = m.FreeKVCacheBlockQueue(other)
+    with pytest.raises(RuntimeError, match="remove\\(\\) called on an invalid block"):
+        q1.remove(other[1])
+    assert (q1.num_free_blocks, ids(q1.get_all_free_blocks())) == (3, [0, 1, 2])
+    assert (q2.num_free_blocks, ids(q2.get_all_free_blocks())) == (3, [0, 1, 2])
+    q2.remove(other[1])
+    assert ids(q2.get_all_free_blocks()) == [0, 2]
