@@ -44,6 +44,7 @@ from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_non
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from kvcy.kv_events import BlockRemoved, BlockStored
 from kvcy.request import Request
+from _kv_cache_helpers import _pool_state, hashed_ids, ids, request_api
 
 BS = 4
 
@@ -661,10 +662,6 @@ def manager(impl, num_blocks=16, **kw):
     return impl.kv_cache.KVCacheManager(full_config(num_blocks), scheduler_block_size=BS, hash_block_size=BS, **kw)
 
 
-def ids(blocks):
-    return [b.block_id for b in blocks]
-
-
 def _key_kv_cache_core(n: int, gid: int = 0, width: int = 32) -> bytes:
     return n.to_bytes(width, "big") + gid.to_bytes(4, "big")
 
@@ -677,11 +674,6 @@ def _pool_with_request(impl, tokens=16):
     pool = impl.kv_cache.BlockPool(16, enable_caching=True, hash_block_size=BS)
     req = impl.kv_cache.Request("r", list(range(tokens)), block_hasher=hasher())
     return pool, req
-
-
-def _pool_state(pool):
-    return (ids(pool.free_block_queue.get_all_free_blocks()), [b.ref_cnt for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], sorted(pool.cached_block_hash_to_block.keys()))
 
 
 # --------------------------------------------------------------------------- block pool
@@ -948,10 +940,6 @@ def request(impl, rid, tokens):
     return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
 
 
-def hashed_ids(mgr):
-    return [b.block_id for b in mgr.block_pool.blocks if b.block_hash is not None]
-
-
 def test_cache_full_blocks_caches_the_blocks_there_are(impl):
     """``BlockPool.cache_full_blocks`` asked for more full blocks than it is given caches
     the given ones (vLLM slices ``blocks``); with events on it raises IndexError after
@@ -1005,10 +993,6 @@ def test_empty_pool_asserts_as_vllm(impl):
 
 
 SHA = get_hash_fn_by_name("sha256")
-
-
-def request_api(impl, rid, tokens, lookahead=0, **kw):
-    return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
 
 
 def test_block_pool_takes_vllms_keywords(impl):

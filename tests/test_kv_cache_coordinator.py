@@ -13,6 +13,10 @@ from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGro
 from kvcy.hashing import get_request_block_hasher
 from _vllm_live import live
 from kvcy.kv_events import AllBlocksCleared
+from _kv_cache_helpers import (
+    _full, _mamba_outcome, _pool_state, _swa, config, full_spec_api, hybrid_config, ids, manager_small,
+    request_api, swa_spec,
+)
 
 
 BS = 4
@@ -21,15 +25,6 @@ BS = 4
 @pytest.fixture(autouse=True)
 def _none_hash():
     init_none_hash(get_hash_fn_by_name("sha256"))
-
-
-def ids(blocks):
-    return [b.block_id for b in blocks]
-
-
-def _pool_state(pool):
-    return (ids(pool.free_block_queue.get_all_free_blocks()), [b.ref_cnt for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], sorted(pool.cached_block_hash_to_block.keys()))
 
 
 def test_coordinator_checks_every_group_before_attaching(impl):
@@ -193,18 +188,6 @@ def hasher():
     return get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
 
 
-def manager_small(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
-    """A manager over ``groups`` groups: full attention, then sliding windows."""
-    specs = [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")] + [
-        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-        for _ in range(groups - 1)
-    ]
-    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
-    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
-                                        hash_block_size=BS, **kw)
-
-
 # ------------------------------------------------- §5 coordinator.get_blocks
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("enable_caching", [True, False])
@@ -291,27 +274,10 @@ def test_no_groups_with_caching_asserts_as_vllm(impl):
 SHA = get_hash_fn_by_name("sha256")
 
 
-def full_spec_api():
-    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def swa_spec():
-    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-
-
-def config(specs, num_blocks=16):
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
-
-
 def manager_api(impl, specs=None, num_blocks=16, **kw):
     specs = [full_spec_api()] if specs is None else specs
     return impl.kv_cache.KVCacheManager(config(specs, num_blocks), max_model_len=64, scheduler_block_size=BS,
                                         hash_block_size=BS, **kw)
-
-
-def request_api(impl, rid, tokens, lookahead=0, **kw):
-    return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
 
 
 @pytest.mark.parametrize("use_eagle", [False, True])
@@ -354,15 +320,6 @@ def test_coordinator_get_num_blocks_to_allocate_by_keyword(impl):
         apply_admission_cap=True, prefill_end=10,
     )
     assert n == 3
-
-
-# ------------------------------------------------------------------ Mamba modes
-def _mamba_outcome(make):
-    try:
-        make()
-    except Exception as exc:  # (the type and message are what is compared)
-        return type(exc).__name__, str(exc)
-    return "built", ""
 
 
 def _coordinator_cases(kvcy_side: bool):
@@ -451,14 +408,6 @@ def _manager(impl, specs, retention=None, *, sbs=4, hbs=4, caching=True, events=
                                         max_in_flight_tokens=64, use_int_block_hashes=False)
 
 
-def _full(bs=4):
-    return FullAttentionSpec(block_size=bs, **ATTN)
-
-
-def _swa(bs=4, window=6, extra=0):
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, extra_retained_tokens=extra, **ATTN)
-
-
 # ------------------------------------------------------------------ reset through the coordinator
 def test_reset_prefix_cache_through_the_coordinator(impl):
     kv = impl.kv_cache
@@ -487,13 +436,6 @@ def hasher_hardening(bs=BS):
 def full_config(num_blocks=64, bs=BS):
     spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
-
-
-def hybrid_config(num_blocks=64, bs=BS):
-    full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
-    swa = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], swa)])
 
 
 def manager_hardening(impl, num_blocks=64, config=None, **kw):

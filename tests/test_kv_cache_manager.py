@@ -21,6 +21,10 @@ from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGro
 from kvcy.request import Request, RequestStatus
 from kvcy.kv_cache_interface import MambaSpec
 from kvcy import hashing
+from _kv_cache_helpers import (
+    _pool_state, cached_flags, config, full_spec_api, full_spec_manager, hashed_ids, hasher_manager,
+    hybrid_config, ids, manager_manager, manager_small, request_api, swa_spec,
+)
 
 BS = 4
 STALE = re.compile(r"stale prefix-cache hit for request 'c': block \d+ \(group \d+, position \d+\) no longer holds "
@@ -274,10 +278,6 @@ def manager(impl, num_blocks=16, **kw):
     return impl.kv_cache.KVCacheManager(full_config(num_blocks), scheduler_block_size=BS, hash_block_size=BS, **kw)
 
 
-def ids(blocks):
-    return [b.block_id for b in blocks]
-
-
 def _decode_script(kv, managers, seed):
     """Requests admitted, decoded, preempted (freed, recomputed with the same
     Request object) and finished, over one or more managers sharing the
@@ -389,11 +389,6 @@ def _fast_vs_general_script(kv, seed, subclass):
                       sorted((k, m.get_block_ids(k)) for k in live)))
     trace.append(("events", [type(e).__name__ for e in m.take_events()]))
     return trace
-
-
-def _pool_state(pool):
-    return (ids(pool.free_block_queue.get_all_free_blocks()), [b.ref_cnt for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], sorted(pool.cached_block_hash_to_block.keys()))
 
 
 def test_allocate_none_changes_nothing(impl):
@@ -620,10 +615,6 @@ def request(impl, rid, tokens):
     return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
 
 
-def hashed_ids(mgr):
-    return [b.block_id for b in mgr.block_pool.blocks if b.block_hash is not None]
-
-
 # ------------------------------------------- a request longer than max_model_len
 @pytest.mark.parametrize("events", [False, True])
 def test_request_longer_than_max_model_len(impl, events):
@@ -669,18 +660,6 @@ def test_kv_cache_blocks_take_a_list_of_groups(impl):
         kv.KVCacheBlocks({"a": [a]})
 
 
-def manager_small(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
-    """A manager over ``groups`` groups: full attention, then sliding windows."""
-    specs = [FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")] + [
-        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-        for _ in range(groups - 1)
-    ]
-    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
-    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
-                                        hash_block_size=BS, **kw)
-
-
 # ------------------------------------------------- §3 take_events
 def test_take_events_annotates_and_warns_for_blockstored_subclasses(impl, caplog):
     """vLLM tests events with isinstance: a BlockStored subclass is annotated, or warned about."""
@@ -705,26 +684,6 @@ def test_take_events_annotates_and_warns_for_blockstored_subclasses(impl, caplog
     assert known.kv_cache_spec_kind is not None
     assert unknown.kv_cache_spec_kind is None
     assert "Group index `5` not in KV cache metadata" in caplog.text
-
-
-def hasher_manager():
-    return get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
-
-
-def full_spec_manager():
-    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def manager_manager(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
-    """A manager over ``groups`` groups: full attention, then sliding windows."""
-    specs = [full_spec_manager()] + [
-        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-        for _ in range(groups - 1)
-    ]
-    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
-    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
-                                        hash_block_size=BS, **kw)
 
 
 def free_ids(mgr):
@@ -908,35 +867,14 @@ def test_manager_checks_context_parallel_sizes_as_its_groups_do(impl):
 SHA = get_hash_fn_by_name("sha256")
 
 
-def full_spec_api():
-    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def swa_spec():
-    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-
-
 def mamba_spec():
     return MambaSpec(block_size=BS, shapes=((2,),), dtypes=("float32",))
-
-
-def config(specs, num_blocks=16):
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
 
 
 def manager_api(impl, specs=None, num_blocks=16, **kw):
     specs = [full_spec_api()] if specs is None else specs
     return impl.kv_cache.KVCacheManager(config(specs, num_blocks), max_model_len=64, scheduler_block_size=BS,
                                         hash_block_size=BS, **kw)
-
-
-def request_api(impl, rid, tokens, lookahead=0, **kw):
-    return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
-
-
-def cached_flags(mgr, rid, group=0):
-    return [b.block_hash is not None for b in mgr.get_blocks(rid).blocks[group]]
 
 
 # ----------------------------------------------------------------- 1. constructor
@@ -1368,13 +1306,6 @@ def test_manager_events_default_to_int_hashes(impl, monkeypatch):
 def full_config_hardening(num_blocks=64, bs=BS):
     spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
-
-
-def hybrid_config(num_blocks=64, bs=BS):
-    full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
-    swa = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(["l0"], full), KVCacheGroupSpec(["l1"], swa)])
 
 
 def manager_hardening(impl, num_blocks=64, config=None, **kw):

@@ -18,15 +18,12 @@ import sys
 from kvcy.hashing import get_hash_fn_by_name, init_none_hash
 from kvcy import hashing
 from kvcy.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
+from _kv_cache_helpers import ids
 
 
 @pytest.fixture(autouse=True)
 def _none_hash():
     init_none_hash(get_hash_fn_by_name("sha256"))
-
-
-def ids(blocks):
-    return [b.block_id for b in blocks]
 
 
 # --------------------------------------------------------------------------- free queue

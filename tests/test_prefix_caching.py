@@ -19,6 +19,7 @@ from kvcy.request import Request
 from kvcy._request_types import MultiModalFeatureSpec, PlaceholderRange
 from kvcy.kv_cache_interface import SlidingWindowSpec
 from _vllm_live import live
+from _kv_cache_helpers import _mamba_outcome, cached_flags, config, swa_spec
 
 
 BS = 4
@@ -142,15 +143,6 @@ def full_spec():
     return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
 
 
-def swa_spec():
-    return SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-
-
-def config(specs, num_blocks=16):
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
-
-
 def manager_api(impl, specs=None, num_blocks=16, **kw):
     specs = [full_spec()] if specs is None else specs
     return impl.kv_cache.KVCacheManager(config(specs, num_blocks), max_model_len=64, scheduler_block_size=BS,
@@ -159,10 +151,6 @@ def manager_api(impl, specs=None, num_blocks=16, **kw):
 
 def request(impl, rid, tokens, lookahead=0, **kw):
     return impl.kv_cache.Request(rid, list(tokens), block_hasher=get_request_block_hasher(BS, SHA, lookahead), **kw)
-
-
-def cached_flags(mgr, rid, group=0):
-    return [b.block_hash is not None for b in mgr.get_blocks(rid).blocks[group]]
 
 
 # ------------------------------------------------- num_prefill_lookahead (MTP re-prefill)
@@ -358,15 +346,6 @@ def check_hybrid(api, case):
     _, hit, _ = mgr.get_computed_blocks(api.request("b", b_tokens, hash_bs))
     assert hit % full_bs == 0
     assert hit <= min(shared, len(b_tokens) - 1)
-
-
-# ------------------------------------------------------------------ Mamba modes
-def _mamba_outcome(make):
-    try:
-        make()
-    except Exception as exc:  # (the type and message are what is compared)
-        return type(exc).__name__, str(exc)
-    return "built", ""
 
 
 # ------------------------------------------------------------------ the mask itself

@@ -22,6 +22,9 @@ from kvcy.kv_cache_interface import (
 from kvcy.request import Request
 from kvcy.kv_cache_interface import MambaSpec, SinkFullAttentionSpec
 from _vllm_live import live
+from _kv_cache_helpers import (
+    _full, _pool_state, _swa, full_spec_manager, hasher_manager, ids, manager_manager,
+)
 
 
 BS = 4
@@ -44,15 +47,6 @@ def full_config(num_blocks=16, bs=BS):
 def manager(impl, num_blocks=16, **kw):
     kw.setdefault("max_model_len", 256)
     return impl.kv_cache.KVCacheManager(full_config(num_blocks), scheduler_block_size=BS, hash_block_size=BS, **kw)
-
-
-def ids(blocks):
-    return [b.block_id for b in blocks]
-
-
-def _pool_state(pool):
-    return (ids(pool.free_block_queue.get_all_free_blocks()), [b.ref_cnt for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], sorted(pool.cached_block_hash_to_block.keys()))
 
 
 def test_sliding_window_frees_out_of_window_blocks(impl):
@@ -189,26 +183,6 @@ def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
         assert (length, [b.block_id for b in got[0]]) == expected
         with pytest.raises(NotImplementedError, match="context parallelism"):
             cls.find_longest_cache_hit(req.block_hashes, 12, [0], pool, spec, False, BS, 2, 1)
-
-
-def hasher_manager():
-    return get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
-
-
-def full_spec_manager():
-    return FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
-
-
-def manager_manager(impl, groups=1, num_blocks=16, max_model_len=256, **kw):
-    """A manager over ``groups`` groups: full attention, then sliding windows."""
-    specs = [full_spec_manager()] + [
-        SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
-        for _ in range(groups - 1)
-    ]
-    cfg = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
-    return impl.kv_cache.KVCacheManager(cfg, max_model_len=max_model_len, scheduler_block_size=BS,
-                                        hash_block_size=BS, **kw)
 
 
 def test_pop_blocks_for_free_leaves_out_leading_null_blocks(impl):
@@ -667,14 +641,6 @@ def _manager(impl, specs, retention=None, *, sbs=4, hbs=4, caching=True, events=
     return impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=sbs, hash_block_size=hbs,
                                         enable_caching=caching, enable_kv_cache_events=events,
                                         max_in_flight_tokens=64, use_int_block_hashes=False)
-
-
-def _full(bs=4):
-    return FullAttentionSpec(block_size=bs, **ATTN)
-
-
-def _swa(bs=4, window=6, extra=0):
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, extra_retained_tokens=extra, **ATTN)
 
 
 def _mamba(bs=4, mode="none"):
