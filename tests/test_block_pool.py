@@ -20,31 +20,31 @@ same sequences compare the two twins.
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
+import os
 import random
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-import copy
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 from kvcy import _fast
-from kvcy.kv_cache_metrics import BlockMetricsState, KVCacheMetricsCollector
-from kvcy.metrics import KVCacheEvictionEvent
-
-from _vllm_live import live
-from kvcy.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from kvcy.kv_cache_metrics import BlockMetricsState, KVCacheMetricsCollector
+from kvcy.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 from kvcy.kv_events import BlockRemoved, BlockStored
+from kvcy.metrics import KVCacheEvictionEvent
 from kvcy.request import Request
+
 from _kv_cache_helpers import _pool_state, hashed_ids, ids, request_api
+from _vllm_live import live
 
 BS = 4
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from kvcy.hashing import get_hash_fn_by_name, init_none_hash
+from kvcy.hashing import get_hash_fn_by_name, init_none_hash, get_request_block_hasher
 from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-from kvcy.hashing import get_request_block_hasher
-from _vllm_live import live
 from kvcy.kv_events import AllBlocksCleared
+
 from _kv_cache_helpers import (
     _full, _mamba_outcome, _pool_state, _swa, config, full_spec_api, hybrid_config, ids, manager_small,
     request_api, swa_spec,
 )
+from _vllm_live import live
 
 
 BS = 4

@@ -10,17 +10,23 @@ the compiled twin's paths (the full-attention fast path and the general one).
 
 from __future__ import annotations
 
+import inspect
+import logging
 import re
 
 import pytest
 
-import inspect
-import logging
-from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-from kvcy.request import Request, RequestStatus
-from kvcy.kv_cache_interface import MambaSpec
 from kvcy import hashing
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+    MambaSpec,
+)
+from kvcy.request import Request, RequestStatus
+
 from _kv_cache_helpers import (
     _pool_state, cached_flags, config, full_spec_api, full_spec_manager, hashed_ids, hasher_manager,
     hybrid_config, ids, manager_manager, manager_small, request_api, swa_spec,

@@ -5,19 +5,20 @@ vLLM 0.33.0's ``tests/v1/core/test_kv_cache_utils.py`` tests the same module.
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
 import gc
 import hashlib
 import inspect
-import weakref
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 import sys
-from kvcy.hashing import get_hash_fn_by_name, init_none_hash
+import weakref
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
 from kvcy import hashing
+from kvcy.hashing import get_hash_fn_by_name, init_none_hash
 from kvcy.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange
+
 from _kv_cache_helpers import ids
 
 

@@ -3,7 +3,9 @@ publisher and subscriber: tests/test_kv_events_zmq.py).
 """
 
 from __future__ import annotations
+
 import msgspec
+
 from kvcy.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
 

@@ -2,7 +2,9 @@
 """
 
 from __future__ import annotations
+
 import logging
+
 from kvcy.metrics import CacheHitSource, PrefixCacheStats
 
 

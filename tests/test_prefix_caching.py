@@ -4,22 +4,22 @@ decisions on hybrid KV caches, both twins.
 
 from __future__ import annotations
 
-import pytest
-
 import importlib.util
 import json
 import os
 from pathlib import Path
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kvcy._request_types import MultiModalFeatureSpec, PlaceholderRange
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from kvcy.kv_events import AllBlocksCleared
 from kvcy.request import Request
-from kvcy._request_types import MultiModalFeatureSpec, PlaceholderRange
-from kvcy.kv_cache_interface import SlidingWindowSpec
-from _vllm_live import live
+
 from _kv_cache_helpers import _mamba_outcome, cached_flags, config, swa_spec
+from _vllm_live import live
 
 
 BS = 4

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
-import enum
-from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-from kvcy.request import Request, RequestStatus
-from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from kvcy.request import FinishReason
 from kvcy import hashing
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from kvcy.kv_events import BlockStored
+from kvcy.request import Request, RequestStatus, FinishReason
 
 
 BS = 4

@@ -4,14 +4,13 @@ each keeps, frees and finds for one KV-cache group, both twins.
 
 from __future__ import annotations
 
-import pytest
-
 import importlib.util
 import os
 from pathlib import Path
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
 from kvcy.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -19,12 +18,14 @@ from kvcy.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from kvcy.request import Request
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
 from kvcy.kv_cache_interface import MambaSpec, SinkFullAttentionSpec
-from _vllm_live import live
+from kvcy.request import Request
+
 from _kv_cache_helpers import (
     _full, _pool_state, _swa, full_spec_manager, hasher_manager, ids, manager_manager,
 )
+from _vllm_live import live
 
 
 BS = 4

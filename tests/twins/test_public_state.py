@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
 import pytest
 
 from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
