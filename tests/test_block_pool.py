@@ -877,7 +877,7 @@ def test_cache_full_blocks_rejects_bad_input_unchanged(impl):
         ((blocks, -1, 2), ValueError, "num_cached_blocks must be non-negative"),
         ((None, 0, 2), TypeError, "got None"),
         # (more full blocks than given: the given ones are cached, as in vLLM;
-        # tests/test_dropin_edges.py)
+        # test_cache_full_blocks_caches_the_blocks_there_are)
         ((blocks[:2] + ["x"] + blocks[3:], 0, 4), TypeError, "KVCacheBlock"),
     ):
         with pytest.raises(exc, match=msg):

@@ -434,7 +434,7 @@ def test_watermark_applies_to_waiting_only(impl):
 )
 def test_allocate_slots_rejects_bad_counts(impl, kwargs, exc):
     # (Counts past max_model_len are clamped as in vLLM, not refused:
-    # tests/test_dropin_manager.py.)
+    # test_allocate_slots_clamps_new_tokens_to_max_model_len.)
     mgr = manager(impl)
     req = Request("a", list(range(8)), block_hasher=hasher())
     before = ids(mgr.block_pool.free_block_queue.get_all_free_blocks())
@@ -446,7 +446,7 @@ def test_allocate_slots_rejects_bad_counts(impl, kwargs, exc):
 
 def test_free_unknown_and_twice(impl):
     # vLLM 0.33.0: freeing a request that holds no blocks is a no-op, and its
-    # block table is empty (tests/test_dropin_manager.py covers more).
+    # block table is empty (test_free_and_get_blocks_of_a_request_holding_none covers more).
     mgr = manager(impl)
     req = Request("a", list(range(8)), block_hasher=hasher())
     mgr.free(req)
@@ -1350,7 +1350,8 @@ def _tamper(req, how, index=5):
 
 
 # (Hashes removed are not an error: as in vLLM, only the blocks with hashes are cached --
-# with hash lookahead the hashes lag behind the tokens; tests/test_dropin_api.py.)
+# with hash lookahead the hashes lag behind the tokens; tests/test_prefix_caching.py,
+# test_hash_lookahead_caches_only_the_blocks_that_have_hashes.)
 TAMPERINGS = {"not bytes": TypeError, "None": TypeError}
 
 
