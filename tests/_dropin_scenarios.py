@@ -3,7 +3,7 @@
 One driver, two back ends: ``run(api, scenario)`` drives a ``KVCacheManager`` through a
 scenario's operations and returns plain data (hit lengths, block ids, free-queue order, the
 blocks' cache keys, KV events).  ``vllm_api()`` builds vLLM's objects and ``kvcy_api(impl)``
-kvcy's, so the expected data ``tests/test_dropin_behaviour.py`` reads is what this file printed
+kvcy's, so the expected data ``tests/test_prefix_caching.py`` reads is what this file printed
 when run against vLLM, and the optional live test there compares the two directly.
 
 Recording the expected data (``tests/data/dropin_behaviour_recorded.json``)::

@@ -4,7 +4,7 @@ One driver, two back ends (as ``tests/_dropin_scenarios.py``): ``run(api, case)`
 steps and frees requests on a ``KVCacheManager`` the way vLLM's scheduler does and
 returns plain data (hits, ``shared_prefix_boundary``, new block ids, the free queue after
 each free, every cached block's key at the end).  ``vllm_api()`` builds vLLM's objects,
-``kvcy_api(impl)`` kvcy's.  ``tests/test_dropin_retention.py`` holds what this printed for
+``kvcy_api(impl)`` kvcy's.  ``tests/test_single_type_kv_cache_manager.py`` holds what this printed for
 its fixed cases on vLLM (``summary``; ``python tests/_retention_scenarios.py`` with vLLM
 importable, ``VLLM_TARGET_DEVICE=cpu``) and
 compares the two live over random cases when vLLM is importable.
@@ -163,7 +163,7 @@ def vllm_api() -> SimpleNamespace:
     )
 
 
-# Fixed cases whose vLLM results test_dropin_retention.py records.  Prompts: "a" and "b"
+# Fixed cases whose vLLM results test_single_type_kv_cache_manager.py records.  Prompts: "a" and "b"
 # share a long prefix (run 0), "c" a shorter one; chunked prefill; decode; frees.  Prompt
 # lengths (66, 74) keep vLLM from registering a partial-block prefix entry in the 8-token
 # full-attention group over 4-token hashes (fine-grained partial hits, not kvcy's yet): the

@@ -720,3 +720,19 @@ def test_reshape_matches_strided_copy_property(layout, block_size, heads, head_s
     expected = _expected_views(raw, layout, shape5, torch_dtype, page // item, slots * num_blocks * page // item)
     for view, exp in zip(views, expected):
         assert _same_bytes(view, exp)
+
+
+def test_mamba_checkpoint_helpers_from_kv_cache_interface():
+    """vLLM defines them in ``kv_cache_interface``; kvcy serves the selected twin's there
+    (values recorded from vLLM 0.33.0)."""
+    from kvcy import kv_cache_interface as ki
+
+    position = ki.get_mamba_prefill_checkpoint_position
+    assert [position(n, 4, drop, la) for n, drop, la in
+            ((17, False, 0), (17, False, 2), (17, True, 0), (16, False, 0), (3, False, 0), (16, True, 5))] == \
+        [16, 12, 12, 12, 0, 12]
+    valid = ki.is_mamba_prefill_checkpoint_valid
+    assert [valid(*a) for a in ((0, 16, 8, 4, 8, None), (0, 16, 8, 4, 8, 4), (4, 16, 8, 4, 8, 4), (8, 24, 20, 4, 8, 4),
+                                (8, 24, 20, 4, 8, 8), (0, 17, 12, 4, 4, 2))] == [False, True, False, True, False, True]
+    with pytest.raises(AttributeError):
+        ki.no_such_name  # noqa: B018

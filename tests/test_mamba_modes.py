@@ -5,7 +5,7 @@ vLLM 0.33.0's ``MambaManager`` asserts that prefix caching comes with
 that assertion when the manager is made (explicitly, so ``python -O`` too).  Align
 mode, with caching or without, builds (its behaviour: tests/test_mamba_align.py), and
 a Mamba group with caching off in any other mode works as before.  (The same cases
-against live vLLM: tests/test_dropin_behaviour.py.)
+against live vLLM: tests/test_prefix_caching.py.)
 """
 
 from __future__ import annotations

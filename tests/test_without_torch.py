@@ -43,7 +43,7 @@ def test_offloading_api_imports_without_torch():
 def test_readme_test_command_without_torch():
     """The tests that used torch unguarded, under README.md's ``python -m pytest`` without torch:
     each passes or skips, none fails on the missing module."""
-    nodes = ["tests/test_dropin_edges.py::test_embeddings_only_prompt_as_vllm",
+    nodes = ["tests/test_request.py::test_embeddings_only_prompt_as_vllm",
              "tests/test_offload_vllm_regressions.py::test_base_names_as_vllm",
              "tests/test_offload_vllm_regressions.py::test_base_worker_names_as_vllm"]
     out = _run_hidden(f"import pytest\nsys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rs', *{nodes!r}]))\n")

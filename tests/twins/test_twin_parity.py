@@ -565,8 +565,8 @@ def test_compiled_split_has_the_pure_splits_stems():
 # --------------------------------------------------------------------------- refusals
 @pytest.fixture
 def objects():
-    """One of each kv-cache object per twin (test_hardening's set), plus offload ones."""
-    from test_hardening import _objects  # (tests/ is on sys.path: pytest's rootdir conftest)
+    """One of each kv-cache object per twin (tests/_public_state.py's set), plus offload ones."""
+    from _public_state import _objects  # (tests/ is on sys.path: pytest's rootdir conftest)
 
     from kvcy.kv_offload import ReqContext
 
@@ -810,8 +810,8 @@ def test_bad_calls_are_refused_alike(objects):
 
 @needs_compiled
 def test_bad_assignments_are_refused_with_the_same_message(objects):
-    """test_hardening's BAD_ASSIGNMENTS checks each twin's exception type; the messages match too."""
-    from test_hardening import BAD_ASSIGNMENTS
+    """test_public_state's BAD_ASSIGNMENTS checks each twin's exception type; the messages match too."""
+    from _public_state import BAD_ASSIGNMENTS
 
     differ = []
     for kind, name, value, error in BAD_ASSIGNMENTS:

@@ -68,7 +68,7 @@ CASES = {
     "plain": {},
     "lora": {"lora_request": LoRARequest("adapter-a", 3, "/loras/a")},
     # Items that do not overlap: for overlapping ones kvcy keeps the keys vLLM gives when the tokens
-    # come at once, however they come (tests/test_dropin_hashing.py), where vLLM's appended-token
+    # come at once, however they come (tests/test_kv_cache_utils.py), where vLLM's appended-token
     # walk can skip an item.
     "mm": {"mm_features": [(f"img-{i}", off, n) for i, (off, n) in enumerate([(5, 12), (20, 4), (40, 30)])]},
     "cache_salt": {"cache_salt": "tenant-7"},

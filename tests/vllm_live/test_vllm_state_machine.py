@@ -25,7 +25,7 @@ A feature kvcy may not have yet gets ``pending="<feature>"``: while kvcy's manag
 it.  A config on which kvcy and vLLM are known to differ gets ``xfail="<the minimal failing
 sequence>"`` (a strict xfail).
 Not here: ``SinkFullAttentionSpec`` (vLLM 0.33.0's coordinator cannot build its manager,
-tests/test_dropin_retention.py ``test_live_sink``), Mamba prefix caching outside align mode
+tests/test_single_type_kv_cache_manager.py ``test_live_sink``), Mamba prefix caching outside align mode
 (vLLM asserts) and the HiSparse specs (out of scope).
 """
 
@@ -107,7 +107,7 @@ CONFIGS = [
     Config("full8+swa4-eagle-group1", (full(8), swa(4, 12)), use_eagle=True, eagle_groups=(1,), spec_tokens=1,
            num_blocks=48),
     Config("full-eagle-flag-no-eagle", (full(8), full(8, dtype="bfloat16")), eagle_groups=(0,), num_blocks=40),
-    # (chunked local beside another block size: vLLM asserts at every lookup; tests/test_kv_cache_core.py)
+    # (chunked local beside another block size: vLLM asserts at every lookup; tests/test_single_type_kv_cache_manager.py)
     Config("full4+chunked4", (full(4), chunked(4, 16)), num_blocks=48),
     Config("full+mla", (full(8), ("MLAAttentionSpec", dict(block_size=8))), num_blocks=40),
     Config("mixed-precision-zeroing", (full(8), full(8, dtype="bfloat16")), external=True, num_blocks=40),

@@ -1,32 +1,5 @@
-"""vLLM 0.33.0's sparse prefix-cache retention, ``extra_retained_tokens``, the sink manager and
-``reset_prefix_cache`` through the coordinator (issue 14, gaps §3, §5 and §6), both twins.
-
-* ``prefix_cache_retention_interval``: the coordinator validates it as vLLM does
-  (``ValueError``; ``TypeError`` for what is not an int) and hands it, with the prompt's
-  replay boundaries (``replay_boundaries``) and the request's ``shared_prefix_boundary``,
-  to the managers' ``cache_blocks``.  A sliding-window group then caches only the blocks a
-  hit at those boundaries (or once per interval) can use; the rest stay unhashed and go
-  to the front of the free queue when freed.  Mamba's sparse states need Mamba align mode
-  (``NotImplementedError``).
-* ``SlidingWindowSpec.extra_retained_tokens``: the window's trailing edge moves down by
-  that many tokens (``get_num_skipped_tokens``), so their blocks are kept and counted.
-* ``SinkFullAttentionSpec`` gets ``SinkFullAttentionManager``: full attention's decisions,
-  and vLLM's ``AssertionError`` unless the sink fills whole blocks.  (vLLM 0.33.0's own
-  coordinator cannot build that manager: its ``__init__`` lacks ``needs_kv_cache_zeroing``,
-  a ``TypeError``; ``test_live_sink`` pins both facts.)
-* ``reset_prefix_cache`` resets each distinct pool through the coordinator: with no groups
-  there is none, so nothing is cleared and no ``AllBlocksCleared`` is queued.
-
-``EXPECTED``, ``SPARSE_MASKS`` and ``REPLAY_BOUNDARIES`` were recorded from vLLM 0.33.0:
-``EXPECTED`` by ``VLLM_TARGET_DEVICE=cpu python tests/_retention_scenarios.py`` (its
-``summary`` of each case in ``CASES``), the masks by calling vLLM's
-``SlidingWindowManager.reachable_block_mask(start, end, align, spec, eagle,
-retention_interval=..., reachable_boundaries=..., final_segment_end_block=...)`` on 160
-argument tuples drawn with ``random.Random(14)`` (block size 4 or 8, window 2/6/9/17,
-alignment 1/2/4 blocks), written as 0/1 per block or "-" for None, and
-``replay_boundaries(p, sbs, use_eagle)`` from ``vllm.v1.core.kv_cache_coordinator``.  The
-``live`` tests (vLLM importable) compare the two managers directly, over those cases and
-over random operation sequences.
+"""The single-type managers (full attention, sliding window, chunked local, Mamba, sink): what
+each keeps, frees and finds for one KV-cache group, both twins.
 """
 
 from __future__ import annotations
@@ -36,21 +9,276 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kvcy.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
-    MambaSpec,
-    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from kvcy.kv_events import AllBlocksCleared
+from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
+from kvcy.kv_cache_interface import MambaSpec, SinkFullAttentionSpec
+from kvcy.request import Request
 
+from _kv_cache_helpers import (
+    _full, _pool_state, _swa, full_spec_manager, hasher_manager, ids, manager_manager,
+)
 from _vllm_live import live
 
+
+BS = 4
+
+
+@pytest.fixture(autouse=True)
+def _none_hash():
+    init_none_hash(get_hash_fn_by_name("sha256"))
+
+
+def hasher(bs=BS):
+    return get_request_block_hasher(bs, get_hash_fn_by_name("sha256"))
+
+
+def full_config(num_blocks=16, bs=BS):
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+
+
+def manager(impl, num_blocks=16, **kw):
+    kw.setdefault("max_model_len", 256)
+    return impl.kv_cache.KVCacheManager(full_config(num_blocks), scheduler_block_size=BS, hash_block_size=BS, **kw)
+
+
+def test_sliding_window_frees_out_of_window_blocks(impl):
+    spec = SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=6)
+    cfg = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+    req = Request("s", list(range(24)), block_hasher=hasher())
+    mgr.allocate_slots(req, 12)
+    req.num_computed_tokens = 12
+    mgr.allocate_slots(req, 12)
+    # 12 computed: 12 - 6 + 1 = 7 tokens skipped -> block 0 is replaced by the null block
+    assert mgr.get_block_ids("s")[0][0] == 0
+    assert mgr.get_block_ids("s")[0][1:] == [2, 3, 4, 5, 6]
+
+
+def test_chunked_local_hit_is_null_before_the_chunk(impl):
+    spec = ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                     attention_chunk_size=8)
+    cfg = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=4, hash_block_size=4)
+    a = Request("a", list(range(16)), block_hasher=hasher())
+    mgr.allocate_slots(a, 16)
+    b = Request("b", list(range(16)), block_hasher=hasher())
+    blocks, n, _ = mgr.get_computed_blocks(b)
+    # max length 15: chunk start 8 -> blocks 0, 1 are null; block 2 (tokens 8..11) hits
+    assert blocks.get_block_ids() == ([0, 0, 3],) and n == 12
+
+
+def test_chunked_local_beside_another_block_size_asserts_at_lookup(impl):
+    """vLLM 0.33.0's chunked-local lookup asserts that the group's block size is the hit
+    alignment (the scheduler block): beside full attention of 8-token blocks, 4-token chunked
+    blocks build but every lookup raises its AssertionError (a lookup that
+    trimmed the hit to the alignment instead would differ; tests/vllm_live/test_vllm_state_machine.py
+    drives this against vLLM)."""
+    chunked = ChunkedLocalAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16",
+                                        attention_chunk_size=16)
+    full = FullAttentionSpec(block_size=8, num_kv_heads=1, head_size=8, dtype="float16")
+    cfg = KVCacheConfig(num_blocks=20, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["f"], full), KVCacheGroupSpec(["c"], chunked)])
+    mgr = impl.kv_cache.KVCacheManager(cfg, max_model_len=256, scheduler_block_size=8, hash_block_size=4)
+    req = Request("a", list(range(20)), block_hasher=hasher())
+    msg = "KV cache groups with different block sizes are not compatible with chunked local attention now"
+    with pytest.raises(AssertionError, match=msg):
+        mgr.get_computed_blocks(req)
+    manager_cls = type(mgr.coordinator.single_type_managers[1])
+    with pytest.raises(AssertionError, match=msg):
+        manager_cls.find_longest_cache_hit([], 16, [1], mgr.block_pool, chunked, False, 8)
+    (hit,), n = manager_cls.find_longest_cache_hit([], 16, [1], mgr.block_pool, chunked, False, 4)
+    assert [b.block_id for b in hit] == [0, 0, 0, 0] and n == 16  # (aligned: the chunk's null blocks)
+
+
+def test_add_local_computed_blocks_rejects_bad_blocks_unchanged(impl):
+    mgr = manager(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    free_block = mgr.block_pool.free_block_queue.get_all_free_blocks()[0]
+    before = _pool_state(mgr.block_pool)
+    for bad, exc in (([free_block, None], TypeError), ([free_block, impl.kv_cache.KVCacheBlock(5)], RuntimeError)):
+        with pytest.raises(exc):
+            single.add_local_computed_blocks("r", bad, 2 * BS, 0)
+        assert "r" not in single.req_to_blocks
+        assert _pool_state(mgr.block_pool) == before
+
+
+def test_managers_check_what_goes_into_their_tables(impl):
+    """req_to_blocks / num_cached_block take entries from callers (vLLM's tests do), checked
+    when they go in: a value that is not a list of this pool's blocks, or not a count, is
+    refused and nothing changes."""
+    mgr = manager(impl)
+    other = manager(impl)
+    single = mgr.coordinator.single_type_managers[0]
+    req = impl.kv_cache.Request("r", list(range(8)), block_hasher=hasher())
+    with pytest.raises(TypeError, match="req_to_blocks values must be lists"):
+        single.req_to_blocks["r"] = ("not", "a list")
+    with pytest.raises(TypeError, match="req_to_blocks values must be lists"):
+        single.req_to_blocks["r"] = [1, 2]
+    with pytest.raises(RuntimeError, match="not a block of this pool"):
+        single.req_to_blocks["r"] = [other.block_pool.blocks[1]]
+    with pytest.raises(TypeError, match="request ids must be str"):
+        single.req_to_blocks[3] = []
+    with pytest.raises(ValueError, match="num_cached_block values must be non-negative"):
+        single.num_cached_block["r"] = -1
+    assert "r" not in single.req_to_blocks and not single.num_cached_block
+    assert mgr.allocate_slots(req, 8) is not None
+    single.req_to_blocks["r"] = list(single.req_to_blocks["r"])  # a list of its own blocks: taken
+    single.num_cached_block["r"] = 1
+    assert dict(single.num_cached_block) == {"r": 1}
+
+
+def full_spec(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def request(impl, rid, tokens):
+    return impl.kv_cache.Request(rid, tokens, block_hasher=get_request_block_hasher(BS, get_hash_fn_by_name("sha256")))
+
+
+# ------------------------------------------------------- a spec no manager serves
+def test_group_whose_spec_has_no_manager_asserts_as_vllm(impl):
+    """A group of encoder-only layers, or of a ``UniformTypeKVCacheSpecs`` (the workers'
+    spec, not the scheduler's), has no single-type manager: vLLM's factory asserts
+    ("No manager registered for KVCacheSpec <class ...>"), with or without caching.
+    kvcy raised ValueError."""
+    from kvcy.kv_cache_interface import EncoderOnlyAttentionSpec, UniformTypeKVCacheSpecs
+
+    attn = dict(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16")
+    for spec in (EncoderOnlyAttentionSpec(**attn),
+                 UniformTypeKVCacheSpecs(block_size=BS, kv_cache_specs={"a": full_spec(), "b": full_spec()})):
+        cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec(["l0"], full_spec()), KVCacheGroupSpec(["l1"], spec)])
+        for caching in (True, False):
+            with pytest.raises(AssertionError) as err:
+                impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=BS, hash_block_size=BS,
+                                             enable_caching=caching)
+            assert str(err.value) == f"No manager registered for KVCacheSpec {type(spec)}"
+
+
+def test_find_longest_cache_hit_takes_vllms_context_parallel_sizes(impl):
+    """vLLM's ``find_longest_cache_hit`` classmethods end with ``dcp_world_size=1,
+    pcp_world_size=1`` (its coordinators pass them); kvcy takes them, and refuses other
+    sizes as vLLM does: full attention reads hashes at the dcp-scaled block, the other
+    types assert (vLLM's "DCP not support ..." messages)."""
+    from kvcy.kv_cache_interface import SlidingWindowSpec
+
+    kv = impl.kv_cache
+    pool = kv.BlockPool(16, True, BS)
+    req = request(impl, "a", list(range(12)))
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 3, BS, 0)
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sliding_window=8)
+    for cls, spec, expected in ((kv.FullAttentionManager, full_spec(), (12, [1, 2, 3])),
+                                (kv.SlidingWindowManager, swa, (12, [0, 2, 3]))):
+        got, length = cls.find_longest_cache_hit(
+            block_hashes=req.block_hashes, max_length=12, kv_cache_group_ids=[0], block_pool=pool,
+            kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=BS, dcp_world_size=1, pcp_world_size=1)
+        assert (length, [b.block_id for b in got[0]]) == expected
+    # dcp=3: one block spans 3 hash blocks, keyed by the last one's hash (which chains
+    # over the whole prefix): the 12 cached tokens are one block, the third cached one
+    got, length = kv.FullAttentionManager.find_longest_cache_hit(
+        req.block_hashes, 12, [0], pool, full_spec(), False, 3 * BS, 3, 1)
+    assert (length, [b.block_id for b in got[0]]) == (12, [3])
+    got, length = kv.FullAttentionManager.find_longest_cache_hit(
+        req.block_hashes, 11, [0], pool, full_spec(), False, 3 * BS, 3, 1)
+    assert (length, got) == (0, ([],))  # (max_length below one 12-token block)
+    with pytest.raises(AssertionError, match="DCP not support sliding window attn now."):
+        kv.SlidingWindowManager.find_longest_cache_hit(req.block_hashes, 12, [0], pool, swa, False, BS, 2, 1)
+    with pytest.raises(AssertionError, match="PCP not support sliding window attn now."):
+        kv.SlidingWindowManager.find_longest_cache_hit(req.block_hashes, 12, [0], pool, swa, False, BS, 1, 2)
+
+
+def test_pop_blocks_for_free_leaves_out_leading_null_blocks(impl):
+    """A sliding window's skipped prefix is null blocks at the head of its table;
+    vLLM's pop_blocks_for_free returns the blocks without them (trim_null_head)."""
+    mgr = manager_manager(impl, groups=2, num_blocks=32)
+    req = impl.kv_cache.Request("a", list(range(24)), block_hasher=hasher_manager())
+    assert mgr.allocate_slots(req, 24) is not None
+    req.num_computed_tokens = 24
+    mgr.remove_skipped_blocks("a", 24)
+    full, window = mgr.coordinator.get_blocks("a")
+    null = mgr.block_pool.null_block
+    # window 8, 24 tokens computed: 24 - 8 + 1 = 17 tokens skipped, so 4 blocks of 4 are null
+    assert [b is null for b in window] == [True] * 4 + [False] * 2
+    expected = [b.block_id for b in full] + [b.block_id for b in window[4:]]
+    popped = mgr.pop_blocks_for_free(req)
+    assert [b.block_id for b in popped] == expected
+    assert not any(b is null for b in popped)
+    assert not mgr.coordinator.holds("a")
+    # the caller frees them, last first, as vLLM's scheduler does
+    mgr.block_pool.free_blocks(reversed(popped))
+    assert mgr.block_pool.get_num_free_blocks() == 31
+
+
+# -------------------------- names and parameters as vLLM 0.33.0 spells them
+def test_single_type_manager_takes_vllms_positional_order(impl):
+    """vLLM: (spec, pool, enable_caching, group id, scheduler block size,
+    dcp_world_size=1, pcp_world_size=1, needs_kv_cache_zeroing=False,
+    max_admission_blocks_per_request=None)."""
+    kv = impl.kv_cache
+    pool = kv.BlockPool(16, True, BS)
+    mgr = kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, 1, 1, True, 3)
+    assert mgr._max_admission_blocks_per_request == 3
+    mgr.allocate_new_blocks("a", 8, 8)
+    assert sorted(mgr.take_new_block_ids()) == sorted(b.block_id for b in mgr.req_to_blocks["a"])
+    cp = kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, 2, 3)
+    assert (cp.dcp_world_size, cp.pcp_world_size, cp.block_size) == (2, 3, 2 * BS)
+    with pytest.raises(TypeError, match="dcp_world_size must be an int"):
+        kv.FullAttentionManager(full_spec_manager(), pool, True, 0, BS, dcp_world_size=1.0)
+
+
+def test_register_all_kvcache_specs():
+    import kvcy.single_type_kv_cache_manager as st
+    from kvcy.kv_cache_interface import KVCacheSpecRegistry, SinkFullAttentionSpec
+
+    st.register_all_kvcache_specs(None)
+    st.register_all_kvcache_specs()  # again: nothing changes
+    sink = SinkFullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype="float16", sink_len=BS)
+    assert KVCacheSpecRegistry.get_manager_class(sink) is st.SinkFullAttentionManager
+    assert KVCacheSpecRegistry.get_manager_class(full_spec_manager()) is st.FullAttentionManager
+    assert "register_all_kvcache_specs" in st.__all__
+
+
+# =================================================================================================
+# vLLM 0.33.0's sparse prefix-cache retention, ``extra_retained_tokens``, the sink manager and
+# ``reset_prefix_cache`` through the coordinator, both twins.
+#
+# * ``prefix_cache_retention_interval``: the coordinator validates it as vLLM does
+#   (``ValueError``; ``TypeError`` for what is not an int) and hands it, with the prompt's
+#   replay boundaries (``replay_boundaries``) and the request's ``shared_prefix_boundary``,
+#   to the managers' ``cache_blocks``.  A sliding-window group then caches only the blocks a
+#   hit at those boundaries (or once per interval) can use; the rest stay unhashed and go
+#   to the front of the free queue when freed.  Mamba's sparse states need Mamba align mode
+#   (``NotImplementedError``), as does any ``dcp_world_size`` but 1.
+# * ``SlidingWindowSpec.extra_retained_tokens``: the window's trailing edge moves down by
+#   that many tokens (``get_num_skipped_tokens``), so their blocks are kept and counted.
+# * ``SinkFullAttentionSpec`` gets ``SinkFullAttentionManager``: full attention's decisions,
+#   and vLLM's ``AssertionError`` unless the sink fills whole blocks.  (vLLM 0.33.0's own
+#   coordinator cannot build that manager: its ``__init__`` lacks ``needs_kv_cache_zeroing``,
+#   a ``TypeError``; ``test_live_sink`` pins both facts.)
+# * ``reset_prefix_cache`` resets each distinct pool through the coordinator: with no groups
+#   there is none, so nothing is cleared and no ``AllBlocksCleared`` is queued.
+#
+# ``EXPECTED``, ``SPARSE_MASKS`` and ``REPLAY_BOUNDARIES`` were recorded from vLLM 0.33.0:
+# ``EXPECTED`` by ``VLLM_TARGET_DEVICE=cpu python tests/_retention_scenarios.py`` (its
+# ``summary`` of each case in ``CASES``), the masks by calling vLLM's
+# ``SlidingWindowManager.reachable_block_mask(start, end, align, spec, eagle,
+# retention_interval=..., reachable_boundaries=..., final_segment_end_block=...)`` on 160
+# argument tuples drawn with ``random.Random(14)`` (block size 4 or 8, window 2/6/9/17,
+# alignment 1/2/4 blocks), written as 0/1 per block or "-" for None, and
+# ``replay_boundaries(p, sbs, use_eagle)`` from ``vllm.v1.core.kv_cache_coordinator``.  The
+# ``live`` tests (vLLM importable) compare the two managers directly, over those cases and
+# over random operation sequences.
+# =================================================================================================
 
 def _load_scenarios():
     path = Path(__file__).with_name("_retention_scenarios.py")
@@ -61,8 +289,13 @@ def _load_scenarios():
 
 
 R = _load_scenarios()
+
+
 SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
 ATTN = dict(num_kv_heads=1, head_size=8, dtype="float16")
+
 
 EXPECTED = {'full8_swa4w6_dense': {'cached': [[1, 0, 8], [2, 0, 16], [3, 0, 24], [4, 1, 4], [5, 1, 8], [6, 1, 12], [7, 1, 16],
                                    [8, 1, 20], [9, 1, 24], [10, 0, 32], [11, 0, 40], [12, 0, 48], [13, 1, 28],
@@ -385,6 +618,8 @@ SPARSE_MASKS = [
     ((8, 17, 32, False, 16, (21,), None, 3, 17), '-'),
     ((4, 9, 16, False, 0, (-3,), None, 5, 19), '00000000000000'),
 ]
+
+
 REPLAY_BOUNDARIES = {
     (1, 4): ((0,), (0,)),
     (1, 16): ((0,), (0,)),
@@ -418,16 +653,67 @@ def _manager(impl, specs, retention=None, *, sbs=4, hbs=4, caching=True, events=
                                         max_in_flight_tokens=64, use_int_block_hashes=False)
 
 
-def _full(bs=4):
-    return FullAttentionSpec(block_size=bs, **ATTN)
-
-
-def _swa(bs=4, window=6, extra=0):
-    return SlidingWindowSpec(block_size=bs, sliding_window=window, extra_retained_tokens=extra, **ATTN)
-
-
 def _mamba(bs=4, mode="none"):
     return MambaSpec(block_size=bs, shapes=((4,),), dtypes=("float32",), mamba_cache_mode=mode)
+
+
+# ------------------------------------------------------------------ validation
+# vLLM 0.33.0's KVCacheManager(...) with prefix_cache_retention_interval=r, scheduler block 4:
+RETENTION_CONFIGS = [
+    (("full",), 16, ValueError, "prefix_cache_retention_interval is set but this model has no sliding-window or "
+     "Mamba KV cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window and Mamba "
+     "attention)."),
+    (("full",), 0, None, None),
+    (("full",), -4, ValueError, "has no sliding-window or Mamba KV cache group"),
+    (("swa",), 6, ValueError, "prefix_cache_retention_interval (6) must be non-negative and a multiple of "
+     "scheduler_block_size (4)."),
+    (("swa",), -4, ValueError, "prefix_cache_retention_interval (-4) must be non-negative"),
+    (("swa",), 0, None, None),
+    (("swa",), 8, None, None),
+    (("full", "swa"), 12, None, None),
+]
+
+
+# ------------------------------------------------------------------ live: kvcy beside vLLM
+@pytest.fixture(scope="module")
+def vllm_api():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    return R.vllm_api()
+
+
+@st.composite
+def cases(draw):
+    layout = draw(st.sampled_from(["swa", "full4_swa4", "full8_swa4"]))
+    extra = draw(st.sampled_from([0, 0, 1, 3, 7]))
+    window = draw(st.integers(2, 20))
+    if layout == "swa":
+        bs = draw(st.sampled_from([4, 8]))
+        groups, hbs, sbs = [("swa", bs, window, extra)], bs, bs
+    elif layout == "full4_swa4":
+        groups, hbs, sbs = [("full", 4), ("swa", 4, window, extra)], 4, 4
+    else:
+        groups, hbs, sbs = [("full", 8), ("swa", 4, window, extra)], 4, 8
+    retention = draw(st.sampled_from([None, 0, sbs, 2 * sbs, 3 * sbs, 4 * sbs]))
+    ops = []
+    shared_base = draw(st.integers(8, 40))
+    for i in range(draw(st.integers(4, 18))):
+        rid = draw(st.sampled_from("abcd"))
+        kind = draw(st.sampled_from(["admit", "admit", "step", "step", "step", "free"]))
+        if kind == "admit":
+            length = draw(st.integers(8, 72))
+            if layout == "full8_swa4":
+                # (a prompt of 8k+1..8k+3 tokens: vLLM registers no partial-block prefix
+                # entry, a fine-grained partial hit kvcy does not make yet)
+                length = length // 8 * 8 + draw(st.integers(1, 3))
+            shared = min(draw(st.sampled_from([0, shared_base, length])), length)
+            runs = [(0, shared), (10000 * (i + 1), length - shared)]
+            ops.append(("admit", rid, runs, draw(st.integers(1, 40))))
+        elif kind == "step":
+            ops.append(("step", rid, draw(st.integers(1, 24))))
+        else:
+            ops.append(("free", rid))
+    return dict(groups=groups, hash_block_size=hbs, scheduler_block_size=sbs,
+                num_blocks=draw(st.integers(12, 64)), use_eagle=draw(st.booleans()), retention=retention, ops=ops)
 
 
 # ------------------------------------------------------------------ whole scenarios
@@ -500,23 +786,6 @@ def test_mask_refusals(impl):
             kv.SlidingWindowManager.reachable_block_mask(0, 8, 8, spec, False, **kw)
     with pytest.raises(ValueError, match="alignment_tokens must be positive"):
         kv.SlidingWindowManager.reachable_block_mask(0, 8, 0, spec, False, retention_interval=0)
-
-
-# ------------------------------------------------------------------ validation
-# vLLM 0.33.0's KVCacheManager(...) with prefix_cache_retention_interval=r, scheduler block 4:
-RETENTION_CONFIGS = [
-    (("full",), 16, ValueError, "prefix_cache_retention_interval is set but this model has no sliding-window or "
-     "Mamba KV cache group, so retention has no effect. Set it to 0 (it only applies to sliding-window and Mamba "
-     "attention)."),
-    (("full",), 0, None, None),
-    (("full",), -4, ValueError, "has no sliding-window or Mamba KV cache group"),
-    (("swa",), 6, ValueError, "prefix_cache_retention_interval (6) must be non-negative and a multiple of "
-     "scheduler_block_size (4)."),
-    (("swa",), -4, ValueError, "prefix_cache_retention_interval (-4) must be non-negative"),
-    (("swa",), 0, None, None),
-    (("swa",), 8, None, None),
-    (("full", "swa"), 12, None, None),
-]
 
 
 def test_retention_validated_as_vllm(impl):
@@ -679,75 +948,12 @@ def test_sink_decides_as_full_attention(impl):
     assert any(rec[0] > 0 for kind, _, rec in full["trace"] if kind == "admit")
 
 
-# ------------------------------------------------------------------ reset through the coordinator
-def test_reset_prefix_cache_through_the_coordinator(impl):
-    kv = impl.kv_cache
-    from kvcy.hashing import get_hash_fn_by_name, get_request_block_hasher, init_none_hash
-
-    sha = get_hash_fn_by_name("sha256")
-    init_none_hash(sha)
-    # vLLM 0.33.0, no groups (caching off, events on): reset -> True, take_events() -> [].
-    empty = _manager(impl, [], caching=False, events=True)
-    assert empty.reset_prefix_cache() is True and empty.take_events() == []
-    mgr = _manager(impl, [_full(), _swa()], events=True)
-    req = kv.Request("r", list(range(16)), block_hasher=get_request_block_hasher(4, sha))
-    mgr.allocate_slots(req, 16)
-    assert mgr.coordinator.reset_prefix_cache() is False and mgr.reset_prefix_cache() is False
-    mgr.free(req)
-    mgr.take_events()
-    assert mgr.coordinator.reset_prefix_cache() is True
-    assert [type(e) for e in mgr.take_events()] == [AllBlocksCleared]
-    assert all(b.block_hash is None for b in mgr.block_pool.blocks)
-
-
-# ------------------------------------------------------------------ live: kvcy beside vLLM
-@pytest.fixture(scope="module")
-def vllm_api():
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    return R.vllm_api()
-
-
 @live
 @pytest.mark.parametrize("name", list(R.CASES))
 def test_live_cases(impl, vllm_api, name):
     want = R.run(vllm_api, R.CASES[name])
     assert R.summary(want) == EXPECTED[name]  # (the recording still holds)
     assert R.run(R.kvcy_api(impl), R.CASES[name]) == want
-
-
-@st.composite
-def cases(draw):
-    layout = draw(st.sampled_from(["swa", "full4_swa4", "full8_swa4"]))
-    extra = draw(st.sampled_from([0, 0, 1, 3, 7]))
-    window = draw(st.integers(2, 20))
-    if layout == "swa":
-        bs = draw(st.sampled_from([4, 8]))
-        groups, hbs, sbs = [("swa", bs, window, extra)], bs, bs
-    elif layout == "full4_swa4":
-        groups, hbs, sbs = [("full", 4), ("swa", 4, window, extra)], 4, 4
-    else:
-        groups, hbs, sbs = [("full", 8), ("swa", 4, window, extra)], 4, 8
-    retention = draw(st.sampled_from([None, 0, sbs, 2 * sbs, 3 * sbs, 4 * sbs]))
-    ops = []
-    shared_base = draw(st.integers(8, 40))
-    for i in range(draw(st.integers(4, 18))):
-        rid = draw(st.sampled_from("abcd"))
-        kind = draw(st.sampled_from(["admit", "admit", "step", "step", "step", "free"]))
-        if kind == "admit":
-            length = draw(st.integers(8, 72))
-            if layout == "full8_swa4":
-                # (a prompt of 8k+1..8k+3 tokens: vLLM registers no partial-block prefix
-                # entry, a fine-grained partial hit kvcy does not make yet)
-                length = length // 8 * 8 + draw(st.integers(1, 3))
-            shared = min(draw(st.sampled_from([0, shared_base, length])), length)
-            runs = [(0, shared), (10000 * (i + 1), length - shared)]
-            ops.append(("admit", rid, runs, draw(st.integers(1, 40))))
-        elif kind == "step":
-            ops.append(("step", rid, draw(st.integers(1, 24))))
-        else:
-            ops.append(("free", rid))
-    return dict(groups=groups, hash_block_size=hbs, scheduler_block_size=sbs,
-                num_blocks=draw(st.integers(12, 64)), use_eagle=draw(st.booleans()), retention=retention, ops=ops)
 
 
 @live
@@ -837,3 +1043,74 @@ def test_live_sink(vllm_api):
                           kv_cache_groups=[v.KVCacheGroupSpec(["l0"], v.SinkFullAttentionSpec(**attn, sink_len=4))])
     with pytest.raises(TypeError, match="needs_kv_cache_zeroing"):
         KVCacheManager(cfg, max_model_len=64, scheduler_block_size=4, hash_block_size=4, max_in_flight_tokens=64)
+
+
+# =================================================================================================
+# Private single-type-manager internals vLLM's own tests reach: both twins expose them.
+#
+# ``_pending_cow_copies`` is the live queue ``take_kv_cache_block_copies`` drains (a test may
+# queue a copy of its own); ``MambaManager._relocate_speculative_block`` and
+# ``_cache_partial_tail_block`` are callable, with the index checked before anything moves.
+# =================================================================================================
+
+def manager_manager_private_hooks(impl, specs):
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    return impl.kv_cache.KVCacheManager(cfg, max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+
+
+def full():
+    return FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype="float16")
+
+
+def mamba_manager(impl):
+    spec = MambaSpec(block_size=4, shapes=((2,),), dtypes=("float32",), mamba_cache_mode="align")
+    pool = impl.kv_cache.BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=4)
+    return impl.kv_cache.MambaManager(spec, block_pool=pool, enable_caching=True, kv_cache_group_id=0,
+                                      scheduler_block_size=4), pool
+
+
+def test_pending_cow_copies_is_the_live_queue(impl):
+    mgr = manager_manager_private_hooks(impl, [full()])
+    single = mgr.coordinator.single_type_managers[0]
+    src, dst = mgr.block_pool.get_new_blocks(2)
+    single._pending_cow_copies.append((src, dst))
+    copies, retained = mgr.take_kv_cache_block_copies()
+    assert [(c.src_block_id, c.dst_block_id) for c in copies] == [(src.block_id, dst.block_id)]
+    assert retained == [src, dst] and single._pending_cow_copies == []
+
+
+def test_pending_cow_copies_cannot_be_rebound(impl):
+    single = manager_manager_private_hooks(impl, [full()]).coordinator.single_type_managers[0]
+    with pytest.raises(AttributeError):
+        single._pending_cow_copies = None
+
+
+def test_relocate_speculative_block(impl):
+    mgr, pool = mamba_manager(impl)
+    block = pool.get_new_blocks(1)[0]
+    blocks = [block]
+    mgr._relocate_speculative_block(blocks, 0)
+    assert blocks == [pool.null_block, block] and block.ref_cnt == 1
+    shared = pool.get_new_blocks(1)[0]
+    pool.touch([shared])  # (a second holder: not writable in place)
+    with pytest.raises(AssertionError):
+        mgr._relocate_speculative_block([shared], 0)
+
+
+@pytest.mark.parametrize("idx", [1, 5, -2])
+def test_relocate_out_of_range_is_an_index_error_and_moves_nothing(impl, idx):
+    mgr, pool = mamba_manager(impl)
+    block = pool.get_new_blocks(1)[0]
+    blocks = [block]
+    with pytest.raises(IndexError):
+        mgr._relocate_speculative_block(blocks, idx)
+    assert blocks == [block]
+
+
+def test_cache_partial_tail_block_caches_nothing_off_the_prompt_boundary(impl):
+    mgr, pool = mamba_manager(impl)
+    req = impl.kv_cache.Request("r", list(range(10)))
+    for num_tokens in (3, 4, 0, -4):  # (off a hash boundary, short of the prompt's, none)
+        assert mgr._cache_partial_tail_block(req, num_tokens, None) is None
+    assert len(pool.cached_block_hash_to_block) == 0

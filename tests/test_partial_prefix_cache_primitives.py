@@ -1,5 +1,5 @@
-"""Partial prefix-cache entries with coarse keys (issue 14, the storage side of vLLM 0.33.0's
-fine-grained partial hits).
+"""Partial prefix-cache entries with coarse keys: the storage side of vLLM 0.33.0's fine-grained
+partial hits.
 
 When a full-attention group's blocks are coarser than the hash block, vLLM 0.33.0's
 ``FullAttentionManager.cache_blocks`` also registers the prompt's last hash boundary a later

@@ -1,5 +1,5 @@
-"""vLLM 0.33.0 drop-in, specs and configs (issue 14): the fields, defaults and errors
-vLLM's ``kv_cache_interface`` has."""
+"""Specs and configs: the fields, defaults and errors vLLM 0.33.0's ``kv_cache_interface`` has,
+with torch dtypes (the rest of the module's tests: tests/test_kv_cache_interface.py)."""
 
 from __future__ import annotations
 
@@ -327,7 +327,7 @@ def test_sliding_window_extra_retained_tokens():
     assert swa(extra_retained_tokens=0) == spec
     assert SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=576, dtype="bf16",
                                 sliding_window=128).num_retained_tokens == 127
-    # Supported since the sliding-window manager keeps the extra blocks (tests/test_dropin_retention.py);
+    # Supported since the sliding-window manager keeps the extra blocks (tests/test_single_type_kv_cache_manager.py);
     # vLLM 0.33.0's values: 79 retained tokens, admission caps 22 and 8 blocks, a different spec.
     extra = swa(extra_retained_tokens=16)
     assert extra.num_retained_tokens == 79 and extra != spec
