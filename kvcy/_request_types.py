@@ -4,7 +4,8 @@ Shared by both twins' ``Request`` (``kvcy/_fast/_kv_cache_{c,py}``) and
 re-exported by :mod:`kvcy.request`; kept apart so that the twins can import
 them while ``kvcy._fast`` is still loading.  ``KVCacheBlockCopy`` (what the
 managers' ``take_kv_cache_block_copies`` returns) lives here for the same
-reason; :mod:`kvcy.kv_cache_utils` re-exports it.
+reason; :mod:`kvcy.kv_cache_utils` re-exports it.  So does ``SpecGroup`` (an entry of
+a hybrid coordinator's ``attention_groups``), re-exported by :mod:`kvcy.kv_cache_coordinator`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "MultiModalFeatureSpec",
     "PlaceholderRange",
     "RequestStatus",
+    "SpecGroup",
     "validate_token_ids",
 ]
 
@@ -222,3 +224,17 @@ class KVCacheBlockCopy(NamedTuple):
 
     src_block_id: int
     dst_block_id: int
+
+
+class SpecGroup(NamedTuple):
+    """KV-cache groups with one spec, looked up together for a cache hit: an entry of
+    ``HybridKVCacheCoordinator.attention_groups``.
+
+    ``use_eagle`` holds when any member is an EAGLE/MTP group; the members share their
+    hits, so the last-block drop is decided for all of them at once.
+    """
+
+    spec: Any
+    group_ids: list[int]
+    manager_cls: type
+    use_eagle: bool

@@ -5,6 +5,8 @@ Exports, all from stem ``kv_cache_coordinator``: ``KVCacheCoordinator`` (the bas
 group), ``HybridKVCacheCoordinator`` (several attention types, one prefix hit
 agreed across them), ``get_kv_cache_coordinator`` (picks one for a config) and
 ``replay_boundaries`` (where a replay of a prompt can resume: sparse retention).
+``SpecGroup`` (an entry of the hybrid coordinator's ``attention_groups``: groups of one
+spec, looked up together) is one class for both twins.
 
 A stem ``S`` below is ``kvcy/_fast/kv_cache_c/S.pyx`` (compiled, ``include``-d
 into the extension ``kvcy._fast._kv_cache_c``) and ``kvcy/_fast/kv_cache_py/S.py``
@@ -19,6 +21,7 @@ that an error); ``kvcy.IMPLEMENTATION`` says which (``"cython"`` / ``"python"``)
 from typing import TYPE_CHECKING
 
 from kvcy._fast import kv_cache as _impl
+from kvcy._request_types import SpecGroup
 
 if TYPE_CHECKING:
     # Type checkers see the pure-Python twin (the compiled one has the same API:
@@ -43,6 +46,7 @@ __all__ = [
     "HybridKVCacheCoordinator",
     "KVCacheCoordinator",
     "KVCacheCoordinatorNoPrefixCache",
+    "SpecGroup",
     "UnitaryKVCacheCoordinator",
     "get_kv_cache_coordinator",
     "replay_boundaries",

@@ -40,7 +40,7 @@ cimport cython
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New
-from cpython.tuple cimport PyTuple_GET_SIZE
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE
 from cpython.object cimport PyObject, PyTypeObject, inquiry, traverseproc, visitproc
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
@@ -75,6 +75,7 @@ from kvcy._fast._request_tables import _BlockTable, _CountTable
 from kvcy._request_types import (
     KVCacheBlockCopy,
     RequestStatus,
+    SpecGroup,
     check_request_args,
     check_skip_reading_prefix_cache,
     validate_token_ids,

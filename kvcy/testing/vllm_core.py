@@ -6,8 +6,9 @@ rebinds, in vLLM's own modules, every name kvcy defines under the same module na
 (the table :data:`REDIRECTS`) to kvcy's object, and makes vLLM's ``Scheduler`` build kvcy's
 ``KVCacheManager`` (:func:`kvcy.vllm.install`).  It runs after vLLM's scheduler, connectors
 and workers have been imported, so vLLM's own code keeps the classes it bound at import;
-what the tests import afterwards, and the manager the Scheduler builds, are kvcy's.
-Names vLLM has and kvcy lacks stay vLLM's.
+what the tests import afterwards, and the manager the Scheduler builds, are kvcy's.  The spec
+classes are the exception: vLLM's planner keeps running on the specs the tests build, so its
+modules' bindings of them are rebound too.  Names vLLM has and kvcy lacks stay vLLM's.
 
 The tests run from a staged copy (:func:`stage`): the test files of :data:`SELECTED` and the
 helpers they import, under a ``tests`` package of their own with a small ``conftest.py``
@@ -73,11 +74,6 @@ _ONLY: dict[str, tuple[str, ...]] = {
         "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "KVCacheEvent", "KVEventBatch",
     ),
 }
-
-# Spec classes kvcy defines whose vLLM originals vLLM's own planner and HiSparse layout
-# (which stay vLLM's) test with isinstance: rebound in every vLLM module that holds them, so
-# that those modules recognise the kvcy specs the tests now build.
-_SPECS_EVERYWHERE = ("HiSparseHotSpec", "HiSparseResidentSpec")
 
 # vLLM modules whose import-time bindings must stay vLLM's (its Scheduler and what the tests'
 # helpers build around it); imported before anything is rebound.
@@ -260,15 +256,24 @@ def _rebind() -> dict[str, list[str]]:
 
 
 def _rebind_specs_everywhere(rebound: dict[str, list[str]]) -> None:
+    """Rebind every spec class kvcy defines in every vLLM module that holds vLLM's original.
+
+    vLLM's planner (``kv_cache_planning``), layout resolution (``resolve_kv_cache_layout``)
+    and HiSparse layout stay vLLM's, and they sort the specs the tests now build (kvcy's) with
+    ``isinstance``: against vLLM's classes a kvcy ``UniformTypeKVCacheSpecs`` would be read as
+    one layer and a kvcy ``AttentionSpec`` would not count as attention at all.
+    """
     import kvcy.kv_cache_interface as kvcy_specs
 
     for module_name, module in list(sys.modules.items()):
         if not module_name.startswith("vllm.") or module is None:
             continue
-        for name in _SPECS_EVERYWHERE:
-            obj = vars(module).get(name)
-            if isinstance(obj, type) and obj.__module__ == "vllm.v1.kv_cache_interface":
-                setattr(module, name, getattr(kvcy_specs, name))
+        for name, obj in list(vars(module).items()):
+            if not (isinstance(obj, type) and obj.__module__ == "vllm.v1.kv_cache_interface"):
+                continue
+            ours = getattr(kvcy_specs, name, None)
+            if isinstance(ours, type) and _defined_in_kvcy(ours):
+                setattr(module, name, ours)
                 rebound.setdefault(module_name, []).append(name)
 
 

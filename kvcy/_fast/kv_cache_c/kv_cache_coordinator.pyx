@@ -540,7 +540,7 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         if not groups:
             raise AssertionError("HybridKVCacheCoordinator requires at least one cacheable group.")
         groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
-        self.attention_groups = [tuple(e) for e in groups]
+        self.attention_groups = [SpecGroup(*e) for e in groups]
         for spec, ids, klass, use_eagle in self.attention_groups:
             if use_eagle:
                 for gid in ids:
@@ -572,11 +572,19 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         cdef tuple managers = self.single_type_managers
         cdef SingleTypeKVCacheManager first_manager
         cdef bint drop, is_full
-        cdef tuple res
+        cdef tuple res, entry
         while True:
             curr = hit_length
             for idx in range(len(self.attention_groups)):
-                spec, group_ids, klass, use_eagle = self.attention_groups[idx]
+                # An entry is a SpecGroup, a tuple subclass: Cython unpacks without an
+                # iterator only what is typed as a tuple (and its tuple casts take exact
+                # tuples only), hence the check; anything else unpacks as Python would.
+                item = self.attention_groups[idx]
+                if PyTuple_Check(item):
+                    entry = <tuple>item
+                    spec, group_ids, klass, use_eagle = entry
+                else:
+                    spec, group_ids, klass, use_eagle = item
                 first = group_ids[0]
                 is_full = isinstance(spec, FullAttentionSpec)
                 if is_full and blocks_by_group[first] is not None:
@@ -610,7 +618,12 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
             hit_length = curr
             if self._is_simple_hybrid:
                 break
-        for spec, group_ids, klass, use_eagle in self.attention_groups:
+        for item in self.attention_groups:
+            if PyTuple_Check(item):  # a SpecGroup (see above)
+                entry = <tuple>item
+                spec, group_ids, klass, use_eagle = entry
+            else:
+                spec, group_ids, klass, use_eagle = item
             if not isinstance(spec, FullAttentionSpec):
                 continue
             n = _cdiv(hit_length, (<SingleTypeKVCacheManager>managers[group_ids[0]]).block_size)
@@ -633,8 +646,13 @@ cdef class HybridKVCacheCoordinator(KVCacheCoordinator):
         cdef tuple managers = self.single_type_managers
         cdef SingleTypeKVCacheManager first_manager
         cdef Py_ssize_t max_len
-        cdef tuple res
-        for spec, group_ids, klass, use_eagle in self.attention_groups:
+        cdef tuple res, entry
+        for item in self.attention_groups:
+            if PyTuple_Check(item):  # a SpecGroup (see above)
+                entry = <tuple>item
+                spec, group_ids, klass, use_eagle = entry
+            else:
+                spec, group_ids, klass, use_eagle = item
             first_manager = <SingleTypeKVCacheManager>managers[group_ids[0]]
             max_len = max_cache_hit_length
             if use_eagle and not isinstance(spec, MambaSpec):

@@ -18,6 +18,7 @@ from kvcy.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from kvcy.kv_cache_interface.hisparse import check_no_hisparse_groups
+from kvcy._request_types import SpecGroup
 from kvcy._fast.kv_cache_py._common import _READ_ONLY, _Checked, _NeedsArguments, _check_count, _lookahead_count, cdiv
 from kvcy._fast.kv_cache_py.block_pool import BlockPool
 from kvcy._fast.kv_cache_py.single_type_kv_cache_manager_local_attention import SlidingWindowManager
@@ -575,7 +576,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         if not groups:
             raise AssertionError("HybridKVCacheCoordinator requires at least one cacheable group.")
         groups.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
-        object.__setattr__(self, "attention_groups", [tuple(e) for e in groups])
+        object.__setattr__(self, "attention_groups", [SpecGroup(*e) for e in groups])
         for spec, ids, klass, use_eagle in self.attention_groups:
             if use_eagle:
                 for gid in ids:
