@@ -1,4 +1,4 @@
-"""KV events over ZeroMQ (issue 20): kvcy's publisher on vLLM 0.33.0's wire and replay protocol,
+"""KV events over ZeroMQ: kvcy's publisher on vLLM 0.33.0's wire and replay protocol,
 and the subscriber that applies N publishers to a routing index, through the faults it must
 survive (late join, restart, high-water-mark drops, malformed messages, silence).
 

@@ -1,4 +1,4 @@
-"""Mamba align mode and fine-grained partial prefix hits (issue 19), both twins.
+"""Mamba align mode and fine-grained partial prefix hits, both twins.
 
 vLLM 0.33.0's ``MambaManager`` in ``mamba_cache_mode="align"`` caches the recurrent state
 at block boundaries (and, with blocks coarser than the hash block, at hash-block boundaries:
