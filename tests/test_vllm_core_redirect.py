@@ -52,11 +52,10 @@ def test_names_kvcy_lacks_and_other_modules_classes_stay(fake_planner: types.Mod
 
 def test_a_kvcy_uniform_group_is_seen_per_layer_once_rebound(fake_planner: types.ModuleType) -> None:
     # What vLLM's planner does with a group (its _get_per_layer_spec): a uniform group is
-    # taken apart per layer only when isinstance recognises it.
-    import torch
-
-    layers = {"a": kvcy_specs.MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=512, dtype=torch.uint8),
-              "b": kvcy_specs.MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=128, dtype=torch.uint8)}
+    # taken apart per layer only when isinstance recognises it.  (The dtype by name: this
+    # runs where torch is not installed.)
+    layers = {"a": kvcy_specs.MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=512, dtype="uint8"),
+              "b": kvcy_specs.MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=128, dtype="uint8")}
     group = kvcy_specs.UniformTypeKVCacheSpecs(block_size=64, kv_cache_specs=layers)
 
     def per_layer_page(name: str) -> int:
