@@ -27,6 +27,7 @@ from kvcy.kv_cache_interface import (
 )
 from kvcy.request import Request, RequestStatus
 
+from _public_state import _objects
 from _kv_cache_helpers import (
     _pool_state, cached_flags, config, full_spec_api, full_spec_manager, hashed_ids, hasher_manager,
     hybrid_config, ids, manager_manager, manager_small, request_api, swa_spec,
@@ -1372,49 +1373,6 @@ def _tamper(req, how, index=5):
 # with hash lookahead the hashes lag behind the tokens; tests/test_prefix_caching.py,
 # test_hash_lookahead_caches_only_the_blocks_that_have_hashes.)
 TAMPERINGS = {"not bytes": TypeError, "None": TypeError}
-
-
-def _objects(impl):
-    """One of each object whose attributes a user can reach, by a name for the tables below."""
-    mod = impl.kv_cache
-    mgr = manager_hardening(impl)
-    hybrid = manager_hardening(impl, config=hybrid_config())
-    no_cache = manager_hardening(impl, enable_caching=False)
-    req = mod.Request("r", list(range(10)), block_hasher=hasher())
-    mgr.allocate_slots(req, 10)
-    stms = hybrid.coordinator.single_type_managers
-    from kvcy.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
-
-    mamba_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["a"], FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float16")),
-        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((4,),), dtypes=("float32",),
-                                          mamba_cache_mode="align"))])
-    mamba = mod.KVCacheManager(mamba_cfg, 256, 16, 4).coordinator.single_type_managers[1]
-    from kvcy.kv_cache_interface import CircularBufferSpec, RSWASpec
-
-    attn = {"block_size": 4, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
-    local_cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["a"], FullAttentionSpec(**attn)), KVCacheGroupSpec(["r"], RSWASpec(**attn, rswa_window=8))])
-    rswa = mod.KVCacheManager(local_cfg, 256, 4, 4).coordinator.single_type_managers[1]
-    ring_cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[],
-                             kv_cache_groups=[KVCacheGroupSpec(["c"], CircularBufferSpec(**attn))])
-    ring = mod.KVCacheManager(ring_cfg, 256, 4, 4).coordinator.single_type_managers[0]
-    return {
-        "request": req,
-        "block": mgr.block_pool.blocks[1],
-        "queue": mgr.block_pool.free_block_queue,
-        "pool": mgr.block_pool,
-        "full_manager": mgr.coordinator.single_type_managers[0],
-        "sliding_manager": stms[1],
-        "mamba_manager": mamba,
-        "rswa_manager": rswa,
-        "ring_manager": ring,
-        "unitary": mgr.coordinator,
-        "hybrid": hybrid.coordinator,
-        "no_cache": no_cache.coordinator,
-        "kv_cache_blocks": mgr.get_blocks("r"),
-        "manager": mgr,
-    }
 
 
 @pytest.mark.parametrize("how", list(TAMPERINGS))

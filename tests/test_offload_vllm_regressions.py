@@ -512,8 +512,8 @@ def test_any_config_info_with_as_config_info_serves_as_info(offload_impl):
 
 
 def test_offloading_spec_is_vllm_0_33s():
-    """kvcy's OffloadingSpec was seed 003's (vllm_config, kv_cache_config) factory of
-    handlers; vLLM 0.33.0's is built from an OffloadingConfig and yields a worker.  The
+    """vLLM 0.33.0's OffloadingSpec is built from an OffloadingConfig and yields a worker
+    (not a (vllm_config, kv_cache_config) factory of handlers).  The
     values are vLLM's for the same config."""
     from kvcy.kv_offload import config as cfg
     from kvcy.kv_offload.base import OffloadingSpec

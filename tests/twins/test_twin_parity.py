@@ -49,10 +49,9 @@ needs_compiled = pytest.mark.skipif(not HAS_COMPILED, reason="needs the compiled
 # Dunders that are part of an API when a class defines them.
 API_DUNDERS = ("__len__", "__getitem__", "__iter__", "__contains__", "__call__", "__add__", "__bool__")
 
-# Differences the compiled twin has today, as api_differences words them, with what to change
-# there (kvcy/_fast/_kv_cache_c.pyx is being split into kvcy/_fast/kv_cache_c/ by another
-# branch; these are for the lead to fix after the merge).  A listed difference that is gone
-# fails test_pending_compiled_differences_are_still_real: remove its entry then.
+# Known differences of the compiled twin, as api_differences words them, with what to change
+# there.  A listed difference that is gone fails test_pending_compiled_differences_are_still_real:
+# remove its entry then.
 PENDING_COMPILED: dict[str, str] = {}
 
 
